@@ -1,0 +1,184 @@
+"""tidelog's one error tree: the same names and codes in Python and on the wire.
+
+    TidelogError
+    ├── NotLeader(leader_hint)              retriable: ask the hinted leader
+    ├── NotEnoughReplicas                   retriable: fewer in sync than min.insync.replicas
+    ├── OffsetOutOfRange(log_start, hw)     the reset policy decides
+    ├── UnknownTopicOrPartition             retriable (metadata may still be propagating)
+    ├── TopicAlreadyExists
+    ├── CorruptRecord                       a batch failed its CRC or layout checks
+    ├── RecordTooLarge
+    ├── InvalidRequest                      malformed or out-of-contract request
+    ├── UnsupportedApi
+    ├── Timeout                             retriable
+    ├── FencedEpoch                         the sender's epoch is stale
+    ├── UnknownEpoch                        the sender's epoch is newer than ours (retriable)
+    ├── CursorInvalidated(log_start, reason)
+    ├── UnknownCursor
+    ├── StorageFull                         retriable: writes resume when space returns
+    ├── DuplicateSequence                   an idempotent producer's replay (harmless)
+    ├── OutOfOrderSequence
+    └── NetworkError                        retriable: the connection broke (client side only)
+
+OS errors are translated once, at the edge (storage and node), never leaked to callers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class TidelogError(Exception):
+    code: ClassVar[int] = -1
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message or type(self).__name__)
+        self.message = message or type(self).__name__
+        self.details: dict[str, Any] = details
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": self.code, "name": self.name, "message": self.message, **self.details}
+
+    def __str__(self) -> str:
+        extra = ", ".join(f"{k}={v!r}" for k, v in self.details.items())
+        return f"{self.name}: {self.message}" + (f" ({extra})" if extra else "")
+
+
+class NotLeader(TidelogError):
+    code = 6
+    retriable = True
+
+    def __init__(self, message: str = "", leader_hint: int | None = None, **details: Any) -> None:
+        super().__init__(message, leader_hint=leader_hint, **details)
+
+    @property
+    def leader_hint(self) -> int | None:
+        hint = self.details.get("leader_hint")
+        return hint if isinstance(hint, int) else None
+
+
+class NotEnoughReplicas(TidelogError):
+    code = 19
+    retriable = True
+
+
+class OffsetOutOfRange(TidelogError):
+    code = 1
+
+    def __init__(
+        self, message: str = "", log_start: int = 0, high_watermark: int = 0, **details: Any
+    ) -> None:
+        super().__init__(message, log_start=log_start, high_watermark=high_watermark, **details)
+
+    @property
+    def log_start(self) -> int:
+        return int(self.details["log_start"])
+
+    @property
+    def high_watermark(self) -> int:
+        return int(self.details["high_watermark"])
+
+
+class UnknownTopicOrPartition(TidelogError):
+    code = 3
+    retriable = True
+
+
+class TopicAlreadyExists(TidelogError):
+    code = 36
+
+
+class CorruptRecord(TidelogError):
+    code = 2
+
+
+class RecordTooLarge(TidelogError):
+    code = 10
+
+
+class InvalidRequest(TidelogError):
+    code = 42
+
+
+class UnsupportedApi(TidelogError):
+    code = 35
+
+
+class Timeout(TidelogError):
+    code = 7
+    retriable = True
+
+
+class FencedEpoch(TidelogError):
+    code = 74
+
+
+class UnknownEpoch(TidelogError):
+    code = 75
+    retriable = True
+
+
+class CursorInvalidated(TidelogError):
+    code = 100
+
+    def __init__(
+        self, message: str = "", log_start: int = 0, reason: str = "", **details: Any
+    ) -> None:
+        super().__init__(message, log_start=log_start, reason=reason, **details)
+
+
+class UnknownCursor(TidelogError):
+    code = 101
+
+
+class StorageFull(TidelogError):
+    code = 102
+    retriable = True
+
+
+class DuplicateSequence(TidelogError):
+    code = 46
+
+
+class OutOfOrderSequence(TidelogError):
+    code = 45
+
+
+class NetworkError(TidelogError):
+    code = 13
+    retriable = True
+
+
+_BY_CODE: dict[int, type[TidelogError]] = {}
+_BY_NAME: dict[str, type[TidelogError]] = {}
+
+
+def _register() -> None:
+    stack: list[type[TidelogError]] = [TidelogError]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls is not TidelogError:
+            _BY_CODE[cls.code] = cls
+            _BY_NAME[cls.__name__] = cls
+
+
+_register()
+
+
+def from_wire(payload: dict[str, Any]) -> TidelogError:
+    """Rebuild the typed error a peer sent; an unknown code still becomes a TidelogError."""
+    details = {k: v for k, v in payload.items() if k not in ("code", "name", "message")}
+    cls = _BY_CODE.get(int(payload.get("code", -1))) or _BY_NAME.get(str(payload.get("name")))
+    message = str(payload.get("message", ""))
+    if cls is None:
+        err = TidelogError(message, **details)
+        return err
+    err = cls.__new__(cls)
+    TidelogError.__init__(err, message, **details)
+    return err

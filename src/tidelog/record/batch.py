@@ -1,0 +1,343 @@
+"""Kafka's RecordBatch v2 (magic 2), byte for byte: the unit on disk and on the wire.
+
+    offset  size  field
+    0       8     base_offset              stamped by the leader, not covered by the CRC
+    8       4     batch_length             bytes after this field
+    12      4     partition_leader_epoch   stamped by the leader, not covered by the CRC
+    16      1     magic = 2
+    17      4     crc (CRC-32C of bytes 21..end)
+    21      2     attributes               bits 0-2 compression, 3 timestamp type, 4 transactional, 5 control
+    23      4     last_offset_delta
+    27      8     base_timestamp
+    35      8     max_timestamp
+    43      8     producer_id
+    51      2     producer_epoch
+    53      4     base_sequence
+    57      4     records_count
+    61      ...   records (varint-framed; see decode_records)
+
+Everything here works on whole batches; only encode/decode touch records one by one, and only
+the producer and the consumer call those.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
+
+import crc32c as _crc32c
+
+from tidelog.errors import CorruptRecord, RecordTooLarge
+from tidelog.record.varint import decode_varint, encode_varint
+
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = 12  # base_offset + batch_length: the bytes batch_length does not count
+MAGIC = 2
+CRC_START = 21
+_EPOCH_AT = 12
+_BASE_OFFSET_LENGTH = struct.Struct(">qi")
+_STAMP = struct.Struct(">q")
+_EPOCH = struct.Struct(">i")
+_CRC = struct.Struct(">I")
+
+NO_PARTITION_LEADER_EPOCH = -1
+NO_PRODUCER_ID = -1
+NO_SEQUENCE = -1
+
+COMPRESSION_NONE = 0
+COMPRESSION_GZIP = 1
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+
+# A batch must at least hold its header; anything beyond this is a configured limit (max.message.bytes).
+BATCH_BYTES_MIN = HEADER_SIZE
+
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    return int(_crc32c.crc32c(data))
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size_bytes(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+    @property
+    def timestamp_type(self) -> int:
+        return 1 if self.attributes & TIMESTAMP_TYPE_BIT else 0
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence < 0:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
+
+
+class Record(NamedTuple):
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+class ProducerRecord(NamedTuple):
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp: int | None = None
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Unpack a header without checking it; callers that did not write the bytes use validate()."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecord(f"batch header needs {HEADER_SIZE} bytes, {len(buf) - pos} left")
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """Size of the batch starting at pos, or None if fewer than 12 bytes are there."""
+    if len(buf) - pos < LOG_OVERHEAD:
+        return None
+    _, length = _BASE_OFFSET_LENGTH.unpack_from(buf, pos)
+    return int(length) + LOG_OVERHEAD
+
+
+def validate(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, max_batch_bytes: int | None = None
+) -> BatchHeader:
+    """Check one batch's layout and CRC; every byte that reaches a log passes through here."""
+    header = read_header(buf, pos)
+    if header.magic != MAGIC:
+        raise CorruptRecord(f"unsupported magic {header.magic}; only RecordBatch v2 (magic 2)")
+    size = header.size_bytes
+    if size < HEADER_SIZE:
+        raise CorruptRecord(f"batch_length {header.batch_length} is shorter than a header")
+    if max_batch_bytes is not None and size > max_batch_bytes:
+        raise RecordTooLarge(f"batch of {size} bytes exceeds the limit of {max_batch_bytes}")
+    if len(buf) - pos < size:
+        raise CorruptRecord(f"batch of {size} bytes is cut short at {len(buf) - pos}")
+    if header.last_offset_delta < 0 or header.records_count < 0:
+        raise CorruptRecord("negative record count or offset delta")
+    if not header.is_control and header.records_count != header.last_offset_delta + 1:
+        raise CorruptRecord(
+            f"records_count {header.records_count} disagrees with last_offset_delta "
+            f"{header.last_offset_delta}"
+        )
+    actual = crc32c(memoryview(buf)[pos + CRC_START : pos + size])
+    if actual != header.crc:
+        raise CorruptRecord(f"CRC-32C mismatch: stored {header.crc:#010x}, computed {actual:#010x}")
+    return header
+
+
+def iter_headers(
+    buf: bytes | bytearray | memoryview, *, verify: bool = True, max_batch_bytes: int | None = None
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) for each batch in a buffer of whole batches."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = (
+            validate(buf, pos, max_batch_bytes=max_batch_bytes) if verify else read_header(buf, pos)
+        )
+        if not verify and end - pos < header.size_bytes:
+            raise CorruptRecord("batch cut short")
+        yield pos, header
+        pos += header.size_bytes
+
+
+def stamp(buf: bytearray | memoryview, pos: int, base_offset: int, epoch: int) -> None:
+    """Write the leader-assigned fields in place; the CRC does not cover them, so it stays valid."""
+    _STAMP.pack_into(buf, pos, base_offset)
+    _EPOCH.pack_into(buf, pos + _EPOCH_AT, epoch)
+
+
+def build_batch(
+    records: Sequence[ProducerRecord] | Iterable[ProducerRecord],
+    *,
+    base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = NO_SEQUENCE,
+    compression: int = COMPRESSION_NONE,
+    now_ms: int | None = None,
+) -> bytes:
+    """Encode records into one batch (the producer's job; brokers never re-encode)."""
+    recs = list(records)
+    if not recs:
+        raise ValueError("a batch holds at least one record")
+    default_ts = int(time.time() * 1000) if now_ms is None else now_ms
+    timestamps = [default_ts if r.timestamp is None else r.timestamp for r in recs]
+    base_ts = min(timestamps)
+    max_ts = max(timestamps)
+    body = bytearray()
+    for delta, (rec, ts) in enumerate(zip(recs, timestamps, strict=True)):
+        body.extend(_encode_record(rec, ts - base_ts, delta))
+    payload: bytes | bytearray = body
+    if compression == COMPRESSION_GZIP:
+        payload = gzip.compress(bytes(body), compresslevel=1, mtime=0)
+    elif compression != COMPRESSION_NONE:
+        raise ValueError(f"unsupported compression codec {compression}")
+    attributes = compression & COMPRESSION_MASK
+    count = len(recs)
+    out = bytearray(HEADER_SIZE)
+    out.extend(payload)
+    batch_length = len(out) - LOG_OVERHEAD
+    HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        batch_length,
+        partition_leader_epoch,
+        MAGIC,
+        0,
+        attributes,
+        count - 1,
+        base_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+    )
+    _CRC.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def _encode_record(rec: ProducerRecord, ts_delta: int, offset_delta: int) -> bytearray:
+    body = bytearray(b"\x00")  # record attributes: unused in v2
+    encode_varint(ts_delta, body)
+    encode_varint(offset_delta, body)
+    _encode_bytes(rec.key, body)
+    _encode_bytes(rec.value, body)
+    encode_varint(len(rec.headers), body)
+    for hkey, hval in rec.headers:
+        _encode_bytes(hkey.encode(), body)
+        _encode_bytes(hval, body)
+    framed = bytearray()
+    encode_varint(len(body), framed)
+    framed.extend(body)
+    return framed
+
+
+def _encode_bytes(value: bytes | None, out: bytearray) -> None:
+    if value is None:
+        encode_varint(-1, out)
+    else:
+        encode_varint(len(value), out)
+        out.extend(value)
+
+
+def records_payload(batch: bytes | bytearray | memoryview, header: BatchHeader) -> bytes:
+    """The record section of a batch, decompressed."""
+    raw = bytes(memoryview(batch)[HEADER_SIZE : header.size_bytes])
+    codec = header.compression
+    if codec == COMPRESSION_NONE:
+        return raw
+    if codec == COMPRESSION_GZIP:
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError, ValueError) as exc:
+            raise CorruptRecord(f"gzip payload does not decompress: {exc}") from exc
+    raise CorruptRecord(f"unsupported compression codec {codec}")
+
+
+def decode_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> list[Record]:
+    """Decode every record of the batch at pos (the consumer's per-record work)."""
+    mv = memoryview(batch)[pos:]
+    header = read_header(mv)
+    if len(mv) < header.size_bytes:
+        raise CorruptRecord("batch cut short")
+    data = records_payload(mv, header)
+    out: list[Record] = []
+    p = 0
+    end = len(data)
+    for _ in range(header.records_count):
+        length, p = decode_varint(data, p)
+        if length < 0 or p + length > end:
+            raise CorruptRecord(f"record length {length} runs past the batch")
+        stop = p + length
+        rec, p = _decode_record(data, p, stop, header)
+        if p != stop:
+            raise CorruptRecord("record length disagrees with its fields")
+        out.append(rec)
+    if p != end:
+        raise CorruptRecord(f"{end - p} trailing bytes after the last record")
+    return out
+
+
+def _decode_record(data: bytes, p: int, stop: int, header: BatchHeader) -> tuple[Record, int]:
+    if p >= stop:
+        raise CorruptRecord("empty record")
+    p += 1  # attributes
+    ts_delta, p = decode_varint(data, p)
+    offset_delta, p = decode_varint(data, p)
+    key, p = _decode_bytes(data, p, stop)
+    value, p = _decode_bytes(data, p, stop)
+    n_headers, p = decode_varint(data, p)
+    if n_headers < 0 or n_headers > stop - p:
+        raise CorruptRecord(f"bad header count {n_headers}")
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(n_headers):
+        hkey, p = _decode_bytes(data, p, stop)
+        if hkey is None:
+            raise CorruptRecord("null header key")
+        hval, p = _decode_bytes(data, p, stop)
+        try:
+            headers.append((hkey.decode(), hval))
+        except UnicodeDecodeError as exc:
+            raise CorruptRecord("header key is not UTF-8") from exc
+    rec = Record(
+        header.base_offset + offset_delta,
+        header.base_timestamp + ts_delta,
+        key,
+        value,
+        tuple(headers),
+    )
+    return rec, p
+
+
+def _decode_bytes(data: bytes, p: int, stop: int) -> tuple[bytes | None, int]:
+    length, p = decode_varint(data, p)
+    if length == -1:
+        return None, p
+    if length < 0 or p + length > stop:
+        raise CorruptRecord(f"field length {length} runs past the record")
+    return data[p : p + length], p + length

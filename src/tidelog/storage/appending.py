@@ -1,0 +1,40 @@
+"""Checks shared by every log implementation before bytes are appended."""
+
+from __future__ import annotations
+
+from tidelog.errors import CorruptRecord, InvalidRequest
+from tidelog.record.batch import BatchHeader, iter_headers, stamp
+
+
+def stamp_leader_batches(
+    data: bytes | bytearray | memoryview, epoch: int, log_end_offset: int, max_batch_bytes: int
+) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
+    """Validate producer batches and stamp offsets (from log_end_offset) and the leader epoch."""
+    buf = bytearray(data)
+    headers = list(iter_headers(buf, max_batch_bytes=max_batch_bytes))
+    if not headers:
+        raise InvalidRequest("produce request carries no record batch")
+    next_offset = log_end_offset
+    stamped: list[tuple[int, BatchHeader]] = []
+    for pos, header in headers:
+        stamp(buf, pos, next_offset, epoch)
+        stamped.append(
+            (pos, header._replace(base_offset=next_offset, partition_leader_epoch=epoch))
+        )
+        next_offset += header.last_offset_delta + 1
+    return buf, stamped
+
+
+def check_follower_batches(
+    data: bytes | bytearray | memoryview, log_end_offset: int
+) -> list[tuple[int, BatchHeader]]:
+    """Validate replicated batches (CRC again on receipt) and their offset order."""
+    headers = list(iter_headers(data))
+    if not headers:
+        raise InvalidRequest("no record batch to append")
+    expected = log_end_offset
+    for _, header in headers:
+        if header.base_offset < expected:
+            raise CorruptRecord(f"batch base offset {header.base_offset} is below {expected}")
+        expected = header.next_offset
+    return headers

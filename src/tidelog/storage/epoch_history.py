@@ -1,0 +1,83 @@
+"""Leader epoch history (Kafka's leader-epoch-checkpoint, KIP-101): (epoch, start offset) pairs.
+
+It answers the question divergence truncation asks: "where does epoch E end in this log?".
+Entries only grow at the end while appending; truncation trims the end, cleaning the start.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import NamedTuple
+
+
+class EpochEntry(NamedTuple):
+    epoch: int
+    start_offset: int
+
+
+class EpochHistory:
+    def __init__(
+        self,
+        entries: list[EpochEntry] | None = None,
+        on_change: Callable[[list[EpochEntry]], None] | None = None,
+    ) -> None:
+        self.entries: list[EpochEntry] = list(entries or [])
+        self._on_change = on_change
+        for a, b in zip(self.entries, self.entries[1:], strict=False):
+            assert a.epoch < b.epoch and a.start_offset <= b.start_offset
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.entries[-1].epoch if self.entries else -1
+
+    def assign(self, epoch: int, start_offset: int) -> None:
+        """Record that epoch begins at start_offset (called before its first batch is written)."""
+        if epoch < 0 or epoch <= self.latest_epoch:
+            return
+        assert not self.entries or start_offset >= self.entries[-1].start_offset
+        # An earlier epoch that started at this very offset has no entries left: replace it.
+        while self.entries and self.entries[-1].start_offset == start_offset:
+            self.entries.pop()
+        self.entries.append(EpochEntry(epoch, start_offset))
+        self._changed()
+
+    def epoch_at(self, offset: int) -> int:
+        """Epoch of the batch holding offset (-1 before the first entry)."""
+        i = bisect.bisect_right([e.start_offset for e in self.entries], offset) - 1
+        return self.entries[i].epoch if i >= 0 else -1
+
+    def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
+        """(largest epoch <= epoch that we know, its exclusive end offset), KIP-279 semantics.
+
+        (-1, -1) when every epoch we hold is newer than the one asked about.
+        """
+        if epoch >= self.latest_epoch:
+            if not self.entries:
+                return -1, -1
+            return self.latest_epoch, log_end_offset
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i].epoch <= epoch:
+                return self.entries[i].epoch, self.entries[i + 1].start_offset
+        return -1, -1
+
+    def truncate_from_end(self, end_offset: int) -> None:
+        """Drop epochs that start at or after end_offset (the log was truncated there)."""
+        before = len(self.entries)
+        while self.entries and self.entries[-1].start_offset >= end_offset:
+            self.entries.pop()
+        if len(self.entries) != before:
+            self._changed()
+
+    def truncate_from_start(self, start_offset: int) -> None:
+        """The log now begins at start_offset: keep the epoch that covers it, moved up to it."""
+        i = bisect.bisect_right([e.start_offset for e in self.entries], start_offset) - 1
+        if i <= 0 and (not self.entries or self.entries[0].start_offset >= start_offset):
+            return
+        covering = self.entries[i]
+        self.entries = [EpochEntry(covering.epoch, start_offset), *self.entries[i + 1 :]]
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(list(self.entries))

@@ -1,0 +1,584 @@
+"""One replica's durable log of one partition: segments, roll, read, truncate, recovery, flush.
+
+Offsets on this object (DESIGN.md): log_start_offset <= durable_end_offset <= log_end_offset.
+The high-water mark is decided by replication and only stored here (checkpointed) so a restarted
+replica can serve what it knew to be committed.
+
+Durability is group commit: begin_flush() captures everything appended so far and returns a
+job whose run() (one fdatasync per touched segment, safe to run in a worker thread) is followed
+by complete_flush(), which moves durable_end_offset. Appends may continue while a job runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from tidelog.config import TopicConfig
+from tidelog.errors import CorruptRecord, InvalidRequest, OffsetOutOfRange, StorageFull
+from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
+from tidelog.storage.checkpoint import fsync_dir, read_checkpoint, write_checkpoint
+from tidelog.storage.epoch_history import EpochEntry, EpochHistory
+from tidelog.storage.segment import FileSlice, LogSegment, StorageError, translate_os_error
+
+log = logging.getLogger(__name__)
+
+PARTITION_CHECKPOINT = "partition.checkpoint"
+EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+CLEAN_SHUTDOWN = ".clean-shutdown"
+DELETED_SUFFIX = ".deleted"
+
+
+class AppendInfo(NamedTuple):
+    first_offset: int
+    last_offset: int
+    next_offset: int
+    max_timestamp: int
+    batch_count: int
+    record_count: int
+    size_bytes: int
+
+
+@dataclass
+class RecoveryReport:
+    truncated_bytes: int = 0
+    removed_segments: list[str] = field(default_factory=list)
+    rebuilt_indexes: int = 0
+    clean_shutdown: bool = True
+
+    def __str__(self) -> str:
+        return (
+            f"clean_shutdown={self.clean_shutdown} truncated_bytes={self.truncated_bytes} "
+            f"removed_segments={self.removed_segments}"
+        )
+
+
+@dataclass
+class FlushJob:
+    target: int
+    fds: list[int]
+    recovery_point: int
+    generation: int
+
+    def run(self) -> None:
+        try:
+            for fd in self.fds:
+                os.fdatasync(fd)
+        except OSError as exc:
+            raise translate_os_error(exc, "fsyncing the log") from exc
+        finally:
+            for fd in self.fds:
+                os.close(fd)
+
+
+def now_wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SegmentedLog:
+    def __init__(
+        self,
+        directory: Path,
+        config: TopicConfig,
+        *,
+        clock_ms: Callable[[], int] = now_wall_ms,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self._clock_ms = clock_ms
+        self.segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self.log_start_offset = 0
+        self.high_watermark = 0
+        self.recovery_point = 0
+        self.durable_end_offset = 0
+        self._truncation_generation = 0
+        self._unflushed_messages = 0
+        self._last_flush_ms = clock_ms()
+        self._retired: list[tuple[int, LogSegment]] = []
+        self.epochs = EpochHistory()
+        self.recovery = RecoveryReport()
+        self._open()
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def active(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.active.next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    @property
+    def last_epoch(self) -> int:
+        return self.epochs.latest_epoch
+
+    # -- opening and recovery -----------------------------------------------------------------
+
+    def _open(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._open_files()
+        except OSError as exc:
+            raise translate_os_error(exc, f"opening log {self.directory}") from exc
+
+    def _open_files(self) -> None:
+        d = self.directory
+        clean_marker = d / CLEAN_SHUTDOWN
+        clean = clean_marker.exists()
+        report = RecoveryReport(clean_shutdown=clean)
+        for leftover in list(d.glob("*.tmp")) + list(d.glob(f"*{DELETED_SUFFIX}")):
+            leftover.unlink(missing_ok=True)
+        state = self._read_state_checkpoint()
+        self.log_start_offset = int(state.get("log_start_offset", 0))
+        self.high_watermark = int(state.get("high_watermark", 0))
+        self.recovery_point = int(state.get("recovery_point", 0))
+        bases = sorted(int(p.stem) for p in d.glob("*.log") if p.stem.isdigit())
+        # Whole segments below the durable log start were being cleaned when we stopped.
+        while len(bases) > 1 and bases[1] <= self.log_start_offset:
+            self._remove_files(bases.pop(0))
+            report.removed_segments.append(f"{bases[0]:020d} (below log start)")
+        now = self._clock_ms()
+        for i, base in enumerate(bases):
+            seg = LogSegment(
+                d, base, index_interval_bytes=self.config.index_interval_bytes, now_ms=now
+            )
+            is_tail = i == len(bases) - 1
+            next_base = bases[i + 1] if not is_tail else None
+            verify = is_tail or (
+                not clean and (next_base is None or next_base > self.recovery_point)
+            )
+            truncated = seg.load(verify=verify)
+            report.truncated_bytes += truncated
+            self.segments.append(seg)
+            if truncated and not is_tail:
+                # Everything after a corrupt batch is unreachable: a log has no holes.
+                for later in bases[i + 1 :]:
+                    self._remove_files(later)
+                    report.removed_segments.append(f"{later:020d} (after a corrupt batch)")
+                break
+        if not self.segments:
+            base = self.log_start_offset
+            self.segments.append(
+                LogSegment(
+                    d, base, index_interval_bytes=self.config.index_interval_bytes, now_ms=now
+                )
+            )
+        self._bases = [s.base_offset for s in self.segments]
+        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+        epochs = self._read_epoch_checkpoint()
+        self.epochs = EpochHistory(epochs, on_change=self._write_epoch_checkpoint)
+        self.epochs.truncate_from_end(self.log_end_offset)
+        if self.high_watermark > self.log_end_offset:
+            log.warning(
+                "%s: checkpointed high watermark %d is past the recovered log end %d; clamping",
+                d.name,
+                self.high_watermark,
+                self.log_end_offset,
+            )
+            self.high_watermark = self.log_end_offset
+        self.high_watermark = max(self.high_watermark, self.log_start_offset)
+        self.durable_end_offset = self.log_end_offset
+        self.recovery_point = self.log_end_offset
+        clean_marker.unlink(missing_ok=True)
+        self.recovery = report
+        if report.truncated_bytes or report.removed_segments:
+            log.warning(
+                "%s: recovery truncated %d bytes, removed segments %s; log now [%d, %d)",
+                d.name,
+                report.truncated_bytes,
+                report.removed_segments,
+                self.log_start_offset,
+                self.log_end_offset,
+            )
+        self.write_state_checkpoint()
+
+    def _read_state_checkpoint(self) -> dict[str, int]:
+        try:
+            return read_checkpoint(self.directory / PARTITION_CHECKPOINT) or {}
+        except CorruptRecord as exc:
+            log.warning("%s: %s; starting from the segments alone", self.directory.name, exc)
+            return {}
+
+    def _read_epoch_checkpoint(self) -> list[EpochEntry]:
+        try:
+            data = read_checkpoint(self.directory / EPOCH_CHECKPOINT)
+        except CorruptRecord as exc:
+            log.warning("%s: %s; rebuilding epochs from batch headers", self.directory.name, exc)
+            data = None
+        if data is not None:
+            return [EpochEntry(int(e), int(o)) for e, o in data.get("epochs", [])]
+        return self._epochs_from_headers()
+
+    def _epochs_from_headers(self) -> list[EpochEntry]:
+        history = EpochHistory()
+        for seg in self.segments:
+            for _, header in seg.scan():
+                history.assign(header.partition_leader_epoch, header.base_offset)
+        return history.entries
+
+    def _write_epoch_checkpoint(self, entries: list[EpochEntry]) -> None:
+        write_checkpoint(
+            self.directory / EPOCH_CHECKPOINT,
+            {"epochs": [[e.epoch, e.start_offset] for e in entries]},
+        )
+
+    def write_state_checkpoint(self) -> None:
+        write_checkpoint(
+            self.directory / PARTITION_CHECKPOINT,
+            {
+                "log_start_offset": self.log_start_offset,
+                "high_watermark": self.high_watermark,
+                "recovery_point": self.recovery_point,
+            },
+        )
+
+    # -- appending ----------------------------------------------------------------------------
+
+    def append_as_leader(self, data: bytes | bytearray | memoryview, epoch: int) -> AppendInfo:
+        """Validate producer batches, stamp offsets from the log end and the leader epoch."""
+        buf, stamped = stamp_leader_batches(
+            data, epoch, self.log_end_offset, self.config.max_message_bytes
+        )
+        self.epochs.assign(epoch, self.log_end_offset)
+        return self._append(buf, stamped)
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append batches exactly as the leader wrote them (offsets and epochs included)."""
+        headers = check_follower_batches(data, self.log_end_offset)
+        for _, header in headers:
+            self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+        return self._append(data, headers)
+
+    def _append(
+        self, data: bytes | bytearray | memoryview, headers: list[tuple[int, BatchHeader]]
+    ) -> AppendInfo:
+        now = self._clock_ms()
+        view = memoryview(data)
+        chunk_start = 0
+        chunk: list[tuple[int, BatchHeader]] = []
+        for pos, header in headers:
+            if self._should_roll(pos - chunk_start + header.size_bytes, now):
+                if chunk:
+                    self._write_chunk(view, chunk_start, pos, chunk, now)
+                chunk, chunk_start = [], pos
+                self.roll(header.base_offset)
+            chunk.append((pos - chunk_start, header))
+        end = len(view)
+        self._write_chunk(view, chunk_start, end, chunk, now)
+        first = headers[0][1]
+        last = headers[-1][1]
+        records = sum(h.last_offset_delta + 1 for _, h in headers)
+        self._unflushed_messages += records
+        return AppendInfo(
+            first.base_offset,
+            last.last_offset,
+            last.next_offset,
+            max(h.max_timestamp for _, h in headers),
+            len(headers),
+            records,
+            end,
+        )
+
+    def _write_chunk(
+        self, view: memoryview, start: int, end: int, chunk: list[tuple[int, BatchHeader]], now: int
+    ) -> None:
+        self.active.append(view[start:end], chunk, now)
+
+    def _should_roll(self, incoming_bytes: int, now: int) -> bool:
+        seg = self.active
+        if seg.size_bytes == 0:
+            return False
+        return (
+            seg.size_bytes + incoming_bytes > self.config.segment_bytes
+            or now - seg.created_ms >= self.config.segment_ms
+        )
+
+    def maybe_roll_by_time(self) -> bool:
+        """segment.ms applies even when nothing is appended (so retention can reach old data)."""
+        now = self._clock_ms()
+        seg = self.active
+        if seg.size_bytes and now - seg.created_ms >= self.config.segment_ms:
+            self.roll(seg.next_offset)
+            return True
+        return False
+
+    def roll(self, base_offset: int | None = None) -> LogSegment:
+        old = self.active
+        base = old.next_offset if base_offset is None else base_offset
+        assert base >= old.next_offset
+        if old.size_bytes == 0:
+            return old
+        try:
+            old.index.write()
+            old.time_index.write()
+        except OSError as exc:
+            raise translate_os_error(exc, "writing segment indexes") from exc
+        seg = LogSegment(
+            self.directory,
+            base,
+            index_interval_bytes=self.config.index_interval_bytes,
+            now_ms=self._clock_ms(),
+        )
+        self.segments.append(seg)
+        self._bases.append(base)
+        return seg
+
+    # -- durability -----------------------------------------------------------------------------
+
+    @property
+    def needs_flush(self) -> bool:
+        return self.durable_end_offset < self.log_end_offset
+
+    def flush_due(self) -> bool:
+        """Kafka's flush.messages / flush.ms: when the log wants an fsync by itself."""
+        if not self.needs_flush:
+            return False
+        if self.config.fsync_before_ack:
+            return True
+        if self._unflushed_messages >= self.config.flush_messages:
+            return True
+        return (
+            self.config.flush_ms >= 0
+            and self._clock_ms() - self._last_flush_ms >= self.config.flush_ms
+        )
+
+    def begin_flush(self) -> FlushJob | None:
+        if not self.needs_flush:
+            return None
+        target = self.log_end_offset
+        fds = [
+            os.dup(s.fd)
+            for s in self.segments
+            if s.next_offset > self.durable_end_offset and s.size_bytes > 0
+        ]
+        self._unflushed_messages = 0
+        return FlushJob(target, fds, self.active.base_offset, self._truncation_generation)
+
+    def complete_flush(self, job: FlushJob) -> int:
+        self._last_flush_ms = self._clock_ms()
+        if job.generation != self._truncation_generation:
+            return self.durable_end_offset
+        self.durable_end_offset = max(self.durable_end_offset, min(job.target, self.log_end_offset))
+        if self.recovery_point < job.recovery_point <= self.durable_end_offset:
+            # Every segment before the then-active one is on disk: recovery may skip them.
+            self.recovery_point = job.recovery_point
+            self.write_state_checkpoint()
+        return self.durable_end_offset
+
+    def flush(self) -> int:
+        job = self.begin_flush()
+        if job is not None:
+            job.run()
+            self.complete_flush(job)
+        return self.durable_end_offset
+
+    @property
+    def effective_durable_end(self) -> int:
+        """What counts toward the HW: fsynced data, or everything when flush.messages > 1."""
+        return self.durable_end_offset if self.config.fsync_before_ack else self.log_end_offset
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _segment_index(self, offset: int) -> int:
+        return max(0, bisect.bisect_right(self._bases, offset) - 1)
+
+    def check_range(self, offset: int) -> None:
+        if offset < self.log_start_offset or offset > self.log_end_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{self.log_start_offset}, {self.log_end_offset}]",
+                log_start=self.log_start_offset,
+                high_watermark=self.high_watermark,
+                log_end=self.log_end_offset,
+            )
+
+    def read(self, start_offset: int, max_bytes: int, max_offset: int) -> FileSlice | None:
+        """Whole batches from the one holding start_offset, below max_offset (exclusive), within
+        max_bytes (but at least one batch). None when nothing is there yet."""
+        self.check_range(start_offset)
+        if start_offset >= max_offset:
+            return None
+        for seg in self.segments[self._segment_index(start_offset) :]:
+            found = seg.find(start_offset)
+            if found is None:
+                continue
+            pos, header = found
+            if header.base_offset >= max_offset:
+                return None
+            limit = (
+                seg.size_bytes
+                if seg.next_offset <= max_offset
+                else seg.position_of(max_offset, pos)
+            )
+            end = limit
+            if pos + max_bytes < limit:
+                end = max(
+                    seg.batch_boundary_at_or_before(pos + max_bytes, pos), pos + header.size_bytes
+                )
+            return seg.slice(pos, end, max(header.base_offset, self.log_start_offset))
+        return None
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """First offset whose record timestamp is >= timestamp (Kafka's ListOffsets by time)."""
+        for seg in self.segments:
+            if seg.max_timestamp < timestamp:
+                continue
+            found = seg.offset_for_timestamp(timestamp)
+            if found is None:
+                continue
+            pos, header = found
+            batch = os.pread(seg.fd, header.size_bytes, pos)
+            for rec in decode_records(batch):
+                if rec.timestamp >= timestamp and rec.offset >= self.log_start_offset:
+                    return rec.offset
+        return None
+
+    # -- truncation and deletion ----------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove everything at or above offset (a follower's divergence truncation)."""
+        if offset >= self.log_end_offset:
+            return
+        if offset < self.log_start_offset:
+            raise InvalidRequest(
+                f"cannot truncate to {offset}, below the log start {self.log_start_offset}"
+            )
+        self._truncation_generation += 1
+        while len(self.segments) > 1 and self.active.base_offset >= offset:
+            self._retire(self.segments.pop(), 0)
+            self._bases.pop()
+        self.active.truncate_to(offset)
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop the whole log and begin empty at offset (a follower behind the leader's start)."""
+        self._truncation_generation += 1
+        for seg in self.segments:
+            self._retire(seg, 0)
+        seg = LogSegment(
+            self.directory,
+            offset,
+            index_interval_bytes=self.config.index_interval_bytes,
+            now_ms=self._clock_ms(),
+        )
+        self.segments = [seg]
+        self._bases = [offset]
+        self.log_start_offset = offset
+        self.high_watermark = offset
+        self.durable_end_offset = offset
+        self.recovery_point = offset
+        self.epochs.truncate_from_end(-1)
+        self.write_state_checkpoint()
+
+    def advance_log_start(self, offset: int) -> bool:
+        """Move the log start forward (durably) without touching files; the cleaner deletes."""
+        offset = min(offset, self.high_watermark)
+        if offset <= self.log_start_offset:
+            return False
+        self.log_start_offset = offset
+        self.epochs.truncate_from_start(offset)
+        self.write_state_checkpoint()
+        return True
+
+    def delete_segments_below_log_start(self) -> list[int]:
+        """Retire whole segments that lie entirely below the log start; never the active one."""
+        deleted: list[int] = []
+        while len(self.segments) > 1 and self.segments[1].base_offset <= self.log_start_offset:
+            seg = self.segments.pop(0)
+            self._bases.pop(0)
+            self._retire(seg, self.config.file_delete_delay_ms)
+            deleted.append(seg.base_offset)
+        return deleted
+
+    def _retire(self, seg: LogSegment, delay_ms: int) -> None:
+        """Rename to .deleted now (so a restart ignores it); close and unlink after a delay so
+        in-flight reads on its descriptor finish."""
+        for path in (seg.log_path, seg.index.path, seg.time_index.path):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, path.with_name(path.name + DELETED_SUFFIX))
+        try:
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise translate_os_error(exc, "syncing the log directory") from exc
+        self._retired.append((self._clock_ms() + delay_ms, seg))
+        if delay_ms == 0:
+            self.purge_retired()
+
+    def purge_retired(self, force: bool = False) -> int:
+        now = self._clock_ms()
+        keep: list[tuple[int, LogSegment]] = []
+        purged = 0
+        for due, seg in self._retired:
+            if force or due <= now:
+                seg.close()
+                for path in (seg.log_path, seg.index.path, seg.time_index.path):
+                    path.with_name(path.name + DELETED_SUFFIX).unlink(missing_ok=True)
+                purged += 1
+            else:
+                keep.append((due, seg))
+        self._retired = keep
+        return purged
+
+    def _remove_files(self, base: int) -> None:
+        seg_stem = self.directory / f"{base:020d}"
+        for suffix in (".log", ".index", ".timeindex"):
+            seg_stem.with_suffix(suffix).unlink(missing_ok=True)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def set_high_watermark(self, hw: int) -> None:
+        assert self.log_start_offset <= hw <= self.log_end_offset, (
+            self.log_start_offset,
+            hw,
+            self.log_end_offset,
+        )
+        self.high_watermark = hw
+
+    def close(self) -> None:
+        """Flush everything, write indexes and checkpoints, and mark the shutdown clean."""
+        try:
+            self.flush()
+            for seg in self.segments:
+                seg.flush_indexes()
+            self.recovery_point = self.log_end_offset
+            self.write_state_checkpoint()
+            (self.directory / CLEAN_SHUTDOWN).write_bytes(b"")
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise translate_os_error(exc, "closing the log") from exc
+        finally:
+            self.purge_retired(force=True)
+            for seg in self.segments:
+                seg.close()
+
+
+__all__ = [
+    "AppendInfo",
+    "FileSlice",
+    "FlushJob",
+    "RecoveryReport",
+    "SegmentedLog",
+    "StorageError",
+    "StorageFull",
+]
