@@ -198,6 +198,7 @@ def build_batch(
     base_sequence: int = NO_SEQUENCE,
     compression: int = COMPRESSION_NONE,
     now_ms: int | None = None,
+    control: bool = False,
 ) -> bytes:
     """Encode records into one batch (the producer's job; brokers never re-encode)."""
     recs = list(records)
@@ -215,7 +216,7 @@ def build_batch(
         payload = gzip.compress(bytes(body), compresslevel=1, mtime=0)
     elif compression != COMPRESSION_NONE:
         raise ValueError(f"unsupported compression codec {compression}")
-    attributes = compression & COMPRESSION_MASK
+    attributes = (compression & COMPRESSION_MASK) | (CONTROL_BIT if control else 0)
     count = len(recs)
     out = bytearray(HEADER_SIZE)
     out.extend(payload)

@@ -55,6 +55,21 @@ class FileSlice:
         return data
 
 
+@dataclass(frozen=True, slots=True)
+class BytesSlice:
+    """Batches held in memory (the in-memory log, or records that arrived over the wire)."""
+
+    data: bytes
+    first_offset: int
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self) -> bytes:
+        return self.data
+
+
 class LogSegment:
     def __init__(
         self,

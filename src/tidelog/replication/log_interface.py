@@ -1,0 +1,59 @@
+"""The small view of storage the replication core uses (the simulator supplies a fake disk)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tidelog.replication.messages import RecordsSlice
+
+
+class AppendResult(Protocol):
+    @property
+    def first_offset(self) -> int: ...
+
+    @property
+    def last_offset(self) -> int: ...
+
+    @property
+    def next_offset(self) -> int: ...
+
+
+class EpochLookup(Protocol):
+    @property
+    def latest_epoch(self) -> int: ...
+
+    def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]: ...
+
+
+class ReplicaLog(Protocol):
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def effective_durable_end(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    @property
+    def needs_flush(self) -> bool: ...
+
+    @property
+    def epochs(self) -> EpochLookup: ...
+
+    def set_high_watermark(self, hw: int) -> None: ...
+
+    def append_as_leader(
+        self, data: bytes | bytearray | memoryview, epoch: int
+    ) -> AppendResult: ...
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendResult: ...
+
+    def truncate_to(self, offset: int) -> None: ...
+
+    def truncate_fully_and_start_at(self, offset: int) -> None: ...
+
+    def read(self, start_offset: int, max_bytes: int, max_offset: int) -> RecordsSlice | None: ...

@@ -1,0 +1,88 @@
+"""Messages between replicas of one partition (pull-based Raft, KIP-595 shaped).
+
+All messages are one-way: a FetchResponse is just another message the leader sends. The
+records in a FetchResponse are an opaque slice of the leader's log (a file range on a real node,
+bytes in the simulator); the core never looks inside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class RecordsSlice(Protocol):
+    """What a log read returns: a byte range of whole batches."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def first_offset(self) -> int: ...
+
+    def read(self) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class VoteRequest:
+    epoch: int  # the epoch the candidate runs in (for a pre-vote: the one it would run in)
+    candidate: int
+    last_epoch: int
+    log_end_offset: int
+    pre_vote: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VoteResponse:
+    epoch: int
+    voter: int
+    granted: bool
+    pre_vote: bool
+    leader: int = -1  # the voter's current leader, when it knows one
+
+
+@dataclass(frozen=True, slots=True)
+class BeginEpoch:
+    """A new leader announces itself so followers need not wait for their timeouts."""
+
+    epoch: int
+    leader: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    epoch: int
+    replica: int
+    fetch_offset: int  # the follower's log end; everything below it is durable there
+    last_fetched_epoch: int
+    high_watermark: int  # what the follower knows, so the leader can answer at once when stale
+    max_bytes: int
+
+
+# FetchResponse.error values
+FETCH_OK = ""
+FETCH_NOT_LEADER = "NotLeader"
+FETCH_FENCED = "FencedEpoch"
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse:
+    epoch: int
+    leader: int
+    fetch_offset: int  # echoed, so a late answer to an old request is recognised
+    high_watermark: int
+    log_start_offset: int
+    error: str = FETCH_OK
+    records: RecordsSlice | None = None
+    diverging_epoch: int = -1  # with diverging_end_offset: truncate there, then fetch again
+    diverging_end_offset: int = -1
+    snapshot_required: bool = False  # fetch_offset is below the leader's log start
+
+
+Message = VoteRequest | VoteResponse | BeginEpoch | FetchRequest | FetchResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    to: int
+    message: Message

@@ -1,0 +1,674 @@
+"""One replica of one partition as a pure state machine: pull-based Raft (KRaft-style).
+
+Driver API (etcd-raft's shape):
+
+    replica.tick()                    one unit of time passed
+    replica.step(sender, message)     a message arrived
+    replica.propose(batches)          leader only: append producer batches, returns offsets
+    replica.on_flushed()              the log's durable end moved (group commit finished)
+    ready = replica.ready()           what to do now, in this order:
+        1. persist ready.state (epoch, vote) durably      -- BEFORE any message is sent
+        2. send ready.messages
+        3. if ready.flush: start a group commit (call on_flushed() when it is done)
+    replica.advance()                 the driver did all of the above
+
+No IO, no clock, no global randomness: the log is reached through a small interface, time is
+ticks, randomness comes from the injected random.Random. The simulator runs this exact class.
+
+Watermarks (asserted where they change):
+    log_start_offset <= high_watermark <= log_end_offset
+    high_watermark never decreases while this replica leads an epoch
+    a leader counts a replica toward the HW only for what that replica has made durable, and
+    only once an offset of its own epoch is on a quorum (Raft Fig. 8, KRaft's epochStartOffset)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+from dataclasses import dataclass, field
+
+from tidelog.errors import NotEnoughReplicas, NotLeader
+from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.replication.log_interface import AppendResult, ReplicaLog
+from tidelog.replication.messages import (
+    FETCH_FENCED,
+    FETCH_NOT_LEADER,
+    BeginEpoch,
+    FetchRequest,
+    FetchResponse,
+    Message,
+    Outgoing,
+    VoteRequest,
+    VoteResponse,
+)
+from tidelog.replication.quorum import isr_offset, majority, quorum_offset
+
+NO_LEADER = -1
+NO_VOTE = -1
+LEADER_CHANGE_CONTROL_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: version 0, type 2
+
+# Deliberately broken rules, used only by tests to prove the simulator's checkers can fail.
+FAULT_COMMIT_OLD_EPOCH = "commit-old-epoch-by-counting"
+FAULT_TRUNCATE_TO_HW = "truncate-to-local-hw-on-follow"
+FAULTS = frozenset({FAULT_COMMIT_OLD_EPOCH, FAULT_TRUNCATE_TO_HW})
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PROSPECTIVE = "prospective"  # running a pre-vote
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True)
+class QuorumState:
+    """What must be durable before this replica answers a vote or announces leadership."""
+
+    epoch: int = 0
+    voted_for: int = NO_VOTE
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    node_id: int
+    voters: tuple[int, ...]
+    election_timeout_ticks: int = 100
+    election_jitter_ticks: int = 60
+    fetch_max_wait_ticks: int = 50
+    fetch_retry_ticks: int = 80
+    check_quorum_ticks: int = 150
+    replica_lag_ticks: int = 3000
+    fetch_max_bytes: int = 1024 * 1024
+    hw_policy: str = "quorum"
+    min_insync_replicas: int = 1
+    faults: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        assert self.node_id in self.voters, "a replica is one of its group's voters"
+        assert self.fetch_retry_ticks > self.fetch_max_wait_ticks
+        assert self.faults <= FAULTS
+
+
+@dataclass
+class Progress:
+    """The leader's view of one follower."""
+
+    match_offset: int = 0  # durable on the follower: its last fetch offset
+    last_fetch_tick: int = 0
+    last_caught_up_tick: int = -(10**12)
+    leo_at_last_fetch: int = 0
+    known_hw: int = -1
+    pending: FetchRequest | None = None
+    pending_deadline: int = 0
+
+
+@dataclass
+class Ready:
+    state: QuorumState | None = None
+    messages: list[Outgoing] = field(default_factory=list)
+    flush: bool = False
+    high_watermark_changed: bool = False
+    role_changed: bool = False
+    lost_leadership: bool = False
+    truncated: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.state is not None
+            or self.messages
+            or self.flush
+            or self.high_watermark_changed
+            or self.role_changed
+            or self.truncated
+        )
+
+
+class Replica:
+    def __init__(
+        self,
+        config: ReplicaConfig,
+        log: ReplicaLog,
+        state: QuorumState,
+        rng: random.Random,
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.rng = rng
+        self.node_id = config.node_id
+        self.epoch = state.epoch
+        self.voted_for = state.voted_for
+        self.role = Role.FOLLOWER
+        self.leader_id = NO_LEADER
+        self.now = 0
+        self.progress: dict[int, Progress] = {}
+        self.epoch_start_offset = 0
+        self.leader_since_tick = 0
+        self.votes: set[int] = set()
+        self.last_leader_contact = 0
+        self.election_deadline = 0
+        self.fetch_in_flight = False
+        self.fetch_sent_tick = 0
+        self.awaiting_flush = False
+        self.leader_high_watermark = log.high_watermark  # as last heard from the leader
+        self.leader_log_start = log.log_start_offset
+        self._ready = Ready()
+        self._reset_election_timer()
+        if self._single_voter:
+            self._start_prevote()
+
+    # -- public driver API ----------------------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log.high_watermark
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    def tick(self) -> None:
+        self.now += 1
+        if self.role is Role.LEADER:
+            self._leader_tick()
+        elif self.role is Role.FOLLOWER:
+            if self.now >= self.election_deadline:
+                self._start_prevote()
+            elif (
+                self.fetch_in_flight
+                and self.now - self.fetch_sent_tick >= self.config.fetch_retry_ticks
+            ):
+                self.fetch_in_flight = False
+                self._maybe_send_fetch()
+            elif not self.fetch_in_flight:
+                self._maybe_send_fetch()
+        elif self.now >= self.election_deadline:
+            self._start_prevote()
+
+    def step(self, sender: int, message: Message) -> None:
+        if sender not in self.config.voters or sender == self.node_id:
+            return
+        pre_vote = isinstance(message, VoteRequest | VoteResponse) and message.pre_vote
+        if message.epoch > self.epoch and not pre_vote:
+            leader = NO_LEADER
+            if isinstance(message, BeginEpoch | FetchResponse):
+                leader = message.leader
+            self._become_follower(message.epoch, leader)
+        if isinstance(message, VoteRequest):
+            self._on_vote_request(sender, message)
+        elif isinstance(message, VoteResponse):
+            self._on_vote_response(sender, message)
+        elif isinstance(message, BeginEpoch):
+            self._on_begin_epoch(sender, message)
+        elif isinstance(message, FetchRequest):
+            self._on_fetch_request(sender, message)
+        elif isinstance(message, FetchResponse):
+            self._on_fetch_response(sender, message)
+
+    def propose(self, batches: bytes | bytearray | memoryview) -> AppendResult:
+        """Append producer batches as leader. NotLeader when this replica does not lead."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(
+                f"replica {self.node_id} is not the leader", leader_hint=self._leader_hint()
+            )
+        info = self.log.append_as_leader(batches, self.epoch)
+        self._after_leader_append()
+        return info
+
+    def check_min_insync(self, min_insync: int) -> None:
+        """acks=all fails fast when fewer replicas than min.insync.replicas are in sync."""
+        in_sync = self.in_sync_replicas()
+        if len(in_sync) < min_insync:
+            raise NotEnoughReplicas(
+                f"{len(in_sync)} replicas in sync, min.insync.replicas is {min_insync}",
+                in_sync=sorted(in_sync),
+            )
+
+    def on_flushed(self) -> None:
+        if self.role is Role.LEADER:
+            self._maybe_advance_high_watermark()
+        elif (
+            self.role is Role.FOLLOWER
+            and self.awaiting_flush
+            and self.log.effective_durable_end >= self.log.log_end_offset
+        ):
+            self.awaiting_flush = False
+            self._maybe_send_fetch()
+
+    def ready(self) -> Ready:
+        ready = self._ready
+        if self.log.needs_flush:
+            ready.flush = True
+        self._ready = Ready()
+        return ready
+
+    def advance(self) -> None:
+        """Nothing to release today: outputs are handed over whole by ready()."""
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def in_sync_replicas(self) -> set[int]:
+        if self.role is not Role.LEADER:
+            return set()
+        lag = self.config.replica_lag_ticks
+        return {self.node_id} | {
+            r for r, p in self.progress.items() if self.now - p.last_caught_up_tick <= lag
+        }
+
+    def status(self) -> dict[str, object]:
+        replicas: dict[int, dict[str, object]] = {}
+        if self.role is Role.LEADER:
+            in_sync = self.in_sync_replicas()
+            leo = self.log.log_end_offset
+            replicas[self.node_id] = {
+                "log_end_offset": leo,
+                "durable_end_offset": self.log.effective_durable_end,
+                "in_sync": True,
+                "lag": 0,
+            }
+            for r, p in sorted(self.progress.items()):
+                replicas[r] = {
+                    "log_end_offset": p.match_offset,
+                    "high_watermark": p.known_hw,
+                    "in_sync": r in in_sync,
+                    "lag": max(0, leo - p.match_offset),
+                    "last_fetch_ticks_ago": self.now - p.last_fetch_tick,
+                }
+        return {
+            "role": self.role.value,
+            "epoch": self.epoch,
+            "leader": self.leader_id,
+            "voted_for": self.voted_for,
+            "high_watermark": self.log.high_watermark,
+            "log_end_offset": self.log.log_end_offset,
+            "log_start_offset": self.log.log_start_offset,
+            "replicas": replicas,
+        }
+
+    # -- elections ------------------------------------------------------------------------------
+
+    @property
+    def _single_voter(self) -> bool:
+        return len(self.config.voters) == 1
+
+    def _others(self) -> list[int]:
+        return [v for v in self.config.voters if v != self.node_id]
+
+    def _reset_election_timer(self) -> None:
+        jitter = self.rng.randint(0, self.config.election_jitter_ticks)
+        self.election_deadline = self.now + self.config.election_timeout_ticks + jitter
+
+    def _leader_hint(self) -> int | None:
+        return self.leader_id if self.leader_id != NO_LEADER else None
+
+    def _set_state(self, epoch: int, voted_for: int) -> None:
+        assert epoch >= self.epoch
+        if (epoch, voted_for) != (self.epoch, self.voted_for):
+            self.epoch = epoch
+            self.voted_for = voted_for
+            self._ready.state = QuorumState(epoch, voted_for)
+
+    def _set_role(self, role: Role) -> None:
+        if role is not self.role:
+            if self.role is Role.LEADER:
+                self._ready.lost_leadership = True
+                self._fail_pending_fetches()
+            self.role = role
+            self._ready.role_changed = True
+
+    def _log_is_up_to_date(self, last_epoch: int, log_end_offset: int) -> bool:
+        mine = (self.log.epochs.latest_epoch, self.log.log_end_offset)
+        return (last_epoch, log_end_offset) >= mine
+
+    def _start_prevote(self) -> None:
+        self._set_role(Role.PROSPECTIVE)
+        self.leader_id = NO_LEADER
+        self.votes = {self.node_id}
+        self._reset_election_timer()
+        if self._single_voter:
+            self._start_election()
+            return
+        request = VoteRequest(
+            self.epoch + 1,
+            self.node_id,
+            self.log.epochs.latest_epoch,
+            self.log.log_end_offset,
+            pre_vote=True,
+        )
+        for v in self._others():
+            self._send(v, request)
+
+    def _start_election(self) -> None:
+        self._set_role(Role.CANDIDATE)
+        self._set_state(self.epoch + 1, self.node_id)
+        self.leader_id = NO_LEADER
+        self.votes = {self.node_id}
+        self._reset_election_timer()
+        if self._single_voter:
+            self._become_leader()
+            return
+        request = VoteRequest(
+            self.epoch,
+            self.node_id,
+            self.log.epochs.latest_epoch,
+            self.log.log_end_offset,
+            pre_vote=False,
+        )
+        for v in self._others():
+            self._send(v, request)
+
+    def _on_vote_request(self, sender: int, req: VoteRequest) -> None:
+        up_to_date = self._log_is_up_to_date(req.last_epoch, req.log_end_offset)
+        if req.pre_vote:
+            leader_alive = self.role is Role.LEADER or (
+                self.role is Role.FOLLOWER
+                and self.leader_id != NO_LEADER
+                and self.now - self.last_leader_contact < self.config.election_timeout_ticks
+            )
+            granted = req.epoch > self.epoch and up_to_date and not leader_alive
+            self._send(sender, VoteResponse(req.epoch, self.node_id, granted, True, self.leader_id))
+            return
+        granted = (
+            req.epoch == self.epoch
+            and self.voted_for in (NO_VOTE, req.candidate)
+            and self.role is not Role.LEADER
+            and up_to_date
+        )
+        if granted:
+            self._set_state(self.epoch, req.candidate)
+            self._reset_election_timer()
+        self._send(sender, VoteResponse(self.epoch, self.node_id, granted, False, self.leader_id))
+
+    def _on_vote_response(self, sender: int, resp: VoteResponse) -> None:
+        if resp.pre_vote:
+            if self.role is not Role.PROSPECTIVE or resp.epoch != self.epoch + 1:
+                return
+            if not resp.granted:
+                return
+            self.votes.add(sender)
+            if len(self.votes) >= majority(len(self.config.voters)):
+                self._start_election()
+            return
+        if self.role is not Role.CANDIDATE or resp.epoch != self.epoch or not resp.granted:
+            return
+        self.votes.add(sender)
+        if len(self.votes) >= majority(len(self.config.voters)):
+            self._become_leader()
+
+    def _on_begin_epoch(self, sender: int, msg: BeginEpoch) -> None:
+        if msg.epoch < self.epoch:
+            return
+        if self.role is not Role.FOLLOWER or self.leader_id != msg.leader:
+            self._become_follower(msg.epoch, msg.leader)
+
+    def _become_follower(self, epoch: int, leader: int) -> None:
+        voted = self.voted_for if epoch == self.epoch else NO_VOTE
+        self._set_state(epoch, voted)
+        self._set_role(Role.FOLLOWER)
+        self.leader_id = leader
+        self.fetch_in_flight = False
+        self.awaiting_flush = False
+        self.last_leader_contact = self.now
+        self._reset_election_timer()
+        if FAULT_TRUNCATE_TO_HW in self.config.faults and leader != NO_LEADER:
+            # The pre-KIP-101 bug: trusting the local HW as the end of the committed log.
+            self.log.truncate_to(self.log.high_watermark)
+            self._ready.truncated = True
+        self._maybe_send_fetch()
+
+    def _become_leader(self) -> None:
+        self._set_role(Role.LEADER)
+        self.leader_id = self.node_id
+        self.leader_since_tick = self.now
+        self.epoch_start_offset = self.log.log_end_offset
+        self.progress = {
+            r: Progress(last_fetch_tick=self.now, leo_at_last_fetch=0) for r in self._others()
+        }
+        marker = build_batch(
+            [
+                ProducerRecord(
+                    LEADER_CHANGE_CONTROL_KEY,
+                    json.dumps(
+                        {
+                            "leader": self.node_id,
+                            "epoch": self.epoch,
+                            "voters": list(self.config.voters),
+                        }
+                    ).encode(),
+                )
+            ],
+            control=True,
+            now_ms=0,
+        )
+        self.log.append_as_leader(marker, self.epoch)
+        for v in self._others():
+            self._send(v, BeginEpoch(self.epoch, self.node_id))
+        self._after_leader_append()
+
+    # -- leader side of replication -------------------------------------------------------------
+
+    def _leader_tick(self) -> None:
+        for r, p in self.progress.items():
+            if p.pending is not None and self.now >= p.pending_deadline:
+                self._answer_fetch(r, p.pending)
+        if self.config.hw_policy == "isr":
+            self._maybe_advance_high_watermark()
+        if self.now - self.leader_since_tick >= self.config.check_quorum_ticks:
+            recent = sum(
+                1
+                for p in self.progress.values()
+                if self.now - p.last_fetch_tick <= self.config.check_quorum_ticks
+            )
+            if recent + 1 < majority(len(self.config.voters)):
+                # Cut off from a quorum: stop taking writes that can never commit here.
+                self._become_follower(self.epoch, NO_LEADER)
+
+    def _after_leader_append(self) -> None:
+        self._maybe_advance_high_watermark()
+        self._complete_pending_fetches()
+
+    def _on_fetch_request(self, sender: int, req: FetchRequest) -> None:
+        if self.role is not Role.LEADER or req.epoch != self.epoch:
+            error = FETCH_FENCED if req.epoch < self.epoch else FETCH_NOT_LEADER
+            self._send(
+                sender,
+                FetchResponse(
+                    self.epoch,
+                    self.leader_id,
+                    req.fetch_offset,
+                    self.log.high_watermark,
+                    self.log.log_start_offset,
+                    error=error,
+                ),
+            )
+            return
+        progress = self.progress[sender]
+        progress.pending = None
+        if req.fetch_offset < self.log.log_start_offset:
+            self._send(sender, self._empty_response(req, snapshot_required=True))
+            return
+        diverging = self._divergence(req)
+        if diverging is not None:
+            epoch, end = diverging
+            self._send(
+                sender,
+                self._empty_response(req, diverging_epoch=epoch, diverging_end_offset=end),
+            )
+            return
+        self._record_fetch(progress, req)
+        self._maybe_advance_high_watermark()
+        has_data = req.fetch_offset < self.log.log_end_offset
+        hw_news = req.high_watermark < self.log.high_watermark
+        if has_data or hw_news:
+            self._answer_fetch(sender, req)
+        else:
+            progress.pending = req
+            progress.pending_deadline = self.now + self.config.fetch_max_wait_ticks
+
+    def _divergence(self, req: FetchRequest) -> tuple[int, int] | None:
+        if req.fetch_offset == 0 and req.last_fetched_epoch < 0:
+            return None
+        if req.last_fetched_epoch < 0:
+            # The follower holds no batch since its log start: only the end can be wrong.
+            if req.fetch_offset > self.log.log_end_offset:
+                return self.log.epochs.latest_epoch, self.log.log_end_offset
+            return None
+        epoch, end = self.log.epochs.end_offset_for(req.last_fetched_epoch, self.log.log_end_offset)
+        if epoch != req.last_fetched_epoch or end < req.fetch_offset:
+            return epoch, end
+        return None
+
+    def _record_fetch(self, p: Progress, req: FetchRequest) -> None:
+        leo = self.log.log_end_offset
+        assert req.fetch_offset <= leo
+        if req.fetch_offset >= leo:
+            p.last_caught_up_tick = self.now
+        elif req.fetch_offset >= p.leo_at_last_fetch:
+            p.last_caught_up_tick = max(p.last_caught_up_tick, p.last_fetch_tick)
+        p.match_offset = req.fetch_offset
+        p.leo_at_last_fetch = leo
+        p.last_fetch_tick = self.now
+        p.known_hw = req.high_watermark
+
+    def _empty_response(self, req: FetchRequest, **fields: object) -> FetchResponse:
+        return FetchResponse(
+            self.epoch,
+            self.node_id,
+            req.fetch_offset,
+            self.log.high_watermark,
+            self.log.log_start_offset,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def _answer_fetch(self, follower: int, req: FetchRequest) -> None:
+        self.progress[follower].pending = None
+        records = None
+        if req.fetch_offset < self.log.log_end_offset:
+            records = self.log.read(req.fetch_offset, req.max_bytes, self.log.log_end_offset)
+        self.progress[follower].known_hw = self.log.high_watermark
+        self._send(
+            follower,
+            FetchResponse(
+                self.epoch,
+                self.node_id,
+                req.fetch_offset,
+                self.log.high_watermark,
+                self.log.log_start_offset,
+                records=records,
+            ),
+        )
+
+    def _complete_pending_fetches(self) -> None:
+        leo = self.log.log_end_offset
+        hw = self.log.high_watermark
+        for r, p in self.progress.items():
+            if p.pending is not None and (
+                p.pending.fetch_offset < leo or p.pending.high_watermark < hw
+            ):
+                self._answer_fetch(r, p.pending)
+
+    def _fail_pending_fetches(self) -> None:
+        for p in self.progress.values():
+            p.pending = None
+
+    def _maybe_advance_high_watermark(self) -> None:
+        if self.role is not Role.LEADER:
+            return
+        match = {r: p.match_offset for r, p in self.progress.items()}
+        match[self.node_id] = self.log.effective_durable_end
+        if self.config.hw_policy == "isr":
+            candidate, _ = isr_offset(match, self.in_sync_replicas(), self.node_id)
+        else:
+            candidate = quorum_offset(list(match.values()))
+        if (
+            candidate <= self.epoch_start_offset
+            and FAULT_COMMIT_OLD_EPOCH not in self.config.faults
+        ):
+            return  # Raft's rule: nothing commits by counting until our own epoch's entry does
+        candidate = min(candidate, self.log.log_end_offset)
+        if candidate > self.log.high_watermark:
+            self.log.set_high_watermark(candidate)
+            self._ready.high_watermark_changed = True
+            self._complete_pending_fetches()
+
+    # -- follower side of replication -----------------------------------------------------------
+
+    def _maybe_send_fetch(self) -> None:
+        if (
+            self.role is not Role.FOLLOWER
+            or self.leader_id == NO_LEADER
+            or self.fetch_in_flight
+            or self.awaiting_flush
+        ):
+            return
+        if self.log.effective_durable_end < self.log.log_end_offset:
+            # Only offer the leader what is durable here: it counts our fetch offset for the HW.
+            self.awaiting_flush = True
+            return
+        self.fetch_in_flight = True
+        self.fetch_sent_tick = self.now
+        self._send(
+            self.leader_id,
+            FetchRequest(
+                self.epoch,
+                self.node_id,
+                self.log.log_end_offset,
+                self.log.epochs.latest_epoch,
+                self.log.high_watermark,
+                self.config.fetch_max_bytes,
+            ),
+        )
+
+    def _on_fetch_response(self, sender: int, resp: FetchResponse) -> None:
+        if resp.epoch < self.epoch:
+            return
+        if resp.error:
+            if (
+                resp.leader != NO_LEADER
+                and resp.leader != self.leader_id
+                and resp.epoch == self.epoch
+            ):
+                self._become_follower(self.epoch, resp.leader)
+            elif sender == self.leader_id:
+                self.fetch_in_flight = False
+            return
+        if self.role is not Role.FOLLOWER or self.leader_id != sender:
+            self._become_follower(resp.epoch, sender)
+            return
+        if resp.fetch_offset != self.log.log_end_offset or not self.fetch_in_flight:
+            return  # a late or duplicated answer to an earlier request
+        self.fetch_in_flight = False
+        self.last_leader_contact = self.now
+        self._reset_election_timer()
+        self.leader_high_watermark = resp.high_watermark
+        self.leader_log_start = resp.log_start_offset
+        if resp.snapshot_required:
+            self.log.truncate_fully_and_start_at(resp.log_start_offset)
+            self._ready.truncated = True
+        elif resp.diverging_end_offset >= 0 or resp.diverging_epoch >= 0:
+            self._truncate_diverging(resp.diverging_epoch, resp.diverging_end_offset)
+        elif resp.records is not None and resp.records.size > 0:
+            self.log.append_as_follower(resp.records.read())
+        self._follow_high_watermark(resp.high_watermark)
+        self._maybe_send_fetch()
+
+    def _truncate_diverging(self, epoch: int, end_offset: int) -> None:
+        local_epoch, local_end = self.log.epochs.end_offset_for(epoch, self.log.log_end_offset)
+        target = min(local_end, end_offset) if local_epoch == epoch else local_end
+        target = max(target, self.log.log_start_offset)
+        if target < self.log.log_end_offset:
+            assert (
+                target >= self.log.high_watermark or FAULT_TRUNCATE_TO_HW in self.config.faults
+            ), "divergence never reaches below the committed prefix"
+            self.log.truncate_to(target)
+            self._ready.truncated = True
+
+    def _follow_high_watermark(self, leader_hw: int) -> None:
+        hw = min(leader_hw, self.log.log_end_offset)
+        if hw > self.log.high_watermark:
+            self.log.set_high_watermark(hw)
+            self._ready.high_watermark_changed = True
+
+    def _send(self, to: int, message: Message) -> None:
+        self._ready.messages.append(Outgoing(to, message))

@@ -1,0 +1,193 @@
+"""A log kept in memory that behaves like a disk with a page cache: what was not flushed is lost
+when the replica crashes. The simulator runs the replication core on it; it passes the same
+conformance suite as SegmentedLog.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+from tidelog.config import TopicConfig
+from tidelog.errors import InvalidRequest, OffsetOutOfRange
+from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
+from tidelog.storage.epoch_history import EpochHistory
+from tidelog.storage.log import AppendInfo
+from tidelog.storage.segment import BytesSlice
+
+
+class MemoryLog:
+    def __init__(
+        self, config: TopicConfig | None = None, clock_ms: Callable[[], int] = lambda: 0
+    ) -> None:
+        self.config = config or TopicConfig()
+        self._clock_ms = clock_ms
+        self._bases: list[int] = []
+        self._headers: list[BatchHeader] = []
+        self._data: list[bytes] = []
+        self.log_start_offset = 0
+        self._end = 0  # log end when no batch is held (after truncate_fully_and_start_at)
+        self.high_watermark = 0
+        self.durable_end_offset = 0
+        self._durable_hw = 0
+        self.epochs = EpochHistory()
+        self._durable_epochs = list(self.epochs.entries)
+        self.flush_count = 0
+
+    # -- ReplicaLog -------------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._headers[-1].next_offset if self._headers else self._end
+
+    @property
+    def effective_durable_end(self) -> int:
+        return self.durable_end_offset if self.config.fsync_before_ack else self.log_end_offset
+
+    @property
+    def needs_flush(self) -> bool:
+        return self.durable_end_offset < self.log_end_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(len(d) for d in self._data)
+
+    @property
+    def segment_count(self) -> int:
+        return 1
+
+    def set_high_watermark(self, hw: int) -> None:
+        assert self.log_start_offset <= hw <= self.log_end_offset
+        self.high_watermark = hw
+
+    def append_as_leader(self, data: bytes | bytearray | memoryview, epoch: int) -> AppendInfo:
+        buf, stamped = stamp_leader_batches(
+            data, epoch, self.log_end_offset, self.config.max_message_bytes
+        )
+        self.epochs.assign(epoch, self.log_end_offset)
+        return self._append(buf, stamped)
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendInfo:
+        headers = check_follower_batches(data, self.log_end_offset)
+        for _, header in headers:
+            self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+        return self._append(bytes(data), headers)
+
+    def _append(self, buf: bytes | bytearray, headers: list[tuple[int, BatchHeader]]) -> AppendInfo:
+        for pos, header in headers:
+            self._bases.append(header.base_offset)
+            self._headers.append(header)
+            self._data.append(bytes(buf[pos : pos + header.size_bytes]))
+        first, last = headers[0][1], headers[-1][1]
+        return AppendInfo(
+            first.base_offset,
+            last.last_offset,
+            last.next_offset,
+            max(h.max_timestamp for _, h in headers),
+            len(headers),
+            sum(h.last_offset_delta + 1 for _, h in headers),
+            len(buf),
+        )
+
+    def truncate_to(self, offset: int) -> None:
+        if offset >= self.log_end_offset:
+            return
+        if offset < self.log_start_offset:
+            raise InvalidRequest(f"cannot truncate to {offset}, below the log start")
+        while self._headers and self._headers[-1].last_offset >= offset:
+            self._bases.pop()
+            self._headers.pop()
+            self._data.pop()
+        self._end = max(
+            self.log_start_offset, self._headers[-1].next_offset if self._headers else offset
+        )
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        self._bases, self._headers, self._data = [], [], []
+        self.log_start_offset = offset
+        self._end = offset
+        self.high_watermark = offset
+        self.durable_end_offset = offset
+        self.epochs.truncate_from_end(-1)
+        self.write_state_checkpoint()
+
+    def read(self, start_offset: int, max_bytes: int, max_offset: int) -> BytesSlice | None:
+        self.check_range(start_offset)
+        if start_offset >= max_offset:
+            return None
+        i = bisect.bisect_right(self._bases, start_offset) - 1
+        if i < 0 or self._headers[i].last_offset < start_offset:
+            i += 1
+        chunks: list[bytes] = []
+        size = 0
+        first = -1
+        while i < len(self._headers) and self._headers[i].base_offset < max_offset:
+            if chunks and size + len(self._data[i]) > max_bytes:
+                break
+            if first < 0:
+                first = self._headers[i].base_offset
+            chunks.append(self._data[i])
+            size += len(self._data[i])
+            i += 1
+        if not chunks:
+            return None
+        return BytesSlice(b"".join(chunks), max(first, self.log_start_offset))
+
+    def check_range(self, offset: int) -> None:
+        if offset < self.log_start_offset or offset > self.log_end_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{self.log_start_offset}, {self.log_end_offset}]",
+                log_start=self.log_start_offset,
+                high_watermark=self.high_watermark,
+                log_end=self.log_end_offset,
+            )
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        for header, data in zip(self._headers, self._data, strict=True):
+            if header.max_timestamp >= timestamp:
+                for rec in decode_records(data):
+                    if rec.timestamp >= timestamp and rec.offset >= self.log_start_offset:
+                        return rec.offset
+        return None
+
+    # -- durability -----------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        self.durable_end_offset = self.log_end_offset
+        self.flush_count += 1
+        return self.durable_end_offset
+
+    def write_state_checkpoint(self) -> None:
+        self._durable_hw = self.high_watermark
+
+    def crash(self) -> None:
+        """Lose everything that was not flushed, as a power cut would."""
+        self.truncate_to(max(self.durable_end_offset, self.log_start_offset))
+        self.high_watermark = min(self._durable_hw, self.log_end_offset)
+        self.high_watermark = max(self.high_watermark, self.log_start_offset)
+
+    # -- log start ------------------------------------------------------------------------------
+
+    def advance_log_start(self, offset: int) -> bool:
+        offset = min(offset, self.high_watermark)
+        if offset <= self.log_start_offset:
+            return False
+        self.log_start_offset = offset
+        self.epochs.truncate_from_start(offset)
+        self.write_state_checkpoint()
+        return True
+
+    def delete_segments_below_log_start(self) -> list[int]:
+        deleted: list[int] = []
+        while self._headers and self._headers[0].next_offset <= self.log_start_offset:
+            deleted.append(self._bases.pop(0))
+            self._headers.pop(0)
+            self._data.pop(0)
+        return deleted
+
+    def batches(self) -> list[tuple[BatchHeader, bytes]]:
+        return list(zip(self._headers, self._data, strict=True))
