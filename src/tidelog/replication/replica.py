@@ -216,6 +216,11 @@ class Replica:
         self._after_leader_append()
         return info
 
+    def campaign(self) -> None:
+        """Stand for election now instead of after a timeout (a new group's preferred leader)."""
+        if self.role is Role.FOLLOWER and self.leader_id == NO_LEADER:
+            self._start_prevote()
+
     def check_min_insync(self, min_insync: int) -> None:
         """acks=all fails fast when fewer replicas than min.insync.replicas are in sync."""
         in_sync = self.in_sync_replicas()
@@ -425,26 +430,19 @@ class Replica:
         self.progress = {
             r: Progress(last_fetch_tick=self.now, leo_at_last_fetch=0) for r in self._others()
         }
-        marker = build_batch(
-            [
-                ProducerRecord(
-                    LEADER_CHANGE_CONTROL_KEY,
-                    json.dumps(
-                        {
-                            "leader": self.node_id,
-                            "epoch": self.epoch,
-                            "voters": list(self.config.voters),
-                        }
-                    ).encode(),
-                )
-            ],
-            control=True,
-            now_ms=0,
-        )
-        self.log.append_as_leader(marker, self.epoch)
+        if self.log.log_end_offset > self.log.high_watermark:
+            # Entries of earlier epochs may be uncommitted; only an entry of our own epoch on a
+            # quorum commits them (Raft section 5.4.2), so write one now rather than waiting
+            # for a producer.
+            self.log.append_as_leader(self._leader_change_marker(), self.epoch)
         for v in self._others():
             self._send(v, BeginEpoch(self.epoch, self.node_id))
         self._after_leader_append()
+
+    def _leader_change_marker(self) -> bytes:
+        value = {"leader": self.node_id, "epoch": self.epoch, "voters": list(self.config.voters)}
+        record = ProducerRecord(LEADER_CHANGE_CONTROL_KEY, json.dumps(value).encode())
+        return build_batch([record], control=True, now_ms=0)
 
     # -- leader side of replication -------------------------------------------------------------
 

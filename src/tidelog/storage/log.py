@@ -186,7 +186,10 @@ class SegmentedLog:
         self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
         epochs = self._read_epoch_checkpoint()
         self.epochs = EpochHistory(epochs, on_change=self._write_epoch_checkpoint)
-        self.epochs.truncate_from_end(self.log_end_offset)
+        # Epochs that start past the recovered end lost their data. An empty log (start == end)
+        # keeps the epoch that covered its deleted prefix, as truncate_from_start left it.
+        empty = self.log_end_offset == self.log_start_offset
+        self.epochs.truncate_from_end(self.log_end_offset + (1 if empty else 0))
         if self.high_watermark > self.log_end_offset:
             log.warning(
                 "%s: checkpointed high watermark %d is past the recovered log end %d; clamping",
@@ -276,7 +279,7 @@ class SegmentedLog:
         chunk_start = 0
         chunk: list[tuple[int, BatchHeader]] = []
         for pos, header in headers:
-            if self._should_roll(pos - chunk_start + header.size_bytes, now):
+            if self._should_roll(pos - chunk_start, header.size_bytes, now):
                 if chunk:
                     self._write_chunk(view, chunk_start, pos, chunk, now)
                 chunk, chunk_start = [], pos
@@ -303,13 +306,15 @@ class SegmentedLog:
     ) -> None:
         self.active.append(view[start:end], chunk, now)
 
-    def _should_roll(self, incoming_bytes: int, now: int) -> bool:
-        seg = self.active
-        if seg.size_bytes == 0:
+    def _should_roll(self, pending_bytes: int, incoming_bytes: int, now: int) -> bool:
+        """Roll before a batch that would overflow segment.bytes (a lone oversized batch still
+        gets a segment of its own) or once the active segment is older than segment.ms."""
+        used = self.active.size_bytes + pending_bytes
+        if used == 0:
             return False
         return (
-            seg.size_bytes + incoming_bytes > self.config.segment_bytes
-            or now - seg.created_ms >= self.config.segment_ms
+            used + incoming_bytes > self.config.segment_bytes
+            or now - self.active.created_ms >= self.config.segment_ms
         )
 
     def maybe_roll_by_time(self) -> bool:

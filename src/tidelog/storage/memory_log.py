@@ -99,9 +99,7 @@ class MemoryLog:
             self._bases.pop()
             self._headers.pop()
             self._data.pop()
-        self._end = max(
-            self.log_start_offset, self._headers[-1].next_offset if self._headers else offset
-        )
+        self._end = self._headers[-1].next_offset if self._headers else self.log_start_offset
         self.epochs.truncate_from_end(self.log_end_offset)
         self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)

@@ -1,0 +1,5 @@
+import sys
+
+from tidelog.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,200 @@
+"""A local cluster of real `tidelog serve` processes, for development, the demo and tests."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tidelog.errors import Timeout
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel hands out now (held together so they differ)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        data_dir: Path,
+        nodes: int = 3,
+        *,
+        ports: list[int] | None = None,
+        serve_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        log_level: str = "INFO",
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.node_ids = list(range(1, nodes + 1))
+        self.ports = dict(zip(self.node_ids, ports or free_ports(nodes), strict=True))
+        self.serve_args = list(serve_args or [])
+        self.env = dict(os.environ, **(env or {}))
+        self.log_level = log_level
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def peers(self) -> str:
+        return ",".join(f"{n}=127.0.0.1:{p}" for n, p in self.ports.items())
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+
+    def address(self, node_id: int) -> str:
+        return f"127.0.0.1:{self.ports[node_id]}"
+
+    def log_path(self, node_id: int) -> Path:
+        return self.data_dir / f"node-{node_id}.log"
+
+    def start(self, node_id: int | None = None) -> None:
+        for n in [node_id] if node_id is not None else self.node_ids:
+            if n in self.procs and self.procs[n].poll() is None:
+                continue
+            data = self.data_dir / f"node-{n}"
+            data.mkdir(parents=True, exist_ok=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "serve",
+                "--node-id",
+                str(n),
+                "--listen",
+                self.address(n),
+                "--peers",
+                self.peers,
+                "--data",
+                str(data),
+                "--log-level",
+                self.log_level,
+                *self.serve_args,
+            ]
+            with open(self.log_path(n), "ab") as log:
+                self.procs[n] = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                )
+
+    def wait_ready(self, timeout_s: float = 30.0, node_ids: list[int] | None = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        for n in node_ids or self.node_ids:
+            while True:
+                proc = self.procs.get(n)
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(
+                        f"node {n} exited with {proc.returncode}; see {self.log_path(n)}:\n"
+                        + self.log_path(n).read_text(errors="replace")[-3000:]
+                    )
+                try:
+                    with socket.create_connection(("127.0.0.1", self.ports[n]), timeout=0.5):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise Timeout(f"node {n} did not start listening in {timeout_s}s") from None
+                    time.sleep(0.05)
+
+    def signal(self, node_id: int, sig: int) -> None:
+        proc = self.procs[node_id]
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+
+    def kill(self, node_id: int) -> None:
+        self.signal(node_id, signal.SIGKILL)
+        self.procs[node_id].wait()
+
+    def freeze(self, node_id: int) -> None:
+        self.signal(node_id, signal.SIGSTOP)
+
+    def resume(self, node_id: int) -> None:
+        self.signal(node_id, signal.SIGCONT)
+
+    def stop(self, node_id: int, timeout_s: float = 20.0) -> int | None:
+        proc = self.procs.get(node_id)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def alive(self, node_id: int) -> bool:
+        proc = self.procs.get(node_id)
+        return proc is not None and proc.poll() is None
+
+    def stop_all(self) -> None:
+        for n in list(self.procs):
+            self.stop(n)
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+def add_cluster_commands(
+    sub: Any, with_bootstrap: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+) -> None:
+    cluster = sub.add_parser("cluster", help="run a local cluster of real processes")
+    csub = cluster.add_subparsers(dest="cluster_command")
+    up = csub.add_parser("up", help="start N nodes on 127.0.0.1; Ctrl-C stops them all")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--data", type=Path, required=True)
+    up.add_argument("--base-port", type=int, default=7101)
+    up.add_argument("--log-level", default="INFO")
+    up.set_defaults(func=cmd_cluster_up)
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    ports = [args.base_port + i for i in range(args.nodes)]
+    cluster = LocalCluster(args.data, args.nodes, ports=ports, log_level=args.log_level)
+    cluster.start()
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cluster.wait_ready()
+        print(f"cluster of {args.nodes} nodes up; bootstrap {cluster.bootstrap}", flush=True)
+        for n in cluster.node_ids:
+            print(
+                f"  node {n}: {cluster.address(n)}  data {args.data / f'node-{n}'}  log {cluster.log_path(n)}"
+            )
+        print("Ctrl-C stops all nodes.", flush=True)
+        while not stopping:
+            for n in cluster.node_ids:
+                if not cluster.alive(n):
+                    print(f"node {n} exited; see {cluster.log_path(n)}", file=sys.stderr)
+                    stopping = True
+            time.sleep(0.2)
+    finally:
+        cluster.stop_all()
+        print("cluster stopped", flush=True)
+    return 0

@@ -1,0 +1,462 @@
+"""The `tidelog` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tidelog.client.async_client import AsyncClient
+from tidelog.client.producer import Producer
+from tidelog.errors import TidelogError
+from tidelog.record.batch import Record
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:7100"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, str(getattr(args, "log_level", "WARNING")).upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        result = args.func(args)
+        return int(result or 0)
+    except TidelogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidelog", description="A replicated, segmented commit log."
+    )
+    sub = parser.add_subparsers(dest="command")
+
+    def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--bootstrap",
+            default=os.environ.get("TIDELOG_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+            help="HOST:PORT[,HOST:PORT...] of any node (env TIDELOG_BOOTSTRAP)",
+        )
+        p.add_argument("--log-level", default="WARNING")
+        return p
+
+    serve = sub.add_parser("serve", help="run a node")
+    serve.add_argument("--data", help="data directory")
+    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:7100)")
+    serve.add_argument("--node-id", type=int)
+    serve.add_argument("--peers", help="ID=HOST:PORT,... static cluster membership")
+    serve.add_argument("--config", type=Path, help="TOML file with the same keys")
+    serve.add_argument("--log-level", default="INFO")
+    serve.set_defaults(func=cmd_serve)
+
+    from tidelog.cli.cluster import add_cluster_commands
+
+    add_cluster_commands(sub, with_bootstrap)
+
+    topics = sub.add_parser("topics", help="create, list and describe topics")
+    tsub = topics.add_subparsers(dest="topics_command")
+    create = with_bootstrap(tsub.add_parser("create", help="create a topic"))
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument("--kind", choices=["stream", "table"], default="stream")
+    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    create.set_defaults(func=cmd_topics_create)
+    lst = with_bootstrap(tsub.add_parser("list", help="list topics"))
+    lst.set_defaults(func=cmd_topics_list)
+    desc = with_bootstrap(tsub.add_parser("describe", help="describe a topic"))
+    desc.add_argument("name")
+    desc.set_defaults(func=cmd_topics_describe)
+
+    produce = with_bootstrap(sub.add_parser("produce", help="produce lines from stdin"))
+    produce.add_argument("topic")
+    produce.add_argument("--partition", type=int)
+    produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+    produce.add_argument("--key-separator", help="split each line into KEY<SEP>VALUE")
+    produce.add_argument("--print-offsets", action="store_true")
+    produce.add_argument("--linger-ms", type=int, default=5)
+    produce.add_argument("--batch-bytes", type=int, default=256 * 1024)
+    produce.set_defaults(func=cmd_produce)
+
+    consume = with_bootstrap(sub.add_parser("consume", help="print records"))
+    consume.add_argument("topic")
+    consume.add_argument("--partition", type=int)
+    consume.add_argument("--from", dest="start", default="earliest", help="earliest|latest|OFFSET")
+    consume.add_argument("--max", type=int, dest="max_records")
+    consume.add_argument("--format", choices=["text", "json"], default="text")
+    consume.add_argument("--follow", action="store_true")
+    consume.add_argument("--reset", choices=["earliest", "latest", "none"], default="earliest")
+    consume.add_argument("--replica-read", action="store_true", help="allow reads from followers")
+    consume.set_defaults(func=cmd_consume)
+
+    status = with_bootstrap(sub.add_parser("status", help="partition watermarks and sizes"))
+    status.add_argument("topic", nargs="?")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    from tidelog.cli.demo import add_demo_command
+
+    add_demo_command(sub)
+    return parser
+
+
+# -- serve --------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tidelog.node.config import load_toml, node_config_from
+    from tidelog.node.server import Node
+
+    values: dict[str, Any] = load_toml(args.config) if args.config else {}
+    for key, value in (
+        ("data", args.data),
+        ("listen", args.listen),
+        ("node_id", args.node_id),
+        ("peers", args.peers),
+    ):
+        if value is not None:
+            values[key] = value
+    config = node_config_from(values)
+
+    async def run() -> None:
+        node = Node(config)
+        await node.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
+        print(
+            f"tidelog node {node.node_id} listening on {node.address[0]}:{node.address[1]}",
+            flush=True,
+        )
+        await node.serve_forever()
+
+    asyncio.run(run())
+    return 0
+
+
+# -- topics -------------------------------------------------------------------------------------
+
+
+def _parse_kv(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TidelogError(f"--config expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            info = await client.create_topic(
+                args.name,
+                args.partitions,
+                args.replication_factor,
+                _parse_kv(args.config),
+                args.kind,
+            )
+            print(
+                f"created topic {info.name} with {info.partitions} partitions, "
+                f"replication factor {info.replication_factor}"
+            )
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_topics_list(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            for info in await client.list_topics():
+                print(info.name)
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_topics_describe(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            info = await client.topic(args.name, refresh=True)
+            print(
+                f"topic {info.name}  kind {info.kind}  partitions {info.partitions}  "
+                f"replication-factor {info.replication_factor}"
+            )
+            if info.configs:
+                print("configs " + " ".join(f"{k}={v}" for k, v in sorted(info.configs.items())))
+            for p, replicas in enumerate(info.assignments):
+                leader = info.leaders[p] if p < len(info.leaders) else -1
+                print(
+                    f"  partition {p}  leader {leader if leader >= 0 else 'unknown'}  replicas {replicas}"
+                )
+
+    asyncio.run(run())
+    return 0
+
+
+# -- produce / consume --------------------------------------------------------------------------
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        async with AsyncClient(args.bootstrap) as client:
+            producer = Producer(
+                client, acks=args.acks, linger_ms=args.linger_ms, batch_bytes=args.batch_bytes
+            )
+            futures = []
+            loop = asyncio.get_running_loop()
+            reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+            failures = 0
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                text = line.rstrip(b"\n")
+                key: bytes | None = None
+                if args.key_separator:
+                    sep = args.key_separator.encode()
+                    if sep in text:
+                        key, text = text.split(sep, 1)
+                futures.append(
+                    await producer.send(args.topic, text, key=key, partition=args.partition)
+                )
+                if len(futures) >= 10_000:
+                    failures += await _report(futures, args.print_offsets)
+                    futures = []
+            await producer.flush()
+            failures += await _report(futures, args.print_offsets)
+            return 1 if failures else 0
+
+    return asyncio.run(run())
+
+
+async def _report(futures: list[asyncio.Future[Any]], print_offsets: bool) -> int:
+    failures = 0
+    for future in futures:
+        try:
+            meta = await future
+        except TidelogError as exc:
+            failures += 1
+            print(f"error: {exc}", file=sys.stderr)
+            continue
+        if print_offsets and meta.offset >= 0:
+            print(f"{meta.partition} {meta.offset}")
+    sys.stdout.flush()
+    return failures
+
+
+def format_record(rec: Record, partition: int, fmt: str) -> str:
+    if fmt == "json":
+        out: dict[str, Any] = {
+            "partition": partition,
+            "offset": rec.offset,
+            "timestamp": rec.timestamp,
+        }
+        out.update(_text_field("key", rec.key))
+        out.update(_text_field("value", rec.value))
+        if rec.headers:
+            out["headers"] = {
+                k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in rec.headers
+            }
+        return json.dumps(out)
+    return "" if rec.value is None else rec.value.decode("utf-8", "replace")
+
+
+def _text_field(name: str, value: bytes | None) -> dict[str, Any]:
+    if value is None:
+        return {name: None}
+    try:
+        return {name: value.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {name: None, f"{name}_base64": base64.b64encode(value).decode()}
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            info = await client.topic(args.topic)
+            partitions = (
+                [args.partition] if args.partition is not None else list(range(info.partitions))
+            )
+            remaining = [args.max_records]
+            out: asyncio.Queue[tuple[int, Record] | None] = asyncio.Queue(maxsize=10_000)
+
+            async def pump(p: int) -> None:
+                try:
+                    async for rec in client.consume(
+                        args.topic,
+                        p,
+                        args.start,
+                        reset=args.reset,
+                        follow=args.follow,
+                        replica_read=args.replica_read,
+                    ):
+                        await out.put((p, rec))
+                finally:
+                    await out.put(None)
+
+            tasks = [asyncio.create_task(pump(p)) for p in partitions]
+            live = len(tasks)
+            try:
+                while live:
+                    item = await out.get()
+                    if item is None:
+                        live -= 1
+                        continue
+                    p, rec = item
+                    sys.stdout.write(format_record(rec, p, args.format) + "\n")
+                    if remaining[0] is not None:
+                        remaining[0] -= 1
+                        if remaining[0] <= 0:
+                            break
+                sys.stdout.flush()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError, TidelogError):
+                        await task
+
+    asyncio.run(run())
+    return 0
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, Any]]:
+    """One row per partition: the leader's view, with every replica's own numbers."""
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for node in nodes:
+        for st in node.get("partitions", []):
+            if topic is not None and st["topic"] != topic:
+                continue
+            key = (st["topic"], st["partition"])
+            row = rows.setdefault(
+                key,
+                {
+                    "topic": st["topic"],
+                    "partition": st["partition"],
+                    "leader": -1,
+                    "epoch": -1,
+                    "replicas": {},
+                },
+            )
+            node_id = node["node_id"]
+            row["replicas"][str(node_id)] = {
+                "role": st["role"],
+                "log_end_offset": st["log_end_offset"],
+                "high_watermark": st["high_watermark"],
+                "log_start_offset": st["log_start_offset"],
+                "size_bytes": st["size_bytes"],
+                "segment_count": st["segment_count"],
+            }
+            if st["role"] == "leader" and st["epoch"] >= row["epoch"]:
+                row.update(
+                    leader=node_id,
+                    epoch=st["epoch"],
+                    log_start_offset=st["log_start_offset"],
+                    high_watermark=st["high_watermark"],
+                    log_end_offset=st["log_end_offset"],
+                    size_bytes=st["size_bytes"],
+                    segment_count=st["segment_count"],
+                    leader_view=st.get("replicas", {}),
+                    voters=st.get("voters", []),
+                )
+    out = []
+    for key in sorted(rows):
+        row = rows[key]
+        view = row.pop("leader_view", {})
+        for rid, rep in row["replicas"].items():
+            lv = view.get(rid) or view.get(int(rid)) or {}
+            rep["in_sync"] = bool(lv.get("in_sync", False))
+            rep["lag"] = int(lv.get("lag", 0)) if lv else None
+        voters = row.get("voters", [])
+        in_sync = sum(1 for r in row["replicas"].values() if r.get("in_sync"))
+        row["under_replicated"] = row["leader"] < 0 or in_sync < len(voters)
+        if row["leader"] < 0:
+            any_rep = next(iter(row["replicas"].values()))
+            for field in (
+                "log_start_offset",
+                "high_watermark",
+                "log_end_offset",
+                "size_bytes",
+                "segment_count",
+            ):
+                row[field] = any_rep[field]
+        out.append(row)
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            nodes = await client.status([args.topic] if args.topic else None)
+            rows = merge_status(nodes, args.topic)
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "partitions": rows,
+                            "nodes": [
+                                {
+                                    "node_id": n.get("node_id"),
+                                    "error": n.get("error"),
+                                    "metadata": n.get("metadata"),
+                                }
+                                for n in nodes
+                            ],
+                        },
+                        indent=2,
+                    )
+                )
+                return
+            print(
+                f"{'TOPIC':<20} {'PART':>4} {'LEADER':>6} {'EPOCH':>5} {'LOG_START':>10} {'HW':>10} "
+                f"{'LEO':>10} {'BYTES':>12} {'SEGS':>5}  REPLICAS"
+            )
+            for r in rows:
+                reps = " ".join(
+                    f"{rid}:{'leader' if rep['role'] == 'leader' else rep['role'][:4]}"
+                    f"{'' if rep.get('in_sync') else '(out)'}"
+                    for rid, rep in sorted(r["replicas"].items())
+                )
+                flag = (
+                    "  UNDER-REPLICATED" if r["under_replicated"] and len(r["replicas"]) > 1 else ""
+                )
+                print(
+                    f"{r['topic']:<20} {r['partition']:>4} {r['leader']:>6} {r['epoch']:>5} "
+                    f"{r['log_start_offset']:>10} {r['high_watermark']:>10} {r['log_end_offset']:>10} "
+                    f"{r['size_bytes']:>12} {r['segment_count']:>5}  {reps}{flag}"
+                )
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""The asyncio client: finds leaders through metadata and retries NotLeader and leader
+changes for the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidelog.client.connection import NodeConnection
+from tidelog.errors import (
+    InvalidRequest,
+    NetworkError,
+    NotLeader,
+    OffsetOutOfRange,
+    TidelogError,
+    Timeout,
+    UnknownTopicOrPartition,
+)
+from tidelog.node.config import parse_address
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.protocol.framing import Frame
+from tidelog.record.batch import ProducerRecord, Record, build_batch, decode_records, iter_headers
+
+log = logging.getLogger(__name__)
+
+ACKS = {"0": api.ACKS_NONE, "1": api.ACKS_LEADER, "all": api.ACKS_ALL, "-1": api.ACKS_ALL}
+
+
+def parse_acks(acks: int | str) -> int:
+    if isinstance(acks, int) and acks in (0, 1, -1):
+        return acks
+    value = ACKS.get(str(acks).lower())
+    if value is None:
+        raise InvalidRequest(f"acks must be 0, 1 or all, got {acks!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    kind: str
+    partitions: int
+    replication_factor: int
+    assignments: list[list[int]]
+    configs: dict[str, str]
+    leaders: list[int]
+
+
+@dataclass(frozen=True)
+class ProduceResult:
+    partition: int
+    base_offset: int
+    last_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    partition: int
+    records: list[Record]
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    next_offset: int
+    node_id: int
+    raw: bytes = b""
+
+
+@dataclass
+class _Metadata:
+    nodes: dict[int, tuple[str, int]] = field(default_factory=dict)
+    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    leaders: dict[tuple[str, int], int] = field(default_factory=dict)
+    metadata_leader: int = -1
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        request_timeout_ms: int = 30_000,
+        retries: int = 40,
+        retry_backoff_ms: int = 50,
+        retry_backoff_max_ms: int = 1000,
+    ) -> None:
+        items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+        self.bootstrap = [parse_address(b) for b in items if b.strip()]
+        if not self.bootstrap:
+            raise InvalidRequest("no bootstrap address given")
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        self._conns: dict[tuple[str, int], NodeConnection] = {}
+        self._connecting: dict[tuple[str, int], asyncio.Future[NodeConnection]] = {}
+        self._meta = _Metadata()
+        self._rng = random.Random()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    async def _connection(self, address: tuple[str, int]) -> NodeConnection:
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[NodeConnection] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = future
+        try:
+            conn = await NodeConnection.open(address, min(self.request_timeout_s, 10.0))
+            self._conns[address] = conn
+            future.set_result(conn)
+            return conn
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved
+            raise
+        finally:
+            self._connecting.pop(address, None)
+
+    async def call(
+        self,
+        address: tuple[str, int],
+        key: ApiKey,
+        request: Any,
+        payload: bytes = b"",
+        timeout_s: float | None = None,
+        expect_response: bool = True,
+    ) -> tuple[dict[str, Any], bytes]:
+        """One request to one node; a TidelogError if the node answered with an error."""
+        conn = await self._connection(address)
+        frame: Frame | None = await conn.request(
+            key,
+            api.encode(request),
+            payload,
+            timeout_s if timeout_s is not None else self.request_timeout_s,
+            expect_response,
+        )
+        if frame is None:
+            return {}, b""
+        error = api.error_of(frame.header)
+        if error is not None:
+            raise error
+        return frame.header, frame.payload
+
+    def _backoff(self, attempt: int) -> float:
+        base: float = min(self.retry_backoff_max_s, self.retry_backoff_s * (2 ** min(attempt, 10)))
+        return base * (0.5 + self._rng.random() / 2)
+
+    def _addresses(self) -> list[tuple[str, int]]:
+        known = list(self._meta.nodes.values())
+        return known + [a for a in self.bootstrap if a not in known]
+
+    async def _any_node(self, key: ApiKey, request: Any) -> tuple[dict[str, Any], bytes]:
+        last: TidelogError | None = None
+        for attempt in range(self.retries):
+            addresses = self._addresses()
+            address = addresses[attempt % len(addresses)]
+            try:
+                return await self.call(address, key, request)
+            except (NetworkError, Timeout) as exc:
+                last = exc
+                if attempt + 1 >= len(addresses):
+                    await asyncio.sleep(self._backoff(attempt))
+        assert last is not None
+        raise last
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    async def refresh_metadata(self, topics: list[str] | None = None) -> None:
+        header, _ = await self._any_node(ApiKey.METADATA, api.MetadataRequest(topics))
+        resp = api.decode(api.MetadataResponse, header)
+        self._meta.nodes = {int(n["node_id"]): (str(n["host"]), int(n["port"])) for n in resp.nodes}
+        self._meta.metadata_leader = resp.metadata_leader
+        for t in resp.topics:
+            if "error" in t:
+                self._meta.topics.pop(str(t["name"]), None)
+                continue
+            leaders = [int(entry.get("leader", -1)) for entry in t.get("leaders", [])]
+            info = TopicInfo(
+                name=str(t["name"]),
+                kind=str(t.get("kind", "stream")),
+                partitions=int(t["partitions"]),
+                replication_factor=int(t["replication_factor"]),
+                assignments=[[int(r) for r in a] for a in t["assignments"]],
+                configs={str(k): str(v) for k, v in dict(t.get("configs", {})).items()},
+                leaders=leaders,
+            )
+            self._meta.topics[info.name] = info
+            for p, leader in enumerate(leaders):
+                if leader >= 0:
+                    self._meta.leaders[(info.name, p)] = leader
+
+    async def topic(self, name: str, refresh: bool = False) -> TopicInfo:
+        if refresh or name not in self._meta.topics:
+            await self.refresh_metadata([name])
+        info = self._meta.topics.get(name)
+        if info is None:
+            raise UnknownTopicOrPartition(f"unknown topic {name!r}", topic=name)
+        return info
+
+    async def list_topics(self) -> list[TopicInfo]:
+        await self.refresh_metadata(None)
+        return sorted(self._meta.topics.values(), key=lambda t: t.name)
+
+    async def nodes(self) -> dict[int, tuple[str, int]]:
+        if not self._meta.nodes:
+            await self.refresh_metadata([])
+        return dict(self._meta.nodes)
+
+    def _node_address(self, node_id: int) -> tuple[str, int] | None:
+        return self._meta.nodes.get(node_id)
+
+    async def _partition_target(self, topic: str, partition: int, attempt: int) -> tuple[str, int]:
+        info = await self.topic(topic)
+        if not 0 <= partition < info.partitions:
+            raise UnknownTopicOrPartition(
+                f"topic {topic!r} has {info.partitions} partitions; no partition {partition}",
+                topic=topic,
+                partition=partition,
+            )
+        leader = self._meta.leaders.get((topic, partition), -1)
+        replicas = info.assignments[partition]
+        node = leader if leader >= 0 else replicas[attempt % len(replicas)]
+        address = self._node_address(node)
+        if address is None:
+            await self.refresh_metadata([topic])
+            address = self._node_address(node) or self.bootstrap[0]
+        return address
+
+    async def _to_leader(
+        self,
+        topic: str,
+        partition: int,
+        key: ApiKey,
+        request: Any,
+        payload: bytes = b"",
+        timeout_s: float | None = None,
+        expect_response: bool = True,
+        retry_on_timeout: bool = True,
+    ) -> tuple[dict[str, Any], bytes]:
+        last: TidelogError | None = None
+        for attempt in range(self.retries):
+            try:
+                address = await self._partition_target(topic, partition, attempt)
+                return await self.call(address, key, request, payload, timeout_s, expect_response)
+            except NotLeader as exc:
+                last = exc
+                hint = exc.leader_hint
+                if (
+                    hint is not None
+                    and hint >= 0
+                    and self._node_address(hint) is not None
+                    and self._meta.leaders.get((topic, partition)) != hint
+                ):
+                    self._meta.leaders[(topic, partition)] = hint
+                    continue  # go straight to the hinted leader
+                self._meta.leaders.pop((topic, partition), None)
+            except (NetworkError, UnknownTopicOrPartition) as exc:
+                last = exc
+                self._meta.leaders.pop((topic, partition), None)
+                if isinstance(exc, UnknownTopicOrPartition) and attempt >= 5:
+                    raise
+                with contextlib.suppress(TidelogError):
+                    await self.refresh_metadata([topic])
+            except Timeout as exc:
+                if not retry_on_timeout:
+                    raise
+                last = exc
+                self._meta.leaders.pop((topic, partition), None)
+            except TidelogError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+            await asyncio.sleep(self._backoff(attempt))
+        assert last is not None
+        raise last
+
+    # -- admin ----------------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        configs: dict[str, str] | None = None,
+        kind: str = "stream",
+        wait_for_leaders: bool = True,
+    ) -> TopicInfo:
+        request = api.CreateTopicRequest(
+            name, partitions, replication_factor, dict(configs or {}), kind
+        )
+        last: TidelogError | None = None
+        for attempt in range(self.retries):
+            address = self._metadata_leader_address(attempt)
+            try:
+                await self.call(address, ApiKey.CREATE_TOPIC, request)
+                break
+            except NotLeader as exc:
+                last = exc
+                if exc.leader_hint is not None and exc.leader_hint >= 0:
+                    self._meta.metadata_leader = exc.leader_hint
+                else:
+                    self._meta.metadata_leader = -1
+                    await asyncio.sleep(self._backoff(attempt))
+            except (NetworkError, Timeout) as exc:
+                last = exc
+                self._meta.metadata_leader = -1
+                await asyncio.sleep(self._backoff(attempt))
+        else:
+            assert last is not None
+            raise last
+        info = await self.topic(name, refresh=True)
+        if wait_for_leaders:
+            await self.wait_for_leaders(name)
+        return info
+
+    def _metadata_leader_address(self, attempt: int) -> tuple[str, int]:
+        leader = self._meta.metadata_leader
+        if leader >= 0 and leader in self._meta.nodes:
+            return self._meta.nodes[leader]
+        addresses = self._addresses()
+        return addresses[attempt % len(addresses)]
+
+    async def wait_for_leaders(self, topic: str, timeout_s: float = 30.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            info = await self.topic(topic, refresh=True)
+            missing = [p for p in range(info.partitions) if (topic, p) not in self._meta.leaders]
+            if not missing:
+                return
+            for p in missing:
+                with contextlib.suppress(TidelogError):
+                    await self.list_offsets(topic, p, "latest")
+            if loop.time() > deadline:
+                raise Timeout(f"no leader for {topic} partitions {missing} after {timeout_s}s")
+            if any((topic, p) not in self._meta.leaders for p in missing):
+                await asyncio.sleep(0.05)
+
+    async def status(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every node's view of its replicas (unreachable nodes are reported as such)."""
+        nodes = await self.nodes()
+        results: list[dict[str, Any]] = []
+
+        async def one(node_id: int, address: tuple[str, int]) -> dict[str, Any]:
+            try:
+                header, _ = await self.call(
+                    address, ApiKey.STATUS, api.StatusRequest(topics), timeout_s=5.0
+                )
+                return header
+            except TidelogError as exc:
+                return {
+                    "node_id": node_id,
+                    "error": exc.to_wire(),
+                    "partitions": [],
+                    "metadata": {},
+                }
+
+        for result in await asyncio.gather(*(one(n, a) for n, a in sorted(nodes.items()))):
+            results.append(result)
+        return results
+
+    # -- data -----------------------------------------------------------------------------------
+
+    async def partition_for(self, topic: str, key: bytes | None) -> int:
+        info = await self.topic(topic)
+        if key is None:
+            return self._rng.randrange(info.partitions)
+        import zlib
+
+        return zlib.crc32(key) % info.partitions
+
+    async def produce_batch(
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes,
+        acks: int | str = "all",
+        timeout_ms: int = 30_000,
+        producer_id: int = -1,
+    ) -> ProduceResult | None:
+        """Send one or more encoded batches; returns the assigned offsets (None for acks=0)."""
+        acks_value = parse_acks(acks)
+        request = api.ProduceRequest(topic, partition, acks_value, timeout_ms, producer_id)
+        header, _ = await self._to_leader(
+            topic,
+            partition,
+            ApiKey.PRODUCE,
+            request,
+            batch,
+            timeout_s=timeout_ms / 1000 + 5,
+            expect_response=acks_value != api.ACKS_NONE,
+        )
+        if acks_value == api.ACKS_NONE:
+            return None
+        resp = api.decode(api.ProduceResponse, header)
+        return ProduceResult(partition, resp.base_offset, resp.last_offset, resp.high_watermark)
+
+    async def produce(
+        self,
+        topic: str,
+        records: Sequence[ProducerRecord | bytes],
+        partition: int | None = None,
+        acks: int | str = "all",
+        timeout_ms: int = 30_000,
+    ) -> ProduceResult | None:
+        recs = [r if isinstance(r, ProducerRecord) else ProducerRecord(None, r) for r in records]
+        if partition is None:
+            partition = await self.partition_for(topic, recs[0].key)
+        return await self.produce_batch(topic, partition, build_batch(recs), acks, timeout_ms)
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        max_wait_ms: int = 0,
+        min_bytes: int = 1,
+        replica_read: bool = False,
+        node_id: int | None = None,
+        include_control: bool = False,
+    ) -> FetchResult:
+        """Records at offsets >= offset below the HW of the replica that answers."""
+        request = api.FetchRequest(
+            topic, partition, offset, max_bytes, max_wait_ms, min_bytes, replica_read
+        )
+        timeout = max_wait_ms / 1000 + self.request_timeout_s
+        if node_id is not None:
+            address = self._node_address(node_id) or (await self.nodes())[node_id]
+            header, payload = await self.call(address, ApiKey.FETCH, request, timeout_s=timeout)
+        else:
+            header, payload = await self._to_leader(
+                topic, partition, ApiKey.FETCH, request, timeout_s=timeout
+            )
+        resp = api.decode(api.FetchResponse, header)
+        records, next_offset = decode_fetched(payload, offset, include_control)
+        for rec in records:
+            assert rec.offset < resp.high_watermark, "a node returned a record at or above its HW"
+        return FetchResult(
+            partition,
+            records,
+            resp.high_watermark,
+            resp.log_start_offset,
+            resp.log_end_offset,
+            next_offset,
+            resp.node_id,
+            payload,
+        )
+
+    async def list_offsets(
+        self, topic: str, partition: int, spec: str = "latest", timestamp_ms: int = -1
+    ) -> int:
+        """earliest = log start, latest = HW, timestamp = first offset with ts >= timestamp_ms."""
+        request = api.ListOffsetsRequest(topic, partition, spec, timestamp_ms)
+        header, _ = await self._to_leader(topic, partition, ApiKey.LIST_OFFSETS, request)
+        return api.decode(api.ListOffsetsResponse, header).offset
+
+    async def consume(
+        self,
+        topic: str,
+        partition: int,
+        start: int | str = "earliest",
+        *,
+        reset: str = "earliest",
+        follow: bool = False,
+        max_records: int | None = None,
+        max_wait_ms: int = 500,
+        replica_read: bool = False,
+    ) -> AsyncGenerator[Record, None]:
+        """Records in offset order from start; out-of-range offsets follow the reset policy
+        (earliest, latest or none)."""
+        if reset not in ("earliest", "latest", "none"):
+            raise InvalidRequest(f"reset must be earliest, latest or none, got {reset!r}")
+        offset = await self._resolve_start(topic, partition, start)
+        seen = 0
+        while max_records is None or seen < max_records:
+            try:
+                result = await self.fetch(
+                    topic,
+                    partition,
+                    offset,
+                    max_wait_ms=max_wait_ms if follow else 0,
+                    replica_read=replica_read,
+                )
+            except OffsetOutOfRange as exc:
+                if reset == "none":
+                    raise
+                new_offset = exc.log_start if reset == "earliest" else exc.high_watermark
+                log.warning(
+                    "%s/%d: offset %d out of range [log start %d, HW %d]; reset to %s offset %d",
+                    topic,
+                    partition,
+                    offset,
+                    exc.log_start,
+                    exc.high_watermark,
+                    reset,
+                    new_offset,
+                )
+                offset = new_offset
+                continue
+            for rec in result.records:
+                yield rec
+                seen += 1
+                if max_records is not None and seen >= max_records:
+                    return
+            offset = result.next_offset
+            if not result.records and not follow and offset >= result.high_watermark:
+                return
+
+    async def _resolve_start(self, topic: str, partition: int, start: int | str) -> int:
+        if isinstance(start, int):
+            return start
+        if start in ("earliest", "latest"):
+            return await self.list_offsets(topic, partition, start)
+        if start.lstrip("-").isdigit():
+            return int(start)
+        raise InvalidRequest(f"start must be earliest, latest or an offset, not {start!r}")
+
+
+def decode_fetched(
+    payload: bytes, from_offset: int, include_control: bool = False
+) -> tuple[list[Record], int]:
+    """Decode fetched batches (CRC-checked again here); records below from_offset are dropped.
+    Returns (records, the offset to fetch next)."""
+    records: list[Record] = []
+    next_offset = from_offset
+    for pos, header in iter_headers(payload):
+        next_offset = max(next_offset, header.next_offset)
+        if header.is_control and not include_control:
+            continue
+        for rec in decode_records(payload, pos):
+            if rec.offset >= from_offset:
+                records.append(rec)
+    return records, next_offset

@@ -1,0 +1,107 @@
+"""One client connection to one node: requests out, responses matched by correlation id."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from typing import Any
+
+from tidelog.errors import NetworkError, Timeout
+from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
+
+CLIENT_FRAME_BYTES_MAX = 256 * 1024 * 1024
+
+
+class NodeConnection(asyncio.Protocol):
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+        self.decoder = FrameDecoder(CLIENT_FRAME_BYTES_MAX)
+        self.transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._ids = itertools.count(1)
+        self.closed = False
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+
+    @classmethod
+    async def open(cls, address: tuple[str, int], timeout_s: float) -> NodeConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: cls(address), *address), timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise NetworkError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
+        return conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.decoder.receive_data(data)
+            while True:
+                frame = self.decoder.next_frame()
+                if frame is None:
+                    break
+                future = self._pending.pop(frame.correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(frame)
+        except Exception as exc:  # a broken stream poisons every request on it
+            self._fail_all(NetworkError(f"bad response stream from {self.address}: {exc}"))
+            self.close()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail_all(NetworkError(f"connection to {self.address[0]}:{self.address[1]} lost"))
+
+    def _fail_all(self, error: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def request(
+        self,
+        api: int,
+        header: dict[str, Any],
+        payload: bytes = b"",
+        timeout_s: float = 30.0,
+        expect_response: bool = True,
+    ) -> Frame | None:
+        if self.closed or self.transport is None:
+            raise NetworkError(f"connection to {self.address} is closed")
+        await self._can_write.wait()
+        correlation_id = next(self._ids) & 0xFFFFFFFF
+        future: asyncio.Future[Frame] | None = None
+        if expect_response:
+            future = asyncio.get_running_loop().create_future()
+            self._pending[correlation_id] = future
+        self.transport.write(
+            encode_prefix(Kind.REQUEST, api, correlation_id, header, len(payload)) + payload
+        )
+        if future is None:
+            return None
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            self._pending.pop(correlation_id, None)
+            raise Timeout(
+                f"no answer from {self.address[0]}:{self.address[1]} in {timeout_s}s"
+            ) from None

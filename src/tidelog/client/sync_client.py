@@ -1,0 +1,150 @@
+"""The blocking client: the asyncio client driven on a private event-loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Coroutine, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from tidelog.client.async_client import AsyncClient, FetchResult, ProduceResult, TopicInfo
+from tidelog.client.producer import Producer, RecordMetadata
+from tidelog.record.batch import ProducerRecord, Record
+
+T = TypeVar("T")
+
+
+class Client:
+    def __init__(self, bootstrap: str | Sequence[str], **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="tidelog-client", daemon=True
+        )
+        self._thread.start()
+        self._async = AsyncClient(bootstrap, **options)
+        self._closed = False
+
+    def _run(self, coro: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(_as_coroutine(coro), self._loop).result()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._run(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    @property
+    def async_client(self) -> AsyncClient:
+        return self._async
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        configs: dict[str, str] | None = None,
+        kind: str = "stream",
+    ) -> TopicInfo:
+        return self._run(
+            self._async.create_topic(name, partitions, replication_factor, configs, kind)
+        )
+
+    def topic(self, name: str, refresh: bool = False) -> TopicInfo:
+        return self._run(self._async.topic(name, refresh))
+
+    def list_topics(self) -> list[TopicInfo]:
+        return self._run(self._async.list_topics())
+
+    def status(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
+        return self._run(self._async.status(topics))
+
+    def produce(
+        self,
+        topic: str,
+        records: Sequence[ProducerRecord | bytes],
+        partition: int | None = None,
+        acks: int | str = "all",
+        timeout_ms: int = 30_000,
+    ) -> ProduceResult | None:
+        return self._run(self._async.produce(topic, records, partition, acks, timeout_ms))
+
+    def produce_batch(
+        self, topic: str, partition: int, batch: bytes, acks: int | str = "all"
+    ) -> ProduceResult | None:
+        return self._run(self._async.produce_batch(topic, partition, batch, acks))
+
+    def fetch(self, topic: str, partition: int, offset: int, **options: Any) -> FetchResult:
+        return self._run(self._async.fetch(topic, partition, offset, **options))
+
+    def list_offsets(
+        self, topic: str, partition: int, spec: str = "latest", timestamp_ms: int = -1
+    ) -> int:
+        return self._run(self._async.list_offsets(topic, partition, spec, timestamp_ms))
+
+    def consume(
+        self, topic: str, partition: int, start: int | str = "earliest", **options: Any
+    ) -> Iterator[Record]:
+        agen = self._async.consume(topic, partition, start, **options)
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._run(agen.aclose())
+
+    def producer(self, **options: Any) -> SyncProducer:
+        return SyncProducer(self, Producer(self._async, **options))
+
+
+class SyncProducer:
+    """Blocking face of Producer: send() returns a concurrent Future of RecordMetadata."""
+
+    def __init__(self, client: Client, producer: Producer) -> None:
+        self._client = client
+        self._producer = producer
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: tuple[tuple[str, bytes | None], ...] = (),
+        timestamp_ms: int | None = None,
+    ) -> Future[RecordMetadata]:
+        async def submit() -> asyncio.Future[RecordMetadata]:
+            return await self._producer.send(topic, value, key, partition, headers, timestamp_ms)
+
+        inner = self._client._run(submit())
+        outer: Future[RecordMetadata] = Future()
+
+        def done(f: asyncio.Future[RecordMetadata]) -> None:
+            if f.exception() is not None:
+                outer.set_exception(f.exception())
+            else:
+                outer.set_result(f.result())
+
+        self._client._loop.call_soon_threadsafe(inner.add_done_callback, done)
+        return outer
+
+    def flush(self) -> None:
+        self._client._run(self._producer.flush())
+
+    def close(self) -> None:
+        self._client._run(self._producer.close())
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable

@@ -1,0 +1,265 @@
+"""Binds one partition's replication core to its log on disk, the flush threads and waiters.
+
+The driver loop of DESIGN.md lives in process_ready(): persist the quorum state, then send the
+messages, then start a group commit if the log has unflushed appends, then wake whoever waits
+on the high-water mark. It runs after every interaction with the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import random
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Executor
+from pathlib import Path
+
+from tidelog.config import TopicConfig
+from tidelog.errors import NotLeader, StorageFull, TidelogError, Timeout
+from tidelog.node.config import NodeConfig
+from tidelog.replication.log_interface import AppendResult
+from tidelog.replication.messages import Message
+from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
+from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
+from tidelog.storage.log import FlushJob, SegmentedLog
+
+log = logging.getLogger(__name__)
+
+QUORUM_STATE_FILE = "quorum-state"
+
+SendFn = Callable[[int, str, Message], None]
+
+
+class PartitionHost:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        voters: tuple[int, ...],
+        config: TopicConfig,
+        node_config: NodeConfig,
+        directory: Path,
+        executor: Executor,
+        send: SendFn,
+        on_high_watermark: Callable[[PartitionHost], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.group = f"{topic}/{partition}"
+        self.config = config
+        self.directory = directory
+        self._executor = executor
+        self._send = send
+        self._on_high_watermark = on_high_watermark
+        self.log = SegmentedLog(directory, config)
+        self.recovery = self.log.recovery
+        nc = node_config
+        replica_config = ReplicaConfig(
+            node_id=nc.node_id,
+            voters=voters,
+            election_timeout_ticks=nc.ticks(nc.election_timeout_ms),
+            election_jitter_ticks=nc.ticks(nc.election_jitter_ms),
+            fetch_max_wait_ticks=nc.ticks(nc.replica_fetch_wait_max_ms),
+            fetch_retry_ticks=nc.ticks(nc.replica_fetch_wait_max_ms)
+            + nc.ticks(nc.election_timeout_ms) // 2,
+            check_quorum_ticks=nc.ticks(nc.election_timeout_ms) * 3 // 2,
+            replica_lag_ticks=nc.ticks(config.replica_lag_time_max_ms),
+            fetch_max_bytes=nc.replica_fetch_max_bytes,
+            hw_policy=config.hw_policy,
+            min_insync_replicas=config.min_insync_replicas,
+        )
+        seed = zlib.crc32(f"{nc.node_id}/{self.group}".encode())
+        self.replica = Replica(
+            replica_config, self.log, self._load_quorum_state(), random.Random(seed)
+        )
+        self.flushing = False
+        self.flush_error: TidelogError | None = None
+        self.flush_count = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._acks: list[tuple[int, int, asyncio.Future[None]]] = []  # (offset, seq, fut) heap
+        self._durable: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._checkpointed_hw = self.log.high_watermark
+        self.closed = False
+
+    # -- the driver -----------------------------------------------------------------------------
+
+    def _load_quorum_state(self) -> QuorumState:
+        data = read_checkpoint(self.directory / QUORUM_STATE_FILE) or {}
+        return QuorumState(int(data.get("epoch", 0)), int(data.get("voted_for", -1)))
+
+    def process_ready(self) -> None:
+        if self.closed:
+            return
+        ready = self.replica.ready()
+        if ready.state is not None:
+            write_checkpoint(
+                self.directory / QUORUM_STATE_FILE,
+                {"epoch": ready.state.epoch, "voted_for": ready.state.voted_for},
+            )
+        for out in ready.messages:
+            self._send(out.to, self.group, out.message)
+        if ready.flush:
+            self._start_flush()
+        if ready.lost_leadership or ready.truncated:
+            self._fail_acks(
+                NotLeader(f"{self.group}: leadership changed", leader_hint=self.leader_hint)
+            )
+        if ready.high_watermark_changed:
+            self._release_acks()
+            if self._on_high_watermark is not None:
+                self._on_high_watermark(self)
+        if ready.high_watermark_changed or ready.role_changed or ready.truncated:
+            self._wake()
+        self.replica.advance()
+
+    def step(self, sender: int, message: Message) -> None:
+        self.replica.step(sender, message)
+        self.process_ready()
+
+    def tick(self) -> None:
+        self.replica.tick()
+        self.process_ready()
+        if self.log.flush_due():
+            self._start_flush()  # flush.ms for logs that do not fsync before acknowledging
+
+    @property
+    def leader_hint(self) -> int | None:
+        leader = self.replica.leader_id
+        return leader if leader >= 0 else None
+
+    # -- group commit ---------------------------------------------------------------------------
+
+    def _start_flush(self) -> None:
+        if self.flushing or self.closed or not self.log.flush_due():
+            return
+        job = self.log.begin_flush()
+        if job is None:
+            return
+        self.flushing = True
+        future = asyncio.get_running_loop().run_in_executor(self._executor, job.run)
+        future.add_done_callback(lambda f: self._flush_done(job, f))
+
+    def _flush_done(self, job: FlushJob, future: asyncio.Future[None]) -> None:
+        self.flushing = False
+        if self.closed:
+            return
+        exc = future.exception()
+        if exc is not None:
+            error = exc if isinstance(exc, TidelogError) else StorageFull(str(exc))
+            log.error("%s: flush failed: %s", self.group, error)
+            self.flush_error = error
+            self._fail_durable(error)
+            return
+        self.flush_error = None
+        self.flush_count += 1
+        self.log.complete_flush(job)
+        self.replica.on_flushed()
+        self._release_durable()
+        self.process_ready()
+
+    async def wait_idle(self) -> None:
+        while self.flushing:
+            await asyncio.sleep(0.001)
+
+    # -- waiting for watermarks -----------------------------------------------------------------
+
+    async def wait_for_ack(self, info: AppendResult, acks: int, timeout_s: float) -> None:
+        """acks=1: durable on this leader; acks=all: committed (offset < HW)."""
+        target = info.last_offset
+        if acks == 1:
+            if self.log.effective_durable_end > target:
+                return
+            heap = self._durable
+        else:
+            if self.log.high_watermark > target:
+                return
+            heap = self._acks
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(heap, (target, next(self._seq), future))
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise Timeout(
+                f"{self.group}: offset {target} not {'committed' if acks != 1 else 'durable'} "
+                f"within {timeout_s:.1f}s",
+                offset=target,
+            ) from None
+
+    def _release_acks(self) -> None:
+        hw = self.log.high_watermark
+        while self._acks and self._acks[0][0] < hw:
+            _, _, future = heapq.heappop(self._acks)
+            if not future.done():
+                future.set_result(None)
+
+    def _release_durable(self) -> None:
+        durable = self.log.effective_durable_end
+        while self._durable and self._durable[0][0] < durable:
+            _, _, future = heapq.heappop(self._durable)
+            if not future.done():
+                future.set_result(None)
+
+    def _fail_acks(self, error: TidelogError) -> None:
+        for _, _, future in self._acks:
+            if not future.done():
+                future.set_exception(error)
+        self._acks.clear()
+        self._fail_durable(error)
+
+    def _fail_durable(self, error: TidelogError) -> None:
+        for _, _, future in self._durable:
+            if not future.done():
+                future.set_exception(error)
+        self._durable.clear()
+
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Until the HW, the role or the log's contents change, or timeout."""
+        if timeout_s <= 0:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if future in self._waiters:
+                self._waiters.remove(future)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Persist the HW now and then (as Kafka's replication-offset-checkpoint does)."""
+        if self.log.high_watermark != self._checkpointed_hw:
+            self.log.write_state_checkpoint()
+            self._checkpointed_hw = self.log.high_watermark
+
+    def status(self) -> dict[str, object]:
+        st = self.replica.status()
+        st.update(
+            topic=self.topic,
+            partition=self.partition,
+            size_bytes=self.log.size_bytes,
+            segment_count=self.log.segment_count,
+            durable_end_offset=self.log.durable_end_offset,
+            voters=list(self.replica.config.voters),
+        )
+        return st
+
+    async def close(self) -> None:
+        await self.wait_idle()
+        self.closed = True
+        error = NotLeader(f"{self.group}: node shutting down")
+        self._fail_acks(error)
+        self._wake()
+        self.log.close()

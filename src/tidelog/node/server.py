@@ -1,0 +1,571 @@
+"""A tidelog node: the only asyncio code. It binds replication cores to sockets, timers, disk
+and (later) the cleaner, and answers clients.
+
+A single node is a cluster of one: the metadata log and every partition are replica groups;
+with one voter each, every group elects this node at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tidelog import __version__
+from tidelog.config import TopicConfig
+from tidelog.errors import (
+    InvalidRequest,
+    NotLeader,
+    OffsetOutOfRange,
+    TidelogError,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+    UnsupportedApi,
+)
+from tidelog.node.config import NodeConfig
+from tidelog.node.partition import PartitionHost
+from tidelog.node.transport import Connection, PeerLink
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.protocol.framing import Frame, Kind
+from tidelog.protocol.replication_codec import decode_message, encode_message
+from tidelog.record.batch import ProducerRecord, build_batch, decode_records, iter_headers
+from tidelog.replication.messages import Message
+from tidelog.replication.metadata import (
+    METADATA_TOPIC,
+    MetadataState,
+    TopicMeta,
+    assign_replicas,
+    validate_create,
+)
+from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
+
+log = logging.getLogger(__name__)
+
+NODE_FILE = "node.checkpoint"
+METADATA_GROUP = f"{METADATA_TOPIC}/0"
+REQUEST_TIMEOUT_MS_MAX = 300_000
+
+Handler = Callable[[Any, bytes], "api.ProduceResponse | Awaitable[Any] | Any | None"]
+
+
+class NodeIdentityError(TidelogError):
+    code = 103
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.hosts: dict[str, PartitionHost] = {}
+        self.metadata = MetadataState()
+        self.peers: dict[int, PeerLink] = {}
+        self.connections: set[Connection] = set()
+        self._executor = ThreadPoolExecutor(
+            max_workers=config.flush_threads, thread_name_prefix=f"flush-{config.node_id}"
+        )
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._request_tasks: set[asyncio.Task[None]] = set()
+        self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._stopped = asyncio.Event()
+        self.started_at = time.time()
+        self._handlers: dict[ApiKey, Callable[[Any, bytes], Any]] = {
+            ApiKey.PRODUCE: self._produce,
+            ApiKey.FETCH: self._fetch,
+            ApiKey.LIST_OFFSETS: self._list_offsets,
+            ApiKey.METADATA: self._metadata,
+            ApiKey.CREATE_TOPIC: self._create_topic,
+            ApiKey.STATUS: self._status,
+            ApiKey.API_VERSIONS: self._api_versions,
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.config.listen
+
+    async def start(self) -> None:
+        data = self.config.data_dir
+        data.mkdir(parents=True, exist_ok=True)
+        self._check_identity(data)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Connection(self, self.config.frame_bytes_max, self.config.zero_copy),
+            self.config.listen[0],
+            self.config.listen[1],
+            reuse_address=True,
+        )
+        port = self._server.sockets[0].getsockname()[1]
+        if port != self.config.listen[1]:
+            self.config = self.config.with_listen_port(port)
+        for peer_id, address in self.config.peers.items():
+            if peer_id != self.node_id:
+                self.peers[peer_id] = PeerLink(peer_id, address, self.config.zero_copy)
+        metadata_config = TopicConfig(
+            segment_bytes=self.config.metadata_segment_bytes, retention_ms=-1
+        )
+        self._open_host(METADATA_TOPIC, 0, self.config.voters, metadata_config)
+        self._apply_metadata()
+        self._tasks.append(loop.create_task(self._tick_loop()))
+        self._tasks.append(loop.create_task(self._checkpoint_loop()))
+        log.info(
+            "node %d serving on %s:%d (data %s, voters %s)",
+            self.node_id,
+            *self.config.listen,
+            data,
+            list(self.config.voters),
+        )
+
+    def _check_identity(self, data: Path) -> None:
+        path = data / NODE_FILE
+        stored = read_checkpoint(path)
+        if stored is not None and int(stored.get("node_id", -1)) != self.node_id:
+            raise NodeIdentityError(
+                f"data directory {data} belongs to node {stored.get('node_id')}, "
+                f"not node {self.node_id}"
+            )
+        if stored is None:
+            write_checkpoint(path, {"node_id": self.node_id, "version": __version__})
+
+    async def serve_forever(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        log.info("node %d stopping", self.node_id)
+        for task in self._tasks:
+            task.cancel()
+        for task in list(self._request_tasks):
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for link in self.peers.values():
+            link.close()
+        for host in list(self.hosts.values()):
+            try:
+                await host.close()
+            except TidelogError as exc:
+                log.error("%s: close failed: %s", host.group, exc)
+        self._executor.shutdown(wait=True)
+        self._stopped.set()
+        log.info("node %d stopped cleanly", self.node_id)
+
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick_s = self.config.tick_ms / 1000
+        next_tick = loop.time()
+        while True:
+            next_tick += tick_s
+            delay = next_tick - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -1.0:
+                next_tick = loop.time()  # we were frozen; do not replay a second of ticks at once
+            for host in list(self.hosts.values()):
+                host.tick()
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
+            for host in list(self.hosts.values()):
+                try:
+                    host.checkpoint()
+                except (OSError, TidelogError) as exc:
+                    log.error("%s: checkpoint failed: %s", host.group, exc)
+
+    # -- replica groups -------------------------------------------------------------------------
+
+    def _open_host(
+        self, topic: str, partition: int, voters: tuple[int, ...], config: TopicConfig
+    ) -> PartitionHost:
+        directory = self.config.data_dir / f"{topic}-{partition}"
+        host = PartitionHost(
+            topic,
+            partition,
+            voters,
+            config,
+            self.config,
+            directory,
+            self._executor,
+            self._send_replication,
+            on_high_watermark=self._on_high_watermark,
+        )
+        if host.recovery.truncated_bytes or host.recovery.removed_segments:
+            log.warning("%s: recovered with truncation: %s", host.group, host.recovery)
+        self.hosts[host.group] = host
+        host.process_ready()
+        return host
+
+    def _send_replication(self, to: int, group: str, message: Message) -> None:
+        link = self.peers.get(to)
+        if link is None:
+            return
+        header, records = encode_message(group, message)
+        header["from"] = self.node_id
+        link.send(ApiKey.REPLICATION, header, records)
+
+    def _on_replication(self, frame: Frame) -> None:
+        group, message = decode_message(frame.header, frame.payload)
+        sender = frame.header.get("from")
+        host = self.hosts.get(group)
+        if host is None or not isinstance(sender, int):
+            return  # not (yet) a replica of that group here: the sender will retry
+        host.step(sender, message)
+
+    def _on_high_watermark(self, host: PartitionHost) -> None:
+        if host.group == METADATA_GROUP:
+            self._apply_metadata()
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    @property
+    def metadata_host(self) -> PartitionHost:
+        return self.hosts[METADATA_GROUP]
+
+    def _apply_metadata(self) -> None:
+        """Apply committed metadata commands, in order, exactly once."""
+        host = self.metadata_host
+        mlog = host.log
+        state = self.metadata
+        hw = mlog.high_watermark
+        while state.applied_offset < hw:
+            state.applied_offset = max(state.applied_offset, mlog.log_start_offset)
+            chunk = mlog.read(state.applied_offset, 1024 * 1024, hw)
+            if chunk is None:
+                break
+            data = chunk.read()
+            for pos, header in iter_headers(data):
+                if header.is_control:
+                    state.applied_offset = max(state.applied_offset, header.next_offset)
+                    continue
+                for rec in decode_records(data, pos):
+                    if rec.offset < state.applied_offset or rec.offset >= hw:
+                        continue
+                    created = self._apply_command(rec.offset, rec.value)
+                    if created is not None:
+                        self._on_topic_created(created)
+                state.applied_offset = max(state.applied_offset, min(header.next_offset, hw))
+        self._release_metadata_waiters()
+
+    def _apply_command(self, offset: int, value: bytes | None) -> TopicMeta | None:
+        try:
+            command = json.loads(value or b"{}")
+            if not isinstance(command, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            log.error("metadata offset %d: skipping unreadable command: %s", offset, exc)
+            self.metadata.applied_offset = offset + 1
+            return None
+        return self.metadata.apply(offset, command)
+
+    def _on_topic_created(self, meta: TopicMeta) -> None:
+        config = self.config.topic_defaults.with_overrides(meta.configs)
+        for partition, replicas in enumerate(meta.assignments):
+            if self.node_id not in replicas:
+                continue
+            group = f"{meta.name}/{partition}"
+            if group in self.hosts:
+                continue
+            host = self._open_host(meta.name, partition, tuple(sorted(replicas)), config)
+            if replicas[0] == self.node_id and host.replica.epoch == 0:
+                host.replica.campaign()
+                host.process_ready()
+
+    def _release_metadata_waiters(self) -> None:
+        applied = self.metadata.applied_offset
+        keep: list[tuple[int, asyncio.Future[None]]] = []
+        for offset, future in self._metadata_waiters:
+            if offset < applied:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                keep.append((offset, future))
+        self._metadata_waiters = keep
+
+    async def _propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
+        host = self.metadata_host
+        if not host.replica.is_leader:
+            raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
+        batch = build_batch([ProducerRecord(None, json.dumps(command).encode())])
+        info = host.replica.propose(batch)
+        host.process_ready()
+        await host.wait_for_ack(info, api.ACKS_ALL, timeout_s)
+        if self.metadata.applied_offset <= info.last_offset:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._metadata_waiters.append((info.last_offset, future))
+            await asyncio.wait_for(future, timeout_s)
+        return info.last_offset
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def on_frame(self, conn: Connection, frame: Frame) -> None:
+        self.connections.add(conn)
+        if frame.kind == Kind.MESSAGE:
+            if frame.api != ApiKey.REPLICATION:
+                raise InvalidRequest(f"unknown one-way message api {frame.api}")
+            self._on_replication(frame)
+            return
+        if frame.kind != Kind.REQUEST:
+            raise InvalidRequest("a node only accepts requests and replication messages")
+        try:
+            key = ApiKey(frame.api)
+            handler = self._handlers.get(key)
+            request_type = api.REQUEST_TYPES.get(key)
+            if handler is None or request_type is None:
+                raise UnsupportedApi(f"api {frame.api} is not supported", api=frame.api)
+            request = api.decode(request_type, frame.header)
+            result = handler(request, frame.payload)
+        except ValueError:
+            self._respond_error(
+                conn, frame, UnsupportedApi(f"unknown api {frame.api}", api=frame.api)
+            )
+            return
+        except TidelogError as exc:
+            self._respond_error(conn, frame, exc)
+            return
+        except Exception as exc:  # a bug must not take the node down with it
+            log.exception("request %s failed", frame.api)
+            self._respond_error(conn, frame, TidelogError(f"internal error: {exc}"))
+            return
+        if result is None:
+            return  # acks=0: no answer
+        if asyncio.iscoroutine(result):
+            task = asyncio.get_running_loop().create_task(self._finish(conn, frame, result))
+            self._request_tasks.add(task)
+            task.add_done_callback(self._request_tasks.discard)
+            return
+        self._respond(conn, frame, result)
+
+    async def _finish(self, conn: Connection, frame: Frame, pending: Awaitable[Any]) -> None:
+        try:
+            result = await pending
+        except TidelogError as exc:
+            self._respond_error(conn, frame, exc)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("request %s failed", frame.api)
+            self._respond_error(conn, frame, TidelogError(f"internal error: {exc}"))
+            return
+        self._respond(conn, frame, result)
+
+    def _respond(self, conn: Connection, frame: Frame, result: Any) -> None:
+        payload = None
+        if isinstance(result, tuple):
+            result, payload = result
+        conn.send(Kind.RESPONSE, frame.api, frame.correlation_id, api.encode(result), payload)
+
+    def _respond_error(self, conn: Connection, frame: Frame, error: TidelogError) -> None:
+        conn.send(Kind.RESPONSE, frame.api, frame.correlation_id, api.encode_error(error))
+
+    def on_connection_lost(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    def _host(self, topic: str, partition: int) -> PartitionHost:
+        host = self.hosts.get(f"{topic}/{partition}")
+        if host is not None and topic != METADATA_TOPIC:
+            return host
+        meta = self.metadata.topic(topic)
+        if not 0 <= partition < meta.partitions:
+            raise UnknownTopicOrPartition(
+                f"topic {topic!r} has partitions 0..{meta.partitions - 1}, not {partition}",
+                topic=topic,
+                partition=partition,
+            )
+        raise NotLeader(
+            f"node {self.node_id} holds no replica of {topic}/{partition}",
+            leader_hint=meta.assignments[partition][0],
+        )
+
+    def _leader(self, topic: str, partition: int) -> PartitionHost:
+        host = self._host(topic, partition)
+        if not host.replica.is_leader:
+            raise NotLeader(
+                f"node {self.node_id} is not the leader of {host.group}",
+                leader_hint=host.leader_hint,
+            )
+        return host
+
+    @staticmethod
+    def _timeout_s(timeout_ms: int) -> float:
+        if not 0 <= timeout_ms <= REQUEST_TIMEOUT_MS_MAX:
+            raise InvalidRequest(f"timeout_ms must be in [0, {REQUEST_TIMEOUT_MS_MAX}]")
+        return timeout_ms / 1000
+
+    def _produce(self, req: api.ProduceRequest, payload: bytes) -> Awaitable[Any] | None:
+        if req.acks not in (api.ACKS_NONE, api.ACKS_LEADER, api.ACKS_ALL):
+            raise InvalidRequest(f"acks must be 0, 1 or -1 (all), got {req.acks}")
+        timeout_s = self._timeout_s(req.timeout_ms)
+        host = self._leader(req.topic, req.partition)
+        if req.acks == api.ACKS_ALL:
+            host.replica.check_min_insync(host.config.min_insync_replicas)
+        if host.flush_error is not None and host.log.needs_flush:
+            raise host.flush_error
+        # Appended before any await: pipelined requests on a connection keep their order.
+        info = host.replica.propose(payload)
+        host.process_ready()
+        if req.acks == api.ACKS_NONE:
+            return None
+
+        async def acknowledged() -> api.ProduceResponse:
+            await host.wait_for_ack(info, req.acks, timeout_s)
+            return api.ProduceResponse(
+                info.first_offset,
+                info.last_offset,
+                host.log.high_watermark,
+                host.log.log_start_offset,
+            )
+
+        return acknowledged()
+
+    async def _fetch(self, req: api.FetchRequest, payload: bytes) -> Any:
+        if req.max_bytes < 1 or req.min_bytes < 0:
+            raise InvalidRequest("max_bytes must be >= 1 and min_bytes >= 0")
+        wait_s = self._timeout_s(req.max_wait_ms)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            host = self._host(req.topic, req.partition)
+            replica = host.replica
+            if not replica.is_leader and not req.replica_read:
+                raise NotLeader(
+                    f"node {self.node_id} is not the leader of {host.group}",
+                    leader_hint=host.leader_hint,
+                )
+            hlog = host.log
+            hw = hlog.high_watermark
+            limit = (
+                hlog.log_end_offset
+                if replica.is_leader
+                else max(hlog.log_end_offset, replica.leader_high_watermark)
+            )
+            if req.offset < hlog.log_start_offset or req.offset > limit:
+                raise OffsetOutOfRange(
+                    f"offset {req.offset} is outside [{hlog.log_start_offset}, {limit}] of {host.group}",
+                    log_start=hlog.log_start_offset,
+                    high_watermark=hw,
+                )
+            records = hlog.read(req.offset, req.max_bytes, hw) if req.offset < hw else None
+            remaining = deadline - loop.time()
+            if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
+                response = api.FetchResponse(
+                    hw,
+                    hlog.log_start_offset,
+                    hlog.log_end_offset,
+                    replica.epoch,
+                    self.node_id,
+                    replica.is_leader,
+                )
+                return response, records
+            await host.wait_for_change(remaining)
+
+    def _list_offsets(self, req: api.ListOffsetsRequest, payload: bytes) -> api.ListOffsetsResponse:
+        host = self._host(req.topic, req.partition)
+        if not host.replica.is_leader and not req.replica_read:
+            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
+        hlog = host.log
+        hw = hlog.high_watermark
+        if req.spec == "earliest":
+            offset = hlog.log_start_offset
+        elif req.spec == "latest":
+            offset = hw
+        elif req.spec == "timestamp":
+            found = hlog.offset_for_timestamp(req.timestamp_ms)
+            offset = hw if found is None or found >= hw else found
+        else:
+            raise InvalidRequest(f"spec must be earliest, latest or timestamp, not {req.spec!r}")
+        return api.ListOffsetsResponse(offset, hlog.log_start_offset, hw)
+
+    def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
+        names = req.topics if req.topics is not None else sorted(self.metadata.topics)
+        topics: list[dict[str, Any]] = []
+        for name in names:
+            meta = self.metadata.topics.get(name)
+            if meta is None:
+                topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
+                continue
+            entry = meta.to_wire()
+            entry["leaders"] = [self._known_leader(name, p) for p in range(meta.partitions)]
+            topics.append(entry)
+        nodes = [
+            {"node_id": nid, "host": host, "port": port}
+            for nid, (host, port) in sorted(
+                (self.config.peers or {self.node_id: self.config.listen}).items()
+            )
+        ]
+        return api.MetadataResponse(
+            self.node_id, self.metadata_host.replica.leader_id, nodes, topics
+        )
+
+    def _known_leader(self, topic: str, partition: int) -> dict[str, int]:
+        host = self.hosts.get(f"{topic}/{partition}")
+        if host is None:
+            return {"leader": -1, "epoch": -1}
+        return {"leader": host.replica.leader_id, "epoch": host.replica.epoch}
+
+    async def _create_topic(
+        self, req: api.CreateTopicRequest, payload: bytes
+    ) -> api.CreateTopicResponse:
+        nodes = list(self.config.voters)
+        validate_create(
+            self.metadata,
+            req.name,
+            req.partitions,
+            req.replication_factor,
+            req.configs,
+            req.kind,
+            nodes,
+        )
+        start = zlib.crc32(req.name.encode()) % len(nodes)
+        assignments = assign_replicas(nodes, req.partitions, req.replication_factor, start)
+        command = {
+            "type": "create_topic",
+            "name": req.name,
+            "kind": req.kind,
+            "configs": dict(req.configs),
+            "assignments": assignments,
+        }
+        offset = await self._propose_metadata(command, 30.0)
+        meta = self.metadata.topics.get(req.name)
+        if meta is None or meta.created_offset != offset:
+            raise TopicAlreadyExists(f"topic {req.name!r} already exists", topic=req.name)
+        return api.CreateTopicResponse(
+            req.name, meta.partitions, meta.replication_factor, meta.assignments
+        )
+
+    def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
+        wanted = set(req.topics) if req.topics is not None else None
+        partitions = [
+            host.status()
+            for host in sorted(self.hosts.values(), key=lambda h: (h.topic, h.partition))
+            if (wanted is None and h_visible(host)) or (wanted is not None and host.topic in wanted)
+        ]
+        mh = self.metadata_host
+        metadata = {
+            "leader": mh.replica.leader_id,
+            "epoch": mh.replica.epoch,
+            "applied_offset": self.metadata.applied_offset,
+            "topics": len(self.metadata.topics),
+        }
+        return api.StatusResponse(self.node_id, partitions, metadata)
+
+    def _api_versions(self, req: api.ApiVersionsRequest, payload: bytes) -> api.ApiVersionsResponse:
+        return api.ApiVersionsResponse(
+            self.node_id, __version__, sorted(int(k) for k in self._handlers)
+        )
+
+
+def h_visible(host: PartitionHost) -> bool:
+    return host.topic != METADATA_TOPIC

@@ -1,0 +1,1 @@
+"""Sans-IO wire protocol: framing, typed requests and responses, replication messages."""

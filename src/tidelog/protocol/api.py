@@ -1,0 +1,238 @@
+"""The typed requests and responses of tidelog's protocol.
+
+Every request is a frozen dataclass; `decode(cls, header)` checks each field against its type
+and raises InvalidRequest naming the field, so handlers only ever see well-typed values. Unknown
+fields are ignored (newer clients may send more).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+from tidelog.errors import InvalidRequest, TidelogError, from_wire
+
+MiB = 1024 * 1024
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    API_VERSIONS = 18
+    CREATE_TOPIC = 19
+    DELETE_RECORDS = 21
+    STATUS = 100
+    REPLICATION = 101  # one-way messages between replicas
+    CURSOR = 102
+    TABLE = 103
+    FETCH_SNAPSHOT = 104
+
+
+ACKS_NONE = 0
+ACKS_LEADER = 1
+ACKS_ALL = -1
+
+
+@dataclass(frozen=True)
+class ProduceRequest:
+    topic: str
+    partition: int
+    acks: int = ACKS_ALL
+    timeout_ms: int = 30_000
+    producer_id: int = -1  # idempotent producers: (producer_id, sequence) deduplicated
+
+
+@dataclass(frozen=True)
+class ProduceResponse:
+    base_offset: int
+    last_offset: int
+    high_watermark: int
+    log_start_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int = MiB
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+    replica_read: bool = False  # allow a follower to answer (below its own HW)
+    cursor: str = ""  # when set, the cursor's validity is checked (CursorInvalidated)
+
+
+@dataclass(frozen=True)
+class FetchResponse:
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    leader_epoch: int
+    node_id: int
+    is_leader: bool = True
+
+
+@dataclass(frozen=True)
+class ListOffsetsRequest:
+    topic: str
+    partition: int
+    spec: str = "latest"  # earliest | latest | timestamp
+    timestamp_ms: int = -1
+    replica_read: bool = False
+
+
+@dataclass(frozen=True)
+class ListOffsetsResponse:
+    offset: int
+    log_start_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True)
+class MetadataRequest:
+    topics: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class MetadataResponse:
+    node_id: int
+    metadata_leader: int
+    nodes: list[dict[str, Any]]
+    topics: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CreateTopicRequest:
+    name: str
+    partitions: int = 1
+    replication_factor: int = 1
+    configs: dict[str, str] = field(default_factory=dict)
+    kind: str = "stream"  # stream | table
+
+
+@dataclass(frozen=True)
+class CreateTopicResponse:
+    name: str
+    partitions: int
+    replication_factor: int
+    assignments: list[list[int]]
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    topics: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class StatusResponse:
+    node_id: int
+    partitions: list[dict[str, Any]]
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ApiVersionsRequest:
+    client: str = ""
+
+
+@dataclass(frozen=True)
+class ApiVersionsResponse:
+    node_id: int
+    version: str
+    apis: list[int]
+
+
+REQUEST_TYPES: dict[ApiKey, type[Any]] = {
+    ApiKey.PRODUCE: ProduceRequest,
+    ApiKey.FETCH: FetchRequest,
+    ApiKey.LIST_OFFSETS: ListOffsetsRequest,
+    ApiKey.METADATA: MetadataRequest,
+    ApiKey.CREATE_TOPIC: CreateTopicRequest,
+    ApiKey.STATUS: StatusRequest,
+    ApiKey.API_VERSIONS: ApiVersionsRequest,
+}
+
+T = TypeVar("T")
+
+
+def encode(message: Any) -> dict[str, Any]:
+    return {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+
+
+def encode_error(error: TidelogError) -> dict[str, Any]:
+    return {"error": error.to_wire()}
+
+
+def error_of(header: dict[str, Any]) -> TidelogError | None:
+    payload = header.get("error")
+    if isinstance(payload, dict):
+        return from_wire(payload)
+    return None
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def decode(cls: type[T], header: dict[str, Any]) -> T:
+    """Build cls from a JSON header, checking every field's type."""
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in header:
+            values[f.name] = _check(f.name, hints[f.name], header[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise InvalidRequest(f"{cls.__name__}: missing field {f.name!r}", field=f.name)
+    return cls(**values)
+
+
+def _check(name: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check(name, option, value)
+            except InvalidRequest:
+                continue
+        raise InvalidRequest(f"field {name!r}: {value!r} is not {hint}", field=name)
+    if hint is type(None):
+        if value is None:
+            return None
+    elif hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+            return value
+    elif hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list:
+        (item,) = typing.get_args(hint)
+        if isinstance(value, list):
+            return [_check(name, item, v) for v in value]
+    elif origin is dict:
+        key_hint, value_hint = typing.get_args(hint)
+        if isinstance(value, dict):
+            return {
+                _check(name, key_hint, k): _check(name, value_hint, v) for k, v in value.items()
+            }
+    elif hint is Any:
+        return value
+    raise InvalidRequest(f"field {name!r}: {value!r} is not {hint}", field=name)

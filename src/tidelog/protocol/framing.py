@@ -1,0 +1,142 @@
+"""Wire framing, sans-IO (h11's shape): bytes in, frames out; frames in, bytes out.
+
+    offset size field
+    0      4    frame_size     bytes after this field
+    4      1    kind           0 request, 1 response, 2 one-way message
+    5      2    api            ApiKey
+    7      4    correlation_id
+    11     4    header_size
+    15     ...  header         UTF-8 JSON object (the typed fields of the message)
+    ...    ...  payload        raw bytes: record batches exactly as stored, never re-encoded
+
+The payload is last so a node can send it straight from a segment file (sendfile) after writing
+the 15-byte prefix and the header. Limits are constructor arguments; a frame over the limit or a
+header that is not a JSON object is the peer's fault (RemoteProtocolError) and the connection
+is closed.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from tidelog.errors import InvalidRequest
+
+PREFIX = struct.Struct(">IBHII")
+PREFIX_SIZE = PREFIX.size  # 15
+_AFTER_SIZE = PREFIX_SIZE - 4
+FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+HEADER_BYTES_MAX_DEFAULT = 1024 * 1024
+
+
+class Kind(enum.IntEnum):
+    REQUEST = 0
+    RESPONSE = 1
+    MESSAGE = 2
+
+
+class RemoteProtocolError(InvalidRequest):
+    """The peer broke the framing; the only safe answer is to close the connection."""
+
+
+class LocalProtocolError(InvalidRequest):
+    """We were asked to send something the protocol cannot carry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: Kind
+    api: int
+    correlation_id: int
+    header: dict[str, Any]
+    payload: bytes = b""
+
+
+def encode_prefix(
+    kind: Kind, api: int, correlation_id: int, header: dict[str, Any], payload_size: int
+) -> bytes:
+    """Prefix + header; the caller sends payload_size bytes of payload right after."""
+    body = json.dumps(header, separators=(",", ":")).encode()
+    frame_size = _AFTER_SIZE + len(body) + payload_size
+    if frame_size > 0xFFFFFFFF or not 0 <= correlation_id <= 0xFFFFFFFF:
+        raise LocalProtocolError("frame too large or correlation id out of range")
+    return PREFIX.pack(frame_size, kind, api, correlation_id, len(body)) + body
+
+
+def encode_frame(frame: Frame) -> bytes:
+    return (
+        encode_prefix(frame.kind, frame.api, frame.correlation_id, frame.header, len(frame.payload))
+        + frame.payload
+    )
+
+
+class FrameDecoder:
+    """Feed bytes with receive_data(); take frames with next_frame() until it returns None."""
+
+    def __init__(
+        self,
+        frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+        header_bytes_max: int = HEADER_BYTES_MAX_DEFAULT,
+    ) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self.header_bytes_max = header_bytes_max
+        self._buf = bytearray()
+        self._pos = 0
+        self.closed = False
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if self.closed:
+            raise LocalProtocolError("decoder closed after a protocol error")
+        if self._pos and self._pos > len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf.extend(data)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> Frame | None:
+        try:
+            return self._next_frame()
+        except RemoteProtocolError:
+            self.closed = True
+            raise
+
+    def _next_frame(self) -> Frame | None:
+        available = len(self._buf) - self._pos
+        if available < PREFIX_SIZE:
+            if available >= 4:
+                self._check_size(int.from_bytes(self._buf[self._pos : self._pos + 4], "big"))
+            return None
+        frame_size, kind, api, correlation_id, header_size = PREFIX.unpack_from(
+            self._buf, self._pos
+        )
+        self._check_size(frame_size)
+        if kind not in (0, 1, 2):
+            raise RemoteProtocolError(f"unknown frame kind {kind}")
+        if header_size > frame_size - _AFTER_SIZE or header_size > self.header_bytes_max:
+            raise RemoteProtocolError(f"header size {header_size} does not fit frame {frame_size}")
+        total = 4 + frame_size
+        if available < total:
+            return None
+        start = self._pos + PREFIX_SIZE
+        raw_header = bytes(self._buf[start : start + header_size])
+        payload = bytes(self._buf[start + header_size : self._pos + total])
+        self._pos += total
+        try:
+            header = json.loads(raw_header) if raw_header else {}
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise RemoteProtocolError(f"frame header is not JSON: {exc}") from exc
+        if not isinstance(header, dict):
+            raise RemoteProtocolError("frame header is not a JSON object")
+        return Frame(Kind(kind), api, correlation_id, header, payload)
+
+    def _check_size(self, frame_size: int) -> None:
+        if frame_size < _AFTER_SIZE or frame_size > self.frame_bytes_max:
+            raise RemoteProtocolError(
+                f"frame size {frame_size} outside [{_AFTER_SIZE}, {self.frame_bytes_max}]"
+            )

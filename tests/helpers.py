@@ -1,0 +1,18 @@
+"""Small helpers shared by tests."""
+
+from __future__ import annotations
+
+from tidelog.record import ProducerRecord, build_batch, decode_records, iter_headers
+
+
+def batch_of(*values: bytes, ts: int | None = 1_000, key: bytes | None = None) -> bytes:
+    return build_batch([ProducerRecord(key, v, (), ts) for v in values])
+
+
+def values_in(data: bytes) -> list[tuple[int, bytes | None]]:
+    out = []
+    for pos, header in iter_headers(data):
+        if header.is_control:
+            continue
+        out.extend((r.offset, r.value) for r in decode_records(data, pos))
+    return out
