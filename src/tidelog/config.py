@@ -11,13 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidelog.errors import InvalidRequest
+from tidelog.errors import InvalidConfig
 
 MiB = 1024 * 1024
 
-
-class InvalidConfig(InvalidRequest):
-    code = 40
+__all__ = ["InvalidConfig", "TopicConfig"]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@
     ├── StorageFull                         retriable: writes resume when space returns
     ├── DuplicateSequence                   an idempotent producer's replay (harmless)
     ├── OutOfOrderSequence
-    └── NetworkError                        retriable: the connection broke (client side only)
+    ├── NetworkError                        retriable: the connection broke (client side only)
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
 """
@@ -152,6 +152,22 @@ class OutOfOrderSequence(TidelogError):
 class NetworkError(TidelogError):
     code = 13
     retriable = True
+
+
+class InvalidConfig(InvalidRequest):
+    code = 40
+
+
+class StorageError(TidelogError):
+    """A disk operation failed for a reason other than space (Kafka's KAFKA_STORAGE_ERROR)."""
+
+    code = 56
+
+
+class NodeIdentityError(TidelogError):
+    """A data directory belongs to another node id."""
+
+    code = 103
 
 
 _BY_CODE: dict[int, type[TidelogError]] = {}

@@ -21,6 +21,7 @@ from tidelog import __version__
 from tidelog.config import TopicConfig
 from tidelog.errors import (
     InvalidRequest,
+    NodeIdentityError,
     NotLeader,
     OffsetOutOfRange,
     TidelogError,
@@ -53,10 +54,6 @@ METADATA_GROUP = f"{METADATA_TOPIC}/0"
 REQUEST_TIMEOUT_MS_MAX = 300_000
 
 Handler = Callable[[Any, bytes], "api.ProduceResponse | Awaitable[Any] | Any | None"]
-
-
-class NodeIdentityError(TidelogError):
-    code = 103
 
 
 class Node:

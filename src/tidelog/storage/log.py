@@ -22,12 +22,18 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tidelog.config import TopicConfig
-from tidelog.errors import CorruptRecord, InvalidRequest, OffsetOutOfRange, StorageFull
+from tidelog.errors import (
+    CorruptRecord,
+    InvalidRequest,
+    OffsetOutOfRange,
+    StorageError,
+    StorageFull,
+)
 from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
 from tidelog.storage.checkpoint import fsync_dir, read_checkpoint, write_checkpoint
 from tidelog.storage.epoch_history import EpochEntry, EpochHistory
-from tidelog.storage.segment import FileSlice, LogSegment, StorageError, translate_os_error
+from tidelog.storage.segment import FileSlice, LogSegment, translate_os_error
 
 log = logging.getLogger(__name__)
 

@@ -15,17 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidelog.errors import CorruptRecord, StorageFull, TidelogError
+from tidelog.errors import CorruptRecord, StorageError, StorageFull, TidelogError
 from tidelog.record.batch import HEADER_SIZE, BatchHeader, read_header, validate
 from tidelog.storage.offset_index import OffsetIndex, TimeIndex
 
 log = logging.getLogger(__name__)
 
 SCAN_CHUNK_BYTES = 64 * 1024
-
-
-class StorageError(TidelogError):
-    code = 56
 
 
 def segment_name(base_offset: int) -> str:

@@ -1,0 +1,311 @@
+"""A node in this process, on a real socket: produce, fetch, long-poll, list offsets, and bad
+input that must get a named error or a closed connection while other clients carry on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import batch_of
+from tidelog.client.async_client import AsyncClient
+from tidelog.client.producer import Producer
+from tidelog.config import InvalidConfig, TopicConfig
+from tidelog.errors import (
+    CorruptRecord,
+    InvalidRequest,
+    OffsetOutOfRange,
+    RecordTooLarge,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+    UnsupportedApi,
+)
+from tidelog.node.config import NodeConfig
+from tidelog.node.server import Node
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.protocol.framing import PREFIX, FrameDecoder, Kind, encode_prefix
+from tidelog.record import ProducerRecord, build_batch
+
+
+@contextlib.asynccontextmanager
+async def running_node(tmp_path: Path, **options: Any) -> AsyncIterator[tuple[Node, AsyncClient]]:
+    config = NodeConfig(data_dir=tmp_path / "node", listen=("127.0.0.1", 0), **options)
+    node = Node(config)
+    await node.start()
+    client = AsyncClient(f"127.0.0.1:{node.address[1]}", retries=10)
+    try:
+        yield node, client
+    finally:
+        await client.close()
+        await node.stop()
+
+
+def run(
+    tmp_path: Path, body: Callable[[Node, AsyncClient], Awaitable[None]], **options: Any
+) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path, **options) as (node, client):
+            await asyncio.wait_for(body(node, client), 60)
+
+    asyncio.run(main())
+
+
+def test_produce_fetch_and_list_offsets(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t", partitions=2)
+        r1 = await client.produce(
+            "t", [ProducerRecord(None, v, (), 1_000) for v in (b"a", b"b", b"c")], partition=1
+        )
+        r2 = await client.produce(
+            "t", [ProducerRecord(b"k", b"d", (("h", b"v"),), 5_000)], partition=1, acks=1
+        )
+        assert r1 is not None and r2 is not None
+        assert (r1.base_offset, r1.last_offset, r2.base_offset) == (0, 2, 3)
+        await client.produce("t", [b"fire-and-forget"], partition=0, acks=0)
+        result = await client.fetch("t", 1, 1)
+        assert [(r.offset, r.value) for r in result.records] == [(1, b"b"), (2, b"c"), (3, b"d")]
+        assert result.records[-1].headers == (("h", b"v"),) and result.records[-1].key == b"k"
+        assert result.high_watermark == 4 and result.next_offset == 4
+        assert await client.list_offsets("t", 1, "earliest") == 0
+        assert await client.list_offsets("t", 1, "latest") == 4
+        assert await client.list_offsets("t", 1, "timestamp", 4_999) == 3
+        assert await client.list_offsets("t", 1, "timestamp", 10**15) == 4
+        for _ in range(50):
+            if await client.list_offsets("t", 0, "latest") == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert [r.value async for r in client.consume("t", 0)] == [b"fire-and-forget"]
+
+    run(tmp_path, body)
+
+
+def test_long_poll_waits_for_the_high_watermark(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        empty = await client.fetch("t", 0, 0, max_wait_ms=200)
+        assert empty.records == [] and loop.time() - started >= 0.18
+        waiting = asyncio.create_task(client.fetch("t", 0, 0, max_wait_ms=5_000))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await client.produce("t", [b"x"], partition=0)
+        result = await asyncio.wait_for(waiting, 2)
+        assert [r.value for r in result.records] == [b"x"]
+        with pytest.raises(OffsetOutOfRange) as info:
+            await client.fetch("t", 0, 5)
+        assert info.value.high_watermark == 1 and info.value.log_start == 0
+
+    run(tmp_path, body)
+
+
+def test_producer_batches_and_preserves_order(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t", partitions=3)
+        producer = Producer(client, linger_ms=2, batch_bytes=4096)
+        futures = [await producer.send("t", b"v%d" % i, key=b"k%d" % (i % 7)) for i in range(2000)]
+        await producer.close()
+        metas = [await f for f in futures]
+        by_partition: dict[int, list[int]] = {}
+        for i, m in enumerate(metas):
+            by_partition.setdefault(m.partition, []).append(i)
+        for p, items in by_partition.items():
+            offsets = [metas[i].offset for i in items]
+            assert offsets == sorted(offsets), "records of one partition keep their send order"
+            got = {r.offset: r.value async for r in client.consume("t", p)}
+            assert all(got[metas[i].offset] == b"v%d" % i for i in items)
+        flushes = sum(h.flush_count for h in node.hosts.values())
+        assert flushes < 2000, "group commit: far fewer fsyncs than records"
+
+    run(tmp_path, body)
+
+
+def test_admin_errors_are_named(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t", partitions=2)
+        with pytest.raises(TopicAlreadyExists):
+            await client.create_topic("t")
+        with pytest.raises(InvalidRequest):
+            await client.create_topic("bad/name")
+        with pytest.raises(InvalidRequest):
+            await client.create_topic("x", replication_factor=2)
+        with pytest.raises(InvalidConfig):
+            await client.create_topic("y", configs={"segment.bytes": "lots"})
+        with pytest.raises(InvalidConfig):
+            await client.create_topic("z", configs={"no.such.setting": "1"})
+        with pytest.raises(UnknownTopicOrPartition):
+            await client.fetch("t", 7, 0)
+        with pytest.raises(UnknownTopicOrPartition):
+            await client.produce("missing", [b"x"], partition=0)
+        info = await client.topic("t")
+        assert info.partitions == 2 and info.leaders == [node.node_id, node.node_id]
+        topics = [t.name for t in await client.list_topics()]
+        assert topics == ["t"]
+        created = await client.create_topic(
+            "c", configs={"segment.bytes": "4096", "retention.ms": "-1"}
+        )
+        assert created.configs == {"segment.bytes": "4096", "retention.ms": "-1"}
+        assert node.hosts["c/0"].config.segment_bytes == 4096
+
+    run(tmp_path, body)
+
+
+class RawClient:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.decoder = FrameDecoder()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def request(self, key: int, header: dict[str, Any], payload: bytes = b"", cid: int = 1) -> None:
+        self.send(encode_prefix(Kind.REQUEST, key, cid, header, len(payload)) + payload)
+
+    def answer(self) -> dict[str, Any] | None:
+        """The next response header, or None if the node closed the connection."""
+        while True:
+            frame = self.decoder.next_frame()
+            if frame is not None:
+                return frame.header
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                return None
+            if not data:
+                return None
+            self.decoder.receive_data(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_bad_input_gets_named_errors_or_a_closed_connection(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t", configs={"max.message.bytes": "10000"})
+        await client.produce("t", [b"before"], partition=0)
+        port = node.address[1]
+        loop = asyncio.get_running_loop()
+
+        def raw_session() -> dict[str, Any]:
+            seen: dict[str, Any] = {}
+            c = RawClient(port)
+
+            def ask(key: int, header: dict[str, Any], payload: bytes = b"") -> str:
+                c.request(key, header, payload)
+                answer = c.answer()
+                assert answer is not None
+                return str(answer.get("error", {}).get("name", "ok"))
+
+            good = batch_of(b"x")
+            bad_crc = bytearray(good)
+            bad_crc[-1] ^= 0xFF
+            seen["bad_crc"] = ask(ApiKey.PRODUCE, {"topic": "t", "partition": 0}, bytes(bad_crc))
+            seen["garbage"] = ask(ApiKey.PRODUCE, {"topic": "t", "partition": 0}, b"\x00" * 100)
+            seen["too_large"] = ask(
+                ApiKey.PRODUCE, {"topic": "t", "partition": 0}, batch_of(b"y" * 20_000)
+            )
+            seen["unknown_api"] = ask(999, {})
+            seen["unknown_topic"] = ask(
+                ApiKey.FETCH, {"topic": "nope", "partition": 0, "offset": 0}
+            )
+            seen["out_of_range"] = ask(ApiKey.FETCH, {"topic": "t", "partition": 0, "offset": 99})
+            seen["wrong_type"] = ask(ApiKey.FETCH, {"topic": "t", "partition": "0", "offset": 0})
+            seen["bad_acks"] = ask(ApiKey.PRODUCE, {"topic": "t", "partition": 0, "acks": 7}, good)
+            seen["no_batch"] = ask(ApiKey.PRODUCE, {"topic": "t", "partition": 0}, b"")
+            c.close()
+            # A frame longer than the limit: the node hangs up.
+            c = RawClient(port)
+            c.send(struct.pack(">I", 2**31) + b"\x00" * 20)
+            seen["huge_frame"] = c.answer()
+            c.close()
+            c = RawClient(port)
+            c.send(PREFIX.pack(15, 0, 0, 1, 4) + b"nope")
+            seen["bad_header"] = c.answer()
+            c.close()
+            return seen
+
+        seen = await loop.run_in_executor(None, raw_session)
+        assert seen["bad_crc"] == CorruptRecord.__name__
+        assert seen["garbage"] == CorruptRecord.__name__
+        assert seen["too_large"] == RecordTooLarge.__name__
+        assert seen["unknown_api"] == UnsupportedApi.__name__
+        assert seen["unknown_topic"] == UnknownTopicOrPartition.__name__
+        assert seen["out_of_range"] == OffsetOutOfRange.__name__
+        assert seen["wrong_type"] == InvalidRequest.__name__
+        assert seen["bad_acks"] == InvalidRequest.__name__
+        assert seen["no_batch"] == InvalidRequest.__name__
+        assert seen["huge_frame"] is None
+        assert seen["bad_header"] is None
+        # The node is fine, the log is intact, other clients carry on.
+        await client.produce("t", [b"after"], partition=0)
+        assert [r.value async for r in client.consume("t", 0)] == [b"before", b"after"]
+
+    run(tmp_path, body)
+
+
+def test_fuzzed_frames_never_hurt_the_node(tmp_path: Path) -> None:
+    import random
+
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t")
+        port = node.address[1]
+        rng = random.Random(7)
+        valid = encode_prefix(Kind.REQUEST, ApiKey.PRODUCE, 1, {"topic": "t", "partition": 0}, 0)
+
+        def fuzz() -> None:
+            for i in range(300):
+                c = RawClient(port)
+                if i % 2:
+                    blob = bytearray(valid + batch_of(b"z"))
+                    struct.pack_into(">I", blob, 0, len(blob) - 4)
+                    for _ in range(rng.randint(1, 6)):
+                        blob[rng.randrange(len(blob))] = rng.randrange(256)
+                else:
+                    blob = bytearray(rng.randbytes(rng.randint(1, 200)))
+                c.sock.settimeout(0.3)
+                try:
+                    c.send(bytes(blob))
+                    c.answer()
+                except (TimeoutError, OSError):
+                    pass
+                c.close()
+
+        await asyncio.get_running_loop().run_in_executor(None, fuzz)
+        result = await client.produce("t", [b"still here"], partition=0)
+        assert result is not None
+        records = [r.value async for r in client.consume("t", 0)]
+        assert records[-1] == b"still here"
+
+    run(tmp_path, body)
+
+
+def test_restart_serves_the_acknowledged_prefix(tmp_path: Path) -> None:
+    acked: list[tuple[int, bytes]] = []
+
+    async def first(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t", configs={"segment.bytes": "4096"})
+        for i in range(100):
+            r = await client.produce("t", [b"r%d" % i], partition=0)
+            assert r is not None
+            acked.append((r.base_offset, b"r%d" % i))
+
+    async def second(node: Node, client: AsyncClient) -> None:
+        got = [(r.offset, r.value) async for r in client.consume("t", 0)]
+        assert got == acked
+        assert node.hosts["t/0"].log.segment_count > 1
+
+    run(tmp_path, first)
+    run(tmp_path, second)
+
+
+def test_request_and_response_types_cover_the_handlers() -> None:
+    assert set(api.REQUEST_TYPES) >= {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA}
+    assert TopicConfig().to_mapping()["segment.bytes"] == str(1024**3)
+    assert build_batch([ProducerRecord(None, b"x")])
