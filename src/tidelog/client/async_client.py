@@ -489,13 +489,41 @@ class AsyncClient:
         max_wait_ms: int = 500,
         replica_read: bool = False,
     ) -> AsyncGenerator[Record, None]:
-        """Records in offset order from start; out-of-range offsets follow the reset policy
-        (earliest, latest or none)."""
+        """Records in offset order from start up to the HW as it is now (or on and on with
+        follow); out-of-range offsets follow the reset policy (earliest, latest or none)."""
+        async for records in self.consume_batches(
+            topic,
+            partition,
+            start,
+            reset=reset,
+            follow=follow,
+            max_records=max_records,
+            max_wait_ms=max_wait_ms,
+            replica_read=replica_read,
+        ):
+            for rec in records:
+                yield rec
+
+    async def consume_batches(
+        self,
+        topic: str,
+        partition: int,
+        start: int | str = "earliest",
+        *,
+        reset: str = "earliest",
+        follow: bool = False,
+        max_records: int | None = None,
+        max_wait_ms: int = 500,
+        replica_read: bool = False,
+    ) -> AsyncGenerator[list[Record], None]:
+        """consume(), a fetch's worth of records at a time."""
         if reset not in ("earliest", "latest", "none"):
             raise InvalidRequest(f"reset must be earliest, latest or none, got {reset!r}")
         offset = await self._resolve_start(topic, partition, start)
-        seen = 0
-        while max_records is None or seen < max_records:
+        # Without follow, stop at the end as it is now; a busy partition would never end.
+        end = None if follow else await self.list_offsets(topic, partition, "latest")
+        budget = max_records
+        while (budget is None or budget > 0) and (end is None or offset < end):
             try:
                 result = await self.fetch(
                     topic,
@@ -520,14 +548,15 @@ class AsyncClient:
                 )
                 offset = new_offset
                 continue
-            for rec in result.records:
-                yield rec
-                seen += 1
-                if max_records is not None and seen >= max_records:
-                    return
+            records = result.records
+            if end is not None:
+                records = [r for r in records if r.offset < end]
+            if budget is not None:
+                records = records[:budget]
+                budget -= len(records)
+            if records:
+                yield records
             offset = result.next_offset
-            if not result.records and not follow and offset >= result.high_watermark:
-                return
 
     async def _resolve_start(self, topic: str, partition: int, start: int | str) -> int:
         if isinstance(start, int):

@@ -94,15 +94,17 @@ class Client:
     def consume(
         self, topic: str, partition: int, start: int | str = "earliest", **options: Any
     ) -> Iterator[Record]:
-        agen = self._async.consume(topic, partition, start, **options)
+        """Records in offset order (see AsyncClient.consume); one thread hop per fetch."""
+        batches = self._async.consume_batches(topic, partition, start, **options)
         try:
             while True:
                 try:
-                    yield self._run(agen.__anext__())
+                    records = self._run(batches.__anext__())
                 except StopAsyncIteration:
                     return
+                yield from records
         finally:
-            self._run(agen.aclose())
+            self._run(batches.aclose())
 
     def producer(self, **options: Any) -> SyncProducer:
         return SyncProducer(self, Producer(self._async, **options))

@@ -1,0 +1,142 @@
+"""The `tidelog` command line against a real node process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tidelog.cli.cluster import LocalCluster, free_ports
+
+
+def tidelog(
+    bootstrap: str, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TIDELOG_BOOTSTRAP=bootstrap)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidelog", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_cli_round_trip(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, nodes=1) as cluster:
+        b = cluster.bootstrap
+        assert (
+            "created topic events"
+            in tidelog(b, "topics", "create", "events", "--partitions", "2").stdout
+        )
+        tidelog(
+            b,
+            "topics",
+            "create",
+            "small",
+            "--config",
+            "segment.bytes=2048",
+            "--config",
+            "retention.ms=-1",
+        )
+        assert tidelog(b, "topics", "list").stdout.split() == ["events", "small"]
+        described = tidelog(b, "topics", "describe", "small").stdout
+        assert "segment.bytes=2048" in described and "partition 0" in described
+        dup = tidelog(b, "topics", "create", "events", check=False)
+        assert dup.returncode == 1 and "TopicAlreadyExists" in dup.stderr
+
+        out = tidelog(
+            b, "produce", "events", "--partition", "1", "--print-offsets", stdin="a\nb\nc\n"
+        ).stdout
+        assert out.split("\n")[:3] == ["1 0", "1 1", "1 2"]
+        keyed = tidelog(
+            b,
+            "produce",
+            "events",
+            "--key-separator",
+            ":",
+            "--acks",
+            "1",
+            "--print-offsets",
+            stdin="k1:v1\nk2:v2\n",
+        ).stdout
+        assert len(keyed.strip().split("\n")) == 2
+
+        lines = (
+            tidelog(b, "consume", "events", "--partition", "1", "--format", "json")
+            .stdout.strip()
+            .split("\n")
+        )
+        rows = [json.loads(line) for line in lines]
+        assert [(r["partition"], r["offset"], r["value"]) for r in rows[:3]] == [
+            (1, 0, "a"),
+            (1, 1, "b"),
+            (1, 2, "c"),
+        ]
+        assert all({"partition", "offset", "timestamp", "key", "value"} <= set(r) for r in rows)
+        everything = tidelog(b, "consume", "events", "--format", "json").stdout.strip().split("\n")
+        keys = {json.loads(line)["key"] for line in everything}
+        assert {"k1", "k2"} <= keys
+        text = tidelog(
+            b, "consume", "events", "--partition", "1", "--from", "1", "--max", "1"
+        ).stdout
+        assert text == "b\n"
+        latest = tidelog(b, "consume", "events", "--partition", "1", "--from", "latest").stdout
+        assert latest == ""
+
+        for i in range(40):
+            tidelog(b, "produce", "small", stdin="".join(f"line-{i}-{j}\n" for j in range(10)))
+        status = json.loads(tidelog(b, "status", "--json").stdout)
+        rows = {(p["topic"], p["partition"]): p for p in status["partitions"]}
+        small = rows[("small", 0)]
+        assert small["high_watermark"] == small["log_end_offset"] == 400
+        assert (
+            small["log_start_offset"] == 0
+            and small["segment_count"] > 1
+            and small["size_bytes"] > 0
+        )
+        table = tidelog(b, "status", "small").stdout
+        assert "LOG_START" in table and "small" in table and "events" not in table
+
+
+def test_serve_from_a_toml_file_and_stop_on_sigterm(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'node_id = 4\nlisten = "127.0.0.1:{port}"\ndata = "{tmp_path / "data"}"\n'
+        '[defaults]\n"segment.bytes" = 4096\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidelog", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        while "listening" not in first:
+            first = proc.stdout.readline()
+        assert f"127.0.0.1:{port}" in first
+        b = f"127.0.0.1:{port}"
+        tidelog(b, "topics", "create", "t")
+        tidelog(b, "produce", "t", "--batch-bytes", "500", stdin="x\n" * 1000)
+        status = json.loads(tidelog(b, "status", "--json").stdout)
+        assert status["partitions"][0]["segment_count"] > 1  # the TOML default applied
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=20)[0]
+        assert proc.returncode == 0
+        assert "stopped cleanly" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "data" / "t-0" / ".clean-shutdown").exists()
+    time.sleep(0)
