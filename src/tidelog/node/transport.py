@@ -8,10 +8,12 @@ transport simply reports `zero_copy = False` and payloads are copied instead of 
 from __future__ import annotations
 
 import asyncio
+import asyncio.selector_events
 import collections
 import logging
 import os
 import socket
+import typing
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -53,7 +55,12 @@ class FrameWriter:
 
     def __init__(self, transport: asyncio.Transport, zero_copy: bool) -> None:
         self.transport = transport
-        self.zero_copy = zero_copy
+        # Only asyncio's own selector loop does sendfile natively; uvloop (and TLS) would fall
+        # back to reading the file through a Python file object, so we copy instead.
+        native = isinstance(
+            asyncio.get_running_loop(), asyncio.selector_events.BaseSelectorEventLoop
+        )
+        self.zero_copy = zero_copy and native
         self._queue: collections.deque[tuple[bytes, Payload | None]] = collections.deque()
         self._busy = False
         self._paused = False
@@ -123,6 +130,9 @@ class FrameWriter:
         except (ConnectionError, OSError, RuntimeError) as exc:
             log.debug("write failed: %s", exc)
             self.close()
+        except Exception:
+            log.exception("writing a frame failed; closing the connection")
+            self.close()
         finally:
             self._busy = False
 
@@ -159,7 +169,7 @@ class Connection(asyncio.Protocol):
         self.open = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = typing.cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -305,7 +315,7 @@ class _OutboundProtocol(asyncio.Protocol):
         self.link = link
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = typing.cast(asyncio.Transport, transport)
         self.link._attach(transport)
 
     def data_received(self, data: bytes) -> None:

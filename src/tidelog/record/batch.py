@@ -287,31 +287,89 @@ def decode_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> list[
     if len(mv) < header.size_bytes:
         raise CorruptRecord("batch cut short")
     data = records_payload(mv, header)
-    out: list[Record] = []
-    p = 0
-    end = len(data)
-    for _ in range(header.records_count):
-        length, p = decode_varint(data, p)
-        if length < 0 or p + length > end:
-            raise CorruptRecord(f"record length {length} runs past the batch")
-        stop = p + length
-        rec, p = _decode_record(data, p, stop, header)
-        if p != stop:
-            raise CorruptRecord("record length disagrees with its fields")
-        out.append(rec)
-    if p != end:
-        raise CorruptRecord(f"{end - p} trailing bytes after the last record")
+    try:
+        out, p = _decode_all(data, header)
+    except IndexError:
+        raise CorruptRecord("record runs past the end of the batch") from None
+    if p != len(data):
+        raise CorruptRecord(f"{len(data) - p} trailing bytes after the last record")
     return out
 
 
-def _decode_record(data: bytes, p: int, stop: int, header: BatchHeader) -> tuple[Record, int]:
-    if p >= stop:
-        raise CorruptRecord("empty record")
-    p += 1  # attributes
-    ts_delta, p = decode_varint(data, p)
-    offset_delta, p = decode_varint(data, p)
-    key, p = _decode_bytes(data, p, stop)
-    value, p = _decode_bytes(data, p, stop)
+def _decode_all(data: bytes, header: BatchHeader) -> tuple[list[Record], int]:
+    # One flat loop with single-byte varints inlined: this is the consumer's hot path, and a
+    # function call per field would triple its cost.
+    out: list[Record] = []
+    append = out.append
+    base_offset = header.base_offset
+    base_ts = header.base_timestamp
+    end = len(data)
+    p = 0
+    for _ in range(header.records_count):
+        b = data[p]
+        if b < 0x80:
+            length = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            length, p = decode_varint(data, p)
+        stop = p + length
+        if length < 1 or stop > end:
+            raise CorruptRecord(f"record length {length} runs past the batch")
+        p += 1  # record attributes
+        b = data[p]
+        if b < 0x80:
+            ts_delta = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            ts_delta, p = decode_varint(data, p)
+        b = data[p]
+        if b < 0x80:
+            offset_delta = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            offset_delta, p = decode_varint(data, p)
+        key: bytes | None
+        value: bytes | None
+        b = data[p]
+        if b < 0x80:
+            n = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            n, p = decode_varint(data, p)
+        if n == -1:
+            key = None
+        elif 0 <= n <= stop - p:
+            key = data[p : p + n]
+            p += n
+        else:
+            raise CorruptRecord(f"key length {n} runs past the record")
+        b = data[p]
+        if b < 0x80:
+            n = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            n, p = decode_varint(data, p)
+        if n == -1:
+            value = None
+        elif 0 <= n <= stop - p:
+            value = data[p : p + n]
+            p += n
+        else:
+            raise CorruptRecord(f"value length {n} runs past the record")
+        headers: tuple[tuple[str, bytes | None], ...] = ()
+        if data[p] == 0:
+            p += 1
+        else:
+            headers, p = _decode_headers(data, p, stop)
+        if p != stop:
+            raise CorruptRecord("record length disagrees with its fields")
+        append(Record(base_offset + offset_delta, base_ts + ts_delta, key, value, headers))
+    return out, p
+
+
+def _decode_headers(
+    data: bytes, p: int, stop: int
+) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
     n_headers, p = decode_varint(data, p)
     if n_headers < 0 or n_headers > stop - p:
         raise CorruptRecord(f"bad header count {n_headers}")
@@ -325,14 +383,7 @@ def _decode_record(data: bytes, p: int, stop: int, header: BatchHeader) -> tuple
             headers.append((hkey.decode(), hval))
         except UnicodeDecodeError as exc:
             raise CorruptRecord("header key is not UTF-8") from exc
-    rec = Record(
-        header.base_offset + offset_delta,
-        header.base_timestamp + ts_delta,
-        key,
-        value,
-        tuple(headers),
-    )
-    return rec, p
+    return tuple(headers), p
 
 
 def _decode_bytes(data: bytes, p: int, stop: int) -> tuple[bytes | None, int]:

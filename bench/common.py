@@ -1,0 +1,86 @@
+"""Shared pieces of the benchmarks: a node to measure, the machine's bound, and a table."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tidelog.record import ProducerRecord, build_batch
+
+RECORD_BYTES = 1024
+
+
+def scratch_dir(prefix: str) -> Path:
+    """On the project disk (the same one the node writes to), not a tmpfs."""
+    base = Path(
+        os.environ.get("TIDELOG_BENCH_DIR", Path(__file__).resolve().parent.parent / ".bench")
+    )
+    base.mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def make_batch(records: int, seed: int = 0) -> bytes:
+    payload = os.urandom(RECORD_BYTES) if seed == 0 else bytes([seed % 256]) * RECORD_BYTES
+    return build_batch([ProducerRecord(None, payload)] * records, now_ms=int(time.time() * 1000))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for i, row in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def fsync_append_bound(batch: bytes, seconds: float, directory: Path) -> tuple[float, list[float]]:
+    """A plain Python loop: os.write the batch, os.fdatasync, repeat. Returns (batches/s, latencies)."""
+    path = directory / "bound.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    latencies: list[float] = []
+    count = 0
+    try:
+        start = time.perf_counter()
+        deadline = start + seconds
+        while True:
+            t0 = time.perf_counter()
+            os.write(fd, batch)
+            os.fdatasync(fd)
+            t1 = time.perf_counter()
+            latencies.append(t1 - t0)
+            count += 1
+            if t1 >= deadline:
+                break
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
+    return count / elapsed, latencies
