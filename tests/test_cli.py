@@ -92,6 +92,32 @@ def test_cli_round_trip(tmp_path: Path) -> None:
         latest = tidelog(b, "consume", "events", "--partition", "1", "--from", "latest").stdout
         assert latest == ""
 
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "consume",
+                "events",
+                "--partition",
+                "0",
+                "--follow",
+                "--from",
+                "latest",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, TIDELOG_BOOTSTRAP=b),
+        )
+        try:
+            time.sleep(1.5)
+            tidelog(b, "produce", "events", "--partition", "0", stdin="followed\n")
+            assert follower.stdout is not None
+            assert follower.stdout.readline() == "followed\n"
+        finally:
+            follower.terminate()
+            follower.wait(10)
+
         for i in range(40):
             tidelog(b, "produce", "small", stdin="".join(f"line-{i}-{j}\n" for j in range(10)))
         status = json.loads(tidelog(b, "status", "--json").stdout)

@@ -309,3 +309,57 @@ def test_request_and_response_types_cover_the_handlers() -> None:
     assert set(api.REQUEST_TYPES) >= {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA}
     assert TopicConfig().to_mapping()["segment.bytes"] == str(1024**3)
     assert build_batch([ProducerRecord(None, b"x")])
+
+
+def test_reset_policy_when_the_offset_fell_below_the_log_start(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t", configs={"segment.bytes": "2048"})
+        for i in range(30):
+            await client.produce("t", [b"%03d" % i + b"x" * 200], partition=0)
+        host = node.hosts["t/0"]
+        assert host.log.advance_log_start(20)
+        host.log.delete_segments_below_log_start()
+        with pytest.raises(OffsetOutOfRange) as info:
+            await client.fetch("t", 0, 5)
+        assert (info.value.log_start, info.value.high_watermark) == (20, 30)
+        earliest = [r.offset async for r in client.consume("t", 0, 5, reset="earliest")]
+        assert earliest == list(range(20, 30))
+        latest = [r.offset async for r in client.consume("t", 0, 5, reset="latest")]
+        assert latest == []
+        with pytest.raises(OffsetOutOfRange):
+            [r async for r in client.consume("t", 0, 5, reset="none")]
+        assert await client.list_offsets("t", 0, "earliest") == 20
+
+    run(tmp_path, body)
+
+
+def test_flush_messages_trades_fsyncs_for_speed_like_kafka(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("lazy", configs={"flush.messages": "1000000", "flush.ms": "200"})
+        await client.create_topic("safe")
+        for i in range(50):
+            await client.produce("lazy", [b"r%d" % i], partition=0)
+            await client.produce("safe", [b"r%d" % i], partition=0)
+        lazy, safe = node.hosts["lazy/0"], node.hosts["safe/0"]
+        assert safe.flush_count >= 25, "default: an fsync before acknowledging"
+        assert lazy.flush_count <= 2
+        assert lazy.log.durable_end_offset < lazy.log.log_end_offset or lazy.flush_count > 0
+        await asyncio.sleep(0.5)
+        assert lazy.log.durable_end_offset == lazy.log.log_end_offset, "flush.ms flushed it"
+        assert [r.value async for r in client.consume("lazy", 0)][-1] == b"r49"
+
+    run(tmp_path, body)
+
+
+def test_min_bytes_waits_for_enough_data(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t")
+        await client.produce("t", [b"small"], partition=0)
+        waiting = asyncio.create_task(client.fetch("t", 0, 0, min_bytes=2000, max_wait_ms=3000))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await client.produce("t", [b"y" * 3000], partition=0)
+        result = await asyncio.wait_for(waiting, 2)
+        assert [r.offset for r in result.records] == [0, 1]
+
+    run(tmp_path, body)
