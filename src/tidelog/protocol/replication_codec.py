@@ -66,6 +66,7 @@ class _FetchResponseWire:
     high_watermark: int
     log_start_offset: int
     error: str = ""
+    diverging: bool = False
     diverging_epoch: int = -1
     diverging_end_offset: int = -1
     snapshot_required: bool = False

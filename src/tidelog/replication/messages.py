@@ -74,8 +74,9 @@ class FetchResponse:
     log_start_offset: int
     error: str = FETCH_OK
     records: RecordsSlice | None = None
-    diverging_epoch: int = -1  # with diverging_end_offset: truncate there, then fetch again
-    diverging_end_offset: int = -1
+    diverging: bool = False  # the follower's log differs: truncate (see below), fetch again
+    diverging_epoch: int = -1  # largest epoch <= the follower's last one that the leader has
+    diverging_end_offset: int = -1  # where that epoch ends on the leader
     snapshot_required: bool = False  # fetch_offset is below the leader's log start
 
 

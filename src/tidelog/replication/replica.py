@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import enum
 import json
-import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.record.batch import ProducerRecord, build_batch
@@ -53,6 +53,12 @@ LEADER_CHANGE_CONTROL_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: v
 FAULT_COMMIT_OLD_EPOCH = "commit-old-epoch-by-counting"
 FAULT_TRUNCATE_TO_HW = "truncate-to-local-hw-on-follow"
 FAULTS = frozenset({FAULT_COMMIT_OLD_EPOCH, FAULT_TRUNCATE_TO_HW})
+
+
+class RandomSource(Protocol):
+    """The only randomness the core uses: injected (a seeded random.Random in practice)."""
+
+    def randint(self, a: int, b: int) -> int: ...
 
 
 class Role(enum.Enum):
@@ -102,6 +108,7 @@ class Progress:
     known_hw: int = -1
     pending: FetchRequest | None = None
     pending_deadline: int = 0
+    begin_sent_tick: int = 0
 
 
 @dataclass
@@ -131,7 +138,7 @@ class Replica:
         config: ReplicaConfig,
         log: ReplicaLog,
         state: QuorumState,
-        rng: random.Random,
+        rng: RandomSource,
     ) -> None:
         self.config = config
         self.log = log
@@ -155,6 +162,8 @@ class Replica:
         self.leader_log_start = log.log_start_offset
         self._ready = Ready()
         self._reset_election_timer()
+        if FAULT_TRUNCATE_TO_HW in config.faults:
+            log.truncate_to(log.high_watermark)  # the pre-KIP-101 restart
         if self._single_voter:
             self._start_prevote()
 
@@ -195,6 +204,11 @@ class Replica:
             if isinstance(message, BeginEpoch | FetchResponse):
                 leader = message.leader
             self._become_follower(message.epoch, leader)
+        if message.epoch < self.epoch and isinstance(message, BeginEpoch | FetchResponse):
+            # A leader of an older epoch: tell it the epoch has moved on, or a node whose own
+            # candidacy raised its epoch would wait forever for a leader that cannot reach it.
+            self._send(sender, BeginEpoch(self.epoch, self.leader_id))
+            return
         if isinstance(message, VoteRequest):
             self._on_vote_request(sender, message)
         elif isinstance(message, VoteResponse):
@@ -428,7 +442,7 @@ class Replica:
         self.leader_since_tick = self.now
         self.epoch_start_offset = self.log.log_end_offset
         self.progress = {
-            r: Progress(last_fetch_tick=self.now, leo_at_last_fetch=0) for r in self._others()
+            r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now) for r in self._others()
         }
         if self.log.log_end_offset > self.log.high_watermark:
             # Entries of earlier epochs may be uncommitted; only an entry of our own epoch on a
@@ -447,9 +461,15 @@ class Replica:
     # -- leader side of replication -------------------------------------------------------------
 
     def _leader_tick(self) -> None:
+        retry = self.config.fetch_retry_ticks
         for r, p in self.progress.items():
             if p.pending is not None and self.now >= p.pending_deadline:
                 self._answer_fetch(r, p.pending)
+            elif self.now - p.last_fetch_tick >= retry and self.now - p.begin_sent_tick >= retry:
+                # A voter that is not fetching may have missed our election (or be running a
+                # pre-vote nobody grants): tell it again, as KRaft resends BeginQuorumEpoch.
+                p.begin_sent_tick = self.now
+                self._send(r, BeginEpoch(self.epoch, self.node_id))
         if self.config.hw_policy == "isr":
             self._maybe_advance_high_watermark()
         if self.now - self.leader_since_tick >= self.config.check_quorum_ticks:
@@ -491,7 +511,9 @@ class Replica:
             epoch, end = diverging
             self._send(
                 sender,
-                self._empty_response(req, diverging_epoch=epoch, diverging_end_offset=end),
+                self._empty_response(
+                    req, diverging=True, diverging_epoch=epoch, diverging_end_offset=end
+                ),
             )
             return
         self._record_fetch(progress, req)
@@ -644,7 +666,7 @@ class Replica:
         if resp.snapshot_required:
             self.log.truncate_fully_and_start_at(resp.log_start_offset)
             self._ready.truncated = True
-        elif resp.diverging_end_offset >= 0 or resp.diverging_epoch >= 0:
+        elif resp.diverging:
             self._truncate_diverging(resp.diverging_epoch, resp.diverging_end_offset)
         elif resp.records is not None and resp.records.size > 0:
             self.log.append_as_follower(resp.records.read())

@@ -50,16 +50,18 @@ class EpochHistory:
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """(largest epoch <= epoch that we know, its exclusive end offset), KIP-279 semantics.
 
-        (-1, -1) when every epoch we hold is newer than the one asked about.
+        When every epoch we hold is newer than the one asked about, (-1, the offset where our
+        first epoch starts): nothing from there on can be shared. With no epochs at all,
+        (-1, log_end_offset).
         """
+        if not self.entries:
+            return -1, log_end_offset
         if epoch >= self.latest_epoch:
-            if not self.entries:
-                return -1, -1
             return self.latest_epoch, log_end_offset
         for i in range(len(self.entries) - 1, -1, -1):
             if self.entries[i].epoch <= epoch:
                 return self.entries[i].epoch, self.entries[i + 1].start_offset
-        return -1, -1
+        return -1, self.entries[0].start_offset
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Drop epochs that start at or after end_offset (the log was truncated there)."""

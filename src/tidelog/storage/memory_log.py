@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tidelog.config import TopicConfig
 from tidelog.errors import InvalidRequest, OffsetOutOfRange
@@ -15,6 +16,12 @@ from tidelog.storage.appending import check_follower_batches, stamp_leader_batch
 from tidelog.storage.epoch_history import EpochHistory
 from tidelog.storage.log import AppendInfo
 from tidelog.storage.segment import BytesSlice
+
+
+@dataclass(frozen=True)
+class MemoryFlush:
+    target: int
+    generation: int
 
 
 class MemoryLog:
@@ -34,6 +41,7 @@ class MemoryLog:
         self.epochs = EpochHistory()
         self._durable_epochs = list(self.epochs.entries)
         self.flush_count = 0
+        self._generation = 0  # bumped by truncation: a flush begun before it proves nothing after
 
     # -- ReplicaLog -------------------------------------------------------------------------------
 
@@ -95,6 +103,7 @@ class MemoryLog:
             return
         if offset < self.log_start_offset:
             raise InvalidRequest(f"cannot truncate to {offset}, below the log start")
+        self._generation += 1
         while self._headers and self._headers[-1].last_offset >= offset:
             self._bases.pop()
             self._headers.pop()
@@ -105,6 +114,7 @@ class MemoryLog:
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
+        self._generation += 1
         self._bases, self._headers, self._data = [], [], []
         self.log_start_offset = offset
         self._end = offset
@@ -155,9 +165,27 @@ class MemoryLog:
     # -- durability -----------------------------------------------------------------------------
 
     def flush(self) -> int:
-        self.durable_end_offset = self.log_end_offset
-        self.flush_count += 1
+        job = self.begin_flush()
+        if job is not None:
+            self.complete_flush(job)
         return self.durable_end_offset
+
+    def begin_flush(self) -> MemoryFlush | None:
+        """Capture what an fsync started now would cover; complete_flush() makes it durable."""
+        if not self.needs_flush:
+            return None
+        return MemoryFlush(self.log_end_offset, self._generation)
+
+    def complete_flush(self, job: MemoryFlush) -> int:
+        self.flush_count += 1
+        if job.generation == self._generation:
+            self.durable_end_offset = max(
+                self.durable_end_offset, min(job.target, self.log_end_offset)
+            )
+        return self.durable_end_offset
+
+    def flush_due(self) -> bool:
+        return self.needs_flush
 
     def write_state_checkpoint(self) -> None:
         self._durable_hw = self.high_watermark
@@ -189,3 +217,13 @@ class MemoryLog:
 
     def batches(self) -> list[tuple[BatchHeader, bytes]]:
         return list(zip(self._headers, self._data, strict=True))
+
+    def batches_between(self, start: int, end: int) -> list[tuple[BatchHeader, bytes]]:
+        """Batches holding any offset in [start, end)."""
+        i = max(0, bisect.bisect_right(self._bases, start) - 1)
+        out = []
+        while i < len(self._headers) and self._headers[i].base_offset < end:
+            if self._headers[i].last_offset >= start:
+                out.append((self._headers[i], self._data[i]))
+            i += 1
+        return out

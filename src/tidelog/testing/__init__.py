@@ -1,0 +1,1 @@
+"""The deterministic simulator (sim) and the golden scenario scripts (scenario)."""
