@@ -275,7 +275,11 @@ class Node:
             if group in self.hosts:
                 continue
             host = self._open_host(meta.name, partition, tuple(sorted(replicas)), config)
-            if replicas[0] == self.node_id and host.replica.epoch == 0:
+            if (
+                replicas[0] == self.node_id
+                and host.replica.epoch == 0
+                and host.replica.leader_id < 0
+            ):
                 host.replica.campaign()
                 host.process_ready()
 

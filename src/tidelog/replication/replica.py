@@ -230,10 +230,15 @@ class Replica:
         self._after_leader_append()
         return info
 
-    def campaign(self) -> None:
-        """Stand for election now instead of after a timeout (a new group's preferred leader)."""
-        if self.role is Role.FOLLOWER and self.leader_id == NO_LEADER:
+    def campaign(self, pre_vote: bool = True) -> None:
+        """Stand for election now instead of after a timeout (a new group's preferred leader,
+        or a scripted scenario). pre_vote=False skips straight to a real election."""
+        if self.role is Role.LEADER:
+            return
+        if pre_vote:
             self._start_prevote()
+        else:
+            self._start_election()
 
     def check_min_insync(self, min_insync: int) -> None:
         """acks=all fails fast when fewer replicas than min.insync.replicas are in sync."""
@@ -668,9 +673,12 @@ class Replica:
             self._ready.truncated = True
         elif resp.diverging:
             self._truncate_diverging(resp.diverging_epoch, resp.diverging_end_offset)
-        elif resp.records is not None and resp.records.size > 0:
-            self.log.append_as_follower(resp.records.read())
-        self._follow_high_watermark(resp.high_watermark)
+        else:
+            # Only an answer without divergence proves our log matches the leader's up to the
+            # fetch offset, so only then may the leader's HW become ours (up to our log end).
+            if resp.records is not None and resp.records.size > 0:
+                self.log.append_as_follower(resp.records.read())
+            self._follow_high_watermark(resp.high_watermark)
         self._maybe_send_fetch()
 
     def _truncate_diverging(self, epoch: int, end_offset: int) -> None:

@@ -284,25 +284,31 @@ class Simulation:
 
     def produce(self) -> None:
         leaders = [
-            n
+            n.node_id
             for n in self.nodes.values()
-            if n.alive and n.paused_until <= self.now and n.replica.is_leader  # type: ignore[union-attr]
+            if n.replica is not None and n.paused_until <= self.now and n.replica.is_leader
         ]
         if not leaders:
             return
-        node = self.rng.choice(leaders)
-        replica = node.replica
-        assert replica is not None
         value = b"v%d" % self.next_value
         self.next_value += 1
         acks = "all" if self.rng.random() < self.params.acks_all_share else "1"
+        self.propose(self.rng.choice(leaders), value, acks)
+
+    def propose(self, node_id: int, value: bytes, acks: str) -> int | None:
+        """A producer's request to one node: the offset it got, or None if refused."""
+        node = self.nodes[node_id]
+        replica = node.replica
+        if replica is None:
+            return None
         try:
             info = replica.propose(build_batch([ProducerRecord(None, value)], now_ms=self.now))
         except TidelogError:
-            return
+            return None
         self.stats.proposed += 1
         node.waiters.append(Waiter(node.node_id, replica.epoch, info.last_offset, value, acks))
         self.process_ready(node)
+        return info.last_offset
 
     def _release_waiters(self, node: SimNode) -> None:
         replica = node.replica

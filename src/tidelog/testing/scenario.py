@@ -1,0 +1,357 @@
+"""Readable, golden scenario scripts for the classic replication cases (etcd-raft's datadriven
+tests, in our terms). A script is a list of commands, each followed by `----` and the output it
+must produce:
+
+    nodes 3
+    ----
+    ok
+
+    campaign 1
+    ----
+    1->2 PreVote epoch=1 last=(e-1,0)
+    ...
+
+Nothing moves unless a command says so: messages wait in per-link queues until `deliver` or
+`stabilize`, time passes only with `tick`. The cluster is the simulator's (the real replication
+core on in-memory disks), so the same checkers run after every command.
+
+Commands:
+    nodes N [fetch-max-bytes=B] [flush=auto|manual] [fault=NAME]
+    campaign N [prevote=false]       stand for election now
+    propose N VALUE [acks=all|1]     a producer writes VALUE to node N
+    deliver A->B [count=K]           deliver queued messages on one link (all, or the first K)
+    drop A->B | drop all             lose queued messages
+    stabilize [N ...]                deliver and flush until quiet (only among the listed nodes)
+    flush [N ...]                    finish pending fsyncs (flush=manual; auto flushes at once)
+    tick K [N ...]                   K ticks on the listed nodes (default all)
+    crash N / restart N              kill -9 (unflushed data lost) / start again
+    partition 1 2 | 3 / heal         cut links both ways / restore them
+    status                           every node's role, epoch, watermarks and log
+    acks                             acknowledged writes so far
+    check                            run the invariants now (also run after every command)
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidelog.record.batch import BatchHeader, decode_records, iter_headers
+from tidelog.replication.messages import (
+    BeginEpoch,
+    FetchRequest,
+    Message,
+    VoteRequest,
+    VoteResponse,
+)
+from tidelog.replication.replica import LEADER_CHANGE_CONTROL_KEY, ReplicaConfig, Role
+from tidelog.testing.sim import SimNode, SimParams, Simulation, SimulationFailure, Waiter
+
+
+@dataclass
+class Queued:
+    src: int
+    dst: int
+    message: Message
+
+
+class Scenario(Simulation):
+    def __init__(
+        self, nodes: int, fetch_max_bytes: int, auto_flush: bool, faults: frozenset[str]
+    ) -> None:
+        self.queue: list[Queued] = []
+        self.out: list[str] = []
+        self.announced: dict[int, int] = {}
+        self.auto_flush = auto_flush
+        super().__init__(
+            SimParams(
+                seed=0,
+                nodes=nodes,
+                fetch_max_bytes=fetch_max_bytes,
+                flush_delay_max=0,
+                faults=faults,
+            )
+        )
+        self.faults_on = False
+
+    def replica_config(self, node_id: int) -> ReplicaConfig:
+        base = super().replica_config(node_id)
+        # Long, fixed timeouts: in a script only `tick` and `campaign` start elections.
+        return ReplicaConfig(
+            node_id=base.node_id,
+            voters=base.voters,
+            election_timeout_ticks=50,
+            election_jitter_ticks=0,
+            fetch_max_wait_ticks=1000,
+            fetch_retry_ticks=1050,
+            check_quorum_ticks=100,
+            replica_lag_ticks=100,
+            fetch_max_bytes=base.fetch_max_bytes,
+            hw_policy=base.hw_policy,
+            faults=base.faults,
+        )
+
+    # -- hooks into the simulator ---------------------------------------------------------------
+
+    def send(self, src: int, dst: int, message: Message) -> None:
+        self.queue.append(Queued(src, dst, message))
+        self.out.append(f"{src}->{dst} {format_message(message)}")
+
+    def process_ready(self, node: SimNode) -> None:
+        replica = node.replica
+        if (
+            replica is not None
+            and replica.role is Role.LEADER
+            and self.announced.get(node.node_id) != replica.epoch
+        ):
+            self.announced[node.node_id] = replica.epoch
+            self.out.append(f"{node.node_id} is leader in epoch {replica.epoch}")
+        super().process_ready(node)
+        node.log.write_state_checkpoint()  # scripts keep the HW checkpoint current
+        if self.auto_flush:
+            self.complete_flushes()
+
+    def _acknowledge(self, into: dict[bytes, int], w: Waiter) -> None:
+        super()._acknowledge(into, w)
+        self.out.append(f"ack acks={w.acks} {w.value.decode()}@{w.last_offset} from {w.node}")
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def deliver(self, src: int, dst: int, count: int | None = None) -> None:
+        picked = [q for q in self.queue if (q.src, q.dst) == (src, dst)]
+        if count is not None:
+            picked = picked[:count]
+        for q in picked:
+            self.queue.remove(q)
+            self._deliver_one(q)
+
+    def _deliver_one(self, q: Queued) -> None:
+        node = self.nodes[q.dst]
+        if (q.src, q.dst) in self.blocked or node.replica is None:
+            return
+        node.replica.step(q.src, q.message)
+        self.process_ready(node)
+
+    def stabilize(self, among: set[int] | None) -> None:
+        for _ in range(10_000):
+            ready = [q for q in self.queue if among is None or (q.src in among and q.dst in among)]
+            if not ready:
+                return
+            q = ready[0]
+            self.queue.remove(q)
+            self._deliver_one(q)
+        raise SimulationFailure("stabilize did not settle in 10,000 deliveries")
+
+    def status(self) -> list[str]:
+        lines = []
+        for n in self.node_ids:
+            node = self.nodes[n]
+            log = node.log
+            if node.replica is None:
+                head = f"{n}: down"
+            else:
+                r = node.replica
+                leader = (
+                    f" leader={r.leader_id}"
+                    if r.leader_id >= 0 and r.role.value != "leader"
+                    else ""
+                )
+                head = f"{n}: {r.role.value} epoch={r.epoch}{leader}"
+            head += f" leo={log.log_end_offset} hw={log.high_watermark} durable={log.durable_end_offset}"
+            lines.append(f"{head} log=[{format_log(log.batches())}]")
+        return lines
+
+
+def format_message(m: Message) -> str:
+    if isinstance(m, VoteRequest):
+        kind = "PreVote" if m.pre_vote else "Vote"
+        return f"{kind} epoch={m.epoch} last=(e{m.last_epoch},{m.log_end_offset})"
+    if isinstance(m, VoteResponse):
+        kind = "PreVoteResp" if m.pre_vote else "VoteResp"
+        return f"{kind} epoch={m.epoch} {'granted' if m.granted else 'rejected'}"
+    if isinstance(m, BeginEpoch):
+        return f"BeginEpoch epoch={m.epoch} leader={m.leader}"
+    if isinstance(m, FetchRequest):
+        return f"Fetch epoch={m.epoch} offset={m.fetch_offset} last_epoch={m.last_fetched_epoch} hw={m.high_watermark}"
+    text = f"FetchResp epoch={m.epoch} hw={m.high_watermark}"
+    if m.error:
+        return f"{text} error={m.error}"
+    if m.diverging:
+        return f"{text} diverging=(e{m.diverging_epoch},{m.diverging_end_offset})"
+    if m.snapshot_required:
+        return f"{text} snapshot-required log_start={m.log_start_offset}"
+    if m.records is not None:
+        return f"{text} records=[{format_log(_batches(m.records.read()))}]"
+    return text
+
+
+def _batches(data: bytes) -> list[tuple[BatchHeader, bytes]]:
+    return [(h, data[p : p + h.size_bytes]) for p, h in iter_headers(data)]
+
+
+def format_log(batches: list[tuple[BatchHeader, bytes]]) -> str:
+    items = []
+    for header, batch in batches:
+        for rec in decode_records(batch):
+            if header.is_control and rec.key == LEADER_CHANGE_CONTROL_KEY:
+                value = "<leader-change>"
+            else:
+                value = (rec.value or b"").decode("utf-8", "replace")
+            items.append(f"{rec.offset}@e{header.partition_leader_epoch}:{value}")
+    return " ".join(items)
+
+
+def _link(text: str) -> tuple[int, int]:
+    a, _, b = text.partition("->")
+    return int(a), int(b)
+
+
+def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[str]]:
+    words = shlex.split(line)
+    cmd, args = words[0], words[1:]
+    opts = dict(a.split("=", 1) for a in args if "=" in a)
+    plain = [a for a in args if "=" not in a]
+    if cmd == "nodes":
+        faults = frozenset(v for k, v in opts.items() if k == "fault")
+        sim = Scenario(
+            int(plain[0]),
+            int(opts.get("fetch-max-bytes", 1 << 20)),
+            opts.get("flush", "auto") == "auto",
+            faults,
+        )
+        return sim, ["ok"]
+    assert sim is not None, "the first command must be `nodes`"
+    sim.out = []
+    try:
+        if cmd == "campaign":
+            node = sim.nodes[int(plain[0])]
+            assert node.replica is not None
+            node.replica.campaign(pre_vote=opts.get("prevote", "true") != "false")
+            sim.process_ready(node)
+        elif cmd == "propose":
+            offset = sim.propose(int(plain[0]), plain[1].encode(), opts.get("acks", "all"))
+            sim.out.append(
+                f"appended at {offset}" if offset is not None else "refused: not the leader"
+            )
+        elif cmd == "deliver":
+            src, dst = _link(plain[0])
+            sim.deliver(src, dst, int(opts["count"]) if "count" in opts else None)
+        elif cmd == "drop":
+            if plain[0] == "all":
+                dropped = len(sim.queue)
+                sim.queue.clear()
+            else:
+                src, dst = _link(plain[0])
+                before = len(sim.queue)
+                sim.queue = [q for q in sim.queue if (q.src, q.dst) != (src, dst)]
+                dropped = before - len(sim.queue)
+            sim.out.append(f"dropped {dropped}")
+        elif cmd == "stabilize":
+            sim.stabilize({int(p) for p in plain} or None)
+        elif cmd == "flush":
+            targets = {int(p) for p in plain} or set(sim.node_ids)
+            for n in sorted(targets):
+                node = sim.nodes[n]
+                if node.flush is not None and node.replica is not None:
+                    job, _ = node.flush
+                    node.flush = None
+                    node.log.complete_flush(job)
+                    node.replica.on_flushed()
+                    sim.out.append(f"{n} flushed to {node.log.durable_end_offset}")
+                    sim.process_ready(node)
+        elif cmd == "tick":
+            count = int(plain[0])
+            ticked = [int(p) for p in plain[1:]] or sim.node_ids
+            for _ in range(count):
+                sim.now += 1
+                for n in ticked:
+                    node = sim.nodes[n]
+                    if node.replica is not None:
+                        node.replica.tick()
+                        sim.process_ready(node)
+        elif cmd == "crash":
+            sim.crash(int(plain[0]))
+            sim.queue = [q for q in sim.queue if q.dst != int(plain[0])]
+            sim.out.append(f"{plain[0]} crashed")
+        elif cmd == "restart":
+            sim.restart(int(plain[0]))
+        elif cmd == "partition":
+            text = " ".join(plain)
+            left, _, right = text.partition("|")
+            a = [int(x) for x in left.split()]
+            b = [int(x) for x in right.split()]
+            for x in a:
+                for y in b:
+                    sim.blocked |= {(x, y), (y, x)}
+            sim.out.append(f"partitioned {a} | {b}")
+        elif cmd == "heal":
+            sim.blocked.clear()
+            sim.out.append("healed")
+        elif cmd == "status":
+            sim.out.extend(sim.status())
+        elif cmd == "acks":
+            for value, offset in sorted(sim.acked.items(), key=lambda kv: kv[1]):
+                sim.out.append(f"acks=all {value.decode()}@{offset}")
+            for value, offset in sorted(sim.acked_one.items(), key=lambda kv: kv[1]):
+                sim.out.append(f"acks=1 {value.decode()}@{offset}")
+        elif cmd == "check":
+            for node in sim.nodes.values():
+                if node.replica is not None:
+                    sim._check_node(node)
+            sim.check_log_matching()
+            sim.out.append("invariants hold")
+        else:
+            raise ValueError(f"unknown command {cmd!r}")
+    except (SimulationFailure, AssertionError) as exc:
+        first = str(exc).split("\n")[0]
+        sim.out.append(f"VIOLATION: {first.split(': ', 1)[-1] if 'tick' in first else first}")
+    return sim, sim.out or ["ok"]
+
+
+def run_script(text: str) -> str:
+    """Run a script and return it with every command's actual output (the golden form)."""
+    out: list[str] = []
+    sim: Scenario | None = None
+    blocks = text.strip("\n").split("\n\n")
+    for block in blocks:
+        lines = block.split("\n")
+        comments = [line for line in lines if line.startswith("#")]
+        body = [line for line in lines if not line.startswith("#")]
+        if not body:
+            out.append("\n".join(comments))
+            continue
+        command = body[0]
+        sim, result = run_command(sim, command)
+        out.append("\n".join([*comments, command, "----", *result]))
+    return "\n\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tidelog.testing.scenario")
+    parser.add_argument("scripts", nargs="+", type=Path)
+    parser.add_argument(
+        "--rewrite", action="store_true", help="write actual outputs as the golden ones"
+    )
+    args = parser.parse_args(argv)
+    status = 0
+    for path in args.scripts:
+        expected = path.read_text()
+        actual = run_script(expected)
+        if args.rewrite:
+            path.write_text(actual)
+        elif actual != expected:
+            status = 1
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    expected.splitlines(True), actual.splitlines(True), str(path), "actual"
+                )
+            )
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
