@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--follow", action="store_true")
     consume.add_argument("--reset", choices=["earliest", "latest", "none"], default="earliest")
     consume.add_argument("--replica-read", action="store_true", help="allow reads from followers")
+    consume.add_argument("--node", type=int, help="with --replica-read: read from this replica")
     consume.set_defaults(func=cmd_consume)
 
     status = with_bootstrap(sub.add_parser("status", help="partition watermarks and sizes"))
@@ -335,6 +336,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         reset=args.reset,
                         follow=args.follow,
                         replica_read=args.replica_read,
+                        prefer_node=args.node,
                     ):
                         await out.put((p, rec))
                 finally:

@@ -13,6 +13,7 @@ from typing import Any
 
 from tidelog.client.connection import NodeConnection
 from tidelog.errors import (
+    CorruptRecord,
     InvalidRequest,
     NetworkError,
     NotLeader,
@@ -88,7 +89,7 @@ class AsyncClient:
         request_timeout_ms: int = 30_000,
         retries: int = 40,
         retry_backoff_ms: int = 50,
-        retry_backoff_max_ms: int = 1000,
+        retry_backoff_max_ms: int = 250,
     ) -> None:
         items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         self.bootstrap = [parse_address(b) for b in items if b.strip()]
@@ -456,8 +457,11 @@ class AsyncClient:
             )
         resp = api.decode(api.FetchResponse, header)
         records, next_offset = decode_fetched(payload, offset, include_control)
-        for rec in records:
-            assert rec.offset < resp.high_watermark, "a node returned a record at or above its HW"
+        if records and records[-1].offset >= resp.high_watermark:
+            raise CorruptRecord(
+                f"node {resp.node_id} returned offset {records[-1].offset} at or above its HW "
+                f"{resp.high_watermark}"
+            )
         return FetchResult(
             partition,
             records,
@@ -488,6 +492,7 @@ class AsyncClient:
         max_records: int | None = None,
         max_wait_ms: int = 500,
         replica_read: bool = False,
+        prefer_node: int | None = None,
     ) -> AsyncGenerator[Record, None]:
         """Records in offset order from start up to the HW as it is now (or on and on with
         follow); out-of-range offsets follow the reset policy (earliest, latest or none)."""
@@ -500,6 +505,7 @@ class AsyncClient:
             max_records=max_records,
             max_wait_ms=max_wait_ms,
             replica_read=replica_read,
+            prefer_node=prefer_node,
         ):
             for rec in records:
                 yield rec
@@ -515,8 +521,10 @@ class AsyncClient:
         max_records: int | None = None,
         max_wait_ms: int = 500,
         replica_read: bool = False,
+        prefer_node: int | None = None,
     ) -> AsyncGenerator[list[Record], None]:
-        """consume(), a fetch's worth of records at a time."""
+        """consume(), a fetch's worth of records at a time. With replica_read, prefer_node (a
+        follower, say) answers while it is reachable; it serves only below its own HW."""
         if reset not in ("earliest", "latest", "none"):
             raise InvalidRequest(f"reset must be earliest, latest or none, got {reset!r}")
         offset = await self._resolve_start(topic, partition, start)
@@ -525,13 +533,26 @@ class AsyncClient:
         budget = max_records
         while (budget is None or budget > 0) and (end is None or offset < end):
             try:
-                result = await self.fetch(
-                    topic,
-                    partition,
-                    offset,
-                    max_wait_ms=max_wait_ms if follow else 0,
-                    replica_read=replica_read,
-                )
+                node = prefer_node if replica_read else None
+                try:
+                    result = await self.fetch(
+                        topic,
+                        partition,
+                        offset,
+                        max_wait_ms=max_wait_ms if follow else 0,
+                        replica_read=replica_read,
+                        node_id=node,
+                    )
+                except (NetworkError, NotLeader, UnknownTopicOrPartition):
+                    if node is None:
+                        raise
+                    result = await self.fetch(
+                        topic,
+                        partition,
+                        offset,
+                        max_wait_ms=max_wait_ms if follow else 0,
+                        replica_read=replica_read,
+                    )
             except OffsetOutOfRange as exc:
                 if reset == "none":
                     raise

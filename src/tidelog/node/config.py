@@ -44,8 +44,8 @@ class NodeConfig:
     peers: dict[int, tuple[str, int]] = field(default_factory=dict)
     topic_defaults: TopicConfig = field(default_factory=TopicConfig)
     tick_ms: int = 10
-    election_timeout_ms: int = 1000
-    election_jitter_ms: int = 500
+    election_timeout_ms: int = 800
+    election_jitter_ms: int = 400
     replica_fetch_wait_max_ms: int = 500
     replica_fetch_max_bytes: int = 4 * 1024 * 1024
     frame_bytes_max: int = 64 * 1024 * 1024

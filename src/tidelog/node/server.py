@@ -109,7 +109,10 @@ class Node:
         metadata_config = TopicConfig(
             segment_bytes=self.config.metadata_segment_bytes, retention_ms=-1
         )
-        self._open_host(METADATA_TOPIC, 0, self.config.voters, metadata_config)
+        metadata = self._open_host(METADATA_TOPIC, 0, self.config.voters, metadata_config)
+        if metadata.replica.epoch == 0 and self.node_id == min(self.config.voters):
+            metadata.replica.campaign()  # a new cluster need not wait out an election timeout
+            metadata.process_ready()
         self._apply_metadata()
         self._tasks.append(loop.create_task(self._tick_loop()))
         self._tasks.append(loop.create_task(self._checkpoint_loop()))
