@@ -14,12 +14,12 @@ import logging
 import random
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Executor
 from pathlib import Path
 
 from tidelog.config import TopicConfig
 from tidelog.errors import NotLeader, StorageFull, TidelogError, Timeout
 from tidelog.node.config import NodeConfig
+from tidelog.node.flusher import Flusher
 from tidelog.replication.log_interface import AppendResult
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
@@ -42,7 +42,7 @@ class PartitionHost:
         config: TopicConfig,
         node_config: NodeConfig,
         directory: Path,
-        executor: Executor,
+        flusher: Flusher,
         send: SendFn,
         on_high_watermark: Callable[[PartitionHost], None] | None = None,
     ) -> None:
@@ -51,7 +51,7 @@ class PartitionHost:
         self.group = f"{topic}/{partition}"
         self.config = config
         self.directory = directory
-        self._executor = executor
+        self._flusher = flusher
         self._send = send
         self._on_high_watermark = on_high_watermark
         self.log = SegmentedLog(directory, config)
@@ -78,6 +78,9 @@ class PartitionHost:
         self.flushing = False
         self.flush_error: TidelogError | None = None
         self.flush_count = 0
+        self.flush_seconds = 0.0
+        self.flush_seconds_max = 0.0
+        self.flushed_records = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._acks: list[tuple[int, int, asyncio.Future[None]]] = []  # (offset, seq, fut) heap
         self._durable: list[tuple[int, int, asyncio.Future[None]]] = []
@@ -140,14 +143,12 @@ class PartitionHost:
         if job is None:
             return
         self.flushing = True
-        future = asyncio.get_running_loop().run_in_executor(self._executor, job.run)
-        future.add_done_callback(lambda f: self._flush_done(job, f))
+        self._flusher.submit(job.run, lambda error: self._flush_done(job, error))
 
-    def _flush_done(self, job: FlushJob, future: asyncio.Future[None]) -> None:
+    def _flush_done(self, job: FlushJob, exc: BaseException | None) -> None:
         self.flushing = False
         if self.closed:
             return
-        exc = future.exception()
         if exc is not None:
             error = exc if isinstance(exc, TidelogError) else StorageFull(str(exc))
             log.error("%s: flush failed: %s", self.group, error)
@@ -156,6 +157,9 @@ class PartitionHost:
             return
         self.flush_error = None
         self.flush_count += 1
+        self.flush_seconds += job.seconds
+        self.flush_seconds_max = max(self.flush_seconds_max, job.seconds)
+        self.flushed_records += max(0, job.target - self.log.durable_end_offset)
         self.log.complete_flush(job)
         self.replica.on_flushed()
         self._release_durable()
@@ -253,6 +257,12 @@ class PartitionHost:
             segment_count=self.log.segment_count,
             durable_end_offset=self.log.durable_end_offset,
             voters=list(self.replica.config.voters),
+            metrics={
+                "flush_count": self.flush_count,
+                "flush_seconds_total": round(self.flush_seconds, 6),
+                "flush_seconds_max": round(self.flush_seconds_max, 6),
+                "flushed_records": self.flushed_records,
+            },
         )
         return st
 

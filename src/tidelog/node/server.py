@@ -13,7 +13,6 @@ import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from tidelog.errors import (
     UnsupportedApi,
 )
 from tidelog.node.config import NodeConfig
+from tidelog.node.flusher import Flusher
 from tidelog.node.partition import PartitionHost
 from tidelog.node.transport import Connection, PeerLink
 from tidelog.protocol import api
@@ -64,9 +64,7 @@ class Node:
         self.metadata = MetadataState()
         self.peers: dict[int, PeerLink] = {}
         self.connections: set[Connection] = set()
-        self._executor = ThreadPoolExecutor(
-            max_workers=config.flush_threads, thread_name_prefix=f"flush-{config.node_id}"
-        )
+        self._flusher: Flusher | None = None
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._request_tasks: set[asyncio.Task[None]] = set()
@@ -94,6 +92,7 @@ class Node:
         data.mkdir(parents=True, exist_ok=True)
         self._check_identity(data)
         loop = asyncio.get_running_loop()
+        self._flusher = Flusher(self.config.flush_threads, loop, f"flush-{self.node_id}")
         self._server = await loop.create_server(
             lambda: Connection(self, self.config.frame_bytes_max, self.config.zero_copy),
             self.config.listen[0],
@@ -157,7 +156,8 @@ class Node:
                 await host.close()
             except TidelogError as exc:
                 log.error("%s: close failed: %s", host.group, exc)
-        self._executor.shutdown(wait=True)
+        if self._flusher is not None:
+            self._flusher.shutdown()
         self._stopped.set()
         log.info("node %d stopped cleanly", self.node_id)
 
@@ -184,6 +184,11 @@ class Node:
                 except (OSError, TidelogError) as exc:
                     log.error("%s: checkpoint failed: %s", host.group, exc)
 
+    @property
+    def flusher(self) -> Flusher:
+        assert self._flusher is not None, "the node is not started"
+        return self._flusher
+
     # -- replica groups -------------------------------------------------------------------------
 
     def _open_host(
@@ -197,7 +202,7 @@ class Node:
             config,
             self.config,
             directory,
-            self._executor,
+            self.flusher,
             self._send_replication,
             on_high_watermark=self._on_high_watermark,
         )

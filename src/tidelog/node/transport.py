@@ -61,6 +61,10 @@ class FrameWriter:
             asyncio.get_running_loop(), asyncio.selector_events.BaseSelectorEventLoop
         )
         self.zero_copy = zero_copy and native
+        sock = transport.get_extra_info("socket")
+        # Plain TCP only: a TLS transport must see every byte.
+        plain = sock is not None and transport.get_extra_info("sslcontext") is None
+        self._raw_fd = sock.fileno() if zero_copy and not native and plain else -1
         self._queue: collections.deque[tuple[bytes, Payload | None]] = collections.deque()
         self._busy = False
         self._paused = False
@@ -91,13 +95,50 @@ class FrameWriter:
 
     def _enqueue(self, data: bytes, payload: Payload | None) -> None:
         if not self._busy and not self._paused and not self._wants_sendfile(payload):
-            self.transport.write(data if payload is None else data + payload.read())
+            if payload is None:
+                self.transport.write(data)
+            elif not self._send_file_now(data, payload):
+                self.transport.writelines([data, payload.read()])
             return
         self._queue.append((data, payload))
         self.queued_bytes += len(data) + (payload.size if payload is not None else 0)
         if not self._busy:
             self._busy = True
             asyncio.get_running_loop().create_task(self._drain_queue())
+
+    def _send_file_now(self, prefix: bytes, payload: Payload) -> bool:
+        """On a loop without native sendfile (uvloop), still send a large file range without
+        copying it through Python: when nothing is buffered, hand it to the kernel directly
+        and queue only what the socket did not take. False: copy it as usual."""
+        if (
+            self._raw_fd < 0
+            or not isinstance(payload, FileSlice)
+            or payload.size < ZERO_COPY_BYTES_MIN
+            or self.transport.get_write_buffer_size()
+        ):
+            return False
+        self.transport.write(prefix)
+        if self.transport.get_write_buffer_size():
+            self.transport.write(payload.read())
+            return True
+        sent = 0
+        try:
+            while sent < payload.size:
+                n = os.sendfile(
+                    self._raw_fd, payload.fd, payload.position + sent, payload.size - sent
+                )
+                if n == 0:
+                    break
+                sent += n
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            log.debug("sendfile failed: %s", exc)
+            self.close()
+            return True
+        if sent < payload.size:
+            self.transport.write(os.pread(payload.fd, payload.size - sent, payload.position + sent))
+        return True
 
     def _wants_sendfile(self, payload: Payload | None) -> bool:
         return (
@@ -170,9 +211,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = typing.cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_socket(transport)
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         self.writer = FrameWriter(transport, self.zero_copy)
         self.peer_name = str(transport.get_extra_info("peername"))
@@ -291,9 +330,7 @@ class PeerLink:
             self._connecting = False
 
     def _attach(self, transport: asyncio.Transport) -> None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_socket(transport)
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         self.writer = FrameWriter(transport, self.zero_copy)
 
@@ -333,5 +370,15 @@ class _OutboundProtocol(asyncio.Protocol):
         self.link._detach()
 
 
-def set_nonblocking_fd(fd: int) -> None:
-    os.set_blocking(fd, False)
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+def tune_socket(transport: asyncio.BaseTransport) -> None:
+    """No Nagle delay, and buffers big enough for a whole replication fetch answer: with the
+    default autotuned buffers a multi-megabyte answer trickled out behind delayed ACKs."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)

@@ -17,6 +17,7 @@ is closed.
 
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import struct
@@ -74,7 +75,11 @@ def encode_frame(frame: Frame) -> bytes:
 
 
 class FrameDecoder:
-    """Feed bytes with receive_data(); take frames with next_frame() until it returns None."""
+    """Feed bytes with receive_data(); take frames with next_frame() until it returns None.
+
+    Received chunks are kept as they came and a frame is cut out of them once it is whole, so
+    its payload is copied once (not once per chunk, as a growing buffer would).
+    """
 
     def __init__(
         self,
@@ -83,21 +88,21 @@ class FrameDecoder:
     ) -> None:
         self.frame_bytes_max = frame_bytes_max
         self.header_bytes_max = header_bytes_max
-        self._buf = bytearray()
-        self._pos = 0
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._head = 0  # bytes of the first chunk already consumed
+        self._available = 0
         self.closed = False
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self.closed:
             raise LocalProtocolError("decoder closed after a protocol error")
-        if self._pos and self._pos > len(self._buf) // 2:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf.extend(data)
+        if data:
+            self._chunks.append(bytes(data))
+            self._available += len(data)
 
     @property
     def pending_bytes(self) -> int:
-        return len(self._buf) - self._pos
+        return self._available
 
     def next_frame(self) -> Frame | None:
         try:
@@ -106,29 +111,61 @@ class FrameDecoder:
             self.closed = True
             raise
 
+    def _peek(self, n: int) -> bytes:
+        first = self._chunks[0]
+        if len(first) - self._head >= n:
+            return first[self._head : self._head + n]
+        out = bytearray()
+        for i, chunk in enumerate(self._chunks):
+            out += chunk[self._head :] if i == 0 else chunk
+            if len(out) >= n:
+                break
+        return bytes(out[:n])
+
+    def _take(self, n: int) -> memoryview:
+        first = self._chunks[0]
+        if len(first) - self._head >= n:
+            view = memoryview(first)[self._head : self._head + n]
+            self._head += n
+            if self._head == len(first):
+                self._chunks.popleft()
+                self._head = 0
+        else:
+            out = bytearray()
+            while len(out) < n:
+                chunk = self._chunks.popleft()
+                piece = chunk[self._head :] if self._head else chunk
+                self._head = 0
+                need = n - len(out)
+                if len(piece) > need:
+                    out += piece[:need]
+                    self._chunks.appendleft(chunk)
+                    self._head = len(chunk) - (len(piece) - need)
+                else:
+                    out += piece
+            view = memoryview(bytes(out))
+        self._available -= n
+        return view
+
     def _next_frame(self) -> Frame | None:
-        available = len(self._buf) - self._pos
-        if available < PREFIX_SIZE:
-            if available >= 4:
-                self._check_size(int.from_bytes(self._buf[self._pos : self._pos + 4], "big"))
+        if self._available < PREFIX_SIZE:
+            if self._available >= 4:
+                self._check_size(int.from_bytes(self._peek(4), "big"))
             return None
-        frame_size, kind, api, correlation_id, header_size = PREFIX.unpack_from(
-            self._buf, self._pos
-        )
+        frame_size, kind, api, correlation_id, header_size = PREFIX.unpack(self._peek(PREFIX_SIZE))
         self._check_size(frame_size)
         if kind not in (0, 1, 2):
             raise RemoteProtocolError(f"unknown frame kind {kind}")
         if header_size > frame_size - _AFTER_SIZE or header_size > self.header_bytes_max:
             raise RemoteProtocolError(f"header size {header_size} does not fit frame {frame_size}")
         total = 4 + frame_size
-        if available < total:
+        if self._available < total:
             return None
-        start = self._pos + PREFIX_SIZE
-        raw_header = bytes(self._buf[start : start + header_size])
-        payload = bytes(self._buf[start + header_size : self._pos + total])
-        self._pos += total
+        frame = self._take(total)
+        raw_header = frame[PREFIX_SIZE : PREFIX_SIZE + header_size]
+        payload = bytes(frame[PREFIX_SIZE + header_size :])
         try:
-            header = json.loads(raw_header) if raw_header else {}
+            header = json.loads(bytes(raw_header)) if header_size else {}
         except (UnicodeDecodeError, ValueError) as exc:
             raise RemoteProtocolError(f"frame header is not JSON: {exc}") from exc
         if not isinstance(header, dict):

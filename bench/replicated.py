@@ -1,0 +1,124 @@
+"""Replicated produce throughput, commit latency and failover time on loopback.
+
+    .venv/bin/python bench/replicated.py [--seconds 4] [--kills 10]
+
+1 KiB records; a 3-node cluster with acks=all and acks=1, against a single node with acks=all,
+in the same run; batches of 1 and 100; 1, 8 and 64 concurrent producers (asyncio tasks in one
+client process sharing its connections). Every ack means fsynced (group commit) on the leader,
+and for acks=all on a quorum. Then the leader is SIGKILLed `--kills` times: the failover time is
+from the kill to the first acks=all write accepted again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from common import RECORD_BYTES, make_batch, median, percentile, print_table, scratch_dir
+
+from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.main import merge_status, run_loop
+from tidelog.client.async_client import AsyncClient
+from tidelog.errors import TidelogError
+
+
+async def load(
+    bootstrap: str, topic: str, batch: bytes, records_per_batch: int, producers: int, seconds: float, acks: str
+) -> tuple[float, list[float]]:
+    clients = [AsyncClient(bootstrap) for _ in range(min(producers, 8))]
+    for c in clients:
+        await c.topic(topic)
+    latencies: list[float] = []
+    sent = [0]
+    deadline = time.perf_counter() + seconds
+
+    async def one(client: AsyncClient) -> None:
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            await client.produce_batch(topic, 0, batch, acks)
+            latencies.append(time.perf_counter() - t0)
+            sent[0] += records_per_batch
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(producers)))
+    elapsed = time.perf_counter() - start
+    for c in clients:
+        await c.close()
+    return sent[0] / elapsed, latencies
+
+
+async def create(bootstrap: str, topic: str, rf: int) -> None:
+    async with AsyncClient(bootstrap) as c:
+        await c.create_topic(topic, replication_factor=rf)
+
+
+def measure(cluster: LocalCluster, label: str, rf: int, acks: str, args: argparse.Namespace, rows: list[list[object]]) -> None:
+    for size in (1, 100):
+        batch = make_batch(size)
+        for producers in (1, 8, 64):
+            topic = f"{label.replace(' ', '')}-{acks}-b{size}-p{producers}".replace("all", "a")
+            run_loop(create(cluster.bootstrap, topic, rf))
+            rate, lat = run_loop(load(cluster.bootstrap, topic, batch, size, producers, args.seconds, acks))
+            rows.append(
+                [label, acks, size, producers, rate, rate * RECORD_BYTES / 1e6,
+                 percentile(lat, 50) * 1000, percentile(lat, 99) * 1000]
+            )
+            print(f"  {label} acks={acks} batch={size} producers={producers}: {rate:,.0f} rec/s", flush=True)
+
+
+async def failover(bootstrap: str, cluster: LocalCluster, kills: int) -> list[float]:
+    times = []
+    async with AsyncClient(bootstrap, retries=1, request_timeout_ms=500) as client:
+        await client.create_topic("failover", replication_factor=3)
+        batch = make_batch(1)
+        for _ in range(kills):
+            for _ in range(20):
+                await client.produce_batch("failover", 0, batch, "all")
+            rows = merge_status(await client.status(["failover"]), "failover")
+            leader = rows[0]["leader"]
+            cluster.kill(leader)
+            killed = time.perf_counter()
+            while True:
+                try:
+                    await client.produce_batch("failover", 0, batch, "all", timeout_ms=500)
+                    break
+                except TidelogError:
+                    await asyncio.sleep(0.01)
+            times.append(time.perf_counter() - killed)
+            cluster.start(leader)
+            cluster.wait_ready()
+            await asyncio.sleep(1.0)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--kills", type=int, default=10)
+    args = parser.parse_args()
+    rows: list[list[object]] = []
+    three = LocalCluster(scratch_dir("replicated-"), nodes=3, log_level="WARNING")
+    with three:
+        measure(three, "3 nodes", 3, "all", args, rows)
+        measure(three, "3 nodes", 3, "1", args, rows)
+        times = run_loop(failover(three.bootstrap, three, args.kills)) if args.kills else []
+    one = LocalCluster(scratch_dir("single-"), nodes=1, log_level="WARNING")
+    with one:
+        measure(one, "1 node", 1, "all", args, rows)
+    print("\nreplicated produce, 1 KiB records, fsync (group commit) before every ack")
+    print_table(["cluster", "acks", "batch", "producers", "records/s", "MB/s", "commit p50 ms", "commit p99 ms"], rows)
+    best = {(r[0], r[1]): max(float(x[4]) for x in rows if (x[0], x[1]) == (r[0], r[1])) for r in rows}
+    print(
+        f"\nbest acks=all RF3 / single node acks=all = {best[('3 nodes', 'all')] / best[('1 node', 'all')]:.2f}; "
+        f"acks=all / acks=1 on 3 nodes = {best[('3 nodes', 'all')] / best[('3 nodes', '1')]:.2f}"
+    )
+    if times:
+        print(
+            f"failover (SIGKILL leader -> first acks=all write accepted), {len(times)} kills: "
+            f"p50 {median(times):.2f}s, max {max(times):.2f}s, all {[round(t, 2) for t in times]}"
+        )
+
+
+if __name__ == "__main__":
+    main()
