@@ -53,10 +53,13 @@ class BeginEpoch:
 class FetchRequest:
     epoch: int
     replica: int
-    fetch_offset: int  # the follower's log end; everything below it is durable there
+    fetch_offset: int  # the follower's log end: where the answer's records start
     last_fetched_epoch: int
     high_watermark: int  # what the follower knows, so the leader can answer at once when stale
     max_bytes: int
+    # Everything below this is fsynced on the follower; only this counts toward the HW. The
+    # follower fetches ahead of its fsyncs and reports durability with its next request.
+    durable_offset: int = -1  # -1: the same as fetch_offset
 
 
 # FetchResponse.error values

@@ -157,7 +157,7 @@ class Replica:
         self.election_deadline = 0
         self.fetch_in_flight = False
         self.fetch_sent_tick = 0
-        self.awaiting_flush = False
+        self.reported_durable = -1  # the durable offset our last fetch told the leader
         self.leader_high_watermark = log.high_watermark  # as last heard from the leader
         self.leader_log_start = log.log_start_offset
         self._ready = Ready()
@@ -252,13 +252,9 @@ class Replica:
     def on_flushed(self) -> None:
         if self.role is Role.LEADER:
             self._maybe_advance_high_watermark()
-        elif (
-            self.role is Role.FOLLOWER
-            and self.awaiting_flush
-            and self.log.effective_durable_end >= self.log.log_end_offset
-        ):
-            self.awaiting_flush = False
-            self._maybe_send_fetch()
+        elif self.role is Role.FOLLOWER and self.log.effective_durable_end > self.reported_durable:
+            # Tell the leader at once: its HW may be waiting for exactly this fsync.
+            self._maybe_send_fetch(report_durability=True)
 
     def ready(self) -> Ready:
         ready = self._ready
@@ -432,7 +428,7 @@ class Replica:
         self._set_role(Role.FOLLOWER)
         self.leader_id = leader
         self.fetch_in_flight = False
-        self.awaiting_flush = False
+        self.reported_durable = -1
         self.last_leader_contact = self.now
         self._reset_election_timer()
         if FAULT_TRUNCATE_TO_HW in self.config.faults and leader != NO_LEADER:
@@ -551,7 +547,12 @@ class Replica:
             p.last_caught_up_tick = self.now
         elif req.fetch_offset >= p.leo_at_last_fetch:
             p.last_caught_up_tick = max(p.last_caught_up_tick, p.last_fetch_tick)
-        p.match_offset = req.fetch_offset
+        durable = (
+            req.fetch_offset
+            if req.durable_offset < 0
+            else min(req.durable_offset, req.fetch_offset)
+        )
+        p.match_offset = durable
         p.leo_at_last_fetch = leo
         p.last_fetch_tick = self.now
         p.known_hw = req.high_watermark
@@ -619,20 +620,17 @@ class Replica:
 
     # -- follower side of replication -----------------------------------------------------------
 
-    def _maybe_send_fetch(self) -> None:
-        if (
-            self.role is not Role.FOLLOWER
-            or self.leader_id == NO_LEADER
-            or self.fetch_in_flight
-            or self.awaiting_flush
-        ):
+    def _maybe_send_fetch(self, report_durability: bool = False) -> None:
+        if self.role is not Role.FOLLOWER or self.leader_id == NO_LEADER:
             return
-        if self.log.effective_durable_end < self.log.log_end_offset:
-            # Only offer the leader what is durable here: it counts our fetch offset for the HW.
-            self.awaiting_flush = True
+        if self.fetch_in_flight and not report_durability:
             return
+        # Fetch ahead of our own fsync (the answer's records overlap it); the leader counts
+        # only durable_offset toward the HW, and a later request reports the fsync.
+        durable = self.log.effective_durable_end
         self.fetch_in_flight = True
         self.fetch_sent_tick = self.now
+        self.reported_durable = durable
         self._send(
             self.leader_id,
             FetchRequest(
@@ -642,6 +640,7 @@ class Replica:
                 self.log.epochs.latest_epoch,
                 self.log.high_watermark,
                 self.config.fetch_max_bytes,
+                durable,
             ),
         )
 

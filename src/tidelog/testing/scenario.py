@@ -176,7 +176,10 @@ def format_message(m: Message) -> str:
     if isinstance(m, BeginEpoch):
         return f"BeginEpoch epoch={m.epoch} leader={m.leader}"
     if isinstance(m, FetchRequest):
-        return f"Fetch epoch={m.epoch} offset={m.fetch_offset} last_epoch={m.last_fetched_epoch} hw={m.high_watermark}"
+        return (
+            f"Fetch epoch={m.epoch} offset={m.fetch_offset} durable={m.durable_offset} "
+            f"last_epoch={m.last_fetched_epoch} hw={m.high_watermark}"
+        )
     text = f"FetchResp epoch={m.epoch} hw={m.high_watermark}"
     if m.error:
         return f"{text} error={m.error}"
