@@ -166,3 +166,49 @@ def test_serve_from_a_toml_file_and_stop_on_sigterm(tmp_path: Path) -> None:
             proc.kill()
     assert (tmp_path / "data" / "t-0" / ".clean-shutdown").exists()
     time.sleep(0)
+
+
+def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) -> None:
+    base = free_ports(1)[0]
+    while not all(p >= 1024 for p in (base, base + 1, base + 2)):
+        base = free_ports(1)[0]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tidelog",
+            "cluster",
+            "up",
+            "--nodes",
+            "3",
+            "--data",
+            str(tmp_path),
+            "--base-port",
+            str(base),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while "cluster of 3 nodes up" not in line:
+            assert line, "cluster up exited early"
+            line = proc.stdout.readline()
+        bootstrap = line.rsplit(" ", 1)[-1].strip()
+        tidelog(
+            bootstrap, "topics", "create", "t", "--partitions", "2", "--replication-factor", "3"
+        )
+        out = tidelog(bootstrap, "produce", "t", "--print-offsets", stdin="a\nb\n").stdout
+        assert len(out.split("\n")) >= 2
+        status = json.loads(tidelog(bootstrap, "status", "--json").stdout)
+        assert all(len(p["replicas"]) == 3 for p in status["partitions"])
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=30)[0]
+        assert "cluster stopped" in rest and proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for n in (1, 2, 3):
+        assert (tmp_path / f"node-{n}" / "t-0" / ".clean-shutdown").exists()
