@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -115,7 +116,31 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--reset", choices=["earliest", "latest", "none"], default="earliest")
     consume.add_argument("--replica-read", action="store_true", help="allow reads from followers")
     consume.add_argument("--node", type=int, help="with --replica-read: read from this replica")
+    consume.add_argument("--cursor", help="resume from this durable cursor and commit as it goes")
     consume.set_defaults(func=cmd_consume)
+
+    cursors = sub.add_parser("cursors", help="durable consumer positions that hold the log")
+    csub = cursors.add_subparsers(dest="cursors_command")
+    ccreate = with_bootstrap(csub.add_parser("create", help="create a cursor"))
+    ccreate.add_argument("name")
+    ccreate.add_argument("--topic", required=True)
+    ccreate.add_argument("--from", dest="start", default="earliest", help="earliest|latest|OFFSET")
+    ccreate.add_argument("--backup", action="store_true", help="a backup/archive reader")
+    ccreate.set_defaults(func=cmd_cursors)
+    for verb in ("list", "describe", "delete"):
+        c = with_bootstrap(csub.add_parser(verb, help=f"{verb} cursors"))
+        if verb != "list":
+            c.add_argument("name")
+        if verb != "delete":
+            c.add_argument("--json", action="store_true")
+        c.set_defaults(func=cmd_cursors)
+
+    delete = with_bootstrap(sub.add_parser("delete-records", help="move a partition's log start"))
+    delete.add_argument("topic")
+    delete.add_argument("--partition", type=int, required=True)
+    delete.add_argument("--before", type=int, required=True, help="new log start (-1: the HW)")
+    delete.add_argument("--force", action="store_true", help="invalidate cursors in the way")
+    delete.set_defaults(func=cmd_delete_records)
 
     status = with_bootstrap(sub.add_parser("status", help="partition watermarks and sizes"))
     status.add_argument("topic", nargs="?")
@@ -318,32 +343,53 @@ def _text_field(name: str, value: bytes | None) -> dict[str, Any]:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    async def run() -> None:
+    async def run() -> int:
         async with AsyncClient(args.bootstrap) as client:
             info = await client.topic(args.topic)
             partitions = (
                 [args.partition] if args.partition is not None else list(range(info.partitions))
             )
+            starts: dict[int, int | str] = dict.fromkeys(partitions, args.start)
+            positions: dict[int, int] = {}
+            if args.cursor:
+                cursor = await client.create_cursor(
+                    args.cursor, args.topic, args.start, if_not_exists=True
+                )
+                starts = {p: int(cursor["positions"][str(p)]) for p in partitions}
+                positions = {p: int(o) for p, o in starts.items()}
             remaining = [args.max_records]
-            out: asyncio.Queue[tuple[int, Record] | None] = asyncio.Queue(maxsize=10_000)
+            out: asyncio.Queue[tuple[int, Record | TidelogError] | None] = asyncio.Queue(10_000)
 
             async def pump(p: int) -> None:
                 try:
                     async for rec in client.consume(
                         args.topic,
                         p,
-                        args.start,
+                        starts[p],
                         reset=args.reset,
                         follow=args.follow,
                         replica_read=args.replica_read,
                         prefer_node=args.node,
+                        cursor=args.cursor or "",
                     ):
                         await out.put((p, rec))
+                except TidelogError as exc:
+                    await out.put((p, exc))
                 finally:
                     await out.put(None)
 
+            committed = dict(positions)
+
+            async def commit() -> None:
+                if args.cursor and positions != committed:
+                    await client.commit_cursor(args.cursor, positions)
+                    committed.update(positions)
+
             tasks = [asyncio.create_task(pump(p)) for p in partitions]
             live = len(tasks)
+            failed = 0
+            loop = asyncio.get_running_loop()
+            last_commit = loop.time()
             try:
                 while live:
                     item = await out.get()
@@ -351,18 +397,107 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         live -= 1
                         continue
                     p, rec = item
+                    if isinstance(rec, TidelogError):
+                        print(f"error: partition {p}: {rec}", file=sys.stderr)
+                        failed = 1
+                        continue
                     sys.stdout.write(format_record(rec, p, args.format) + "\n")
+                    positions[p] = rec.offset + 1
+                    if args.cursor and loop.time() - last_commit > 0.5:
+                        sys.stdout.flush()
+                        await commit()
+                        last_commit = loop.time()
                     if remaining[0] is not None:
                         remaining[0] -= 1
                         if remaining[0] <= 0:
                             break
                 sys.stdout.flush()
+                await commit()
             finally:
                 for task in tasks:
                     task.cancel()
                 for task in tasks:
                     with contextlib.suppress(asyncio.CancelledError, TidelogError):
                         await task
+            return failed
+
+    return asyncio.run(run())
+
+
+def cmd_cursors(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            if args.cursors_command == "create":
+                cursor = await client.create_cursor(
+                    args.name, args.topic, args.start, backup=args.backup
+                )
+                print(
+                    f"created cursor {cursor['name']} on {cursor['topic']} at {cursor['positions']}"
+                )
+            elif args.cursors_command == "delete":
+                await client.delete_cursor(args.name)
+                print(f"deleted cursor {args.name}")
+            else:
+                rows = await cursor_rows(
+                    client, args.name if args.cursors_command == "describe" else None
+                )
+                if args.json:
+                    print(json.dumps(rows, indent=2))
+                    return
+                print(
+                    f"{'CURSOR':<24} {'TOPIC':<16} {'PART':>4} {'POSITION':>10} {'LAG':>10} "
+                    f"{'LEAD':>10} {'IDLE_S':>7}  STATE"
+                )
+                for r in rows:
+                    state = "backup" if r["backup"] else "live"
+                    if r["invalidated"]:
+                        state = f"INVALIDATED: {r['invalidated']}"
+                    print(
+                        f"{r['name']:<24} {r['topic']:<16} {r['partition']:>4} {r['position']:>10} "
+                        f"{r['lag']:>10} {r['lead']:>10} {r['idle_ms'] // 1000:>7}  {state}"
+                    )
+
+    asyncio.run(run())
+    return 0
+
+
+async def cursor_rows(client: AsyncClient, name: str | None) -> list[dict[str, Any]]:
+    """Each cursor per partition with its lag (HW - position) and lead (position - log start,
+    near zero: retention is about to overtake it, Kafka's KIP-223)."""
+    cursors = await client.cursors(name)
+    topics = {c["topic"] for c in cursors}
+    stats = {
+        (row["topic"], row["partition"]): row
+        for row in merge_status(await client.status(sorted(topics)), None)
+    }
+    now_ms = int(time.time() * 1000)
+    rows = []
+    for c in cursors:
+        for p, position in sorted(c["positions"].items(), key=lambda kv: int(kv[0])):
+            st = stats.get((c["topic"], int(p)), {})
+            hw = int(st.get("high_watermark", position))
+            start = int(st.get("log_start_offset", 0))
+            rows.append(
+                {
+                    "name": c["name"],
+                    "topic": c["topic"],
+                    "partition": int(p),
+                    "position": position,
+                    "lag": max(0, hw - position),
+                    "lead": position - start,
+                    "idle_ms": now_ms - int(c["committed_ms"]),
+                    "backup": c["backup"],
+                    "invalidated": c["invalidated"],
+                }
+            )
+    return rows
+
+
+def cmd_delete_records(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            start = await client.delete_records(args.topic, args.partition, args.before, args.force)
+            print(f"{args.topic}/{args.partition}: log start is now {start}")
 
     asyncio.run(run())
     return 0
@@ -409,6 +544,8 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
                     segment_count=st["segment_count"],
                     leader_view=st.get("replicas", {}),
                     voters=st.get("voters", []),
+                    low_watermark=st.get("low_watermark", {}),
+                    cursors=st.get("cursors", {}),
                 )
     out = []
     for key in sorted(rows):
@@ -459,8 +596,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
                 return
             print(
-                f"{'TOPIC':<20} {'PART':>4} {'LEADER':>6} {'EPOCH':>5} {'LOG_START':>10} {'HW':>10} "
-                f"{'LEO':>10} {'BYTES':>12} {'SEGS':>5}  REPLICAS"
+                f"{'TOPIC':<20} {'PART':>4} {'LEADER':>6} {'EPOCH':>5} {'LOG_START':>10} {'LWM':>10} "
+                f"{'HW':>10} {'LEO':>10} {'BYTES':>12} {'SEGS':>5}  REPLICAS"
             )
             for r in rows:
                 reps = " ".join(
@@ -471,11 +608,20 @@ def cmd_status(args: argparse.Namespace) -> int:
                 flag = (
                     "  UNDER-REPLICATED" if r["under_replicated"] and len(r["replicas"]) > 1 else ""
                 )
+                lwm = r.get("low_watermark") or {}
                 print(
                     f"{r['topic']:<20} {r['partition']:>4} {r['leader']:>6} {r['epoch']:>5} "
-                    f"{r['log_start_offset']:>10} {r['high_watermark']:>10} {r['log_end_offset']:>10} "
+                    f"{r['log_start_offset']:>10} {lwm.get('offset', '-'):>10} "
+                    f"{r['high_watermark']:>10} {r['log_end_offset']:>10} "
                     f"{r['size_bytes']:>12} {r['segment_count']:>5}  {reps}{flag}"
                 )
+                if lwm:
+                    print(f"{'':<26}LWM set by {lwm.get('set_by')}")
+                for name, c in sorted((r.get("cursors") or {}).items()):
+                    print(
+                        f"{'':<26}cursor {name}: position {c['position']}, lag {c['lag']}, "
+                        f"lead {c['lead']}"
+                    )
 
     asyncio.run(run())
     return 0

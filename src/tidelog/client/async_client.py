@@ -310,12 +310,20 @@ class AsyncClient:
         request = api.CreateTopicRequest(
             name, partitions, replication_factor, dict(configs or {}), kind
         )
+        await self._to_metadata_leader(ApiKey.CREATE_TOPIC, request)
+        info = await self.topic(name, refresh=True)
+        if wait_for_leaders:
+            await self.wait_for_leaders(name)
+        return info
+
+    async def _to_metadata_leader(self, key: ApiKey, request: Any) -> dict[str, Any]:
+        """Admin writes go through the metadata log's leader; follow its hints."""
         last: TidelogError | None = None
         for attempt in range(self.retries):
             address = self._metadata_leader_address(attempt)
             try:
-                await self.call(address, ApiKey.CREATE_TOPIC, request)
-                break
+                header, _ = await self.call(address, key, request)
+                return header
             except NotLeader as exc:
                 last = exc
                 if exc.leader_hint is not None and exc.leader_hint >= 0:
@@ -327,13 +335,57 @@ class AsyncClient:
                 last = exc
                 self._meta.metadata_leader = -1
                 await asyncio.sleep(self._backoff(attempt))
+        assert last is not None
+        raise last
+
+    # -- cursors and deletion -------------------------------------------------------------------
+
+    async def create_cursor(
+        self,
+        name: str,
+        topic: str,
+        start: int | str | dict[int, int] = "earliest",
+        backup: bool = False,
+        if_not_exists: bool = False,
+    ) -> dict[str, Any]:
+        """A durable position per partition that holds the log (earliest, latest, an offset for
+        every partition, or a {partition: offset} map)."""
+        info = await self.topic(topic)
+        if isinstance(start, dict):
+            positions = {str(p): int(o) for p, o in start.items()}
         else:
-            assert last is not None
-            raise last
-        info = await self.topic(name, refresh=True)
-        if wait_for_leaders:
-            await self.wait_for_leaders(name)
-        return info
+            positions = {
+                str(p): await self._resolve_start(topic, p, start) for p in range(info.partitions)
+            }
+        request = api.CursorRequest(
+            "create", name, topic, positions, backup=backup, if_not_exists=if_not_exists
+        )
+        header = await self._to_metadata_leader(ApiKey.CURSOR, request)
+        return dict(api.decode(api.CursorResponse, header).cursors[0])
+
+    async def commit_cursor(self, name: str, positions: dict[int, int]) -> dict[str, Any]:
+        """Move a cursor (CursorInvalidated if it was invalidated)."""
+        request = api.CursorRequest(
+            "commit", name, positions={str(p): o for p, o in positions.items()}
+        )
+        header = await self._to_metadata_leader(ApiKey.CURSOR, request)
+        return dict(api.decode(api.CursorResponse, header).cursors[0])
+
+    async def delete_cursor(self, name: str) -> None:
+        await self._to_metadata_leader(ApiKey.CURSOR, api.CursorRequest("delete", name))
+
+    async def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
+        op = "describe" if name else "list"
+        header, _ = await self._any_node(ApiKey.CURSOR, api.CursorRequest(op, name or ""))
+        return list(api.decode(api.CursorResponse, header).cursors)
+
+    async def delete_records(
+        self, topic: str, partition: int, before_offset: int, force: bool = False
+    ) -> int:
+        """Move the log start to before_offset (-1: the HW); returns the new log start."""
+        request = api.DeleteRecordsRequest(topic, partition, before_offset, force)
+        header, _ = await self._to_leader(topic, partition, ApiKey.DELETE_RECORDS, request)
+        return api.decode(api.DeleteRecordsResponse, header).log_start_offset
 
     def _metadata_leader_address(self, attempt: int) -> tuple[str, int]:
         leader = self._meta.metadata_leader
@@ -442,10 +494,11 @@ class AsyncClient:
         replica_read: bool = False,
         node_id: int | None = None,
         include_control: bool = False,
+        cursor: str = "",
     ) -> FetchResult:
         """Records at offsets >= offset below the HW of the replica that answers."""
         request = api.FetchRequest(
-            topic, partition, offset, max_bytes, max_wait_ms, min_bytes, replica_read
+            topic, partition, offset, max_bytes, max_wait_ms, min_bytes, replica_read, cursor
         )
         timeout = max_wait_ms / 1000 + self.request_timeout_s
         if node_id is not None:
@@ -493,6 +546,7 @@ class AsyncClient:
         max_wait_ms: int = 500,
         replica_read: bool = False,
         prefer_node: int | None = None,
+        cursor: str = "",
     ) -> AsyncGenerator[Record, None]:
         """Records in offset order from start up to the HW as it is now (or on and on with
         follow); out-of-range offsets follow the reset policy (earliest, latest or none)."""
@@ -506,6 +560,7 @@ class AsyncClient:
             max_wait_ms=max_wait_ms,
             replica_read=replica_read,
             prefer_node=prefer_node,
+            cursor=cursor,
         ):
             for rec in records:
                 yield rec
@@ -522,6 +577,7 @@ class AsyncClient:
         max_wait_ms: int = 500,
         replica_read: bool = False,
         prefer_node: int | None = None,
+        cursor: str = "",
     ) -> AsyncGenerator[list[Record], None]:
         """consume(), a fetch's worth of records at a time. With replica_read, prefer_node (a
         follower, say) answers while it is reachable; it serves only below its own HW."""
@@ -542,6 +598,7 @@ class AsyncClient:
                         max_wait_ms=max_wait_ms if follow else 0,
                         replica_read=replica_read,
                         node_id=node,
+                        cursor=cursor,
                     )
                 except (NetworkError, NotLeader, UnknownTopicOrPartition):
                     if node is None:
@@ -552,18 +609,27 @@ class AsyncClient:
                         offset,
                         max_wait_ms=max_wait_ms if follow else 0,
                         replica_read=replica_read,
+                        cursor=cursor,
                     )
             except OffsetOutOfRange as exc:
                 if reset == "none":
                     raise
                 new_offset = exc.log_start if reset == "earliest" else exc.high_watermark
+                skipped = (
+                    f"skipping offsets {offset}..{new_offset - 1}, which retention or "
+                    "delete-records removed"
+                    if new_offset > offset
+                    else f"offset {offset} is past the end"
+                )
                 log.warning(
-                    "%s/%d: offset %d out of range [log start %d, HW %d]; reset to %s offset %d",
+                    "%s/%d: offset %d is out of range (log start %d, HW %d): %s; "
+                    "continuing at the %s offset %d",
                     topic,
                     partition,
                     offset,
                     exc.log_start,
                     exc.high_watermark,
+                    skipped,
                     reset,
                     new_offset,
                 )

@@ -53,6 +53,7 @@ class NodeConfig:
     flush_threads: int = 4
     checkpoint_interval_ms: int = 1000
     metadata_segment_bytes: int = 16 * 1024 * 1024
+    storage_max_bytes: int = -1  # storage.max.bytes: refuse produce (StorageFull) past it
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -112,9 +113,12 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
         "frame_bytes_max",
         "flush_threads",
         "checkpoint_interval_ms",
+        "storage_max_bytes",
     ):
         if key in values:
             kwargs[key] = int(values[key])
+    if "storage.max.bytes" in values:
+        kwargs["storage_max_bytes"] = int(values["storage.max.bytes"])
     if "zero_copy" in values:
         kwargs["zero_copy"] = bool(values["zero_copy"])
     node_id = int(values.get("node_id", 1))

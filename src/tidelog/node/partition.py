@@ -117,11 +117,31 @@ class PartitionHost:
                 self._on_high_watermark(self)
         if ready.high_watermark_changed or ready.role_changed or ready.truncated:
             self._wake()
+        if ready.log_start_changed:
+            # The new log start is durable (checkpointed) before any file goes.
+            self.log.delete_segments_below_log_start()
         self.replica.advance()
 
     def step(self, sender: int, message: Message) -> None:
-        self.replica.step(sender, message)
+        try:
+            self.replica.step(sender, message)
+        except TidelogError as exc:
+            # A follower that cannot append (disk full, say) retries its fetch on the next tick.
+            log.error(
+                "%s: handling %s from %d failed: %s",
+                self.group,
+                type(message).__name__,
+                sender,
+                exc,
+            )
         self.process_ready()
+
+    def snapshot_offset(self) -> int | None:
+        """The newest durable snapshot's offset, for state-machine logs (None: a stream)."""
+        return None
+
+    def after_cleaning(self) -> None:
+        """Hook for compaction and snapshots after each cleaner pass."""
 
     def tick(self) -> None:
         self.replica.tick()

@@ -19,15 +19,18 @@ from typing import Any
 from tidelog import __version__
 from tidelog.config import TopicConfig
 from tidelog.errors import (
+    CursorInvalidated,
     InvalidRequest,
     NodeIdentityError,
     NotLeader,
     OffsetOutOfRange,
+    StorageFull,
     TidelogError,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
     UnsupportedApi,
 )
+from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
 from tidelog.node.partition import PartitionHost
@@ -39,6 +42,7 @@ from tidelog.protocol.replication_codec import decode_message, encode_message
 from tidelog.record.batch import ProducerRecord, build_batch, decode_records, iter_headers
 from tidelog.replication.messages import Message
 from tidelog.replication.metadata import (
+    CURSOR_NAME,
     METADATA_TOPIC,
     MetadataState,
     TopicMeta,
@@ -79,7 +83,12 @@ class Node:
             ApiKey.CREATE_TOPIC: self._create_topic,
             ApiKey.STATUS: self._status,
             ApiKey.API_VERSIONS: self._api_versions,
+            ApiKey.CURSOR: self._cursor,
+            ApiKey.DELETE_RECORDS: self._delete_records,
         }
+        self.cleaner = Cleaner(self)
+        self._storage_bytes = 0
+        self._storage_checked = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -115,6 +124,7 @@ class Node:
         self._apply_metadata()
         self._tasks.append(loop.create_task(self._tick_loop()))
         self._tasks.append(loop.create_task(self._checkpoint_loop()))
+        self._tasks.append(loop.create_task(self.cleaner.run()))
         log.info(
             "node %d serving on %s:%d (data %s, voters %s)",
             self.node_id,
@@ -183,6 +193,11 @@ class Node:
                     host.checkpoint()
                 except (OSError, TidelogError) as exc:
                     log.error("%s: checkpoint failed: %s", host.group, exc)
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Keep a background task alive until it finishes (and cancel it on stop)."""
+        self._request_tasks.add(task)
+        task.add_done_callback(self._request_tasks.discard)
 
     @property
     def flusher(self) -> Flusher:
@@ -302,7 +317,7 @@ class Node:
                 keep.append((offset, future))
         self._metadata_waiters = keep
 
-    async def _propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
+    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
         host = self.metadata_host
         if not host.replica.is_leader:
             raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
@@ -321,9 +336,12 @@ class Node:
     def on_frame(self, conn: Connection, frame: Frame) -> None:
         self.connections.add(conn)
         if frame.kind == Kind.MESSAGE:
-            if frame.api != ApiKey.REPLICATION:
+            if frame.api == ApiKey.REPLICATION:
+                self._on_replication(frame)
+            elif frame.api == ApiKey.CURSOR:
+                self.cleaner.on_invalidate_message(frame.header)
+            else:
                 raise InvalidRequest(f"unknown one-way message api {frame.api}")
-            self._on_replication(frame)
             return
         if frame.kind != Kind.REQUEST:
             raise InvalidRequest("a node only accepts requests and replication messages")
@@ -422,6 +440,7 @@ class Node:
             host.replica.check_min_insync(host.config.min_insync_replicas)
         if host.flush_error is not None and host.log.needs_flush:
             raise host.flush_error
+        self._check_storage_space()
         # Appended before any await: pipelined requests on a connection keep their order.
         info = host.replica.propose(payload)
         host.process_ready()
@@ -439,9 +458,39 @@ class Node:
 
         return acknowledged()
 
+    def _check_storage_space(self) -> None:
+        """storage.max.bytes: refuse writes (not reads, commits or cleaning) when it is passed,
+        as etcd's NOSPACE alarm does; writes resume by themselves once cleaning frees space."""
+        limit = self.config.storage_max_bytes
+        if limit < 0:
+            return
+        now = time.monotonic()
+        if now - self._storage_checked > 0.05:
+            self._storage_bytes = sum(h.log.size_bytes for h in self.hosts.values())
+            self._storage_checked = now
+        if self._storage_bytes >= limit:
+            raise StorageFull(
+                f"node {self.node_id} stores {self._storage_bytes} bytes, storage.max.bytes is {limit}",
+                stored_bytes=self._storage_bytes,
+                limit_bytes=limit,
+            )
+
+    def _check_cursor(self, name: str, topic: str, partition: int) -> None:
+        cursor = self.metadata.cursor(name)
+        if not cursor.live:
+            host = self.hosts.get(f"{topic}/{partition}")
+            raise CursorInvalidated(
+                f"cursor {name!r} was invalidated: {cursor.invalidated}",
+                log_start=host.log.log_start_offset if host is not None else 0,
+                reason=cursor.invalidated,
+                cursor=name,
+            )
+
     async def _fetch(self, req: api.FetchRequest, payload: bytes) -> Any:
         if req.max_bytes < 1 or req.min_bytes < 0:
             raise InvalidRequest("max_bytes must be >= 1 and min_bytes >= 0")
+        if req.cursor:
+            self._check_cursor(req.cursor, req.topic, req.partition)
         wait_s = self._timeout_s(req.max_wait_ms)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -546,7 +595,7 @@ class Node:
             "configs": dict(req.configs),
             "assignments": assignments,
         }
-        offset = await self._propose_metadata(command, 30.0)
+        offset = await self.propose_metadata(command, 30.0)
         meta = self.metadata.topics.get(req.name)
         if meta is None or meta.created_offset != offset:
             raise TopicAlreadyExists(f"topic {req.name!r} already exists", topic=req.name)
@@ -556,19 +605,140 @@ class Node:
 
     def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
         wanted = set(req.topics) if req.topics is not None else None
-        partitions = [
-            host.status()
-            for host in sorted(self.hosts.values(), key=lambda h: (h.topic, h.partition))
-            if (wanted is None and h_visible(host)) or (wanted is not None and host.topic in wanted)
-        ]
+        partitions = []
+        for host in sorted(self.hosts.values(), key=lambda h: (h.topic, h.partition)):
+            if (wanted is None and h_visible(host)) or (
+                wanted is not None and host.topic in wanted
+            ):
+                st = host.status()
+                lwm, holds = self.cleaner.low_watermark(host)
+                st["low_watermark"] = lwm.to_dict()
+                st["cursors"] = holds.cursor_stats
+                partitions.append(st)
         mh = self.metadata_host
         metadata = {
             "leader": mh.replica.leader_id,
             "epoch": mh.replica.epoch,
             "applied_offset": self.metadata.applied_offset,
             "topics": len(self.metadata.topics),
+            "cursors": len(self.metadata.cursors),
+            "storage_bytes": sum(h.log.size_bytes for h in self.hosts.values()),
+            "storage_max_bytes": self.config.storage_max_bytes,
         }
         return api.StatusResponse(self.node_id, partitions, metadata)
+
+    async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
+        if req.op in ("list", "describe"):
+            names = [req.name] if req.op == "describe" else sorted(self.metadata.cursors)
+            return api.CursorResponse([self.metadata.cursor(n).to_wire() for n in names])
+        if not CURSOR_NAME.match(req.name):
+            raise InvalidRequest(f"invalid cursor name {req.name!r}")
+        if req.op == "create":
+            return await self._create_cursor(req)
+        cursor = self.metadata.cursor(req.name)
+        if req.op == "commit":
+            self._check_cursor(req.name, cursor.topic, 0)
+            meta = self.metadata.topic(cursor.topic)
+            positions = {int(p): o for p, o in req.positions.items()}
+            for p, offset in positions.items():
+                if not 0 <= p < meta.partitions or offset < 0:
+                    raise InvalidRequest(
+                        f"cursor {req.name!r}: no partition {p} or bad offset {offset}"
+                    )
+            command: dict[str, Any] = {
+                "type": "commit_cursor",
+                "name": req.name,
+                "positions": positions,
+            }
+        elif req.op == "delete":
+            command = {"type": "delete_cursor", "name": req.name}
+        elif req.op == "invalidate":
+            command = {
+                "type": "invalidate_cursor",
+                "name": req.name,
+                "reason": req.reason or "by request",
+            }
+        else:
+            raise InvalidRequest(f"unknown cursor op {req.op!r}")
+        command["at_ms"] = wall_ms()
+        await self.propose_metadata(command, 30.0)
+        if req.op == "commit" and not self.metadata.cursor(req.name).live:
+            self._check_cursor(req.name, cursor.topic, 0)  # invalidated meanwhile
+        found = self.metadata.cursors.get(req.name)
+        return api.CursorResponse([found.to_wire()] if found is not None else [])
+
+    async def _create_cursor(self, req: api.CursorRequest) -> api.CursorResponse:
+        existing = self.metadata.cursors.get(req.name)
+        if existing is not None:
+            if req.if_not_exists and existing.topic == req.topic:
+                return api.CursorResponse([existing.to_wire()])
+            raise InvalidRequest(f"cursor {req.name!r} already exists (on topic {existing.topic})")
+        meta = self.metadata.topic(req.topic)
+        positions = {int(p): o for p, o in req.positions.items()}
+        if set(positions) != set(range(meta.partitions)) or any(o < 0 for o in positions.values()):
+            raise InvalidRequest(
+                f"a cursor on {req.topic!r} needs a position for each of its {meta.partitions} partitions"
+            )
+        command = {
+            "type": "create_cursor",
+            "name": req.name,
+            "topic": req.topic,
+            "positions": positions,
+            "backup": req.backup,
+            "at_ms": wall_ms(),
+        }
+        await self.propose_metadata(command, 30.0)
+        return api.CursorResponse([self.metadata.cursor(req.name).to_wire()])
+
+    async def _delete_records(
+        self, req: api.DeleteRecordsRequest, payload: bytes
+    ) -> api.DeleteRecordsResponse:
+        """Kafka's DeleteRecords: move the log start forward (never past the HW). A live cursor
+        that still needs the range stops it, unless force, which invalidates that cursor."""
+        host = self._leader(req.topic, req.partition)
+        hw = host.log.high_watermark
+        target = hw if req.before_offset == -1 else req.before_offset
+        if not 0 <= target <= hw:
+            raise OffsetOutOfRange(
+                f"delete-records before {target}: must be in [0, HW {hw}] (-1 means the HW)",
+                log_start=host.log.log_start_offset,
+                high_watermark=hw,
+            )
+        in_the_way = [
+            c
+            for c in self.metadata.cursors.values()
+            if c.live
+            and c.topic == req.topic
+            and c.positions.get(req.partition, target) < target
+            and host.config.cursors_hold
+        ]
+        if in_the_way and not req.force:
+            names = ", ".join(f"{c.name} at {c.positions[req.partition]}" for c in in_the_way)
+            raise InvalidRequest(
+                f"live cursors still need offsets below {target}: {names}; "
+                "use --force to invalidate them",
+                cursors=[c.name for c in in_the_way],
+            )
+        for cursor in in_the_way:
+            reason = f"delete-records --force before offset {target} on {host.group}"
+            log.warning("cursor %s invalidated: %s", cursor.name, reason)
+            await self.propose_metadata(
+                {
+                    "type": "invalidate_cursor",
+                    "name": cursor.name,
+                    "reason": reason,
+                    "at_ms": wall_ms(),
+                },
+                30.0,
+            )
+        host = self._leader(req.topic, req.partition)
+        host.replica.advance_log_start(target)
+        host.process_ready()
+        self.cleaner.delete_below_log_start(host)
+        log.info(
+            "%s: delete-records moved the log start to %d", host.group, host.log.log_start_offset
+        )
+        return api.DeleteRecordsResponse(host.log.log_start_offset, [c.name for c in in_the_way])
 
     def _api_versions(self, req: api.ApiVersionsRequest, payload: bytes) -> api.ApiVersionsResponse:
         return api.ApiVersionsResponse(

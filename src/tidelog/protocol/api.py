@@ -149,6 +149,36 @@ class ApiVersionsResponse:
     apis: list[int]
 
 
+@dataclass(frozen=True)
+class CursorRequest:
+    op: str  # create | commit | delete | list | describe | invalidate
+    name: str = ""
+    topic: str = ""
+    positions: dict[str, int] = field(default_factory=dict)  # partition -> offset
+    backup: bool = False
+    if_not_exists: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class CursorResponse:
+    cursors: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DeleteRecordsRequest:
+    topic: str
+    partition: int
+    before_offset: int  # -1: the HW
+    force: bool = False  # invalidate live cursors that still need the range
+
+
+@dataclass(frozen=True)
+class DeleteRecordsResponse:
+    log_start_offset: int
+    invalidated_cursors: list[str]
+
+
 REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.PRODUCE: ProduceRequest,
     ApiKey.FETCH: FetchRequest,
@@ -157,6 +187,8 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.CREATE_TOPIC: CreateTopicRequest,
     ApiKey.STATUS: StatusRequest,
     ApiKey.API_VERSIONS: ApiVersionsRequest,
+    ApiKey.CURSOR: CursorRequest,
+    ApiKey.DELETE_RECORDS: DeleteRecordsRequest,
 }
 
 T = TypeVar("T")

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidelog.config import TopicConfig
-from tidelog.errors import InvalidRequest, TopicAlreadyExists, UnknownTopicOrPartition
+from tidelog.errors import (
+    InvalidRequest,
+    TopicAlreadyExists,
+    UnknownCursor,
+    UnknownTopicOrPartition,
+)
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 METADATA_TOPIC = "__metadata"
@@ -51,8 +56,49 @@ class TopicMeta:
 
 
 @dataclass
+class Cursor:
+    """A named, durable consumer position that holds the log (a replication slot)."""
+
+    name: str
+    topic: str
+    positions: dict[int, int]  # partition -> next offset the owner will read
+    backup: bool
+    created_ms: int
+    committed_ms: int
+    invalidated: str = ""  # why it stopped holding; "" while live
+
+    @property
+    def live(self) -> bool:
+        return not self.invalidated
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic": self.topic,
+            "positions": {str(p): o for p, o in sorted(self.positions.items())},
+            "backup": self.backup,
+            "created_ms": self.created_ms,
+            "committed_ms": self.committed_ms,
+            "invalidated": self.invalidated,
+        }
+
+    @staticmethod
+    def from_wire(data: dict[str, Any]) -> Cursor:
+        return Cursor(
+            name=str(data["name"]),
+            topic=str(data["topic"]),
+            positions={int(p): int(o) for p, o in dict(data.get("positions", {})).items()},
+            backup=bool(data.get("backup", False)),
+            created_ms=int(data.get("created_ms", 0)),
+            committed_ms=int(data.get("committed_ms", 0)),
+            invalidated=str(data.get("invalidated", "")),
+        )
+
+
+@dataclass
 class MetadataState:
     topics: dict[str, TopicMeta] = field(default_factory=dict)
+    cursors: dict[str, Cursor] = field(default_factory=dict)
     applied_offset: int = 0  # exclusive: everything below has been applied
 
     def topic(self, name: str) -> TopicMeta:
@@ -61,12 +107,22 @@ class MetadataState:
             raise UnknownTopicOrPartition(f"unknown topic {name!r}", topic=name)
         return meta
 
+    def cursor(self, name: str) -> Cursor:
+        cursor = self.cursors.get(name)
+        if cursor is None:
+            raise UnknownCursor(f"unknown cursor {name!r}", cursor=name)
+        return cursor
+
     def apply(self, offset: int, command: dict[str, Any]) -> TopicMeta | None:
-        """Apply one committed command; returns the topic it created, if any."""
+        """Apply one committed command; returns the topic it created, if any. Commands that no
+        longer make sense (a race lost between proposal and commit) change nothing, on every
+        node alike."""
         assert offset >= self.applied_offset, (offset, self.applied_offset)
         self.applied_offset = offset + 1
-        if command.get("type") == "create_topic":
-            name = str(command.get("name"))
+        kind = command.get("type")
+        at_ms = int(command.get("at_ms", 0))
+        name = str(command.get("name"))
+        if kind == "create_topic":
             if name in self.topics:
                 return None  # a concurrent create lost the race; its proposer sees that
             meta = TopicMeta(
@@ -78,7 +134,54 @@ class MetadataState:
             )
             self.topics[name] = meta
             return meta
+        if kind == "create_cursor" and name not in self.cursors:
+            positions = {int(p): int(o) for p, o in dict(command.get("positions", {})).items()}
+            self.cursors[name] = Cursor(
+                name,
+                str(command.get("topic")),
+                positions,
+                bool(command.get("backup")),
+                at_ms,
+                at_ms,
+            )
+        elif kind == "commit_cursor" and name in self.cursors and self.cursors[name].live:
+            cursor = self.cursors[name]
+            for p, o in dict(command.get("positions", {})).items():
+                cursor.positions[int(p)] = int(o)
+            cursor.committed_ms = at_ms
+        elif kind == "delete_cursor":
+            self.cursors.pop(name, None)
+        elif kind == "invalidate_cursor" and name in self.cursors:
+            self.cursors[name].invalidated = str(command.get("reason", "invalidated"))
         return None
+
+    def to_snapshot(self) -> dict[str, Any]:
+        return {
+            "applied_offset": self.applied_offset,
+            "topics": [
+                {**t.to_wire(), "created_offset": t.created_offset} for t in self.topics.values()
+            ],
+            "cursors": [c.to_wire() for c in self.cursors.values()],
+        }
+
+    @staticmethod
+    def from_snapshot(data: dict[str, Any]) -> MetadataState:
+        state = MetadataState(applied_offset=int(data["applied_offset"]))
+        for t in data.get("topics", []):
+            state.topics[str(t["name"])] = TopicMeta(
+                name=str(t["name"]),
+                kind=str(t.get("kind", "stream")),
+                configs={str(k): str(v) for k, v in dict(t.get("configs", {})).items()},
+                assignments=[[int(r) for r in a] for a in t["assignments"]],
+                created_offset=int(t.get("created_offset", 0)),
+            )
+        for c in data.get("cursors", []):
+            cursor = Cursor.from_wire(c)
+            state.cursors[cursor.name] = cursor
+        return state
+
+
+CURSOR_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 
 
 def validate_create(

@@ -32,6 +32,12 @@ from typing import Protocol
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.replication.log_interface import AppendResult, ReplicaLog
+from tidelog.replication.low_watermark import (
+    KIND_REPLICA,
+    Hold,
+    LowWatermark,
+    compute_low_watermark,
+)
 from tidelog.replication.messages import (
     FETCH_FENCED,
     FETCH_NOT_LEADER,
@@ -86,6 +92,7 @@ class ReplicaConfig:
     fetch_retry_ticks: int = 80
     check_quorum_ticks: int = 150
     replica_lag_ticks: int = 3000
+    replica_max_lag_ticks: int = 60_000  # a follower out of touch longer no longer holds the log
     fetch_max_bytes: int = 1024 * 1024
     hw_policy: str = "quorum"
     min_insync_replicas: int = 1
@@ -101,7 +108,8 @@ class ReplicaConfig:
 class Progress:
     """The leader's view of one follower."""
 
-    match_offset: int = 0  # durable on the follower: its last fetch offset
+    match_offset: int = 0  # durable on the follower (counts toward the HW)
+    fetch_offset: int = 0  # where the follower reads next (what it still needs from us)
     last_fetch_tick: int = 0
     last_caught_up_tick: int = -(10**12)
     leo_at_last_fetch: int = 0
@@ -117,6 +125,7 @@ class Ready:
     messages: list[Outgoing] = field(default_factory=list)
     flush: bool = False
     high_watermark_changed: bool = False
+    log_start_changed: bool = False
     role_changed: bool = False
     lost_leadership: bool = False
     truncated: bool = False
@@ -127,6 +136,7 @@ class Ready:
             or self.messages
             or self.flush
             or self.high_watermark_changed
+            or self.log_start_changed
             or self.role_changed
             or self.truncated
         )
@@ -265,6 +275,49 @@ class Replica:
 
     def advance(self) -> None:
         """Nothing to release today: outputs are handed over whole by ready()."""
+
+    # -- the low-water mark ---------------------------------------------------------------------
+
+    def low_watermark(self, external: list[Hold]) -> LowWatermark:
+        """On the leader: min over the followers' needs and the holds the node knows of
+        (cursors, snapshots, retention). On a follower: the leader's log start is the floor."""
+        holds = list(external)
+        if self.role is Role.LEADER:
+            cap = self.config.replica_max_lag_ticks
+            for r, p in sorted(self.progress.items()):
+                idle = self.now - p.last_fetch_tick
+                holds.append(
+                    Hold(
+                        KIND_REPLICA,
+                        str(r),
+                        p.fetch_offset,
+                        f"last fetch {idle} ticks ago",
+                        live=idle <= cap,
+                        why_not="" if idle <= cap else f"out of touch for {idle} ticks > {cap}",
+                    )
+                )
+        else:
+            holds.append(
+                Hold(
+                    KIND_REPLICA,
+                    "leader",
+                    self.leader_log_start,
+                    "the leader's log start",
+                    live=False,
+                    why_not="followers follow the leader's log start",
+                )
+            )
+        return compute_low_watermark(holds, self.log.log_start_offset, self.log.high_watermark)
+
+    def advance_log_start(self, offset: int) -> bool:
+        """Leader only: discard the log below offset (never past the HW). Followers learn the
+        new log start in fetch answers and discard the same prefix."""
+        if self.role is not Role.LEADER:
+            raise NotLeader("only the leader moves the log start", leader_hint=self._leader_hint())
+        moved = self.log.advance_log_start(min(offset, self.log.high_watermark))
+        if moved:
+            self._ready.log_start_changed = True
+        return moved
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -553,6 +606,7 @@ class Replica:
             else min(req.durable_offset, req.fetch_offset)
         )
         p.match_offset = durable
+        p.fetch_offset = req.fetch_offset
         p.leo_at_last_fetch = leo
         p.last_fetch_tick = self.now
         p.known_hw = req.high_watermark
@@ -678,6 +732,7 @@ class Replica:
             if resp.records is not None and resp.records.size > 0:
                 self.log.append_as_follower(resp.records.read())
             self._follow_high_watermark(resp.high_watermark)
+            self._follow_log_start(resp.log_start_offset)
         self._maybe_send_fetch()
 
     def _truncate_diverging(self, epoch: int, end_offset: int) -> None:
@@ -690,6 +745,12 @@ class Replica:
             ), "divergence never reaches below the committed prefix"
             self.log.truncate_to(target)
             self._ready.truncated = True
+
+    def _follow_log_start(self, leader_log_start: int) -> None:
+        """Discard the prefix the leader discarded (only what is committed here, too)."""
+        target = min(leader_log_start, self.log.high_watermark)
+        if target > self.log.log_start_offset and self.log.advance_log_start(target):
+            self._ready.log_start_changed = True
 
     def _follow_high_watermark(self, leader_hw: int) -> None:
         hw = min(leader_hw, self.log.log_end_offset)

@@ -6,6 +6,7 @@ silently steering recovery.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 
 import crc32c as _crc32c
 
-from tidelog.errors import CorruptRecord
+from tidelog.errors import CorruptRecord, StorageError, StorageFull
 
 CHECKPOINT_BYTES_MAX = 1024 * 1024
 
@@ -37,14 +38,21 @@ def write_checkpoint(path: Path, data: dict[str, Any]) -> None:
     assert len(encoded) <= CHECKPOINT_BYTES_MAX
     tmp = path.with_name(path.name + ".tmp")
     with _write_lock:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, encoded)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                if os.write(fd, encoded) != len(encoded):
+                    raise OSError(errno.ENOSPC, "short write")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFull(f"no space left writing {path.name}") from exc
+            raise StorageError(f"writing {path.name}: {exc.strerror or exc}") from exc
 
 
 def read_checkpoint(path: Path) -> dict[str, Any] | None:

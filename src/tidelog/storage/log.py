@@ -450,6 +450,17 @@ class SegmentedLog:
             return seg.slice(pos, end, max(header.base_offset, self.log_start_offset))
         return None
 
+    def bytes_from(self, offset: int) -> int:
+        """Bytes stored from the batch holding offset to the log end (a cursor's lag in bytes)."""
+        if offset >= self.log_end_offset:
+            return 0
+        offset = max(offset, self.log_start_offset)
+        i = self._segment_index(offset)
+        seg = self.segments[i]
+        found = seg.find(offset)
+        head = seg.size_bytes - found[0] if found is not None else 0
+        return head + sum(s.size_bytes for s in self.segments[i + 1 :])
+
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """First offset whose record timestamp is >= timestamp (Kafka's ListOffsets by time)."""
         for seg in self.segments:

@@ -154,6 +154,13 @@ class MemoryLog:
                 log_end=self.log_end_offset,
             )
 
+    def bytes_from(self, offset: int) -> int:
+        return sum(
+            len(d)
+            for h, d in zip(self._headers, self._data, strict=True)
+            if h.last_offset >= offset
+        )
+
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         for header, data in zip(self._headers, self._data, strict=True):
             if header.max_timestamp >= timestamp:

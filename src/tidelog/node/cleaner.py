@@ -1,0 +1,142 @@
+"""The background cleaner of a node: every retention.check.interval.ms per partition it asks the
+replication core for the low-water mark over every hold, lets the leader move the log start up
+to it (durably, before any file is touched), and deletes whole segments below the log start.
+Cursors past their caps stop holding at once and are invalidated through the metadata log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tidelog.errors import TidelogError
+from tidelog.node.holds import PartitionHolds, partition_holds
+from tidelog.protocol.api import ApiKey
+from tidelog.replication.low_watermark import LowWatermark
+
+if TYPE_CHECKING:
+    from tidelog.node.partition import PartitionHost
+    from tidelog.node.server import Node
+
+log = logging.getLogger(__name__)
+
+CLEANER_TICK_S = 0.1
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Cleaner:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._next_due: dict[str, float] = {}
+        self._invalidating: set[str] = set()
+        self.passes = 0
+        self.deleted_segments = 0
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(CLEANER_TICK_S)
+            now = time.monotonic()
+            for host in list(self.node.hosts.values()):
+                due = self._next_due.get(host.group, 0.0)
+                if now < due or host.closed:
+                    continue
+                self._next_due[host.group] = now + host.config.retention_check_interval_ms / 1000
+                try:
+                    self.clean(host)
+                except TidelogError as exc:
+                    log.error("%s: cleaning failed: %s", host.group, exc)
+
+    def holds(self, host: PartitionHost) -> PartitionHolds:
+        return partition_holds(
+            host.topic,
+            host.partition,
+            host.log,
+            host.config,
+            self.node.metadata,
+            wall_ms(),
+            host.snapshot_offset(),
+        )
+
+    def low_watermark(self, host: PartitionHost) -> tuple[LowWatermark, PartitionHolds]:
+        holds = self.holds(host)
+        return host.replica.low_watermark(holds.holds), holds
+
+    def clean(self, host: PartitionHost) -> None:
+        """One pass over one partition."""
+        self.passes += 1
+        if host.replica.is_leader:
+            lwm, holds = self.low_watermark(host)
+            for name, reason in holds.to_invalidate:
+                self.invalidate(name, reason, host.group)
+            if lwm.offset > host.log.log_start_offset:
+                before = host.log.log_start_offset
+                host.replica.advance_log_start(lwm.offset)
+                host.process_ready()
+                log.info(
+                    "%s: log start %d -> %d (low-water mark set by %s)",
+                    host.group,
+                    before,
+                    host.log.log_start_offset,
+                    lwm.hold.describe(),
+                )
+        self.delete_below_log_start(host)
+        host.log.purge_retired()
+        host.log.maybe_roll_by_time()
+        host.after_cleaning()
+
+    def delete_below_log_start(self, host: PartitionHost) -> None:
+        deleted = host.log.delete_segments_below_log_start()
+        if deleted:
+            self.deleted_segments += len(deleted)
+            log.info(
+                "%s: deleted %d segment(s) below log start %d: %s",
+                host.group,
+                len(deleted),
+                host.log.log_start_offset,
+                ", ".join(f"{b:020d}" for b in deleted),
+            )
+
+    # -- cursor invalidation --------------------------------------------------------------------
+
+    def invalidate(self, name: str, reason: str, group: str) -> None:
+        """Say it loudly, then record it in the metadata log (once)."""
+        if name in self._invalidating:
+            return
+        self._invalidating.add(name)
+        log.warning("cursor %s no longer holds %s: %s; invalidating it", name, group, reason)
+        node = self.node
+        header: dict[str, Any] = {"op": "invalidate", "name": name, "reason": reason}
+        if node.metadata_host.replica.is_leader:
+            task = asyncio.get_running_loop().create_task(self._propose_invalidation(name, reason))
+            node.track(task)
+        else:
+            leader = node.metadata_host.replica.leader_id
+            link = node.peers.get(leader)
+            if link is not None:
+                header["from"] = node.node_id
+                link.send(ApiKey.CURSOR, header, None)
+            self._invalidating.discard(name)  # retried on the next pass until it is committed
+
+    async def _propose_invalidation(self, name: str, reason: str) -> None:
+        try:
+            await self.node.propose_metadata(
+                {"type": "invalidate_cursor", "name": name, "reason": reason, "at_ms": wall_ms()},
+                30.0,
+            )
+        except TidelogError as exc:
+            log.error("could not invalidate cursor %s: %s", name, exc)
+        finally:
+            self._invalidating.discard(name)
+
+    def on_invalidate_message(self, header: dict[str, Any]) -> None:
+        """A partition leader elsewhere asks the metadata leader (us) to invalidate a cursor."""
+        name, reason = str(header.get("name", "")), str(header.get("reason", ""))
+        cursor = self.node.metadata.cursors.get(name)
+        if cursor is None or not cursor.live or not self.node.metadata_host.replica.is_leader:
+            return
+        self.invalidate(name, reason, f"(reported by node {header.get('from')})")
