@@ -15,7 +15,7 @@ from tidelog.replication.low_watermark import (
 )
 from tidelog.replication.metadata import MetadataState
 from tidelog.storage.log import SegmentedLog
-from tidelog.storage.retention import retention_keep_from
+from tidelog.storage.retention import RetentionVerdict, retention_keep_from
 
 
 @dataclass
@@ -55,12 +55,15 @@ def partition_holds(
     snapshot_offset: int | None = None,
 ) -> PartitionHolds:
     out = PartitionHolds()
-    verdict = retention_keep_from(log.segments, log.log_start_offset, config, now_ms)  # type: ignore[arg-type]
+    if "delete" in config.cleanup_policy:
+        verdict = retention_keep_from(log.segments, log.log_start_offset, config, now_ms)  # type: ignore[arg-type]
+    else:  # compact only: retention never deletes, compaction keeps the latest per key
+        verdict = RetentionVerdict(log.log_start_offset, "unlimited")
     detail = {
         "retention.ms": f"segments older than {human_ms(config.retention_ms)} may go",
         "retention.bytes": f"over {human_bytes(config.retention_bytes)} may go",
         "within-limits": "nothing is past retention.ms or retention.bytes",
-        "unlimited": "retention.ms and retention.bytes are unlimited",
+        "unlimited": "nothing is deleted by age or size",
     }[verdict.reason]
     out.holds.append(Hold(KIND_RETENTION, verdict.reason, verdict.keep_from, detail))
     if snapshot_offset is not None:

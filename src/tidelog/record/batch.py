@@ -155,10 +155,11 @@ def validate(
         raise CorruptRecord(f"batch of {size} bytes is cut short at {len(buf) - pos}")
     if header.last_offset_delta < 0 or header.records_count < 0:
         raise CorruptRecord("negative record count or offset delta")
-    if not header.is_control and header.records_count != header.last_offset_delta + 1:
+    if header.records_count > header.last_offset_delta + 1:
+        # Fewer records than offsets is normal after compaction (offsets never change).
         raise CorruptRecord(
-            f"records_count {header.records_count} disagrees with last_offset_delta "
-            f"{header.last_offset_delta}"
+            f"records_count {header.records_count} exceeds last_offset_delta "
+            f"{header.last_offset_delta} + 1"
         )
     actual = crc32c(memoryview(buf)[pos + CRC_START : pos + size])
     if actual != header.crc:
@@ -237,6 +238,45 @@ def build_batch(
         producer_epoch,
         base_sequence,
         count,
+    )
+    _CRC.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
+    """A batch holding a subset of an existing batch's records at their original offsets
+    (the compactor's job): same epoch, producer fields and last offset; no compression."""
+    assert records and all(header.base_offset <= r.offset <= header.last_offset for r in records)
+    base = records[0].offset
+    base_ts = min(r.timestamp for r in records)
+    body = bytearray()
+    for rec in records:
+        body.extend(
+            _encode_record(
+                ProducerRecord(rec.key, rec.value, rec.headers),
+                rec.timestamp - base_ts,
+                rec.offset - base,
+            )
+        )
+    attributes = header.attributes & ~COMPRESSION_MASK
+    out = bytearray(HEADER_SIZE)
+    out.extend(body)
+    HEADER.pack_into(
+        out,
+        0,
+        base,
+        len(out) - LOG_OVERHEAD,
+        header.partition_leader_epoch,
+        MAGIC,
+        0,
+        attributes,
+        header.last_offset - base,
+        base_ts,
+        max(r.timestamp for r in records),
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+        len(records),
     )
     _CRC.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
     return bytes(out)

@@ -108,6 +108,7 @@ class SegmentedLog:
         self.log_start_offset = 0
         self.high_watermark = 0
         self.recovery_point = 0
+        self.cleaner_point = 0  # compaction has run over everything below this
         self.durable_end_offset = 0
         self._truncation_generation = 0
         self._unflushed_messages = 0
@@ -153,12 +154,22 @@ class SegmentedLog:
         clean_marker = d / CLEAN_SHUTDOWN
         clean = clean_marker.exists()
         report = RecoveryReport(clean_shutdown=clean)
-        for leftover in list(d.glob("*.tmp")) + list(d.glob(f"*{DELETED_SUFFIX}")):
-            leftover.unlink(missing_ok=True)
+        for leftover in (
+            list(d.glob("*.tmp")) + list(d.glob(f"*{DELETED_SUFFIX}")) + list(d.glob("*.cleaned"))
+        ):
+            leftover.unlink(missing_ok=True)  # unfinished work that never took effect
+        for swap in d.glob("*.log.swap"):
+            # A compacted segment was complete and durable: finish putting it in place.
+            target = swap.with_name(swap.name[: -len(".swap")])
+            os.replace(swap, target)
+            for suffix in (".index", ".timeindex"):
+                target.with_suffix(suffix).unlink(missing_ok=True)
+            log.warning("%s: finished swapping in compacted segment %s", d.name, target.name)
         state = self._read_state_checkpoint()
         self.log_start_offset = int(state.get("log_start_offset", 0))
         self.high_watermark = int(state.get("high_watermark", 0))
         self.recovery_point = int(state.get("recovery_point", 0))
+        self.cleaner_point = int(state.get("cleaner_point", 0))
         bases = sorted(int(p.stem) for p in d.glob("*.log") if p.stem.isdigit())
         # Whole segments below the durable log start were being cleaned when we stopped.
         while len(bases) > 1 and bases[1] <= self.log_start_offset:
@@ -260,6 +271,7 @@ class SegmentedLog:
                 "log_start_offset": self.log_start_offset,
                 "high_watermark": self.high_watermark,
                 "recovery_point": self.recovery_point,
+                "cleaner_point": self.cleaner_point,
             },
         )
 
@@ -549,6 +561,45 @@ class SegmentedLog:
         self._retired.append((self._clock_ms() + delay_ms, seg))
         if delay_ms == 0:
             self.purge_retired()
+
+    def compactable_segments(self) -> list[LogSegment]:
+        """Closed segments wholly below the HW: only committed data is ever rewritten."""
+        return [s for s in self.segments[:-1] if s.next_offset <= self.high_watermark]
+
+    def swap_in_cleaned(
+        self, old: LogSegment, cleaned: Path, crash_point: Callable[[str], None] | None = None
+    ) -> bool:
+        """Replace a closed segment by its compacted copy (same base offset), crash-safely:
+        .cleaned (complete, fsynced) -> .swap (durable intent) -> .log. False if the segment
+        went away meanwhile (the copy is dropped)."""
+        if old not in self.segments or old is self.active:
+            cleaned.unlink(missing_ok=True)
+            return False
+        swap = old.log_path.with_name(old.log_path.name + ".swap")
+        try:
+            os.replace(cleaned, swap)
+            fsync_dir(self.directory)
+            if crash_point is not None:
+                crash_point("swap-renamed")
+            os.replace(swap, old.log_path)
+            fsync_dir(self.directory)
+            if crash_point is not None:
+                crash_point("swapped")
+            seg = LogSegment(
+                self.directory,
+                old.base_offset,
+                index_interval_bytes=self.config.index_interval_bytes,
+                now_ms=self._clock_ms(),
+            )
+            seg.load(verify=True)
+            seg.last_append_ms = old.last_append_ms
+        except OSError as exc:
+            raise translate_os_error(exc, f"swapping in compacted {old.log_path.name}") from exc
+        i = self.segments.index(old)
+        self.segments[i] = seg
+        # In-flight reads hold the old descriptor; its inode lives until we close it.
+        self._retired.append((self._clock_ms() + self.config.file_delete_delay_ms, old))
+        return True
 
     def purge_retired(self, force: bool = False) -> int:
         now = self._clock_ms()

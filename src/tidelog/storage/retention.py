@@ -30,7 +30,9 @@ class SegmentView(Protocol):
 @dataclass(frozen=True)
 class RetentionVerdict:
     keep_from: int  # retention wants every offset >= keep_from kept
-    reason: str  # "retention.ms" or "retention.bytes" (that rule set it), "within-limits", "unlimited"
+    reason: (
+        str  # "retention.ms" or "retention.bytes" (that rule set it), "within-limits", "unlimited"
+    )
 
 
 def retention_timestamp(segment: SegmentView) -> int:
