@@ -135,6 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--json", action="store_true")
         c.set_defaults(func=cmd_cursors)
 
+    table = sub.add_parser("table", help="read a table topic's committed state")
+    tsub2 = table.add_subparsers(dest="table_command")
+    tget = with_bootstrap(tsub2.add_parser("get", help="one key's committed value"))
+    tget.add_argument("topic")
+    tget.add_argument("key")
+    tget.set_defaults(func=cmd_table)
+    tscan = with_bootstrap(tsub2.add_parser("scan", help="every committed key and value"))
+    tscan.add_argument("topic")
+    tscan.add_argument("--json", action="store_true")
+    tscan.set_defaults(func=cmd_table)
+
     delete = with_bootstrap(sub.add_parser("delete-records", help="move a partition's log start"))
     delete.add_argument("topic")
     delete.add_argument("--partition", type=int, required=True)
@@ -491,6 +502,25 @@ async def cursor_rows(client: AsyncClient, name: str | None) -> list[dict[str, A
                 }
             )
     return rows
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        async with AsyncClient(args.bootstrap) as client:
+            if args.table_command == "get":
+                value = await client.table_get(args.topic, args.key.encode())
+                if value is None:
+                    print(f"{args.key}: not found", file=sys.stderr)
+                    return 1
+                print(value.decode("utf-8", "replace"))
+                return 0
+            rows = await client.table_scan(args.topic)
+            for key, value in rows:
+                k, v = key.decode("utf-8", "replace"), value.decode("utf-8", "replace")
+                print(json.dumps({"key": k, "value": v}) if args.json else f"{k}\t{v}")
+            return 0
+
+    return asyncio.run(run())
 
 
 def cmd_delete_records(args: argparse.Namespace) -> int:

@@ -4,9 +4,11 @@ changes for the caller."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import random
+import zlib
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -387,6 +389,33 @@ class AsyncClient:
         header, _ = await self._to_leader(topic, partition, ApiKey.DELETE_RECORDS, request)
         return api.decode(api.DeleteRecordsResponse, header).log_start_offset
 
+    # -- tables -------------------------------------------------------------------------------
+
+    async def table_get(self, topic: str, key: bytes) -> bytes | None:
+        """The committed value of key in a table topic (None: absent)."""
+        info = await self.topic(topic)
+        partition = zlib.crc32(key) % info.partitions
+        request = api.TableRequest("get", topic, partition, base64.b64encode(key).decode())
+        header, _ = await self._to_leader(topic, partition, ApiKey.TABLE, request)
+        resp = api.decode(api.TableResponse, header)
+        return base64.b64decode(resp.entries[0][1]) if resp.found else None
+
+    async def table_scan(self, topic: str) -> list[tuple[bytes, bytes]]:
+        """Every committed key and value of a table topic, sorted by key within a partition."""
+        info = await self.topic(topic)
+        out: list[tuple[bytes, bytes]] = []
+        for partition in range(info.partitions):
+            after = ""
+            while True:
+                request = api.TableRequest("scan", topic, partition, after=after, limit=5000)
+                header, _ = await self._to_leader(topic, partition, ApiKey.TABLE, request)
+                entries = api.decode(api.TableResponse, header).entries
+                out.extend((base64.b64decode(k), base64.b64decode(v)) for k, v in entries)
+                if len(entries) < 5000:
+                    break
+                after = entries[-1][0]
+        return sorted(out)
+
     def _metadata_leader_address(self, attempt: int) -> tuple[str, int]:
         leader = self._meta.metadata_leader
         if leader >= 0 and leader in self._meta.nodes:
@@ -439,8 +468,6 @@ class AsyncClient:
         info = await self.topic(topic)
         if key is None:
             return self._rng.randrange(info.partitions)
-        import zlib
-
         return zlib.crc32(key) % info.partitions
 
     async def produce_batch(

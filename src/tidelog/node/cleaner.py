@@ -60,6 +60,7 @@ class Cleaner:
             self.node.metadata,
             wall_ms(),
             host.snapshot_offset(),
+            host.driver is not None,
         )
 
     def low_watermark(self, host: PartitionHost) -> tuple[LowWatermark, PartitionHolds]:

@@ -53,6 +53,7 @@ class NodeConfig:
     flush_threads: int = 4
     checkpoint_interval_ms: int = 1000
     metadata_segment_bytes: int = 16 * 1024 * 1024
+    metadata_snapshot_entries: int = 1000
     storage_max_bytes: int = -1  # storage.max.bytes: refuse produce (StorageFull) past it
 
     def __post_init__(self) -> None:
@@ -114,6 +115,7 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
         "flush_threads",
         "checkpoint_interval_ms",
         "storage_max_bytes",
+        "metadata_snapshot_entries",
     ):
         if key in values:
             kwargs[key] = int(values[key])

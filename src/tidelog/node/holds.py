@@ -53,29 +53,37 @@ def partition_holds(
     metadata: MetadataState,
     now_ms: int,
     snapshot_offset: int | None = None,
+    state_machine: bool = False,
 ) -> PartitionHolds:
     out = PartitionHolds()
-    if "delete" in config.cleanup_policy:
-        verdict = retention_keep_from(log.segments, log.log_start_offset, config, now_ms)  # type: ignore[arg-type]
-    else:  # compact only: retention never deletes, compaction keeps the latest per key
-        verdict = RetentionVerdict(log.log_start_offset, "unlimited")
-    detail = {
-        "retention.ms": f"segments older than {human_ms(config.retention_ms)} may go",
-        "retention.bytes": f"over {human_bytes(config.retention_bytes)} may go",
-        "within-limits": "nothing is past retention.ms or retention.bytes",
-        "unlimited": "nothing is deleted by age or size",
-    }[verdict.reason]
-    out.holds.append(Hold(KIND_RETENTION, verdict.reason, verdict.keep_from, detail))
-    if snapshot_offset is not None:
-        keep = max(log.log_start_offset, snapshot_offset - config.snapshot_catchup_entries)
+    if state_machine:
+        # A state-machine log is kept by its snapshots, not by age or size.
+        keep = log.log_start_offset
+        if snapshot_offset is not None:
+            keep = max(keep, snapshot_offset - config.snapshot_catchup_entries)
         out.holds.append(
             Hold(
                 KIND_SNAPSHOT,
                 "latest",
                 keep,
-                f"snapshot at {snapshot_offset}, keeping {config.snapshot_catchup_entries} entries behind it",
+                f"snapshot at {snapshot_offset}, keeping {config.snapshot_catchup_entries} entries behind it"
+                if snapshot_offset is not None
+                else "no snapshot yet: everything is kept",
             )
         )
+        verdict = None
+    elif "delete" in config.cleanup_policy:
+        verdict = retention_keep_from(log.segments, log.log_start_offset, config, now_ms)  # type: ignore[arg-type]
+    else:  # compact only: retention never deletes, compaction keeps the latest per key
+        verdict = RetentionVerdict(log.log_start_offset, "unlimited")
+    if verdict is not None:
+        detail = {
+            "retention.ms": f"segments older than {human_ms(config.retention_ms)} may go",
+            "retention.bytes": f"over {human_bytes(config.retention_bytes)} may go",
+            "within-limits": "nothing is past retention.ms or retention.bytes",
+            "unlimited": "nothing is deleted by age or size",
+        }[verdict.reason]
+        out.holds.append(Hold(KIND_RETENTION, verdict.reason, verdict.keep_from, detail))
     for cursor in sorted(metadata.cursors.values(), key=lambda c: c.name):
         if cursor.topic != topic or partition not in cursor.positions:
             continue

@@ -21,12 +21,14 @@ from tidelog.config import TopicConfig
 from tidelog.errors import NotLeader, StorageFull, TidelogError, Timeout
 from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
+from tidelog.node.state_machine import Machine, StateMachineDriver
 from tidelog.replication.log_interface import AppendResult
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.compaction import compact
 from tidelog.storage.log import FlushJob, SegmentedLog
+from tidelog.storage.snapshot import SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class PartitionHost:
         flusher: Flusher,
         send: SendFn,
         on_high_watermark: Callable[[PartitionHost], None] | None = None,
+        machine: Machine | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -72,11 +75,25 @@ class PartitionHost:
             fetch_max_bytes=nc.replica_fetch_max_bytes,
             hw_policy=config.hw_policy,
             min_insync_replicas=config.min_insync_replicas,
+            replica_max_lag_ticks=nc.ticks(config.replica_max_lag_ms),
+            state_machine=machine is not None,
         )
         seed = zlib.crc32(f"{nc.node_id}/{self.group}".encode())
+        self.driver: StateMachineDriver | None = None
+        if machine is not None:
+            self.driver = StateMachineDriver(
+                self.group,
+                self.log,
+                SnapshotStore(directory, config.snapshot_retain),
+                machine,
+                config.snapshot_entries,
+                seed,
+            )
         self.replica = Replica(
-            replica_config, self.log, self._load_quorum_state(), random.Random(seed)
+            replica_config, self.log, self._load_quorum_state(), random.Random(seed), self.driver
         )
+        if self.driver is not None:
+            self.driver.catch_up()
         self.flushing = False
         self.flush_error: TidelogError | None = None
         self.flush_count = 0
@@ -114,10 +131,16 @@ class PartitionHost:
             self._fail_acks(
                 NotLeader(f"{self.group}: leadership changed", leader_hint=self.leader_hint)
             )
+        if self.driver is not None and (
+            ready.high_watermark_changed or ready.snapshot_installed >= 0
+        ):
+            self.driver.catch_up()
         if ready.high_watermark_changed:
             self._release_acks()
-            if self._on_high_watermark is not None:
-                self._on_high_watermark(self)
+        if (
+            ready.high_watermark_changed or ready.snapshot_installed >= 0
+        ) and self._on_high_watermark:
+            self._on_high_watermark(self)
         if ready.high_watermark_changed or ready.role_changed or ready.truncated:
             self._wake()
         if ready.log_start_changed:
@@ -141,7 +164,7 @@ class PartitionHost:
 
     def snapshot_offset(self) -> int | None:
         """The newest durable snapshot's offset, for state-machine logs (None: a stream)."""
-        return None
+        return self.driver.snapshot_offset if self.driver is not None else None
 
     def after_cleaning(self) -> None:
         """Compaction after each cleaner pass, for cleanup.policy=compact (or compact,delete).

@@ -8,6 +8,7 @@ with one voter each, every group elects this node at start.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -34,12 +35,13 @@ from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
 from tidelog.node.partition import PartitionHost
+from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.transport import Connection, PeerLink
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame, Kind
 from tidelog.protocol.replication_codec import decode_message, encode_message
-from tidelog.record.batch import ProducerRecord, build_batch, decode_records, iter_headers
+from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.replication.messages import Message
 from tidelog.replication.metadata import (
     CURSOR_NAME,
@@ -65,7 +67,7 @@ class Node:
         self.config = config
         self.node_id = config.node_id
         self.hosts: dict[str, PartitionHost] = {}
-        self.metadata = MetadataState()
+        self.metadata_machine = MetadataMachine(self._on_topic_applied, lambda state: None)
         self.peers: dict[int, PeerLink] = {}
         self.connections: set[Connection] = set()
         self._flusher: Flusher | None = None
@@ -85,6 +87,7 @@ class Node:
             ApiKey.API_VERSIONS: self._api_versions,
             ApiKey.CURSOR: self._cursor,
             ApiKey.DELETE_RECORDS: self._delete_records,
+            ApiKey.TABLE: self._table,
         }
         self.cleaner = Cleaner(self)
         self._storage_bytes = 0
@@ -115,13 +118,16 @@ class Node:
             if peer_id != self.node_id:
                 self.peers[peer_id] = PeerLink(peer_id, address, self.config.zero_copy)
         metadata_config = TopicConfig(
-            segment_bytes=self.config.metadata_segment_bytes, retention_ms=-1
+            segment_bytes=self.config.metadata_segment_bytes,
+            retention_ms=-1,
+            snapshot_entries=self.config.metadata_snapshot_entries,
         )
-        metadata = self._open_host(METADATA_TOPIC, 0, self.config.voters, metadata_config)
+        metadata = self._open_host(
+            METADATA_TOPIC, 0, self.config.voters, metadata_config, self.metadata_machine
+        )
         if metadata.replica.epoch == 0 and self.node_id == min(self.config.voters):
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout
             metadata.process_ready()
-        self._apply_metadata()
         self._tasks.append(loop.create_task(self._tick_loop()))
         self._tasks.append(loop.create_task(self._checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
@@ -207,7 +213,12 @@ class Node:
     # -- replica groups -------------------------------------------------------------------------
 
     def _open_host(
-        self, topic: str, partition: int, voters: tuple[int, ...], config: TopicConfig
+        self,
+        topic: str,
+        partition: int,
+        voters: tuple[int, ...],
+        config: TopicConfig,
+        machine: Machine | None = None,
     ) -> PartitionHost:
         directory = self.config.data_dir / f"{topic}-{partition}"
         host = PartitionHost(
@@ -220,6 +231,7 @@ class Node:
             self.flusher,
             self._send_replication,
             on_high_watermark=self._on_high_watermark,
+            machine=machine,
         )
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
             log.warning("%s: recovered with truncation: %s", host.group, host.recovery)
@@ -245,49 +257,21 @@ class Node:
 
     def _on_high_watermark(self, host: PartitionHost) -> None:
         if host.group == METADATA_GROUP:
-            self._apply_metadata()
+            self._release_metadata_waiters()
 
     # -- metadata -------------------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> MetadataState:
+        return self.metadata_machine.state
 
     @property
     def metadata_host(self) -> PartitionHost:
         return self.hosts[METADATA_GROUP]
 
-    def _apply_metadata(self) -> None:
-        """Apply committed metadata commands, in order, exactly once."""
-        host = self.metadata_host
-        mlog = host.log
-        state = self.metadata
-        hw = mlog.high_watermark
-        while state.applied_offset < hw:
-            state.applied_offset = max(state.applied_offset, mlog.log_start_offset)
-            chunk = mlog.read(state.applied_offset, 1024 * 1024, hw)
-            if chunk is None:
-                break
-            data = chunk.read()
-            for pos, header in iter_headers(data):
-                if header.is_control:
-                    state.applied_offset = max(state.applied_offset, header.next_offset)
-                    continue
-                for rec in decode_records(data, pos):
-                    if rec.offset < state.applied_offset or rec.offset >= hw:
-                        continue
-                    created = self._apply_command(rec.offset, rec.value)
-                    if created is not None:
-                        self._on_topic_created(created)
-                state.applied_offset = max(state.applied_offset, min(header.next_offset, hw))
-        self._release_metadata_waiters()
-
-    def _apply_command(self, offset: int, value: bytes | None) -> TopicMeta | None:
-        try:
-            command = json.loads(value or b"{}")
-            if not isinstance(command, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            log.error("metadata offset %d: skipping unreadable command: %s", offset, exc)
-            self.metadata.applied_offset = offset + 1
-            return None
-        return self.metadata.apply(offset, command)
+    def _on_topic_applied(self, meta: object) -> None:
+        assert isinstance(meta, TopicMeta)
+        self._on_topic_created(meta)
 
     def _on_topic_created(self, meta: TopicMeta) -> None:
         config = self.config.topic_defaults.with_overrides(meta.configs)
@@ -297,7 +281,8 @@ class Node:
             group = f"{meta.name}/{partition}"
             if group in self.hosts:
                 continue
-            host = self._open_host(meta.name, partition, tuple(sorted(replicas)), config)
+            machine = TableMachine() if meta.kind == "table" else None
+            host = self._open_host(meta.name, partition, tuple(sorted(replicas)), config, machine)
             if (
                 replicas[0] == self.node_id
                 and host.replica.epoch == 0
@@ -739,6 +724,37 @@ class Node:
             "%s: delete-records moved the log start to %d", host.group, host.log.log_start_offset
         )
         return api.DeleteRecordsResponse(host.log.log_start_offset, [c.name for c in in_the_way])
+
+    def _table(self, req: api.TableRequest, payload: bytes) -> api.TableResponse:
+        """A table topic's committed state: get one key or scan, from the applied state machine."""
+        host = self._host(req.topic, req.partition)
+        if not host.replica.is_leader and not req.replica_read:
+            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
+        machine = host.driver.machine if host.driver is not None else None
+        if not isinstance(machine, TableMachine):
+            raise InvalidRequest(
+                f"topic {req.topic!r} is not a table (create it with --kind table)"
+            )
+        try:
+            key = base64.b64decode(req.key, validate=True)
+            after = base64.b64decode(req.after, validate=True) if req.after else None
+        except ValueError as exc:
+            raise InvalidRequest(f"table keys travel base64-encoded: {exc}") from exc
+        state = machine.state
+        if req.op == "get":
+            value = state.get(key)
+            entries = [[req.key, base64.b64encode(value).decode()]] if value is not None else []
+        elif req.op == "scan":
+            limit = max(1, min(req.limit, 100_000))
+            entries = [
+                [base64.b64encode(k).decode(), base64.b64encode(v).decode()]
+                for k, v in state.scan(after, limit)
+            ]
+        else:
+            raise InvalidRequest(f"table op must be get or scan, not {req.op!r}")
+        return api.TableResponse(
+            entries, bool(entries), state.applied_offset, host.log.high_watermark
+        )
 
     def _api_versions(self, req: api.ApiVersionsRequest, payload: bytes) -> api.ApiVersionsResponse:
         return api.ApiVersionsResponse(

@@ -179,6 +179,25 @@ class DeleteRecordsResponse:
     invalidated_cursors: list[str]
 
 
+@dataclass(frozen=True)
+class TableRequest:
+    op: str  # get | scan
+    topic: str
+    partition: int
+    key: str = ""  # base64
+    after: str = ""  # base64: scan keys after this one
+    limit: int = 1000
+    replica_read: bool = False
+
+
+@dataclass(frozen=True)
+class TableResponse:
+    entries: list[list[str]]  # [key, value] base64 pairs (value "" for a missing key on get)
+    found: bool
+    applied_offset: int
+    high_watermark: int
+
+
 REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.PRODUCE: ProduceRequest,
     ApiKey.FETCH: FetchRequest,
@@ -189,6 +208,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.CURSOR: CursorRequest,
     ApiKey.DELETE_RECORDS: DeleteRecordsRequest,
+    ApiKey.TABLE: TableRequest,
 }
 
 T = TypeVar("T")

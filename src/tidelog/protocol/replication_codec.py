@@ -11,6 +11,7 @@ from tidelog.replication.messages import (
     BeginEpoch,
     FetchRequest,
     FetchResponse,
+    FetchSnapshotResponse,
     Message,
     RecordsSlice,
     VoteRequest,
@@ -49,9 +50,12 @@ def decode_message(header: dict[str, Any], payload: bytes) -> tuple[str, Message
         for k, v in header.items()
         if k not in ("group", "type", "records", "records_first_offset")
     }
+    records = BytesSlice(payload, int(header.get("records_first_offset", -1))) if payload else None
     if cls is FetchResponse:
-        message: Message = decode(_FetchResponseWire, fields).to_message(
-            BytesSlice(payload, int(header.get("records_first_offset", -1))) if payload else None
+        message: Message = decode(_FetchResponseWire, fields).to_message(records)
+    elif cls is FetchSnapshotResponse:
+        message = FetchSnapshotResponse(
+            records=records, **dataclasses.asdict(decode(_FetchSnapshotResponseWire, fields))
         )
     else:
         message = decode(cls, fields)
@@ -73,3 +77,13 @@ class _FetchResponseWire:
 
     def to_message(self, records: RecordsSlice | None) -> FetchResponse:
         return FetchResponse(records=records, **dataclasses.asdict(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class _FetchSnapshotResponseWire:
+    epoch: int
+    leader: int
+    snapshot_offset: int
+    size: int
+    position: int
+    error: str = ""

@@ -66,6 +66,7 @@ class FetchRequest:
 FETCH_OK = ""
 FETCH_NOT_LEADER = "NotLeader"
 FETCH_FENCED = "FencedEpoch"
+FETCH_NO_SNAPSHOT = "NoSnapshot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,38 @@ class FetchResponse:
     snapshot_required: bool = False  # fetch_offset is below the leader's log start
 
 
-Message = VoteRequest | VoteResponse | BeginEpoch | FetchRequest | FetchResponse
+@dataclass(frozen=True, slots=True)
+class FetchSnapshotRequest:
+    """A follower behind the leader's log start of a state-machine log asks for its snapshot,
+    a chunk at a time (KIP-630's FetchSnapshot); position makes it resumable."""
+
+    epoch: int
+    replica: int
+    snapshot_offset: int  # -1: whatever is newest
+    position: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSnapshotResponse:
+    epoch: int
+    leader: int
+    snapshot_offset: int
+    size: int  # the whole snapshot file
+    position: int
+    error: str = FETCH_OK
+    records: RecordsSlice | None = None  # the chunk
+
+
+Message = (
+    VoteRequest
+    | VoteResponse
+    | BeginEpoch
+    | FetchRequest
+    | FetchResponse
+    | FetchSnapshotRequest
+    | FetchSnapshotResponse
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.record.batch import ProducerRecord, build_batch
-from tidelog.replication.log_interface import AppendResult, ReplicaLog
+from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
 from tidelog.replication.low_watermark import (
     KIND_REPLICA,
     Hold,
@@ -40,10 +40,13 @@ from tidelog.replication.low_watermark import (
 )
 from tidelog.replication.messages import (
     FETCH_FENCED,
+    FETCH_NO_SNAPSHOT,
     FETCH_NOT_LEADER,
     BeginEpoch,
     FetchRequest,
     FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
     Message,
     Outgoing,
     VoteRequest,
@@ -65,6 +68,19 @@ class RandomSource(Protocol):
     """The only randomness the core uses: injected (a seeded random.Random in practice)."""
 
     def randint(self, a: int, b: int) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    data: bytes
+    first_offset: int  # the chunk's position in the snapshot file
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self) -> bytes:
+        return self.data
 
 
 class Role(enum.Enum):
@@ -96,6 +112,7 @@ class ReplicaConfig:
     fetch_max_bytes: int = 1024 * 1024
     hw_policy: str = "quorum"
     min_insync_replicas: int = 1
+    state_machine: bool = False  # behind the log start: install a snapshot (else start empty)
     faults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -129,6 +146,7 @@ class Ready:
     role_changed: bool = False
     lost_leadership: bool = False
     truncated: bool = False
+    snapshot_installed: int = -1  # the offset of a snapshot just installed from the leader
 
     def __bool__(self) -> bool:
         return bool(
@@ -149,9 +167,12 @@ class Replica:
         log: ReplicaLog,
         state: QuorumState,
         rng: RandomSource,
+        snapshots: SnapshotAccess | None = None,
     ) -> None:
         self.config = config
         self.log = log
+        self.snapshots = snapshots
+        self.installing: int | None = None  # a snapshot being fetched (-1: offset not known yet)
         self.rng = rng
         self.node_id = config.node_id
         self.epoch = state.epoch
@@ -211,10 +232,12 @@ class Replica:
         pre_vote = isinstance(message, VoteRequest | VoteResponse) and message.pre_vote
         if message.epoch > self.epoch and not pre_vote:
             leader = NO_LEADER
-            if isinstance(message, BeginEpoch | FetchResponse):
+            if isinstance(message, BeginEpoch | FetchResponse | FetchSnapshotResponse):
                 leader = message.leader
             self._become_follower(message.epoch, leader)
-        if message.epoch < self.epoch and isinstance(message, BeginEpoch | FetchResponse):
+        if message.epoch < self.epoch and isinstance(
+            message, BeginEpoch | FetchResponse | FetchSnapshotResponse
+        ):
             # A leader of an older epoch: tell it the epoch has moved on, or a node whose own
             # candidacy raised its epoch would wait forever for a leader that cannot reach it.
             self._send(sender, BeginEpoch(self.epoch, self.leader_id))
@@ -229,6 +252,10 @@ class Replica:
             self._on_fetch_request(sender, message)
         elif isinstance(message, FetchResponse):
             self._on_fetch_response(sender, message)
+        elif isinstance(message, FetchSnapshotRequest):
+            self._on_fetch_snapshot_request(sender, message)
+        elif isinstance(message, FetchSnapshotResponse):
+            self._on_fetch_snapshot_response(sender, message)
 
     def propose(self, batches: bytes | bytearray | memoryview) -> AppendResult:
         """Append producer batches as leader. NotLeader when this replica does not lead."""
@@ -482,6 +509,7 @@ class Replica:
         self.leader_id = leader
         self.fetch_in_flight = False
         self.reported_durable = -1
+        self.installing = None
         self.last_leader_contact = self.now
         self._reset_election_timer()
         if FAULT_TRUNCATE_TO_HW in self.config.faults and leader != NO_LEADER:
@@ -679,6 +707,10 @@ class Replica:
             return
         if self.fetch_in_flight and not report_durability:
             return
+        if self.installing is not None:
+            if not self.fetch_in_flight:
+                self._request_snapshot_chunk()
+            return
         # Fetch ahead of our own fsync (the answer's records overlap it); the leader counts
         # only durable_offset toward the HW, and a later request reports the fsync.
         durable = self.log.effective_durable_end
@@ -721,7 +753,11 @@ class Replica:
         self._reset_election_timer()
         self.leader_high_watermark = resp.high_watermark
         self.leader_log_start = resp.log_start_offset
-        if resp.snapshot_required:
+        if resp.snapshot_required and self.config.state_machine and self.snapshots is not None:
+            # A state-machine log cannot skip what the leader discarded: take its snapshot.
+            self.installing = -1
+        elif resp.snapshot_required:
+            # A stream has no state to rebuild: start over at the leader's log start.
             self.log.truncate_fully_and_start_at(resp.log_start_offset)
             self._ready.truncated = True
         elif resp.diverging:
@@ -734,6 +770,75 @@ class Replica:
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
         self._maybe_send_fetch()
+
+    # -- snapshots (state-machine logs) ---------------------------------------------------------
+
+    def _request_snapshot_chunk(self) -> None:
+        assert self.installing is not None and self.snapshots is not None
+        position = (
+            self.snapshots.partial_snapshot_size(self.installing) if self.installing >= 0 else 0
+        )
+        self.fetch_in_flight = True
+        self.fetch_sent_tick = self.now
+        self._send(
+            self.leader_id,
+            FetchSnapshotRequest(
+                self.epoch, self.node_id, self.installing, position, self.config.fetch_max_bytes
+            ),
+        )
+
+    def _on_fetch_snapshot_request(self, sender: int, req: FetchSnapshotRequest) -> None:
+        def answer(**fields: object) -> None:
+            base: dict[str, object] = {"snapshot_offset": -1, "size": 0, "position": req.position}
+            base.update(fields)
+            self._send(sender, FetchSnapshotResponse(self.epoch, self.leader_id, **base))  # type: ignore[arg-type]
+
+        if self.role is not Role.LEADER or req.epoch != self.epoch:
+            answer(error=FETCH_FENCED if req.epoch < self.epoch else FETCH_NOT_LEADER)
+            return
+        self.progress[sender].last_fetch_tick = self.now  # alive, and busy catching up
+        latest = self.snapshots.latest_snapshot() if self.snapshots is not None else None
+        if latest is None:
+            answer(error=FETCH_NO_SNAPSHOT)
+            return
+        offset, size = latest
+        if req.snapshot_offset != offset:
+            answer(snapshot_offset=offset, size=size, position=0)  # start (over) on the newest
+            return
+        chunk = self.snapshots.read_snapshot_chunk(offset, req.position, req.max_bytes)  # type: ignore[union-attr]
+        answer(snapshot_offset=offset, size=size, records=SnapshotChunk(chunk, req.position))
+
+    def _on_fetch_snapshot_response(self, sender: int, resp: FetchSnapshotResponse) -> None:
+        if resp.epoch < self.epoch or self.installing is None or self.snapshots is None:
+            return
+        if self.role is not Role.FOLLOWER or self.leader_id != sender:
+            self._become_follower(resp.epoch, sender)
+            return
+        self.fetch_in_flight = False
+        self.last_leader_contact = self.now
+        self._reset_election_timer()
+        if resp.error:
+            return  # asked again on the next tick
+        offset = resp.snapshot_offset
+        if self.installing != offset:
+            self.installing = offset
+        elif resp.records is not None and resp.records.size > 0:
+            if resp.position != self.snapshots.partial_snapshot_size(offset):
+                self._request_snapshot_chunk()
+                return
+            received = self.snapshots.write_snapshot_chunk(
+                offset, resp.position, resp.records.read()
+            )
+            if received >= resp.size:
+                if self.snapshots.finish_snapshot(offset):
+                    self.log.truncate_fully_and_start_at(offset)
+                    self._ready.truncated = True
+                    self._ready.snapshot_installed = offset
+                    self.installing = None
+                    self._maybe_send_fetch()
+                    return
+                self.installing = -1  # it did not verify: fetch it again
+        self._request_snapshot_chunk()
 
     def _truncate_diverging(self, epoch: int, end_offset: int) -> None:
         local_epoch, local_end = self.log.epochs.end_offset_for(epoch, self.log.log_end_offset)

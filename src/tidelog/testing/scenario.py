@@ -44,6 +44,8 @@ from tidelog.record.batch import BatchHeader, decode_records, iter_headers
 from tidelog.replication.messages import (
     BeginEpoch,
     FetchRequest,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
     Message,
     VoteRequest,
     VoteResponse,
@@ -179,6 +181,14 @@ def format_message(m: Message) -> str:
         return (
             f"Fetch epoch={m.epoch} offset={m.fetch_offset} durable={m.durable_offset} "
             f"last_epoch={m.last_fetched_epoch} hw={m.high_watermark}"
+        )
+    if isinstance(m, FetchSnapshotRequest):
+        return f"FetchSnapshot epoch={m.epoch} snapshot={m.snapshot_offset} position={m.position}"
+    if isinstance(m, FetchSnapshotResponse):
+        size = m.records.size if m.records is not None else 0
+        return (
+            f"FetchSnapshotResp epoch={m.epoch} snapshot={m.snapshot_offset} "
+            f"position={m.position} bytes={size}/{m.size}{' error=' + m.error if m.error else ''}"
         )
     text = f"FetchResp epoch={m.epoch} hw={m.high_watermark}"
     if m.error:

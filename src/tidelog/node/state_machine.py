@@ -1,0 +1,201 @@
+"""State-machine logs on a node: apply committed records, snapshot every ~snapshot.entries
+(randomized per replica, as ZooKeeper does, so replicas do not all snapshot at once), keep
+snapshot.retain snapshots, and serve/install snapshots for followers behind the log start."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from tidelog.errors import CorruptRecord
+from tidelog.record.batch import Record, decode_records, iter_headers
+from tidelog.replication.metadata import MetadataState
+from tidelog.replication.table import TableState
+from tidelog.storage.log import SegmentedLog
+from tidelog.storage.snapshot import SnapshotMeta, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+class Machine(Protocol):
+    @property
+    def applied_offset(self) -> int: ...
+
+    def apply(self, records: list[Record], next_offset: int) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, payload: bytes, offset: int) -> None: ...
+
+
+def committed_batches(
+    slog: SegmentedLog, start: int, hw: int
+) -> Iterator[tuple[list[Record], int]]:
+    """(records, offset after the batch) for every committed batch from start; control batches
+    yield no records but still move the position."""
+    offset = max(start, slog.log_start_offset)
+    while offset < hw:
+        chunk = slog.read(offset, 1024 * 1024, hw)
+        if chunk is None:
+            return
+        data = chunk.read()
+        for pos, header in iter_headers(data):
+            records = (
+                []
+                if header.is_control
+                else [r for r in decode_records(data, pos) if r.offset >= offset]
+            )
+            yield records, min(header.next_offset, hw)
+            offset = max(offset, header.next_offset)
+
+
+class TableMachine:
+    def __init__(self) -> None:
+        self.state = TableState()
+
+    @property
+    def applied_offset(self) -> int:
+        return self.state.applied_offset
+
+    def apply(self, records: list[Record], next_offset: int) -> None:
+        self.state.apply(records)
+        self.state.applied_offset = max(self.state.applied_offset, next_offset)
+
+    def snapshot(self) -> bytes:
+        return self.state.to_snapshot()
+
+    def restore(self, payload: bytes, offset: int) -> None:
+        self.state = TableState.from_snapshot(payload, offset)
+
+
+class MetadataMachine:
+    """The cluster metadata; created topics are handed to the node as they are applied."""
+
+    def __init__(
+        self, on_topic: Callable[[object], None], on_reset: Callable[[MetadataState], None]
+    ) -> None:
+        self.state = MetadataState()
+        self._on_topic = on_topic
+        self._on_reset = on_reset
+
+    @property
+    def applied_offset(self) -> int:
+        return self.state.applied_offset
+
+    def apply(self, records: list[Record], next_offset: int) -> None:
+        for rec in records:
+            try:
+                command = json.loads(rec.value or b"{}")
+                if not isinstance(command, dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                log.error("metadata offset %d: skipping unreadable command: %s", rec.offset, exc)
+                self.state.applied_offset = rec.offset + 1
+                continue
+            created = self.state.apply(rec.offset, command)
+            if created is not None:
+                self._on_topic(created)
+        self.state.applied_offset = max(self.state.applied_offset, next_offset)
+
+    def snapshot(self) -> bytes:
+        return json.dumps(self.state.to_snapshot(), sort_keys=True).encode()
+
+    def restore(self, payload: bytes, offset: int) -> None:
+        try:
+            state = MetadataState.from_snapshot(json.loads(payload))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptRecord(f"metadata snapshot is unreadable: {exc}") from exc
+        state.applied_offset = offset
+        self.state = state
+        self._on_reset(state)
+        for topic in list(state.topics.values()):
+            self._on_topic(topic)
+
+
+class StateMachineDriver:
+    """Keeps a machine applied up to the HW, snapshots it, and is the core's SnapshotAccess."""
+
+    def __init__(
+        self,
+        group: str,
+        slog: SegmentedLog,
+        store: SnapshotStore,
+        machine: Machine,
+        snapshot_entries: int,
+        seed: int,
+    ) -> None:
+        self.group = group
+        self.log = slog
+        self.store = store
+        self.machine = machine
+        self._rng = random.Random(seed)
+        self._entries = snapshot_entries
+        self._latest: SnapshotMeta | None = store.latest()
+        self._threshold = self._draw_threshold()
+        self.snapshots_taken = 0
+        if self._latest is not None:
+            machine.restore(store.load(self._latest), self._latest.offset)
+            if self._latest.offset > slog.log_end_offset:
+                # The snapshot is ahead of the log (installed from the leader before a crash).
+                slog.truncate_fully_and_start_at(self._latest.offset)
+
+    def _draw_threshold(self) -> int:
+        return self._rng.randint(max(1, self._entries // 2), max(1, self._entries - 1))
+
+    @property
+    def snapshot_offset(self) -> int | None:
+        return self._latest.offset if self._latest is not None else None
+
+    def catch_up(self) -> None:
+        """Apply every committed record not applied yet; snapshot when due."""
+        hw = self.log.high_watermark
+        if self.machine.applied_offset < self.log.log_start_offset:
+            return  # below the log start: only a snapshot can bring it forward
+        for records, next_offset in committed_batches(self.log, self.machine.applied_offset, hw):
+            self.machine.apply(records, next_offset)
+        last = self._latest.offset if self._latest is not None else 0
+        if self.machine.applied_offset - last >= self._threshold:
+            self.take_snapshot()
+
+    def take_snapshot(self) -> SnapshotMeta:
+        offset = self.machine.applied_offset
+        self._latest = self.store.write(offset, self.machine.snapshot())
+        self._threshold = self._draw_threshold()
+        self.snapshots_taken += 1
+        log.info(
+            "%s: snapshot at offset %d (%d bytes)", self.group, offset, self._latest.size_bytes
+        )
+        return self._latest
+
+    # -- SnapshotAccess -------------------------------------------------------------------------
+
+    def latest_snapshot(self) -> tuple[int, int] | None:
+        return (self._latest.offset, self._latest.size_bytes) if self._latest is not None else None
+
+    def read_snapshot_chunk(self, offset: int, position: int, max_bytes: int) -> bytes:
+        return self.store.read_chunk(offset, position, max_bytes)
+
+    def partial_snapshot_size(self, offset: int) -> int:
+        return self.store.partial_size(offset)
+
+    def write_snapshot_chunk(self, offset: int, position: int, data: bytes) -> int:
+        return self.store.write_chunk(offset, position, data)
+
+    def finish_snapshot(self, offset: int) -> bool:
+        try:
+            meta = self.store.finish(offset)
+            self.machine.restore(self.store.load(meta), offset)
+        except CorruptRecord as exc:
+            log.warning(
+                "%s: received snapshot %d is unusable (%s); fetching it again",
+                self.group,
+                offset,
+                exc,
+            )
+            return False
+        self._latest = meta
+        log.info("%s: installed the leader's snapshot at offset %d", self.group, offset)
+        return True
