@@ -6,15 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import values_in
 
+from helpers import values_in
 from tidelog.config import TopicConfig
 from tidelog.record import ProducerRecord, build_batch, decode_records, iter_headers
 from tidelog.storage.compaction import compact, dirty_ratio
 from tidelog.storage.log import SegmentedLog
 
 CONFIG = TopicConfig(
-    segment_bytes=1024, cleanup_policy="compact", delete_retention_ms=1000, min_cleanable_dirty_ratio=0.0
+    segment_bytes=1024,
+    cleanup_policy="compact",
+    delete_retention_ms=1000,
+    min_cleanable_dirty_ratio=0.0,
 )
 
 
@@ -28,7 +31,9 @@ class Clock:
 def keyed(log: SegmentedLog, items: list[tuple[str, str | None]], ts: int) -> None:
     for key, value in items:
         log.append_as_leader(
-            build_batch([ProducerRecord(key.encode(), None if value is None else value.encode(), (), ts)]),
+            build_batch(
+                [ProducerRecord(key.encode(), None if value is None else value.encode(), (), ts)]
+            ),
             epoch=1,
         )
 

@@ -25,6 +25,8 @@ from tidelog.replication.messages import (
     BeginEpoch,
     FetchRequest,
     FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
     VoteRequest,
     VoteResponse,
 )
@@ -141,6 +143,9 @@ def test_errors_survive_the_wire() -> None:
         FetchResponse(4, 2, 10, 12, 0, diverging_epoch=3, diverging_end_offset=8),
         FetchResponse(4, 2, 10, 12, 11, snapshot_required=True),
         FetchResponse(5, -1, 10, 12, 0, error="FencedEpoch"),
+        FetchSnapshotRequest(3, 2, -1, 0, 1024),
+        FetchSnapshotResponse(3, 1, 240, 5000, 1024, records=BytesSlice(b"chunk", 1024)),
+        FetchSnapshotResponse(3, 1, -1, 0, 0, error="NoSnapshot"),
     ],
 )
 def test_replication_messages_round_trip(message: object) -> None:

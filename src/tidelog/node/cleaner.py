@@ -34,6 +34,7 @@ class Cleaner:
         self.node = node
         self._next_due: dict[str, float] = {}
         self._invalidating: set[str] = set()
+        self._requested: set[str] = set()
         self.passes = 0
         self.deleted_segments = 0
 
@@ -50,6 +51,23 @@ class Cleaner:
                     self.clean(host)
                 except TidelogError as exc:
                     log.error("%s: cleaning failed: %s", host.group, exc)
+
+    def request(self, host: PartitionHost) -> None:
+        """A pass for this partition soon (a segment rolled): retention.bytes holds between
+        passes too, not only every retention.check.interval.ms."""
+        if host.group in self._requested:
+            return
+        self._requested.add(host.group)
+
+        def run() -> None:
+            self._requested.discard(host.group)
+            if not host.closed:
+                try:
+                    self.clean(host)
+                except TidelogError as exc:
+                    log.error("%s: cleaning failed: %s", host.group, exc)
+
+        asyncio.get_running_loop().call_soon(run)
 
     def holds(self, host: PartitionHost) -> PartitionHolds:
         return partition_holds(

@@ -50,6 +50,7 @@ class PartitionHost:
         send: SendFn,
         on_high_watermark: Callable[[PartitionHost], None] | None = None,
         machine: Machine | None = None,
+        on_roll: Callable[[PartitionHost], None] | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -59,8 +60,10 @@ class PartitionHost:
         self._flusher = flusher
         self._send = send
         self._on_high_watermark = on_high_watermark
+        self._on_roll = on_roll
         self.log = SegmentedLog(directory, config)
         self.recovery = self.log.recovery
+        self._segments_seen = self.log.segment_count
         nc = node_config
         replica_config = ReplicaConfig(
             node_id=nc.node_id,
@@ -124,6 +127,8 @@ class PartitionHost:
                 {"epoch": ready.state.epoch, "voted_for": ready.state.voted_for},
             )
         for out in ready.messages:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s: to %d: %s", self.group, out.to, type(out.message).__name__)
             self._send(out.to, self.group, out.message)
         if ready.flush:
             self._start_flush()
@@ -143,12 +148,17 @@ class PartitionHost:
             self._on_high_watermark(self)
         if ready.high_watermark_changed or ready.role_changed or ready.truncated:
             self._wake()
+        if self.log.segment_count > self._segments_seen and self._on_roll is not None:
+            self._on_roll(self)  # retention gets a look at every new segment
+        self._segments_seen = self.log.segment_count
         if ready.log_start_changed:
             # The new log start is durable (checkpointed) before any file goes.
             self.log.delete_segments_below_log_start()
         self.replica.advance()
 
     def step(self, sender: int, message: Message) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: from %d: %s", self.group, sender, type(message).__name__)
         try:
             self.replica.step(sender, message)
         except TidelogError as exc:

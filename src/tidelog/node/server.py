@@ -189,7 +189,11 @@ class Node:
             elif delay < -1.0:
                 next_tick = loop.time()  # we were frozen; do not replay a second of ticks at once
             for host in list(self.hosts.values()):
-                host.tick()
+                try:
+                    host.tick()
+                except Exception:
+                    # One partition's failure must not stop the clock for the others.
+                    log.exception("%s: tick failed", host.group)
 
     async def _checkpoint_loop(self) -> None:
         while True:
@@ -232,6 +236,7 @@ class Node:
             self._send_replication,
             on_high_watermark=self._on_high_watermark,
             machine=machine,
+            on_roll=self.cleaner.request,
         )
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
             log.warning("%s: recovered with truncation: %s", host.group, host.recovery)
@@ -428,6 +433,7 @@ class Node:
         self._check_storage_space()
         # Appended before any await: pipelined requests on a connection keep their order.
         info = host.replica.propose(payload)
+        self._storage_bytes += len(payload)  # between recounts, count what we wrote
         host.process_ready()
         if req.acks == api.ACKS_NONE:
             return None

@@ -11,6 +11,7 @@ from tidelog.replication.messages import (
     BeginEpoch,
     FetchRequest,
     FetchResponse,
+    FetchSnapshotRequest,
     FetchSnapshotResponse,
     Message,
     RecordsSlice,
@@ -21,7 +22,15 @@ from tidelog.storage.segment import BytesSlice
 
 _TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (VoteRequest, VoteResponse, BeginEpoch, FetchRequest, FetchResponse)
+    for cls in (
+        VoteRequest,
+        VoteResponse,
+        BeginEpoch,
+        FetchRequest,
+        FetchResponse,
+        FetchSnapshotRequest,
+        FetchSnapshotResponse,
+    )
 }
 
 

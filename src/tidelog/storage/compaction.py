@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidelog.record.batch import decode_records, rebuild_batch
+from tidelog.storage import faults
 from tidelog.storage.log import SegmentedLog
 from tidelog.storage.retention import retention_timestamp
 from tidelog.storage.segment import LogSegment
@@ -61,7 +62,7 @@ def compact(
     now_ms: int,
     *,
     force: bool = False,
-    crash_point: CrashPoint | None = None,
+    crash_point: CrashPoint | None = faults.crash_point,
 ) -> CompactionReport:
     report = CompactionReport()
     segments = log.compactable_segments()

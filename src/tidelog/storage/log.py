@@ -33,6 +33,7 @@ from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
 from tidelog.storage.checkpoint import fsync_dir, read_checkpoint, write_checkpoint
 from tidelog.storage.epoch_history import EpochEntry, EpochHistory
+from tidelog.storage.faults import crash_point
 from tidelog.storage.segment import FileSlice, LogSegment, translate_os_error
 
 log = logging.getLogger(__name__)
@@ -536,6 +537,7 @@ class SegmentedLog:
         self.log_start_offset = offset
         self.epochs.truncate_from_start(offset)
         self.write_state_checkpoint()
+        crash_point("log-start-durable")
         return True
 
     def delete_segments_below_log_start(self) -> list[int]:
@@ -546,6 +548,7 @@ class SegmentedLog:
             self._bases.pop(0)
             self._retire(seg, self.config.file_delete_delay_ms)
             deleted.append(seg.base_offset)
+            crash_point("segment-renamed")
         return deleted
 
     def _retire(self, seg: LogSegment, delay_ms: int) -> None:
