@@ -129,7 +129,7 @@ def test_a_crash_at_any_step_recovers_to_a_consistent_log(tmp_path: Path, step: 
     for offset, kv in after.items():
         assert before[offset] == kv
     latest = {}
-    for offset, (key, value) in sorted(before.items()):
+    for offset, (key, _value) in sorted(before.items()):
         latest[key] = offset
     assert all(offset in after for offset in latest.values()), "no latest value lost"
     assert again.log_end_offset == log.log_end_offset
