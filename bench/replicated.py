@@ -16,7 +16,6 @@ import asyncio
 import time
 
 from common import RECORD_BYTES, make_batch, median, percentile, print_table, scratch_dir
-
 from tidelog.cli.cluster import LocalCluster
 from tidelog.cli.main import merge_status, run_loop
 from tidelog.client.async_client import AsyncClient
@@ -24,7 +23,13 @@ from tidelog.errors import TidelogError
 
 
 async def load(
-    bootstrap: str, topic: str, batch: bytes, records_per_batch: int, producers: int, seconds: float, acks: str
+    bootstrap: str,
+    topic: str,
+    batch: bytes,
+    records_per_batch: int,
+    producers: int,
+    seconds: float,
+    acks: str,
 ) -> tuple[float, list[float]]:
     clients = [AsyncClient(bootstrap) for _ in range(min(producers, 8))]
     for c in clients:
@@ -53,18 +58,38 @@ async def create(bootstrap: str, topic: str, rf: int) -> None:
         await c.create_topic(topic, replication_factor=rf)
 
 
-def measure(cluster: LocalCluster, label: str, rf: int, acks: str, args: argparse.Namespace, rows: list[list[object]]) -> None:
+def measure(
+    cluster: LocalCluster,
+    label: str,
+    rf: int,
+    acks: str,
+    args: argparse.Namespace,
+    rows: list[list[object]],
+) -> None:
     for size in (1, 100):
         batch = make_batch(size)
         for producers in (1, 8, 64):
             topic = f"{label.replace(' ', '')}-{acks}-b{size}-p{producers}".replace("all", "a")
             run_loop(create(cluster.bootstrap, topic, rf))
-            rate, lat = run_loop(load(cluster.bootstrap, topic, batch, size, producers, args.seconds, acks))
-            rows.append(
-                [label, acks, size, producers, rate, rate * RECORD_BYTES / 1e6,
-                 percentile(lat, 50) * 1000, percentile(lat, 99) * 1000]
+            rate, lat = run_loop(
+                load(cluster.bootstrap, topic, batch, size, producers, args.seconds, acks)
             )
-            print(f"  {label} acks={acks} batch={size} producers={producers}: {rate:,.0f} rec/s", flush=True)
+            rows.append(
+                [
+                    label,
+                    acks,
+                    size,
+                    producers,
+                    rate,
+                    rate * RECORD_BYTES / 1e6,
+                    percentile(lat, 50) * 1000,
+                    percentile(lat, 99) * 1000,
+                ]
+            )
+            print(
+                f"  {label} acks={acks} batch={size} producers={producers}: {rate:,.0f} rec/s",
+                flush=True,
+            )
 
 
 async def failover(bootstrap: str, cluster: LocalCluster, kills: int) -> list[float]:
@@ -107,8 +132,22 @@ def main() -> None:
     with one:
         measure(one, "1 node", 1, "all", args, rows)
     print("\nreplicated produce, 1 KiB records, fsync (group commit) before every ack")
-    print_table(["cluster", "acks", "batch", "producers", "records/s", "MB/s", "commit p50 ms", "commit p99 ms"], rows)
-    best = {(r[0], r[1]): max(float(x[4]) for x in rows if (x[0], x[1]) == (r[0], r[1])) for r in rows}
+    print_table(
+        [
+            "cluster",
+            "acks",
+            "batch",
+            "producers",
+            "records/s",
+            "MB/s",
+            "commit p50 ms",
+            "commit p99 ms",
+        ],
+        rows,
+    )
+    best = {
+        (r[0], r[1]): max(float(x[4]) for x in rows if (x[0], x[1]) == (r[0], r[1])) for r in rows
+    }
     print(
         f"\nbest acks=all RF3 / single node acks=all = {best[('3 nodes', 'all')] / best[('1 node', 'all')]:.2f}; "
         f"acks=all / acks=1 on 3 nodes = {best[('3 nodes', 'all')] / best[('3 nodes', '1')]:.2f}"
