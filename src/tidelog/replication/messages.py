@@ -82,6 +82,7 @@ class FetchResponse:
     diverging_epoch: int = -1  # largest epoch <= the follower's last one that the leader has
     diverging_end_offset: int = -1  # where that epoch ends on the leader
     snapshot_required: bool = False  # fetch_offset is below the leader's log start
+    last_fetched_epoch: int = -1  # echoed with fetch_offset: the log state the answer is for
 
 
 @dataclass(frozen=True, slots=True)

@@ -580,12 +580,13 @@ class Replica:
                     self.log.high_watermark,
                     self.log.log_start_offset,
                     error=error,
+                    last_fetched_epoch=req.last_fetched_epoch,
                 ),
             )
             return
         progress = self.progress[sender]
         progress.pending = None
-        if req.fetch_offset < self.log.log_start_offset:
+        if req.fetch_offset < self.log.log_start_offset or self._history_too_short(req):
             self._send(sender, self._empty_response(req, snapshot_required=True))
             return
         diverging = self._divergence(req)
@@ -607,6 +608,15 @@ class Replica:
         else:
             progress.pending = req
             progress.pending_deadline = self.now + self.config.fetch_max_wait_ticks
+
+    def _history_too_short(self, req: FetchRequest) -> bool:
+        """Our epoch history no longer reaches the follower's last epoch (the prefix holding it
+        was discarded), so its tail cannot be checked: it must start over at our log start
+        (or from our snapshot). Everything below our log start is committed and gone anyway."""
+        if req.last_fetched_epoch < 0 or self.log.log_start_offset == 0:
+            return False
+        epoch, _ = self.log.epochs.end_offset_for(req.last_fetched_epoch, self.log.log_end_offset)
+        return epoch < 0
 
     def _divergence(self, req: FetchRequest) -> tuple[int, int] | None:
         if req.fetch_offset == 0 and req.last_fetched_epoch < 0:
@@ -646,6 +656,7 @@ class Replica:
             req.fetch_offset,
             self.log.high_watermark,
             self.log.log_start_offset,
+            last_fetched_epoch=req.last_fetched_epoch,
             **fields,  # type: ignore[arg-type]
         )
 
@@ -664,6 +675,7 @@ class Replica:
                 self.log.high_watermark,
                 self.log.log_start_offset,
                 records=records,
+                last_fetched_epoch=req.last_fetched_epoch,
             ),
         )
 
@@ -746,8 +758,12 @@ class Replica:
         if self.role is not Role.FOLLOWER or self.leader_id != sender:
             self._become_follower(resp.epoch, sender)
             return
-        if resp.fetch_offset != self.log.log_end_offset or not self.fetch_in_flight:
-            return  # a late or duplicated answer to an earlier request
+        if (
+            resp.fetch_offset != self.log.log_end_offset
+            or resp.last_fetched_epoch != self.log.epochs.latest_epoch
+            or not self.fetch_in_flight
+        ):
+            return  # a late or duplicated answer, computed for a log we no longer have
         self.fetch_in_flight = False
         self.last_leader_contact = self.now
         self._reset_election_timer()

@@ -31,10 +31,12 @@ import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tidelog.config import TopicConfig
 from tidelog.errors import TidelogError
 from tidelog.record.batch import ProducerRecord, build_batch, read_header
+from tidelog.replication.low_watermark import KIND_CURSOR, KIND_RETENTION, Hold
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig, Role
 from tidelog.storage.memory_log import MemoryFlush, MemoryLog
@@ -61,6 +63,11 @@ class SimParams:
     acks_all_share: float = 0.7
     hw_policy: str = "quorum"
     fetch_max_bytes: int = 1 << 20
+    clean_every: int = 0  # ticks between cleaner passes on the leader (0: no cleaning)
+    retention_keep: int = 100  # retention keeps the last this many offsets
+    cursor_cap_ticks: int = 300  # a cursor idle longer is invalidated
+    cursor_stall: float = 0.0  # chance per tick that the cursor's consumer stops committing
+    replica_max_lag_ticks: int = 60
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
     faults: frozenset[str] = frozenset()
@@ -88,6 +95,11 @@ class SimParams:
             acks_all_share=rng.uniform(0.3, 1.0),
             hw_policy=rng.choice(["quorum", "quorum", "isr"]),
             fetch_max_bytes=rng.choice([1, 1000, 4096, 1 << 20]),
+            clean_every=rng.choice([0, 0, 5, 20, 50]),
+            retention_keep=rng.randint(3, 150),
+            cursor_cap_ticks=rng.choice([40, 300, 10**9]),
+            cursor_stall=rng.choice([0.0, 0.002, 0.01]),
+            replica_max_lag_ticks=rng.choice([30, 60, 200]),
             safety_ticks=rng.randint(800, 1800),
             liveness_ticks=3000,
             faults=faults,
@@ -136,6 +148,7 @@ class Stats:
     partitions: int = 0
     pauses: int = 0
     elections: int = 0
+    cleanings: int = 0
     messages: int = 0
     dropped: int = 0
     converged_after: int = -1
@@ -165,6 +178,11 @@ class Simulation:
         self.acked: dict[bytes, int] = {}
         self.acked_one: dict[bytes, int] = {}
         self.next_value = 0
+        # One durable cursor (as the metadata log would hold it) that the cleaner must respect.
+        self.cursor_position = 0
+        self.cursor_committed = 0
+        self.cursor_live = True
+        self.cursor_stalled_until = 0
         for n in self.node_ids:
             self._start(n)
 
@@ -182,6 +200,7 @@ class Simulation:
             replica_lag_ticks=40,
             fetch_max_bytes=self.params.fetch_max_bytes,
             hw_policy=self.params.hw_policy,
+            replica_max_lag_ticks=self.params.replica_max_lag_ticks,
             faults=self.params.faults,
         )
 
@@ -230,6 +249,8 @@ class Simulation:
         if ready.lost_leadership or ready.truncated:
             self.stats.failed += len(node.waiters)
             node.waiters.clear()
+        if ready.log_start_changed:
+            node.log.delete_segments_below_log_start()
         if ready.role_changed and replica.role is Role.LEADER:
             self.stats.elections += 1
             self._log(f"leader {node.node_id} epoch={replica.epoch}")
@@ -379,6 +400,44 @@ class Simulation:
                 f"{_describe(batch)} (a committed record changed or was lost)"
             )
 
+    # -- the low-water mark ---------------------------------------------------------------------
+
+    def commit_cursor(self) -> None:
+        """The cursor's consumer reads committed data and commits, unless it is stalled."""
+        if not self.cursor_live or self.now < self.cursor_stalled_until:
+            return
+        if self.rng.random() < self.params.cursor_stall:
+            self.cursor_stalled_until = self.now + self.rng.randint(10, 600)
+            return
+        hw = max(self.max_declared_hw, self.cursor_position)
+        self.cursor_position = min(hw, self.cursor_position + self.rng.randint(0, 30))
+        self.cursor_committed = self.now
+
+    def clean(self) -> None:
+        """A cleaner pass on every live leader: holds in, low-water mark out, log start moved."""
+        for node in self.nodes.values():
+            replica = node.replica
+            if replica is None or not replica.is_leader or node.paused_until > self.now:
+                continue
+            log = node.log
+            keep = max(log.log_start_offset, log.log_end_offset - self.params.retention_keep)
+            holds = [Hold(KIND_RETENTION, "keep-last", keep)]
+            if self.cursor_live and self.now - self.cursor_committed > self.params.cursor_cap_ticks:
+                self.cursor_live = False  # past its cap: invalidated, stops holding
+                self._log(f"cursor invalidated at {self.cursor_position}")
+            if self.cursor_live:
+                holds.append(Hold(KIND_CURSOR, "c", self.cursor_position))
+            lwm = replica.low_watermark(holds)
+            if lwm.offset > log.log_start_offset:
+                replica.advance_log_start(lwm.offset)
+                self.stats.cleanings += 1
+                self.process_ready(node)
+            if self.cursor_live and log.log_start_offset > self.cursor_position:
+                self.fail(
+                    f"node {node.node_id} deleted below {log.log_start_offset} while a live cursor "
+                    f"still needs {self.cursor_position}"
+                )
+
     def _check_node(self, node: SimNode, led: bool = False) -> None:
         replica = node.replica
         assert replica is not None
@@ -441,9 +500,15 @@ class Simulation:
         leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
         if len(leaders) != 1:
             self.fail(f"liveness: {len(leaders)} leaders after healing")
-        reference = leaders[0].log.batches()
+        start = max(n.log.log_start_offset for n in self.nodes.values())
+
+        def kept(node: SimNode) -> list[tuple[Any, bytes]]:
+            # A follower that started over at the log start lacks a batch straddling it.
+            return [(h, b) for h, b in node.log.batches() if h.base_offset >= start]
+
+        reference = kept(leaders[0])
         for node in self.nodes.values():
-            if node.log.batches() != reference:
+            if kept(node) != reference:
                 self.fail(f"liveness: node {node.node_id} did not converge to the leader's log")
             if node.log.high_watermark != node.log.log_end_offset:
                 self.fail(
@@ -451,6 +516,8 @@ class Simulation:
                 )
         final = {h.base_offset: b for h, b in reference}
         for value, offset in self.acked.items():
+            if offset < start:
+                continue  # deleted by the low-water mark: gone by design
             batch = final.get(offset)
             if batch is None or value not in batch:
                 self.fail(
@@ -527,6 +594,10 @@ class Simulation:
                 self.produce()
             if self.rng.random() < self.params.read_rate:
                 self.read()
+            if self.params.clean_every:
+                self.commit_cursor()
+        if self.params.clean_every and self.now % self.params.clean_every == 0:
+            self.clean()
 
     def converged(self) -> bool:
         leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
@@ -536,6 +607,7 @@ class Simulation:
         if any(w.acks == "all" for w in leader.waiters):
             return False
         leo = leader.log.log_end_offset
+        # Log starts may differ: a follower that had to start over may have discarded more.
         return all(
             n.log.log_end_offset == leo and n.log.high_watermark == leo and n.alive
             for n in self.nodes.values()
