@@ -118,6 +118,40 @@ def test_cli_round_trip(tmp_path: Path) -> None:
             follower.terminate()
             follower.wait(10)
 
+        # Reads below the log start: the CLI says plainly what it skipped.
+        tidelog(b, "delete-records", "events", "--partition", "1", "--before", "2")
+        skipped = tidelog(b, "consume", "events", "--partition", "1", "--from", "0")
+        assert skipped.stdout.split("\n")[0] == "c"
+        assert "skipping offsets 0..1" in skipped.stderr
+        strict = tidelog(
+            b,
+            "consume",
+            "events",
+            "--partition",
+            "1",
+            "--from",
+            "0",
+            "--reset",
+            "none",
+            check=False,
+        )
+        assert strict.returncode == 1 and "OffsetOutOfRange" in strict.stderr
+
+        tidelog(b, "topics", "create", "kv", "--kind", "table")
+        tidelog(b, "produce", "kv", "--key-separator", "=", stdin="a=1\nb=2\na=3\n")
+        assert tidelog(b, "table", "get", "kv", "a").stdout == "3\n"
+        assert tidelog(b, "table", "scan", "kv").stdout == "a\t3\nb\t2\n"
+        assert tidelog(b, "table", "get", "kv", "zz", check=False).returncode == 1
+
+        tidelog(b, "cursors", "create", "etl", "--topic", "events", "--from", "earliest")
+        first = tidelog(b, "consume", "events", "--cursor", "etl", "--max", "2").stdout.split()
+        rest = tidelog(b, "consume", "events", "--cursor", "etl").stdout.split()
+        assert len(first) == 2 and len(first) + len(rest) == 4, (
+            "the cursor resumes where it stopped"
+        )
+        listed = json.loads(tidelog(b, "cursors", "list", "--json").stdout)
+        assert {r["partition"]: r["lag"] for r in listed if r["name"] == "etl"} == {0: 0, 1: 0}
+
         for i in range(40):
             tidelog(b, "produce", "small", stdin="".join(f"line-{i}-{j}\n" for j in range(10)))
         status = json.loads(tidelog(b, "status", "--json").stdout)

@@ -363,3 +363,25 @@ def test_min_bytes_waits_for_enough_data(tmp_path: Path) -> None:
         assert [r.offset for r in result.records] == [0, 1]
 
     run(tmp_path, body)
+
+
+def test_metadata_snapshots_let_the_metadata_log_go_and_survive_restart(tmp_path: Path) -> None:
+    async def first(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t", partitions=2)
+        await client.create_cursor("c", "t", "earliest")
+        for i in range(60):
+            await client.commit_cursor("c", {0: i, 1: i})
+        host = node.metadata_host
+        assert host.driver is not None and host.driver.snapshots_taken >= 2
+        node.cleaner.clean(host)
+        assert host.log.log_start_offset > 0, "the metadata log below the snapshot hold went"
+
+    async def second(node: Node, client: AsyncClient) -> None:
+        cursor = (await client.cursors("c"))[0]
+        assert cursor["positions"] == {"0": 59, "1": 59}
+        assert (await client.topic("t")).partitions == 2
+        assert node.metadata.applied_offset >= node.metadata_host.log.log_start_offset
+
+    options = {"metadata_snapshot_entries": 10}
+    run(tmp_path, first, **options)
+    run(tmp_path, second, **options)

@@ -121,6 +121,7 @@ class Node:
             segment_bytes=self.config.metadata_segment_bytes,
             retention_ms=-1,
             snapshot_entries=self.config.metadata_snapshot_entries,
+            snapshot_catchup_entries=max(1, self.config.metadata_snapshot_entries // 2),
         )
         metadata = self._open_host(
             METADATA_TOPIC, 0, self.config.voters, metadata_config, self.metadata_machine
