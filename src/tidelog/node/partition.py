@@ -26,7 +26,12 @@ from tidelog.replication.log_interface import AppendResult
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
-from tidelog.storage.compaction import compact
+from tidelog.storage.compaction import (
+    CompactionPlan,
+    apply_compaction,
+    plan_compaction,
+    snapshot_inputs,
+)
 from tidelog.storage.log import FlushJob, SegmentedLog
 from tidelog.storage.snapshot import SnapshotStore
 
@@ -104,6 +109,7 @@ class PartitionHost:
         self.flush_seconds_max = 0.0
         self.flushed_records = 0
         self.compactions = 0
+        self.compacting = False
         self._waiters: list[asyncio.Future[None]] = []
         self._acks: list[tuple[int, int, asyncio.Future[None]]] = []  # (offset, seq, fut) heap
         self._durable: list[tuple[int, int, asyncio.Future[None]]] = []
@@ -177,11 +183,30 @@ class PartitionHost:
         return self.driver.snapshot_offset if self.driver is not None else None
 
     def after_cleaning(self) -> None:
-        """Compaction after each cleaner pass, for cleanup.policy=compact (or compact,delete).
-        Every replica compacts its own committed, closed segments; offsets never change."""
-        if "compact" not in self.config.cleanup_policy:
+        """Compaction after a cleaner pass, for cleanup.policy=compact (or compact,delete).
+        Every replica compacts its own committed, closed segments (offsets never change); the
+        reading and rewriting happen on a worker thread, the swap back here."""
+        if "compact" not in self.config.cleanup_policy or self.compacting or self.closed:
             return
-        report = compact(self.log, int(time.time() * 1000))
+        inputs = snapshot_inputs(self.log)
+        if not inputs[0]:
+            return
+        self.compacting = True
+        now_ms = int(time.time() * 1000)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, plan_compaction, self.log, inputs, now_ms)
+        future.add_done_callback(self._compaction_planned)
+
+    def _compaction_planned(self, future: asyncio.Future[CompactionPlan]) -> None:
+        self.compacting = False
+        if self.closed:
+            return
+        try:
+            plan = future.result()
+        except (OSError, TidelogError) as exc:
+            log.warning("%s: compaction pass abandoned: %s", self.group, exc)
+            return
+        report = apply_compaction(self.log, plan)
         if report.segments_rewritten:
             self.compactions += 1
             log.info(
@@ -236,7 +261,7 @@ class PartitionHost:
         self.process_ready()
 
     async def wait_idle(self) -> None:
-        while self.flushing:
+        while self.flushing or self.compacting:
             await asyncio.sleep(0.001)
 
     # -- waiting for watermarks -----------------------------------------------------------------

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from tidelog.record.batch import decode_records, rebuild_batch
 from tidelog.storage import faults
@@ -43,11 +44,20 @@ def dirty_ratio(log: SegmentedLog) -> float:
     return dirty / total
 
 
-def latest_offsets(log: SegmentedLog) -> dict[bytes, int]:
+@dataclass
+class CompactionPlan:
+    """What a compaction pass will swap in; built from immutable closed segments, so it can be
+    prepared on a worker thread while the log keeps taking appends."""
+
+    cleaned: list[tuple[LogSegment, Path, int]] = field(default_factory=list)  # old, new file, size
+    cleaner_point: int = 0
+    report: CompactionReport = field(default_factory=CompactionReport)
+
+
+def latest_offsets(segments: list[LogSegment], hw: int) -> dict[bytes, int]:
     """key -> the offset of its newest committed record."""
     latest: dict[bytes, int] = {}
-    hw = log.high_watermark
-    for seg in log.segments:
+    for seg in segments:
         for pos, header in seg.scan():
             if header.is_control or header.base_offset >= hw:
                 continue
@@ -57,25 +67,34 @@ def latest_offsets(log: SegmentedLog) -> dict[bytes, int]:
     return latest
 
 
-def compact(
+def snapshot_inputs(log: SegmentedLog) -> tuple[list[LogSegment], list[LogSegment], int]:
+    """On the log's own thread: (compactable segments, every segment, HW), frozen for a plan."""
+    return log.compactable_segments(), list(log.segments), log.high_watermark
+
+
+def plan_compaction(
     log: SegmentedLog,
+    inputs: tuple[list[LogSegment], list[LogSegment], int],
     now_ms: int,
     *,
     force: bool = False,
     crash_point: CrashPoint | None = faults.crash_point,
-) -> CompactionReport:
-    report = CompactionReport()
-    segments = log.compactable_segments()
+) -> CompactionPlan:
+    """Read and rewrite (into .cleaned files) without touching the log's state."""
+    plan = CompactionPlan()
+    segments, everything, hw = inputs
     if not segments:
-        report.skipped = "no closed segment below the HW"
-        return report
-    ratio = dirty_ratio(log)
+        plan.report.skipped = "no closed segment below the HW"
+        return plan
+    total = sum(s.size_bytes for s in segments)
+    dirty = sum(s.size_bytes for s in segments if s.next_offset > log.cleaner_point)
+    ratio = dirty / total if total else 0.0
     if not force and ratio < log.config.min_cleanable_dirty_ratio:
-        report.skipped = f"dirty ratio {ratio:.2f} < min.cleanable.dirty.ratio"
-        return report
-    latest = latest_offsets(log)
+        plan.report.skipped = f"dirty ratio {ratio:.2f} < min.cleanable.dirty.ratio"
+        return plan
+    latest = latest_offsets(everything, hw)
     for seg in segments:
-        rewritten = _rewrite(seg, latest, now_ms, log, report)
+        rewritten = _rewrite(seg, latest, now_ms, log, plan.report)
         if rewritten is None:
             continue
         cleaned = seg.log_path.with_name(seg.log_path.name + ".cleaned")
@@ -87,12 +106,37 @@ def compact(
             os.close(fd)
         if crash_point is not None:
             crash_point("cleaned-written")
+        plan.cleaned.append((seg, cleaned, len(rewritten)))
+    plan.cleaner_point = segments[-1].next_offset
+    return plan
+
+
+def apply_compaction(
+    log: SegmentedLog, plan: CompactionPlan, crash_point: CrashPoint | None = faults.crash_point
+) -> CompactionReport:
+    """On the log's own thread: swap the rewritten segments in, one by one, crash-safely."""
+    report = plan.report
+    for seg, cleaned, size in plan.cleaned:
+        before = seg.size_bytes
         if log.swap_in_cleaned(seg, cleaned, crash_point):
             report.segments_rewritten += 1
-            report.bytes_after += len(rewritten) - seg.size_bytes
-    log.cleaner_point = segments[-1].next_offset
-    log.write_state_checkpoint()
+            report.bytes_after += size - before
+    if plan.cleaner_point > log.cleaner_point:
+        log.cleaner_point = plan.cleaner_point
+        log.write_state_checkpoint()
     return report
+
+
+def compact(
+    log: SegmentedLog,
+    now_ms: int,
+    *,
+    force: bool = False,
+    crash_point: CrashPoint | None = faults.crash_point,
+) -> CompactionReport:
+    """Plan and apply in one go (tests, tools); the node plans on a worker thread."""
+    plan = plan_compaction(log, snapshot_inputs(log), now_ms, force=force, crash_point=crash_point)
+    return apply_compaction(log, plan, crash_point)
 
 
 def _rewrite(

@@ -77,8 +77,12 @@ class EpochHistory:
         if i <= 0 and (not self.entries or self.entries[0].start_offset >= start_offset):
             return
         covering = self.entries[i]
+        dropped = i > 0
         self.entries = [EpochEntry(covering.epoch, start_offset), *self.entries[i + 1 :]]
-        self._changed()
+        if dropped:
+            # Only a dropped epoch is worth an fsync: a stale start offset for the first one is
+            # corrected by truncate_from_start(log start) when the log opens.
+            self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None:

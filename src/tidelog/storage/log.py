@@ -207,6 +207,7 @@ class SegmentedLog:
         self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
         epochs = self._read_epoch_checkpoint()
         self.epochs = EpochHistory(epochs, on_change=self._write_epoch_checkpoint)
+        self.epochs.truncate_from_start(self.log_start_offset)
         # Epochs that start past the recovered end lost their data. An empty log (start == end)
         # keeps the epoch that covered its deleted prefix, as truncate_from_start left it.
         empty = self.log_end_offset == self.log_start_offset
@@ -543,27 +544,40 @@ class SegmentedLog:
     def delete_segments_below_log_start(self) -> list[int]:
         """Retire whole segments that lie entirely below the log start; never the active one."""
         deleted: list[int] = []
+        retired: list[LogSegment] = []
         while len(self.segments) > 1 and self.segments[1].base_offset <= self.log_start_offset:
             seg = self.segments.pop(0)
             self._bases.pop(0)
-            self._retire(seg, self.config.file_delete_delay_ms)
-            deleted.append(seg.base_offset)
+            self._rename_deleted(seg)
+            retired.append(seg)
             crash_point("segment-renamed")
-        return deleted
+        if retired:
+            self._sync_directory()  # one directory fsync for the whole batch
+            due = self._clock_ms() + self.config.file_delete_delay_ms
+            self._retired.extend((due, seg) for seg in retired)
+            if self.config.file_delete_delay_ms == 0:
+                self.purge_retired()
+        return [seg.base_offset for seg in retired]
 
     def _retire(self, seg: LogSegment, delay_ms: int) -> None:
         """Rename to .deleted now (so a restart ignores it); close and unlink after a delay so
         in-flight reads on its descriptor finish."""
+        self._rename_deleted(seg)
+        self._sync_directory()
+        self._retired.append((self._clock_ms() + delay_ms, seg))
+        if delay_ms == 0:
+            self.purge_retired()
+
+    def _rename_deleted(self, seg: LogSegment) -> None:
         for path in (seg.log_path, seg.index.path, seg.time_index.path):
             with contextlib.suppress(FileNotFoundError):
                 os.replace(path, path.with_name(path.name + DELETED_SUFFIX))
+
+    def _sync_directory(self) -> None:
         try:
             fsync_dir(self.directory)
         except OSError as exc:
             raise translate_os_error(exc, "syncing the log directory") from exc
-        self._retired.append((self._clock_ms() + delay_ms, seg))
-        if delay_ms == 0:
-            self.purge_retired()
 
     def compactable_segments(self) -> list[LogSegment]:
         """Closed segments wholly below the HW: only committed data is ever rewritten."""
