@@ -543,7 +543,6 @@ class SegmentedLog:
 
     def delete_segments_below_log_start(self) -> list[int]:
         """Retire whole segments that lie entirely below the log start; never the active one."""
-        deleted: list[int] = []
         retired: list[LogSegment] = []
         while len(self.segments) > 1 and self.segments[1].base_offset <= self.log_start_offset:
             seg = self.segments.pop(0)
