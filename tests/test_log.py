@@ -386,3 +386,30 @@ def test_a_flush_that_races_a_truncation_does_not_overstate_durability(tmp_path:
     log.append_as_leader(batch_of(b"c", b"d", b"e"), epoch=2)
     job.run()
     assert log.complete_flush(job) == 0
+
+
+def test_enospc_on_append_is_storage_full_and_leaves_no_torn_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from tidelog.errors import StorageFull
+    from tidelog.storage import segment as segment_module
+
+    log = SegmentedLog(tmp_path, SMALL)
+    log.append_as_leader(batch_of(b"before"), epoch=1)
+    real_write = os.write
+
+    def full_disk(fd: int, data: Any) -> int:
+        real_write(fd, bytes(data)[:7])  # a partial write, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment_module.os, "write", full_disk)
+    with pytest.raises(StorageFull):
+        log.append_as_leader(batch_of(b"lost"), epoch=1)
+    monkeypatch.setattr(segment_module.os, "write", real_write)
+    assert log.active.size_bytes == os.path.getsize(log.active.log_path)
+    log.append_as_leader(batch_of(b"after"), epoch=1)  # space is back: writes resume
+    assert read_all(log) == [(0, b"before"), (1, b"after")]
+    log.close()
+    assert read_all(SegmentedLog(tmp_path, SMALL)) == [(0, b"before"), (1, b"after")]

@@ -104,3 +104,107 @@ REGRESSION_SEEDS = [458, 463, 992, 135, 220, 278, 509]
 @pytest.mark.parametrize("seed", REGRESSION_SEEDS)
 def test_regression_seeds(seed: int) -> None:
     run_seed(seed)
+
+
+class MemorySnapshots:
+    """A SnapshotAccess for the core alone: bytes in memory, and a switch to drop chunks."""
+
+    def __init__(self) -> None:
+        self.snapshots: dict[int, bytes] = {}
+        self.partial: dict[int, bytes] = {}
+        self.installed: int | None = None
+
+    def latest_snapshot(self) -> tuple[int, int] | None:
+        if not self.snapshots:
+            return None
+        offset = max(self.snapshots)
+        return offset, len(self.snapshots[offset])
+
+    def read_snapshot_chunk(self, offset: int, position: int, max_bytes: int) -> bytes:
+        return self.snapshots[offset][position : position + max_bytes]
+
+    def partial_snapshot_size(self, offset: int) -> int:
+        return len(self.partial.get(offset, b""))
+
+    def write_snapshot_chunk(self, offset: int, position: int, data: bytes) -> int:
+        self.partial[offset] = self.partial.get(offset, b"") + data
+        return len(self.partial[offset])
+
+    def finish_snapshot(self, offset: int) -> bool:
+        ok = self.partial.pop(offset) == b"S" * 50
+        self.installed = offset if ok else None
+        return ok
+
+
+def test_a_follower_behind_the_log_start_installs_the_snapshot_resuming_after_drops() -> None:
+    import random
+
+    from tidelog.record import ProducerRecord, build_batch
+    from tidelog.replication.messages import FetchSnapshotResponse
+    from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
+    from tidelog.storage.memory_log import MemoryLog
+
+    voters = (1, 2)
+    logs = {n: MemoryLog() for n in voters}
+    snaps = {n: MemorySnapshots() for n in voters}
+    reps = {
+        n: Replica(
+            ReplicaConfig(n, voters, state_machine=True, fetch_max_bytes=7),
+            logs[n],
+            QuorumState(),
+            random.Random(n),
+            snaps[n],
+        )
+        for n in voters
+    }
+    queue: list[tuple[int, int, object]] = []
+    dropped = [0]
+
+    def drain() -> None:
+        for n, r in reps.items():
+            ready = r.ready()
+            queue.extend((n, o.to, o.message) for o in ready.messages)
+            if ready.flush:
+                logs[n].flush()
+                r.on_flushed()
+                queue.extend((n, o.to, o.message) for o in r.ready().messages)
+
+    def run(ticks: int, drop_chunks: bool = False) -> None:
+        for _ in range(ticks):
+            while queue:
+                src, dst, message = queue.pop(0)
+                if (
+                    drop_chunks
+                    and isinstance(message, FetchSnapshotResponse)
+                    and message.records
+                    and dropped[0] % 2 == 0
+                ):
+                    dropped[0] += 1
+                    continue  # the connection dropped this chunk
+                if isinstance(message, FetchSnapshotResponse) and message.records:
+                    dropped[0] += 1
+                reps[dst].step(src, message)  # type: ignore[arg-type]
+                drain()
+            for r in reps.values():
+                r.tick()
+            drain()
+
+    reps[1].campaign(pre_vote=False)
+    drain()
+    run(20)
+    assert reps[1].is_leader
+    queue.clear()
+    partitioned = reps.pop(2)  # follower 2 is away while the leader moves on
+    for i in range(20):
+        reps[1].propose(build_batch([ProducerRecord(b"k", b"v%d" % i)]))
+        drain()
+    logs[1].flush()
+    logs[1].high_watermark = logs[1].log_end_offset
+    snaps[1].snapshots[15] = b"S" * 50
+    reps[1].advance_log_start(15)
+    queue.clear()
+    reps[2] = partitioned
+    run(2000, drop_chunks=True)
+    assert snaps[2].installed == 15, "the snapshot arrived despite dropped chunks"
+    assert logs[2].log_start_offset == 15 and logs[2].log_end_offset == logs[1].log_end_offset
+    assert dropped[0] > 8, "the transfer resumed from the partial file several times"
