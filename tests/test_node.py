@@ -385,3 +385,46 @@ def test_metadata_snapshots_let_the_metadata_log_go_and_survive_restart(tmp_path
     options = {"metadata_snapshot_entries": 10}
     run(tmp_path, first, **options)
     run(tmp_path, second, **options)
+
+
+def test_idempotent_producers_are_deduplicated_by_the_log(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t")
+
+        def batch(seq: int, value: bytes) -> bytes:
+            return build_batch(
+                [ProducerRecord(None, value)] * 3,
+                producer_id=77,
+                producer_epoch=0,
+                base_sequence=seq,
+            )
+
+        first = await client.produce_batch("t", 0, batch(0, b"a"))
+        again = await client.produce_batch("t", 0, batch(0, b"a"))  # a retry or a replay
+        second = await client.produce_batch("t", 0, batch(3, b"b"))
+        stale = await client.produce_batch("t", 0, batch(0, b"a"))
+        assert first is not None and again is not None and second is not None and stale is not None
+        assert (
+            not first.duplicate
+            and again.duplicate
+            and (again.base_offset, again.last_offset) == (0, 2)
+        )
+        assert (second.base_offset, second.duplicate) == (3, False) and stale.duplicate
+        assert [r.value async for r in client.consume("t", 0)] == [b"a"] * 3 + [b"b"] * 3
+
+    run(tmp_path, body)
+    # The producer state survives a restart (from its checkpoint or the batch headers).
+
+    async def after(node: Node, client: AsyncClient) -> None:
+        replay = await client.produce_batch(
+            "t",
+            0,
+            build_batch(
+                [ProducerRecord(None, b"b")] * 3, producer_id=77, producer_epoch=0, base_sequence=3
+            ),
+        )
+        assert replay is not None and replay.duplicate
+        node.hosts["t/0"].log.rebuild_producers()
+        assert node.hosts["t/0"].log.producers.producers[77].sequence == 3
+
+    run(tmp_path, after)

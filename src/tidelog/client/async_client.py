@@ -16,6 +16,7 @@ from typing import Any
 from tidelog.client.connection import NodeConnection
 from tidelog.errors import (
     CorruptRecord,
+    DuplicateSequence,
     InvalidRequest,
     NetworkError,
     NotLeader,
@@ -61,6 +62,7 @@ class ProduceResult:
     base_offset: int
     last_offset: int
     high_watermark: int
+    duplicate: bool = False  # an idempotent producer's replay: it was already in the log
 
 
 @dataclass(frozen=True)
@@ -482,15 +484,25 @@ class AsyncClient:
         """Send one or more encoded batches; returns the assigned offsets (None for acks=0)."""
         acks_value = parse_acks(acks)
         request = api.ProduceRequest(topic, partition, acks_value, timeout_ms, producer_id)
-        header, _ = await self._to_leader(
-            topic,
-            partition,
-            ApiKey.PRODUCE,
-            request,
-            batch,
-            timeout_s=timeout_ms / 1000 + 5,
-            expect_response=acks_value != api.ACKS_NONE,
-        )
+        try:
+            header, _ = await self._to_leader(
+                topic,
+                partition,
+                ApiKey.PRODUCE,
+                request,
+                batch,
+                timeout_s=timeout_ms / 1000 + 5,
+                expect_response=acks_value != api.ACKS_NONE,
+            )
+        except DuplicateSequence as exc:
+            # Our own earlier attempt (or a replay) is already in the log: that is success.
+            return ProduceResult(
+                partition,
+                int(exc.details.get("base_offset", -1)),
+                int(exc.details.get("last_offset", -1)),
+                -1,
+                duplicate=True,
+            )
         if acks_value == api.ACKS_NONE:
             return None
         resp = api.decode(api.ProduceResponse, header)

@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
-from tidelog.errors import CorruptRecord, InvalidRequest
+from tidelog.errors import CorruptRecord, DuplicateSequence, InvalidRequest
 from tidelog.record.batch import BatchHeader, iter_headers, stamp
+from tidelog.storage.producer_state import ProducerState
 
 
 def stamp_leader_batches(
-    data: bytes | bytearray | memoryview, epoch: int, log_end_offset: int, max_batch_bytes: int
+    data: bytes | bytearray | memoryview,
+    epoch: int,
+    log_end_offset: int,
+    max_batch_bytes: int,
+    producers: ProducerState | None = None,
 ) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
-    """Validate producer batches and stamp offsets (from log_end_offset) and the leader epoch."""
+    """Validate producer batches, drop replays of idempotent producers, and stamp offsets (from
+    log_end_offset) and the leader epoch. DuplicateSequence when every batch is a replay."""
     buf = bytearray(data)
     headers = list(iter_headers(buf, max_batch_bytes=max_batch_bytes))
     if not headers:
         raise InvalidRequest("produce request carries no record batch")
+    if producers is not None:
+        fresh = [(pos, h) for pos, h in headers if producers.is_duplicate(h) is None]
+        if not fresh:
+            last = headers[-1][1]
+            original = producers.is_duplicate(last)
+            assert original is not None
+            raise DuplicateSequence(
+                f"producer {last.producer_id} already wrote sequence "
+                f"{last.base_sequence} (epoch {last.producer_epoch})",
+                base_offset=original.base_offset,
+                last_offset=original.last_offset,
+            )
+        if len(fresh) < len(headers):
+            buf = bytearray(b"".join(bytes(buf[p : p + h.size_bytes]) for p, h in fresh))
+            headers = list(iter_headers(buf, max_batch_bytes=max_batch_bytes))
     next_offset = log_end_offset
     stamped: list[tuple[int, BatchHeader]] = []
     for pos, header in headers:

@@ -34,12 +34,14 @@ from tidelog.storage.appending import check_follower_batches, stamp_leader_batch
 from tidelog.storage.checkpoint import fsync_dir, read_checkpoint, write_checkpoint
 from tidelog.storage.epoch_history import EpochEntry, EpochHistory
 from tidelog.storage.faults import crash_point
+from tidelog.storage.producer_state import ProducerEntry, ProducerState
 from tidelog.storage.segment import FileSlice, LogSegment, translate_os_error
 
 log = logging.getLogger(__name__)
 
 PARTITION_CHECKPOINT = "partition.checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+PRODUCER_CHECKPOINT = "producer-state"
 CLEAN_SHUTDOWN = ".clean-shutdown"
 DELETED_SUFFIX = ".deleted"
 
@@ -116,6 +118,7 @@ class SegmentedLog:
         self._last_flush_ms = clock_ms()
         self._retired: list[tuple[int, LogSegment]] = []
         self.epochs = EpochHistory()
+        self.producers = ProducerState()
         self.recovery = RecoveryReport()
         self._open()
 
@@ -223,6 +226,7 @@ class SegmentedLog:
         self.high_watermark = max(self.high_watermark, self.log_start_offset)
         self.durable_end_offset = self.log_end_offset
         self.recovery_point = self.log_end_offset
+        self._load_producers(clean)
         clean_marker.unlink(missing_ok=True)
         self.recovery = report
         if report.truncated_bytes or report.removed_segments:
@@ -235,6 +239,25 @@ class SegmentedLog:
                 self.log_end_offset,
             )
         self.write_state_checkpoint()
+
+    def _load_producers(self, clean: bool) -> None:
+        """From the checkpoint written at a clean close, else from every batch header."""
+        path = self.directory / PRODUCER_CHECKPOINT
+        try:
+            data = read_checkpoint(path) if clean else None
+        except CorruptRecord:
+            data = None
+        path.unlink(missing_ok=True)  # only valid for the log exactly as it was closed
+        if data is not None and int(data.get("log_end_offset", -1)) == self.log_end_offset:
+            self.producers.producers = {
+                int(pid): ProducerEntry(*(int(v) for v in entry))
+                for pid, entry in dict(data.get("producers", {})).items()
+            }
+            return
+        self.rebuild_producers()
+
+    def rebuild_producers(self) -> None:
+        self.producers.rebuild(h for seg in self.segments for _, h in seg.scan())
 
     def _read_state_checkpoint(self) -> dict[str, int]:
         try:
@@ -282,7 +305,7 @@ class SegmentedLog:
     def append_as_leader(self, data: bytes | bytearray | memoryview, epoch: int) -> AppendInfo:
         """Validate producer batches, stamp offsets from the log end and the leader epoch."""
         buf, stamped = stamp_leader_batches(
-            data, epoch, self.log_end_offset, self.config.max_message_bytes
+            data, epoch, self.log_end_offset, self.config.max_message_bytes, self.producers
         )
         self.epochs.assign(epoch, self.log_end_offset)
         return self._append(buf, stamped)
@@ -310,6 +333,8 @@ class SegmentedLog:
             chunk.append((pos - chunk_start, header))
         end = len(view)
         self._write_chunk(view, chunk_start, end, chunk, now)
+        for _, header in headers:
+            self.producers.record(header)
         first = headers[0][1]
         last = headers[-1][1]
         records = sum(h.last_offset_delta + 1 for _, h in headers)
@@ -506,6 +531,7 @@ class SegmentedLog:
             self._bases.pop()
         self.active.truncate_to(offset)
         self.epochs.truncate_from_end(self.log_end_offset)
+        self.rebuild_producers()
         self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self.recovery_point = min(self.recovery_point, self.log_end_offset)
@@ -528,6 +554,7 @@ class SegmentedLog:
         self.durable_end_offset = offset
         self.recovery_point = offset
         self.epochs.truncate_from_end(-1)
+        self.producers.rebuild([])
         self.write_state_checkpoint()
 
     def advance_log_start(self, offset: int) -> bool:
@@ -655,6 +682,13 @@ class SegmentedLog:
                 seg.flush_indexes()
             self.recovery_point = self.log_end_offset
             self.write_state_checkpoint()
+            write_checkpoint(
+                self.directory / PRODUCER_CHECKPOINT,
+                {
+                    "log_end_offset": self.log_end_offset,
+                    "producers": {str(p): list(e) for p, e in self.producers.producers.items()},
+                },
+            )
             (self.directory / CLEAN_SHUTDOWN).write_bytes(b"")
             fsync_dir(self.directory)
         except OSError as exc:

@@ -15,6 +15,7 @@ from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
 from tidelog.storage.epoch_history import EpochHistory
 from tidelog.storage.log import AppendInfo
+from tidelog.storage.producer_state import ProducerState
 from tidelog.storage.segment import BytesSlice
 
 
@@ -39,6 +40,7 @@ class MemoryLog:
         self.durable_end_offset = 0
         self._durable_hw = 0
         self.epochs = EpochHistory()
+        self.producers = ProducerState()
         self._durable_epochs = list(self.epochs.entries)
         self.flush_count = 0
         self._generation = 0  # bumped by truncation: a flush begun before it proves nothing after
@@ -71,7 +73,7 @@ class MemoryLog:
 
     def append_as_leader(self, data: bytes | bytearray | memoryview, epoch: int) -> AppendInfo:
         buf, stamped = stamp_leader_batches(
-            data, epoch, self.log_end_offset, self.config.max_message_bytes
+            data, epoch, self.log_end_offset, self.config.max_message_bytes, self.producers
         )
         self.epochs.assign(epoch, self.log_end_offset)
         return self._append(buf, stamped)
@@ -84,6 +86,7 @@ class MemoryLog:
 
     def _append(self, buf: bytes | bytearray, headers: list[tuple[int, BatchHeader]]) -> AppendInfo:
         for pos, header in headers:
+            self.producers.record(header)
             self._bases.append(header.base_offset)
             self._headers.append(header)
             self._data.append(bytes(buf[pos : pos + header.size_bytes]))
@@ -109,6 +112,7 @@ class MemoryLog:
             self._headers.pop()
             self._data.pop()
         self._end = self._headers[-1].next_offset if self._headers else self.log_start_offset
+        self.producers.rebuild(self._headers)
         self.epochs.truncate_from_end(self.log_end_offset)
         self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
@@ -116,6 +120,7 @@ class MemoryLog:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self._generation += 1
         self._bases, self._headers, self._data = [], [], []
+        self.producers.rebuild([])
         self.log_start_offset = offset
         self._end = offset
         self.high_watermark = offset
