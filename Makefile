@@ -8,12 +8,13 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | java
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==24.3.1
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[spark,dev]'
 	@touch $(STAMP)
 
+# Spark needs a JVM: Java 17 is expected on the machine, installed with apt if missing.
 java:
 	@command -v java >/dev/null 2>&1 || { \
 	  echo "java not found: installing openjdk-17-jre-headless"; \

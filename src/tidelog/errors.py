@@ -19,6 +19,7 @@
     ├── DuplicateSequence                   an idempotent producer's replay (harmless)
     ├── OutOfOrderSequence
     ├── NetworkError                        retriable: the connection broke (client side only)
+    ├── DataLoss(topic, partition, first, last)  a reader needed offsets the log no longer has
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
 """
@@ -162,6 +163,12 @@ class StorageError(TidelogError):
     """A disk operation failed for a reason other than space (Kafka's KAFKA_STORAGE_ERROR)."""
 
     code = 56
+
+
+class DataLoss(TidelogError):
+    """Offsets a reader (the Spark source) was due to read were deleted first (client side)."""
+
+    code = 104
 
 
 class NodeIdentityError(TidelogError):

@@ -402,11 +402,13 @@ class AsyncClient:
         resp = api.decode(api.TableResponse, header)
         return base64.b64decode(resp.entries[0][1]) if resp.found else None
 
-    async def table_scan(self, topic: str) -> list[tuple[bytes, bytes]]:
-        """Every committed key and value of a table topic, sorted by key within a partition."""
+    async def table_scan(
+        self, topic: str, partitions: list[int] | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        """Every committed key and value of a table topic (or of some of its partitions)."""
         info = await self.topic(topic)
         out: list[tuple[bytes, bytes]] = []
-        for partition in range(info.partitions):
+        for partition in range(info.partitions) if partitions is None else partitions:
             after = ""
             while True:
                 request = api.TableRequest("scan", topic, partition, after=after, limit=5000)

@@ -106,6 +106,36 @@ class Client:
         finally:
             self._run(batches.aclose())
 
+    def create_cursor(
+        self,
+        name: str,
+        topic: str,
+        start: int | str | dict[int, int] = "earliest",
+        backup: bool = False,
+        if_not_exists: bool = False,
+    ) -> dict[str, Any]:
+        return self._run(self._async.create_cursor(name, topic, start, backup, if_not_exists))
+
+    def commit_cursor(self, name: str, positions: dict[int, int]) -> dict[str, Any]:
+        return self._run(self._async.commit_cursor(name, positions))
+
+    def delete_cursor(self, name: str) -> None:
+        self._run(self._async.delete_cursor(name))
+
+    def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
+        return self._run(self._async.cursors(name))
+
+    def delete_records(
+        self, topic: str, partition: int, before_offset: int, force: bool = False
+    ) -> int:
+        return self._run(self._async.delete_records(topic, partition, before_offset, force))
+
+    def table_get(self, topic: str, key: bytes) -> bytes | None:
+        return self._run(self._async.table_get(topic, key))
+
+    def table_scan(self, topic: str, partitions: list[int] | None = None) -> list[tuple[bytes, bytes]]:
+        return self._run(self._async.table_scan(topic, partitions))
+
     def producer(self, **options: Any) -> SyncProducer:
         return SyncProducer(self, Producer(self._async, **options))
 

@@ -1,0 +1,44 @@
+"""One tidelog client per Spark process, made on first use and never pickled: PySpark unpickles
+a reader for every task and runs driver-side calls in long-lived runner processes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from tidelog.client.sync_client import Client
+from tidelog.errors import TidelogError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_clients: dict[str, Client] = {}
+_lock = threading.Lock()
+
+
+def client_for(bootstrap: str) -> Client:
+    with _lock:
+        client = _clients.get(bootstrap)
+        if client is None:
+            client = _clients[bootstrap] = Client(bootstrap, request_timeout_ms=20_000)
+        return client
+
+
+def with_retries(what: str, call: Callable[[], T], attempts: int = 8, delay_s: float = 0.25) -> T:
+    """Driver-side calls retry transient errors themselves: an exception in latestOffset or
+    commit ends the whole query at once."""
+    last: TidelogError | None = None
+    for attempt in range(attempts):
+        try:
+            return call()
+        except TidelogError as exc:
+            if not exc.retriable and exc.name not in ("NetworkError", "Timeout", "NotLeader"):
+                raise
+            last = exc
+            log.warning("%s failed (%s); retrying", what, exc)
+            time.sleep(delay_s * (attempt + 1))
+    assert last is not None
+    raise last

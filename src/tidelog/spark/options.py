@@ -1,0 +1,193 @@
+"""Options of the tidelog Spark source and sink, with the names and meanings of Spark's Kafka
+source wherever they mean the same. Parsed once, checked once; a bad option fails the query
+with a message that names it."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tidelog.errors import InvalidConfig
+
+EARLIEST = -2
+LATEST = -1
+FETCH_BYTES_DEFAULT = 4 * 1024 * 1024
+
+TopicPartition = tuple[str, int]
+
+
+def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise InvalidConfig(f"option {key!r} must be true or false, got {raw!r}", key=key)
+
+
+def _int(options: Mapping[str, str], key: str) -> int | None:
+    raw = options.get(key)
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        raise InvalidConfig(f"option {key!r} must be an integer, got {raw!r}", key=key) from None
+
+
+def parse_offsets_json(text: str, key: str) -> dict[TopicPartition, int]:
+    """Spark's Kafka form: {"topic": {"0": 23, "1": -2}} (-2 earliest, -1 latest)."""
+    try:
+        data = json.loads(text)
+        out: dict[TopicPartition, int] = {}
+        for topic, parts in data.items():
+            for partition, offset in parts.items():
+                out[(str(topic), int(partition))] = int(offset)
+        return out
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise InvalidConfig(
+            f'option {key!r} must be earliest, latest or JSON like {{"topic": {{"0": 23}}}}: {exc}',
+            key=key,
+        ) from None
+
+
+def offsets_to_json(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = int(offset)
+    return out
+
+
+def offsets_from_json(data: Mapping[str, Mapping[str, int]]) -> dict[TopicPartition, int]:
+    return {(t, int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap: str
+    subscribe: tuple[str, ...] = ()
+    subscribe_pattern: str = ""
+    assign: tuple[TopicPartition, ...] = ()
+    starting_offsets: str = "latest"
+    starting_explicit: bool = False  # given by the user (else a cursor's position wins)
+    ending_offsets: str = "latest"
+    starting_timestamp: int | None = None
+    fail_on_data_loss: bool = True
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    include_headers: bool = False
+    cursor: str = ""
+    cursor_backup: bool = False
+    table: str = ""
+    fetch_max_bytes: int = FETCH_BYTES_DEFAULT
+
+    @staticmethod
+    def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        bootstrap = opts.get("bootstrap", "")
+        if not bootstrap:
+            raise InvalidConfig(
+                "option 'bootstrap' (HOST:PORT of any tidelog node) is required", key="bootstrap"
+            )
+        table = opts.get("table", "")
+        chosen = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k)]
+        if table:
+            if streaming:
+                raise InvalidConfig(
+                    "option 'table' reads a table topic's state in batch only", key="table"
+                )
+        elif len(chosen) != 1:
+            raise InvalidConfig(
+                "exactly one of the options 'subscribe', 'subscribePattern' and 'assign' is required",
+                key="subscribe",
+            )
+        pattern = opts.get("subscribepattern", "")
+        if pattern:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise InvalidConfig(
+                    f"option 'subscribePattern' is not a regex: {exc}", key="subscribePattern"
+                ) from None
+        assign: tuple[TopicPartition, ...] = ()
+        if opts.get("assign"):
+            try:
+                data = json.loads(opts["assign"])
+                assign = tuple((str(t), int(p)) for t, ps in data.items() for p in ps)
+            except (ValueError, AttributeError, TypeError):
+                raise InvalidConfig(
+                    "option 'assign' must be JSON like {\"topic\": [0, 1]}", key="assign"
+                ) from None
+        starting = opts.get("startingoffsets", "latest" if streaming else "earliest")
+        ending = opts.get("endingoffsets", "latest")
+        if streaming and "endingoffsets" in opts:
+            raise InvalidConfig(
+                "option 'endingOffsets' is for batch queries only", key="endingOffsets"
+            )
+        if not streaming and starting == "latest":
+            raise InvalidConfig(
+                "startingOffsets=latest is not allowed in a batch query", key="startingOffsets"
+            )
+        for key, value in (("startingOffsets", starting), ("endingOffsets", ending)):
+            if value not in ("earliest", "latest"):
+                parsed = parse_offsets_json(value, key)
+                if key == "endingOffsets" and EARLIEST in parsed.values():
+                    raise InvalidConfig("endingOffsets cannot be -2 (earliest)", key=key)
+        if ending == "earliest":
+            raise InvalidConfig("endingOffsets cannot be earliest", key="endingOffsets")
+        max_per_trigger = _int(opts, "maxoffsetspertrigger")
+        if max_per_trigger is not None and max_per_trigger < 1:
+            raise InvalidConfig(
+                "option 'maxOffsetsPerTrigger' must be positive", key="maxOffsetsPerTrigger"
+            )
+        min_partitions = _int(opts, "minpartitions")
+        if min_partitions is not None and min_partitions < 1:
+            raise InvalidConfig("option 'minPartitions' must be positive", key="minPartitions")
+        return SourceOptions(
+            bootstrap=bootstrap,
+            subscribe=tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()),
+            subscribe_pattern=pattern,
+            assign=assign,
+            starting_offsets=starting,
+            starting_explicit="startingoffsets" in opts or "startingtimestamp" in opts,
+            ending_offsets=ending,
+            starting_timestamp=_int(opts, "startingtimestamp"),
+            fail_on_data_loss=_bool(opts, "failondataloss", True),
+            max_offsets_per_trigger=max_per_trigger,
+            min_partitions=min_partitions,
+            include_headers=_bool(opts, "includeheaders", False),
+            cursor=opts.get("cursor", ""),
+            cursor_backup=_bool(opts, "cursorbackup", False),
+            table=table,
+            fetch_max_bytes=_int(opts, "fetchmaxbytes") or FETCH_BYTES_DEFAULT,
+        )
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    bootstrap: str
+    topic: str = ""  # for rows whose topic column is null or absent
+    acks: str = "all"
+    chunk_records: int = 1000
+
+    @staticmethod
+    def parse(options: Mapping[str, str]) -> SinkOptions:
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        bootstrap = opts.get("bootstrap", "")
+        if not bootstrap:
+            raise InvalidConfig(
+                "option 'bootstrap' (HOST:PORT of any tidelog node) is required", key="bootstrap"
+            )
+        acks = opts.get("acks", "all")
+        if acks != "all":
+            raise InvalidConfig(
+                "the tidelog sink writes with acks=all only (exactly once needs it)", key="acks"
+            )
+        return SinkOptions(
+            bootstrap, opts.get("topic", ""), acks, _int(opts, "chunkrecords") or 1000
+        )

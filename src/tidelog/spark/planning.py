@@ -1,0 +1,182 @@
+"""Driver-side planning of the Spark source: which partitions, which offsets, and how the
+offset ranges are cut into Spark input partitions. Offsets are exclusive ends everywhere, as in
+Spark's Kafka source: a range [start, end) reads offsets start .. end-1."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tidelog.client.sync_client import Client
+from tidelog.errors import InvalidConfig, UnknownTopicOrPartition
+from tidelog.spark.connection import with_retries
+from tidelog.spark.options import (
+    EARLIEST,
+    LATEST,
+    SourceOptions,
+    TopicPartition,
+    parse_offsets_json,
+)
+
+Offsets = dict[TopicPartition, int]
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """What one Spark task reads; everything read() needs travels in it (it is pickled)."""
+
+    bootstrap: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+    fail_on_data_loss: bool
+    include_headers: bool
+    fetch_max_bytes: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def topic_partitions(client: Client, opts: SourceOptions) -> list[TopicPartition]:
+    if opts.assign:
+        return sorted(set(opts.assign))
+    if opts.subscribe_pattern:
+        pattern = re.compile(opts.subscribe_pattern)
+        topics = [
+            t for t in with_retries("list topics", client.list_topics) if pattern.fullmatch(t.name)
+        ]
+        return sorted((t.name, p) for t in topics for p in range(t.partitions))
+    out: list[TopicPartition] = []
+    for name in opts.subscribe:
+        try:
+            info = with_retries(f"describe {name}", lambda n=name: client.topic(n, refresh=True))  # type: ignore[misc]
+        except UnknownTopicOrPartition:
+            raise UnknownTopicOrPartition(
+                f"the source subscribes to topic {name!r}, which does not exist", topic=name
+            ) from None
+        out.extend((name, p) for p in range(info.partitions))
+    return sorted(out)
+
+
+def list_offsets(client: Client, tps: list[TopicPartition], spec: str, ts: int = -1) -> Offsets:
+    return {
+        tp: with_retries(
+            f"list {spec} offset of {tp[0]}/{tp[1]}",
+            lambda tp=tp: client.list_offsets(tp[0], tp[1], spec, ts),  # type: ignore[misc]
+        )
+        for tp in tps
+    }
+
+
+def high_watermarks(client: Client, tps: list[TopicPartition]) -> Offsets:
+    """The committed end of every partition: a query never reads past it."""
+    return list_offsets(client, tps, "latest")
+
+
+def resolve_offsets(
+    client: Client, tps: list[TopicPartition], spec: str, key: str, timestamp: int | None = None
+) -> Offsets:
+    """startingOffsets/endingOffsets (earliest, latest or JSON with -2/-1) or a timestamp."""
+    if timestamp is not None:
+        return list_offsets(client, tps, "timestamp", timestamp)
+    if spec == "earliest":
+        return list_offsets(client, tps, "earliest")
+    if spec == "latest":
+        return high_watermarks(client, tps)
+    given = parse_offsets_json(spec, key)
+    missing = [f"{t}/{p}" for t, p in tps if (t, p) not in given]
+    if missing and key == "startingOffsets":
+        # Spark's Kafka source starts partitions missing from the JSON at latest only for new
+        # partitions; a named partition set must be complete.
+        raise InvalidConfig(f"option {key!r} gives no offset for {', '.join(missing)}", key=key)
+    out: Offsets = {}
+    earliest: Offsets | None = None
+    latest: Offsets | None = None
+    for tp in tps:
+        value = given.get(tp, LATEST)
+        if value == EARLIEST:
+            earliest = earliest or list_offsets(client, tps, "earliest")
+            value = earliest[tp]
+        elif value == LATEST:
+            latest = latest or high_watermarks(client, tps)
+            value = latest[tp]
+        elif value < 0:
+            raise InvalidConfig(
+                f"option {key!r}: offset {value} for {tp[0]}/{tp[1]} is negative", key=key
+            )
+        out[tp] = value
+    return out
+
+
+def rate_limit(start: Mapping[TopicPartition, int], latest: Offsets, limit: int) -> Offsets:
+    """Spark's Kafka rule for maxOffsetsPerTrigger: share the limit across partitions in
+    proportion to what each has available (at least one offset where any is available)."""
+    sizes = {tp: max(0, end - start.get(tp, end)) for tp, end in latest.items()}
+    total = sum(sizes.values())
+    if total <= limit:
+        return dict(latest)
+    out: Offsets = {}
+    for tp, end in latest.items():
+        begin = start.get(tp, end)
+        share = limit * sizes[tp] / total
+        step = math.ceil(share) if share < 1 else math.floor(share)
+        out[tp] = min(end, begin + step)
+    return out
+
+
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """Cut the larger ranges so that there are at least min_partitions tasks (Kafka's
+    minPartitions: pieces in proportion to each range's share of the total)."""
+    ranges = [r for r in ranges if r.size > 0]
+    total = sum(r.size for r in ranges)
+    if not min_partitions or min_partitions <= len(ranges) or total == 0:
+        return ranges
+    # Whole pieces in proportion to size, then the leftover pieces to the largest remainders,
+    # so that there are at least min_partitions of them.
+    shares = [min_partitions * r.size / total for r in ranges]
+    pieces = [max(1, math.floor(s)) for s in shares]
+    by_remainder = sorted(
+        range(len(ranges)), key=lambda i: shares[i] - math.floor(shares[i]), reverse=True
+    )
+    for i in by_remainder[: max(0, min_partitions - sum(pieces))]:
+        pieces[i] += 1
+    out: list[OffsetRange] = []
+    for r, count in zip(ranges, pieces, strict=True):
+        count = min(count, r.size)
+        bounds = [r.start + (r.size * i) // count for i in range(count)] + [r.end]
+        for lo, hi in itertools.pairwise(bounds):
+            out.append(
+                OffsetRange(
+                    r.bootstrap,
+                    r.topic,
+                    r.partition,
+                    lo,
+                    hi,
+                    r.fail_on_data_loss,
+                    r.include_headers,
+                    r.fetch_max_bytes,
+                )
+            )
+    return out
+
+
+def plan_ranges(opts: SourceOptions, start: Offsets, end: Offsets) -> list[OffsetRange]:
+    ranges = [
+        OffsetRange(
+            opts.bootstrap,
+            tp[0],
+            tp[1],
+            start.get(tp, end[tp]),
+            end[tp],
+            opts.fail_on_data_loss,
+            opts.include_headers,
+            opts.fetch_max_bytes,
+        )
+        for tp in sorted(end)
+    ]
+    return split_ranges(ranges, opts.min_partitions)

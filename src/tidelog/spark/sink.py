@@ -1,0 +1,226 @@
+"""The tidelog sink: exactly once through idempotent producers.
+
+Every Spark task writes its rows itself, as an idempotent producer whose id is derived from the
+query id (stable across restarts) and the task's partition, and whose (epoch, sequence) is
+derived from the micro-batch id and the chunk's position. The log keeps each producer's highest
+(epoch, sequence) on every replica and drops anything not above it, so a retried task, a replayed
+micro-batch (Spark replays the last one after a driver crash, even after the sink's commit) and a
+produce retried after a lost acknowledgement all land once.
+
+Two things make that sound: a task's rows are put in a canonical order (so a replay cuts the same
+chunks) and each partition's chunks are written in sequence order, each acknowledged (acks=all)
+before the next (so a crash leaves a prefix, and a replay skips exactly that prefix)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from tidelog.client.sync_client import Client
+from tidelog.errors import InvalidConfig
+from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.spark.connection import client_for
+from tidelog.spark.options import SinkOptions
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_CHUNK_BITS = 10  # up to 1024 chunks per partition per micro-batch
+SEQUENCE_BATCH_BITS = 21  # the rest of the batch id goes in the producer epoch (int16)
+MAX_CHUNKS = 1 << SEQUENCE_CHUNK_BITS
+
+
+def producer_id(*parts: object) -> int:
+    """A stable, non-negative 63-bit id: the same query and task always get the same one."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
+
+
+def epoch_and_sequence(batch_id: int, chunk: int) -> tuple[int, int]:
+    """(producer epoch, base sequence) growing with (batch id, chunk), both in Kafka's ranges."""
+    if not 0 <= chunk < MAX_CHUNKS:
+        raise ValueError(f"chunk {chunk} out of range")
+    epoch = batch_id >> SEQUENCE_BATCH_BITS
+    if epoch > 0x7FFF:
+        raise InvalidConfig(f"micro-batch id {batch_id} is beyond what the sink can sequence")
+    sequence = ((batch_id & ((1 << SEQUENCE_BATCH_BITS) - 1)) << SEQUENCE_CHUNK_BITS) | chunk
+    return epoch, sequence
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    records: int = 0
+    duplicates: int = 0  # records the log already had (a retried task or a replayed batch)
+    partitions: list[str] = field(default_factory=list)
+
+
+def _binary(table: pa.Table, name: str) -> pa.ChunkedArray | None:
+    if name not in table.column_names:
+        return None
+    column = table.column(name)
+    if pa.types.is_binary(column.type):
+        return column
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return pc.cast(column, pa.binary())
+    if pa.types.is_large_binary(column.type):
+        return pc.cast(column, pa.binary())
+    raise InvalidConfig(
+        f"sink column {name!r} must be binary or string, not {column.type}", key=name
+    )
+
+
+def _headers(table: pa.Table) -> list[tuple[tuple[str, bytes | None], ...]] | None:
+    if "headers" not in table.column_names:
+        return None
+    out: list[tuple[tuple[str, bytes | None], ...]] = []
+    for value in table.column("headers").to_pylist():
+        out.append(tuple((h["key"], h["value"]) for h in value or ()))
+    return out
+
+
+def write_rows(
+    client: Client, opts: SinkOptions, table: pa.Table, pid: int, batch_id: int
+) -> SinkCommit:
+    """Write one task's rows (exactly once for this pid and batch id)."""
+    if table.num_rows == 0:
+        return SinkCommit()
+    values = _binary(table, "value")
+    if values is None:
+        raise InvalidConfig("the tidelog sink needs a 'value' column", key="value")
+    keys = _binary(table, "key")
+    n = table.num_rows
+    key_list: list[bytes | None] = keys.to_pylist() if keys is not None else [None] * n
+    value_list: list[bytes | None] = values.to_pylist()
+    header_list = _headers(table)
+    topics: list[str | None] = (
+        table.column("topic").to_pylist() if "topic" in table.column_names else [None] * n
+    )
+    fixed: list[int | None] = (
+        table.column("partition").to_pylist() if "partition" in table.column_names else [None] * n
+    )
+    groups: dict[tuple[str, int], list[ProducerRecord]] = {}
+    partition_counts: dict[str, int] = {}
+    for i in range(n):
+        topic = topics[i] or opts.topic
+        if not topic:
+            raise InvalidConfig(
+                "a row has no topic: give the sink option 'topic' or a 'topic' column", key="topic"
+            )
+        count = partition_counts.get(topic)
+        if count is None:
+            count = partition_counts[topic] = client.topic(topic).partitions
+        key, value = key_list[i], value_list[i]
+        partition = fixed[i]
+        if partition is None:
+            # The same rule as the client and table topics: crc32 of the key (of the value
+            # when there is no key, so that a replay picks the same partition).
+            partition = zlib.crc32(key if key is not None else value or b"") % count
+        elif not 0 <= partition < count:
+            raise InvalidConfig(
+                f"partition {partition} out of range for {topic!r} ({count})", key="partition"
+            )
+        headers = header_list[i] if header_list is not None else ()
+        groups.setdefault((topic, partition), []).append(ProducerRecord(key, value, headers))
+    result = SinkCommit()
+    for (topic, partition), records in sorted(groups.items()):
+        # Canonical order: a replayed task may receive its rows in another order.
+        records.sort(key=lambda r: (r.key or b"", r.value or b"", repr(r.headers)))
+        per_chunk = max(opts.chunk_records, math.ceil(len(records) / MAX_CHUNKS))
+        for chunk, lo in enumerate(range(0, len(records), per_chunk)):
+            epoch, sequence = epoch_and_sequence(batch_id, chunk)
+            batch = build_batch(
+                records[lo : lo + per_chunk],
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=sequence,
+            )
+            produced = client.produce_batch(topic, partition, batch, acks="all")
+            written = min(per_chunk, len(records) - lo)
+            result.records += written
+            if produced is not None and produced.duplicate:
+                result.duplicates += written
+        result.partitions.append(f"{topic}/{partition}")
+    return result
+
+
+def _table(iterator: Iterator[pa.RecordBatch]) -> pa.Table | None:
+    batches = list(iterator)
+    if not batches:
+        return None
+    return pa.Table.from_batches(batches)
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """A new instance per micro-batch (pickled to the tasks); commit runs in another process."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.columns = list(schema.fieldNames())
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        table = _table(iterator)
+        if table is None:
+            return SinkCommit()
+        context = TaskContext.get()
+        query_id = context.getLocalProperty("sql.streaming.queryId") if context else None
+        batch = context.getLocalProperty("streaming.sql.batchId") if context else None
+        if context is None or query_id is None or batch is None:
+            raise InvalidConfig("the streaming sink runs only inside a Spark streaming task")
+        pid = producer_id("stream", query_id, context.partitionId())
+        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, int(batch))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        done = [m for m in messages if isinstance(m, SinkCommit)]
+        records = sum(m.records for m in done)
+        duplicates = sum(m.duplicates for m in done)
+        if duplicates:
+            log.info(
+                "batch %d: %d records, %d were already in the log (a replay)",
+                batchId,
+                records,
+                duplicates,
+            )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Whatever the batch wrote stays; Spark replays the batch and the replay writes only the
+        # rest (the log drops what it already has).
+        log.warning("batch %d aborted; it will be replayed when the query restarts", batchId)
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """df.write: made once per write job and pickled to every task, so the job id it draws here
+    is the same for every attempt of a task, and a retried task lands once."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.job = uuid.uuid4().hex
+        self.columns = list(schema.fieldNames())
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        table = _table(iterator)
+        if table is None:
+            return SinkCommit()
+        context = TaskContext.get()
+        task = context.partitionId() if context else 0
+        pid = producer_id("batch", self.job, task)
+        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, 0)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        return None
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning("write job %s aborted; records written by finished tasks stay", self.job)
