@@ -133,7 +133,9 @@ class Client:
     def table_get(self, topic: str, key: bytes) -> bytes | None:
         return self._run(self._async.table_get(topic, key))
 
-    def table_scan(self, topic: str, partitions: list[int] | None = None) -> list[tuple[bytes, bytes]]:
+    def table_scan(
+        self, topic: str, partitions: list[int] | None = None
+    ) -> list[tuple[bytes, bytes]]:
         return self._run(self._async.table_scan(topic, partitions))
 
     def producer(self, **options: Any) -> SyncProducer:

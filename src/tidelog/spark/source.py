@@ -292,5 +292,3 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         r: OffsetRange = partition.value
         yield from read_range(r)
-
-
