@@ -36,6 +36,7 @@ from tidelog.errors import InvalidConfig
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.spark.connection import client_for
 from tidelog.spark.options import SinkOptions
+from tidelog.storage.faults import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -137,24 +138,57 @@ def write_rows(
         groups.setdefault((topic, partition), []).append(ProducerRecord(key, value, headers))
     result = SinkCommit()
     for (topic, partition), records in sorted(groups.items()):
-        # Canonical order: a replayed task may receive its rows in another order.
-        records.sort(key=lambda r: (r.key or b"", r.value or b"", repr(r.headers)))
-        per_chunk = max(opts.chunk_records, math.ceil(len(records) / MAX_CHUNKS))
-        for chunk, lo in enumerate(range(0, len(records), per_chunk)):
+        for chunk, rows in enumerate(replayable_chunks(records, opts.chunk_records)):
             epoch, sequence = epoch_and_sequence(batch_id, chunk)
-            batch = build_batch(
-                records[lo : lo + per_chunk],
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=sequence,
-            )
+            batch = build_batch(rows, producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
             produced = client.produce_batch(topic, partition, batch, acks="all")
-            written = min(per_chunk, len(records) - lo)
-            result.records += written
+            result.records += len(rows)
             if produced is not None and produced.duplicate:
-                result.duplicates += written
+                result.duplicates += len(rows)
         result.partitions.append(f"{topic}/{partition}")
     return result
+
+
+def _by_key(records: list[ProducerRecord]) -> list[list[ProducerRecord]]:
+    """Rows grouped by key, groups in key order, rows of a key in the order they came (so the
+    last update of a key stays last, as users of Kafka's sink expect). Rows without a key have
+    no order to keep: they are sorted by value."""
+    groups: dict[bytes | None, list[ProducerRecord]] = {}
+    for record in records:
+        groups.setdefault(record.key, []).append(record)
+    out = [groups[k] for k in sorted(k for k in groups if k is not None)]
+    if None in groups:
+        out.append(sorted(groups[None], key=lambda r: (r.value or b"", repr(r.headers))))
+    return out
+
+
+def replayable_chunks(records: list[ProducerRecord], target: int) -> list[list[ProducerRecord]]:
+    """Cut a task's rows for one partition into chunks that a replay cuts the same way even if
+    Spark hands it the rows in another order: a chunk holds whole key groups (which rows a chunk
+    holds then depends only on the keys), and a key group too large for one chunk is put in
+    value order before it is cut. At most MAX_CHUNKS chunks, each sequenced in turn."""
+    groups = _by_key(records)
+    size = max(target, math.ceil(len(records) / MAX_CHUNKS))
+    while True:
+        chunks: list[list[ProducerRecord]] = []
+        current: list[ProducerRecord] = []
+        for group in groups:
+            if len(group) > size:
+                if current:
+                    chunks.append(current)
+                    current = []
+                ordered = sorted(group, key=lambda r: (r.value or b"", repr(r.headers)))
+                chunks.extend(ordered[i : i + size] for i in range(0, len(ordered), size))
+                continue
+            if current and len(current) + len(group) > size:
+                chunks.append(current)
+                current = []
+            current.extend(group)
+        if current:
+            chunks.append(current)
+        if len(chunks) <= MAX_CHUNKS:
+            return chunks
+        size *= 2
 
 
 def _table(iterator: Iterator[pa.RecordBatch]) -> pa.Table | None:
@@ -188,12 +222,15 @@ class StreamWriter(DataSourceStreamArrowWriter):
         records = sum(m.records for m in done)
         duplicates = sum(m.duplicates for m in done)
         if duplicates:
-            log.info(
+            log.warning(
                 "batch %d: %d records, %d were already in the log (a replay)",
                 batchId,
                 records,
                 duplicates,
             )
+        # For the exactly-once test: die (with the JVM) after the batch is in the log but before
+        # Spark records it in its checkpoint, so that Spark replays a batch the sink has written.
+        crash_point(f"spark-sink-commit:{batchId}", with_parent=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Whatever the batch wrote stays; Spark replays the batch and the replay writes only the

@@ -1,0 +1,375 @@
+"""The Spark source and sink against a real 3-node cluster and a real local Spark: batch reads
+with offsets and minPartitions, maxOffsetsPerTrigger and Trigger.AvailableNow across restarts,
+cursors holding retention up to their cap, failOnDataLoss both ways, table reads, and exactly
+once end to end with a partition leader and the Spark driver SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from test_cluster import leader_of
+from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.main import merge_status
+from tidelog.client.sync_client import Client
+from tidelog.errors import TidelogError
+from tidelog.record import ProducerRecord
+from tidelog.spark.session import local_spark
+from tidelog.storage.faults import CRASH_EXIT_CODE
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("spark-cluster"), 3, log_level="WARNING") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client(cluster.bootstrap) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: LocalCluster) -> Iterator[Any]:
+    session = local_spark("tidelog-tests", master="local[2,2]")  # 2 attempts per task
+    yield session
+    session.stop()
+
+
+def produce(client: Client, topic: str, partition: int, values: list[bytes]) -> None:
+    for lo in range(0, len(values), 100):
+        client.produce(
+            topic,
+            [ProducerRecord(b"k%d" % (i % 7), v) for i, v in enumerate(values[lo : lo + 100])],
+            partition=partition,
+        )
+
+
+def committed(client: Client, topic: str, partition: int) -> dict[int, bytes]:
+    return {r.offset: r.value or b"" for r in client.consume(topic, partition, "earliest")}
+
+
+def reader(spark: Any, cluster: LocalCluster, **options: Any) -> Any:
+    r = spark.read.format("tidelog").option("bootstrap", cluster.bootstrap)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r.load()
+
+
+def stream(spark: Any, cluster: LocalCluster, topic: str, **options: Any) -> Any:
+    r = spark.readStream.format("tidelog").option("bootstrap", cluster.bootstrap)
+    r = r.option("subscribe", topic)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r.load()
+
+
+def rows_of(df: Any) -> list[tuple[int, int, bytes]]:
+    return sorted(
+        (r["partition"], r["offset"], bytes(r["value"]))
+        for r in df.select("partition", "offset", "value").collect()
+    )
+
+
+def test_batch_reads_offsets_min_partitions_headers_and_bad_options(
+    spark: Any, cluster: LocalCluster, client: Client
+) -> None:
+    client.create_topic("batch", partitions=3, replication_factor=3)
+    for p in range(3):
+        produce(client, "batch", p, [b"%d-%d" % (p, i) for i in range(300)])
+    client.produce(
+        "batch", [ProducerRecord(b"h", b"with-headers", (("trace", b"t1"),))], partition=0
+    )
+    log = {(p, o): v for p in range(3) for o, v in committed(client, "batch", p).items()}
+
+    everything = reader(spark, cluster, subscribe="batch")
+    assert rows_of(everything) == sorted((p, o, v) for (p, o), v in log.items())
+    assert everything.schema.simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int>"
+    )
+
+    # Exclusive ends, -2 earliest and -1 latest, as in Spark's Kafka source.
+    ranged = reader(
+        spark,
+        cluster,
+        subscribe="batch",
+        startingOffsets='{"batch": {"0": 10, "1": -2, "2": 50}}',
+        endingOffsets='{"batch": {"0": 20, "1": -1, "2": 60}}',
+    )
+    want = [(0, o, log[(0, o)]) for o in range(10, 20)]
+    want += [(1, o, log[(1, o)]) for o in range(300)]
+    want += [(2, o, log[(2, o)]) for o in range(50, 60)]
+    assert rows_of(ranged) == sorted(want)
+
+    split = reader(spark, cluster, assign='{"batch": [1, 2]}', minPartitions="9")
+    assert split.rdd.getNumPartitions() >= 9
+    assert rows_of(split) == sorted((p, o, v) for (p, o), v in log.items() if p in (1, 2))
+
+    pattern = reader(spark, cluster, subscribePattern="ba.ch", includeHeaders="true")
+    headers = pattern.where("value = 'with-headers'").select("headers").collect()
+    assert [(h["key"], bytes(h["value"])) for h in headers[0]["headers"]] == [("trace", b"t1")]
+
+    with pytest.raises(Exception, match="endingOffsets"):
+        reader(
+            spark,
+            cluster,
+            subscribe="batch",
+            endingOffsets='{"batch": {"0": 99999, "1": -1, "2": -1}}',
+        ).count()
+    with pytest.raises(Exception, match="subscribe"):
+        reader(spark, cluster).count()
+    bad = stream(spark, cluster, "batch", maxOffsetsPerTrigger="0").writeStream.format("noop")
+    with pytest.raises(Exception, match="maxOffsetsPerTrigger"):
+        bad.start().awaitTermination(60)
+
+
+def test_batch_write_and_table_topic_read(
+    spark: Any, cluster: LocalCluster, client: Client
+) -> None:
+    client.create_topic("tbl", partitions=2, replication_factor=3, kind="table")
+    rows = [(f"k{i % 50}", f"v{i}") for i in range(200)]  # later rows win per key
+    df = spark.createDataFrame(rows, "key string, value string").coalesce(1)
+    df.write.format("tidelog").option("bootstrap", cluster.bootstrap).option("topic", "tbl").mode(
+        "append"
+    ).save()
+    table = reader(spark, cluster, table="tbl")
+    assert table.count() == 50
+    got = {bytes(r["key"]).decode(): bytes(r["value"]).decode() for r in table.collect()}
+    assert got == dict(rows) == {k.decode(): v.decode() for k, v in client.table_scan("tbl")}
+
+
+def run_available_now(df: Any, work: Path, name: str, timeout_s: float = 120) -> list[int]:
+    q = (
+        df.select("partition", "offset", "value")
+        .writeStream.format("parquet")
+        .option("path", str(work / name))
+        .option("checkpointLocation", str(work / f"{name}-ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(timeout_s), "AvailableNow did not finish"
+    return [int(p["numInputRows"]) for p in q.recentProgress]
+
+
+def parquet_rows(spark: Any, path: Path) -> list[tuple[int, int, bytes]]:
+    return rows_of(spark.read.parquet(str(path)))
+
+
+def test_max_offsets_per_trigger_and_available_now_across_restart(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    client.create_topic("an", partitions=3, replication_factor=3)
+    for p in range(3):
+        produce(client, "an", p, [b"a%d-%d" % (p, i) for i in range(300)])
+    df = stream(spark, cluster, "an", startingOffsets="earliest", maxOffsetsPerTrigger="250")
+    batches = run_available_now(df, tmp_path, "out")
+    assert sum(batches) == 900 and max(batches) <= 250 and len(batches) >= 4, batches
+
+    for p in range(3):
+        produce(client, "an", p, [b"b%d-%d" % (p, i) for i in range(50)])
+    again = run_available_now(df, tmp_path, "out")
+    assert sum(again) == 150, again
+    got = parquet_rows(spark, tmp_path / "out")
+    log = sorted((p, o, v) for p in range(3) for o, v in committed(client, "an", p).items())
+    # Exactly once across the restart, and every row is the committed log's row at its offset.
+    assert got == log
+
+
+class Feeder(threading.Thread):
+    """Keeps producing unique values into a topic (acks=all) until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.client = Client(bootstrap)
+        self.topic = topic
+        self.halt = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            values = [b"f-%d" % (self.sent + i) for i in range(60)]
+            try:
+                self.client.produce(self.topic, [ProducerRecord(v, v) for v in values])
+                self.sent += len(values)
+            except TidelogError:
+                time.sleep(0.2)
+            time.sleep(0.1)
+        self.client.close()
+
+
+def start_driver(work: Path, cluster: LocalCluster, crash_at: str = "") -> subprocess.Popen[str]:
+    env = dict(os.environ, TIDELOG_CRASH_AT=crash_at, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "spark_driver.py"),
+            cluster.bootstrap,
+            str(work),
+            "copy_in",
+            "copy_out",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(work / "driver.err", "a"),
+        text=True,
+        env=env,
+        start_new_session=True,  # SIGKILL to the group takes its JVM and Python workers too
+    )
+
+
+def wait_batches(driver: subprocess.Popen[str], count: int, timeout_s: float = 120) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert driver.stdout is not None
+    while len([line for line in lines if line.startswith("batch")]) < count:
+        assert time.monotonic() < deadline, f"driver made too little progress: {lines}"
+        line = driver.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+    return lines
+
+
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def test_streaming_exactly_once_through_leader_and_driver_kills(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    client.create_topic("copy_in", partitions=3, replication_factor=3)
+    client.create_topic("copy_out", partitions=3, replication_factor=3)
+    feeder = Feeder(cluster.bootstrap, "copy_in")
+    feeder.start()
+    drivers: list[subprocess.Popen[str]] = []
+    try:
+        # 1. The sink writes batch 2, then the driver's JVM dies before Spark's checkpoint
+        # records it: the restarted query replays batch 2 (batch ids 0, 1, 2, 2, 3, ...).
+        first = start_driver(tmp_path, cluster, crash_at="spark-sink-commit:2")
+        drivers.append(first)
+        wait_batches(first, 100, timeout_s=150)  # until it dies
+        first.wait(30)
+        assert first.returncode != 0
+
+        second = start_driver(tmp_path, cluster)
+        drivers.append(second)
+        wait_batches(second, 4)
+        # 2. A partition leader dies under the running queries (source and sink alike).
+        victim = leader_of(client, "copy_out", 0)
+        cluster.kill(victim)
+        wait_batches(second, 4)
+        cluster.start(victim)
+        # 3. The driver is SIGKILLed mid-run, JVM and all.
+        kill_group(second)
+
+        third = start_driver(tmp_path, cluster)
+        drivers.append(third)
+        wait_batches(third, 3)
+        feeder.halt.set()
+        feeder.join(30)
+        total = sum(client.list_offsets("copy_in", p) for p in range(3))
+        deadline = time.monotonic() + 120
+        while sum(client.list_offsets("copy_out", p) for p in range(3)) < total:
+            assert third.poll() is None, "driver died"
+            assert time.monotonic() < deadline, "the copy did not catch up"
+            time.sleep(1)
+        time.sleep(3)  # a duplicate would arrive now, if any
+        kill_group(third)
+    finally:
+        feeder.halt.set()
+        for d in drivers:
+            kill_group(d)
+
+    source = {(p, o): v for p in range(3) for o, v in committed(client, "copy_in", p).items()}
+    copied = Counter(v for p in range(3) for v in committed(client, "copy_out", p).values())
+    assert copied == Counter(source.values()), "the tidelog sink lost or duplicated records"
+    assert feeder.sent > 0 and len(source) >= feeder.sent
+
+    files = parquet_rows(spark, tmp_path / "parquet")
+    # No uncommitted read: every row the source returned is the committed record at its offset.
+    assert len(files) == len(set((p, o) for p, o, _ in files))
+    assert files == sorted((p, o, v) for (p, o), v in source.items())
+    assert first.returncode in (CRASH_EXIT_CODE, -signal.SIGKILL, 1, 3)
+
+
+def test_cursor_holds_retention_until_its_cap_then_fail_on_data_loss_both_ways(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    client.create_topic(
+        "held",
+        replication_factor=3,
+        configs={
+            "segment.bytes": "2048",
+            "segment.ms": "300",
+            "retention.ms": "500",
+            "cursor.max.idle.ms": "15000",
+            "retention.check.interval.ms": "100",
+            "file.delete.delay.ms": "0",
+        },
+    )
+    client.create_cursor("held-q", "held", "earliest")  # the query resumes from it
+
+    def fill(lo: int, hi: int) -> None:
+        for i in range(lo, hi, 10):
+            client.produce(
+                "held", [b"h%03d" % j + b"." * 100 for j in range(i, i + 10)], partition=0
+            )
+
+    def log_start() -> int:
+        return int(client.list_offsets("held", 0, "earliest"))
+
+    fill(0, 60)
+    df = stream(spark, cluster, "held", cursor="held-q", maxOffsetsPerTrigger="20")
+    assert run_available_now(df, tmp_path, "held") == [20, 20, 20]
+    # commit(end) trails by a batch: the cursor holds the last batch, which a restart may replay.
+    position = int(client.cursors("held-q")[0]["positions"]["0"])
+    assert position == 40
+    fill(60, 120)
+    time.sleep(1.5)  # three times retention.ms: only the cursor keeps offsets 40 and up
+    assert log_start() <= position
+    lwm = merge_status(client.status(["held"]), "held")[0]["low_watermark"]
+    assert lwm["set_by"].startswith("cursor held-q"), lwm
+
+    assert sum(run_available_now(df, tmp_path, "held")) == 60  # resumed, nothing lost
+    got = parquet_rows(spark, tmp_path / "held")
+    assert [o for _, o, _ in got] == list(range(120))
+
+    # Abandoned: past cursor.max.idle.ms the cursor stops holding, and retention deletes.
+    fill(120, 180)
+    deadline = time.monotonic() + 60
+    while not client.cursors("held-q")[0]["invalidated"] or log_start() <= 130:
+        assert time.monotonic() < deadline, "the cursor was never invalidated"
+        time.sleep(0.2)
+    lost_until = log_start()
+
+    with pytest.raises(Exception, match="failOnDataLoss") as failure:
+        run_available_now(df, tmp_path, "held")
+    assert "held/0: offsets" in str(failure.value)
+
+    lenient = stream(
+        spark, cluster, "held", cursor="held-q", maxOffsetsPerTrigger="20", failOnDataLoss="false"
+    )
+    run_available_now(lenient, tmp_path, "held")
+    offsets = [o for _, o, _ in parquet_rows(spark, tmp_path / "held")]
+    assert len(offsets) == len(set(offsets))
+    assert set(offsets) >= set(range(120)) | set(range(lost_until, 180))
