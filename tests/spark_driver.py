@@ -5,6 +5,7 @@ checkpoints. Prints one line per finished micro-batch."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,13 +15,14 @@ from tidelog.spark.session import local_spark
 
 def main() -> None:
     bootstrap, work, source, sink = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    os.environ["TIDELOG_CRASH_GROUP"] = str(os.getpgrp())  # a crash point takes us all down
     spark = local_spark("tidelog-test-driver", master="local[2]")
     stream = (
         spark.readStream.format("tidelog")
         .option("bootstrap", bootstrap)
         .option("subscribe", source)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "700")
+        .option("maxOffsetsPerTrigger", "1500")
         .load()
     )
     to_log = (

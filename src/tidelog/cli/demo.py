@@ -83,14 +83,16 @@ class Demo:
             "page_counts", partitions=3, replication_factor=self.rf, kind="table"
         )
         say(f"created topics events (3 partitions, RF {self.rf}) and page_counts (a table)")
-        clicks = Clickstream(bootstrap, "events", 3, self.args.rate, self.args.duration)
-        clicks.start()
-        say(f"producing a clickstream at {self.args.rate} views/s for {self.args.duration:.0f}s")
         say("starting Spark (local[2]) and the page_counts streaming queries")
         spark = local_spark("tidelog-demo")
+        clicks = Clickstream(bootstrap, "events", 3, self.args.rate, self.args.duration)
         queries: tuple[Any, ...] = ()
         try:
             queries = start_queries(spark, bootstrap, self.work)
+            clicks.start()
+            say(
+                f"producing a clickstream at {self.args.rate} views/s for {self.args.duration:.0f}s"
+            )
             self._watch(clicks, queries)
             return self._check(spark, clicks, queries)
         finally:
@@ -124,7 +126,7 @@ class Demo:
             raise clicks.error
         say(
             f"clickstream done: {clicks.produced} views acknowledged (acks=all), "
-            f"{clicks.retries} produce retries during the leader change"
+            f"{clicks.retries} batches re-sent after the client gave up (deduplicated by the log)"
         )
 
     def _kill_leader(self, topic: str, partition: int) -> int:

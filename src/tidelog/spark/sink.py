@@ -230,7 +230,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
             )
         # For the exactly-once test: die (with the JVM) after the batch is in the log but before
         # Spark records it in its checkpoint, so that Spark replays a batch the sink has written.
-        crash_point(f"spark-sink-commit:{batchId}", with_parent=True)
+        crash_point(f"spark-sink-commit:{batchId}")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Whatever the batch wrote stays; Spark replays the batch and the replay writes only the

@@ -14,10 +14,11 @@ _ARMED = os.environ.get("TIDELOG_CRASH_AT", "")
 CRASH_EXIT_CODE = 86
 
 
-def crash_point(name: str, *, with_parent: bool = False) -> None:
-    """with_parent: kill the parent too (a Spark helper process takes its JVM down with it,
-    as a machine crash would)."""
+def crash_point(name: str) -> None:
+    """With TIDELOG_CRASH_GROUP=<pgid> the whole process group dies (a Spark helper process
+    takes its driver and JVM down with it, as a machine crash would)."""
     if _ARMED and name == _ARMED:
-        if with_parent:
-            os.kill(os.getppid(), signal.SIGKILL)
+        group = os.environ.get("TIDELOG_CRASH_GROUP", "")
+        if group:
+            os.killpg(int(group), signal.SIGKILL)
         os._exit(CRASH_EXIT_CODE)
