@@ -92,6 +92,8 @@ def test_batch_reads_offsets_min_partitions_headers_and_bad_options(
     client.create_topic("batch", partitions=3, replication_factor=3)
     for p in range(3):
         produce(client, "batch", p, [b"%d-%d" % (p, i) for i in range(300)])
+    mark = int(time.time() * 1000)
+    time.sleep(0.05)
     client.produce(
         "batch", [ProducerRecord(b"h", b"with-headers", (("trace", b"t1"),))], partition=0
     )
@@ -116,6 +118,9 @@ def test_batch_reads_offsets_min_partitions_headers_and_bad_options(
     want += [(1, o, log[(1, o)]) for o in range(300)]
     want += [(2, o, log[(2, o)]) for o in range(50, 60)]
     assert rows_of(ranged) == sorted(want)
+
+    since = reader(spark, cluster, subscribe="batch", startingTimestamp=str(mark))
+    assert rows_of(since) == [(0, 300, b"with-headers")]
 
     split = reader(spark, cluster, assign='{"batch": [1, 2]}', minPartitions="9")
     assert split.rdd.getNumPartitions() >= 9
