@@ -510,6 +510,19 @@ class AsyncClient:
         resp = api.decode(api.ProduceResponse, header)
         return ProduceResult(partition, resp.base_offset, resp.last_offset, resp.high_watermark)
 
+    async def produce_in_order(
+        self, batches: dict[tuple[str, int], list[bytes]], acks: int | str = "all"
+    ) -> dict[tuple[str, int], list[ProduceResult | None]]:
+        """Each partition's batches one after another (the next only once the previous is
+        acknowledged, so a failure leaves a prefix), all partitions at once."""
+
+        async def one(topic: str, partition: int, items: list[bytes]) -> list[ProduceResult | None]:
+            return [await self.produce_batch(topic, partition, b, acks) for b in items]
+
+        keys = list(batches)
+        results = await asyncio.gather(*(one(t, p, batches[(t, p)]) for t, p in keys))
+        return dict(zip(keys, results, strict=True))
+
     async def produce(
         self,
         topic: str,

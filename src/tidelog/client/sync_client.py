@@ -83,6 +83,11 @@ class Client:
     ) -> ProduceResult | None:
         return self._run(self._async.produce_batch(topic, partition, batch, acks))
 
+    def produce_in_order(
+        self, batches: dict[tuple[str, int], list[bytes]], acks: int | str = "all"
+    ) -> dict[tuple[str, int], list[ProduceResult | None]]:
+        return self._run(self._async.produce_in_order(batches, acks))
+
     def fetch(self, topic: str, partition: int, offset: int, **options: Any) -> FetchResult:
         return self._run(self._async.fetch(topic, partition, offset, **options))
 

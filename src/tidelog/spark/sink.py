@@ -136,16 +136,22 @@ def write_rows(
             )
         headers = header_list[i] if header_list is not None else ()
         groups.setdefault((topic, partition), []).append(ProducerRecord(key, value, headers))
-    result = SinkCommit()
-    for (topic, partition), records in sorted(groups.items()):
+    encoded: dict[tuple[str, int], list[bytes]] = {}
+    sizes: dict[tuple[str, int], list[int]] = {}
+    for target, records in sorted(groups.items()):
         for chunk, rows in enumerate(replayable_chunks(records, opts.chunk_records)):
             epoch, sequence = epoch_and_sequence(batch_id, chunk)
-            batch = build_batch(rows, producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
-            produced = client.produce_batch(topic, partition, batch, acks="all")
-            result.records += len(rows)
-            if produced is not None and produced.duplicate:
-                result.duplicates += len(rows)
-        result.partitions.append(f"{topic}/{partition}")
+            encoded.setdefault(target, []).append(
+                build_batch(rows, producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
+            )
+            sizes.setdefault(target, []).append(len(rows))
+    result = SinkCommit()
+    for target, produced in client.produce_in_order(encoded, acks="all").items():
+        for count, answer in zip(sizes[target], produced, strict=True):
+            result.records += count
+            if answer is not None and answer.duplicate:
+                result.duplicates += count
+        result.partitions.append(f"{target[0]}/{target[1]}")
     return result
 
 
