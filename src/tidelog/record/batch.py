@@ -209,9 +209,12 @@ def build_batch(
     timestamps = [default_ts if r.timestamp is None else r.timestamp for r in recs]
     base_ts = min(timestamps)
     max_ts = max(timestamps)
-    body = bytearray()
-    for delta, (rec, ts) in enumerate(zip(recs, timestamps, strict=True)):
-        body.extend(_encode_record(rec, ts - base_ts, delta))
+    body = b"".join(
+        [
+            _encode_record(rec, ts - base_ts, delta)
+            for delta, (rec, ts) in enumerate(zip(recs, timestamps, strict=True))
+        ]
+    )
     payload: bytes | bytearray = body
     if compression == COMPRESSION_GZIP:
         payload = gzip.compress(bytes(body), compresslevel=1, mtime=0)
@@ -282,28 +285,44 @@ def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
     return bytes(out)
 
 
-def _encode_record(rec: ProducerRecord, ts_delta: int, offset_delta: int) -> bytearray:
-    body = bytearray(b"\x00")  # record attributes: unused in v2
-    encode_varint(ts_delta, body)
-    encode_varint(offset_delta, body)
-    _encode_bytes(rec.key, body)
-    _encode_bytes(rec.value, body)
-    encode_varint(len(rec.headers), body)
-    for hkey, hval in rec.headers:
-        _encode_bytes(hkey.encode(), body)
-        _encode_bytes(hval, body)
-    framed = bytearray()
-    encode_varint(len(body), framed)
-    framed.extend(body)
-    return framed
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    encode_varint(value, out)
+    return bytes(out)
 
 
-def _encode_bytes(value: bytes | None, out: bytearray) -> None:
-    if value is None:
-        encode_varint(-1, out)
+# The producer's hot path: lengths, deltas and counts are nearly always small, so their varints
+# come from a table instead of a bit loop per field.
+_SMALL_VARINTS = tuple(_varint_bytes(v) for v in range(-1, 1 << 12))
+
+
+def _varint(value: int) -> bytes:
+    if -1 <= value < (1 << 12) - 1:
+        return _SMALL_VARINTS[value + 1]
+    return _varint_bytes(value)
+
+
+def _encode_record(rec: ProducerRecord, ts_delta: int, offset_delta: int) -> bytes:
+    key, value, headers = rec.key, rec.value, rec.headers
+    parts = [b"\x00", _varint(ts_delta), _varint(offset_delta)]  # \x00: record attributes
+    if key is None:
+        parts.append(_SMALL_VARINTS[0])
     else:
-        encode_varint(len(value), out)
-        out.extend(value)
+        parts += (_varint(len(key)), key)
+    if value is None:
+        parts.append(_SMALL_VARINTS[0])
+    else:
+        parts += (_varint(len(value)), value)
+    parts.append(_varint(len(headers)))
+    for hkey, hval in headers:
+        raw = hkey.encode()
+        parts += (_varint(len(raw)), raw)
+        if hval is None:
+            parts.append(_SMALL_VARINTS[0])
+        else:
+            parts += (_varint(len(hval)), hval)
+    body = b"".join(parts)
+    return _varint(len(body)) + body
 
 
 def records_payload(batch: bytes | bytearray | memoryview, header: BatchHeader) -> bytes:
