@@ -436,3 +436,36 @@ def test_a_replay_cuts_the_same_chunks_whatever_the_row_order(
     for key, group in by_key.items():
         if key is not None and len(group) <= target:
             assert [r for c in first for r in c if r.key == key] == group
+
+
+def test_compaction_gaps_are_not_data_loss(
+    spark: Any, cluster: LocalCluster, client: Client
+) -> None:
+    client.create_topic(
+        "compacted",
+        replication_factor=3,
+        configs={
+            "cleanup.policy": "compact",
+            "segment.bytes": "2048",
+            "min.cleanable.dirty.ratio": "0.01",
+            "retention.check.interval.ms": "100",
+            "file.delete.delay.ms": "0",
+        },
+    )
+    for round_ in range(5):
+        client.produce(
+            "compacted",
+            [ProducerRecord(b"key%d" % k, b"v%d-%d" % (round_, k)) for k in range(10)],
+            partition=0,
+        )
+    for i in range(40):  # filler, so that every version above sits in closed segments
+        client.produce("compacted", [ProducerRecord(b"filler%d" % i, b"f" * 100)], partition=0)
+    deadline = time.monotonic() + 60
+    while len([o for o in committed(client, "compacted", 0) if o < 50]) > 10:
+        assert time.monotonic() < deadline, "no compaction"
+        time.sleep(0.2)
+    log = committed(client, "compacted", 0)
+    assert len(log) < 90 and client.list_offsets("compacted", 0, "earliest") == 0
+    # failOnDataLoss is on (the default): the gaps compaction leaves are not loss.
+    got = rows_of(reader(spark, cluster, subscribe="compacted", minPartitions="4"))
+    assert got == sorted((0, o, v) for o, v in log.items())
