@@ -35,7 +35,7 @@ def with_retries(what: str, call: Callable[[], T], attempts: int = 8, delay_s: f
         try:
             return call()
         except TidelogError as exc:
-            if not exc.retriable and exc.name not in ("NetworkError", "Timeout", "NotLeader"):
+            if not exc.retriable:
                 raise
             last = exc
             log.warning("%s failed (%s); retrying", what, exc)

@@ -67,6 +67,17 @@ def offsets_from_json(data: Mapping[str, Mapping[str, int]]) -> dict[TopicPartit
     return {(t, int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
 
 
+def _lowered(options: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """Spark's options are case-insensitive; both source and sink need a bootstrap."""
+    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    bootstrap = opts.get("bootstrap", "")
+    if not bootstrap:
+        raise InvalidConfig(
+            "option 'bootstrap' (HOST:PORT of any tidelog node) is required", key="bootstrap"
+        )
+    return opts, bootstrap
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     bootstrap: str
@@ -88,12 +99,7 @@ class SourceOptions:
 
     @staticmethod
     def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
-        opts = {str(k).lower(): str(v) for k, v in options.items()}
-        bootstrap = opts.get("bootstrap", "")
-        if not bootstrap:
-            raise InvalidConfig(
-                "option 'bootstrap' (HOST:PORT of any tidelog node) is required", key="bootstrap"
-            )
+        opts, bootstrap = _lowered(options)
         table = opts.get("table", "")
         chosen = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k)]
         if table:
@@ -177,12 +183,7 @@ class SinkOptions:
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
-        opts = {str(k).lower(): str(v) for k, v in options.items()}
-        bootstrap = opts.get("bootstrap", "")
-        if not bootstrap:
-            raise InvalidConfig(
-                "option 'bootstrap' (HOST:PORT of any tidelog node) is required", key="bootstrap"
-            )
+        opts, bootstrap = _lowered(options)
         acks = opts.get("acks", "all")
         if acks != "all":
             raise InvalidConfig(

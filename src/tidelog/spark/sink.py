@@ -197,11 +197,9 @@ def replayable_chunks(records: list[ProducerRecord], target: int) -> list[list[P
         size *= 2
 
 
-def _table(iterator: Iterator[pa.RecordBatch]) -> pa.Table | None:
+def _table(iterator: Iterator[pa.RecordBatch]) -> pa.Table:
     batches = list(iterator)
-    if not batches:
-        return None
-    return pa.Table.from_batches(batches)
+    return pa.Table.from_batches(batches) if batches else pa.table({})
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -209,12 +207,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         self.opts = opts
-        self.columns = list(schema.fieldNames())
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         table = _table(iterator)
-        if table is None:
-            return SinkCommit()
         context = TaskContext.get()
         query_id = context.getLocalProperty("sql.streaming.queryId") if context else None
         batch = context.getLocalProperty("streaming.sql.batchId") if context else None
@@ -251,12 +246,9 @@ class BatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         self.opts = opts
         self.job = uuid.uuid4().hex
-        self.columns = list(schema.fieldNames())
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         table = _table(iterator)
-        if table is None:
-            return SinkCommit()
         context = TaskContext.get()
         task = context.partitionId() if context else 0
         pid = producer_id("batch", self.job, task)

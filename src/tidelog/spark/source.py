@@ -254,9 +254,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # partition that appeared after the query started is read from offset 0.
         return {tp: max(o, begin.get(tp, 0)) for tp, o in hw.items()}
 
-    def reportLatestOffset(self) -> dict[str, Any] | None:
-        return None
-
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin = offsets_from_json(start)
         finish = offsets_from_json(end)
