@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
+from invalid_batches import INVALID
 from test_cluster import leader_of
 from tidelog.cli.cluster import LocalCluster
 from tidelog.cli.main import merge_status
@@ -469,3 +470,76 @@ def test_compaction_gaps_are_not_data_loss(
     # failOnDataLoss is on (the default): the gaps compaction leaves are not loss.
     got = rows_of(reader(spark, cluster, subscribe="compacted", minPartitions="4"))
     assert got == sorted((0, o, v) for o, v in log.items())
+
+
+def test_every_invalid_batch_is_refused_and_every_reader_keeps_reading(
+    spark: Any, cluster: LocalCluster, client: Client
+) -> None:
+    """Issue 9's table: each invalid-batch kind, sent to a stream, a compacted and a table
+    topic, is refused with its named error and nothing is appended; the client, compaction,
+    table reads and the Spark source read every partition as before, and so they do after every
+    node restarts (a poisoned table once left a whole cluster unable to start)."""
+    compact = {
+        "cleanup.policy": "compact",
+        "segment.bytes": "2048",
+        "min.cleanable.dirty.ratio": "0.01",
+        "retention.check.interval.ms": "100",
+    }
+    topics = {"poison-stream": ("stream", {}), "poison-compact": ("stream", compact)}
+    topics["poison-table"] = ("table", {})
+    for name, (kind, configs) in topics.items():
+        client.create_topic(name, replication_factor=3, configs=configs, kind=kind)
+        client.produce(name, [ProducerRecord(b"k%d" % i, b"before%d" % i) for i in range(20)])
+    ends = {name: client.list_offsets(name, 0, "latest") for name in topics}
+    refused: dict[str, str] = {}
+    for case in INVALID:
+        batch = case.make()
+        for name, (kind, configs) in topics.items():
+            keyed = kind == "table" or configs
+            if case.only_keyed and not keyed:
+                continue
+            with pytest.raises(case.error) as caught:
+                client.produce_batch(name, 0, batch)
+            assert type(caught.value) is case.error, (case.name, name, caught.value)
+            assert caught.value.details.get("rule") == case.rule
+            refused[f"{name}:{case.name}"] = caught.value.name
+    assert len(refused) >= 3 * len(INVALID) - 2
+    for name in topics:  # nothing of any of them was appended
+        assert client.list_offsets(name, 0, "latest") == ends[name]
+        client.produce(name, [ProducerRecord(b"k%d" % i, b"after%d" % i) for i in range(60)])
+
+    def every_reader_reads() -> None:
+        for name in topics:
+            consumed = [(r.offset, r.key, r.value) for r in client.consume(name, 0)]
+            latest = {k: v for _, k, v in consumed}
+            assert latest[b"k5"] == b"after5" and latest[b"k30"] == b"after30"
+            rows = reader(spark, cluster, subscribe=name).select("offset", "key", "value")
+            got = sorted((r["offset"], bytes(r["key"]), bytes(r["value"])) for r in rows.collect())
+            if name == "poison-compact":  # compaction may run between the two reads
+                assert {k: v for _, k, v in got} == latest
+            else:
+                assert got == consumed
+        table = dict(client.table_scan("poison-table"))
+        assert table[b"k5"] == b"after5" and len(table) == 60
+        for row in merge_status(client.status(list(topics)), None):
+            assert row["invalid_batches"] == []
+
+    def compactions() -> int:
+        return sum(
+            p["metrics"]["compactions"]
+            for node in client.status(["poison-compact"])
+            for p in node["partitions"]
+        )
+
+    every_reader_reads()
+    deadline = time.monotonic() + 60
+    while compactions() == 0:
+        assert time.monotonic() < deadline, "no compaction"
+        client.produce("poison-compact", [ProducerRecord(b"k1", b"x" * 200)])
+        time.sleep(0.2)
+    client.produce("poison-compact", [ProducerRecord(b"k1", b"after1")])
+    cluster.stop_all()
+    cluster.start()
+    cluster.wait_ready()
+    leader_of(client, "poison-table")
+    every_reader_reads()

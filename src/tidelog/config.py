@@ -31,11 +31,17 @@ class TopicConfig:
     min_cleanable_dirty_ratio: float = 0.5
     file_delete_delay_ms: int = 60_000
     max_message_bytes: int = 8 * MiB
+    # Kafka's window for producer timestamps (KIP-937; after.max.ms defaults to an hour as in
+    # Kafka 4): a record stamped further in the past or future than this is InvalidRecord.
+    # -1: no bound.
+    message_timestamp_before_max_ms: int = -1
+    message_timestamp_after_max_ms: int = 3_600_000
     # 1 = fsync before acknowledging (group commit); larger values trade durability for speed
     # exactly as Kafka's flush.messages does.
     flush_messages: int = 1
     flush_ms: int = -1
     min_insync_replicas: int = 1
+    producer_id_expiration_ms: int = 86_400_000  # an idempotent producer is forgotten after
     replica_lag_time_max_ms: int = 30_000
     replica_max_lag_ms: int = 600_000
     hw_policy: str = "quorum"
@@ -96,8 +102,14 @@ class TopicConfig:
             "must be delete, compact or compact,delete",
         )
         need(self.max_message_bytes >= 128, "max.message.bytes", "must be at least 128")
+        for key, value in (
+            ("message.timestamp.before.max.ms", self.message_timestamp_before_max_ms),
+            ("message.timestamp.after.max.ms", self.message_timestamp_after_max_ms),
+        ):
+            need(value >= -1, key, "must be -1 (no bound) or >= 0")
         need(self.flush_messages >= 1, "flush.messages", "must be >= 1")
         need(self.min_insync_replicas >= 1, "min.insync.replicas", "must be >= 1")
+        need(self.producer_id_expiration_ms >= 1, "producer.id.expiration.ms", "must be > 0")
         need(self.hw_policy in ("quorum", "isr"), "hw.policy", "must be quorum or isr")
         need(0.0 <= self.min_cleanable_dirty_ratio <= 1.0, "min.cleanable.dirty.ratio", "in [0, 1]")
         need(self.snapshot_entries >= 2, "snapshot.entries", "must be >= 2")

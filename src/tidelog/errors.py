@@ -7,6 +7,8 @@
     ├── UnknownTopicOrPartition             retriable (metadata may still be propagating)
     ├── TopicAlreadyExists
     ├── CorruptRecord                       a batch failed its CRC or layout checks
+    │   └── UnsupportedCompression(codec)   a codec tidelog does not read (or that does not exist)
+    ├── InvalidRecord(rule)                 well-formed bytes breaking a rule (count, keys, bits)
     ├── RecordTooLarge
     ├── InvalidRequest                      malformed or out-of-contract request
     ├── UnsupportedApi
@@ -19,6 +21,8 @@
     ├── DuplicateSequence                   an idempotent producer's replay (harmless)
     ├── OutOfOrderSequence
     ├── NetworkError                        retriable: the connection broke (client side only)
+    ├── NotAuthorized(principal, operation) the principal may not do that
+    ├── OutcomeUnknown(cause)               a write may or may not have been applied (client side)
     ├── DataLoss(topic, partition, first, last)  a reader needed offsets the log no longer has
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
@@ -98,6 +102,19 @@ class CorruptRecord(TidelogError):
     code = 2
 
 
+class InvalidRecord(TidelogError):
+    """A batch whose bytes parse but break a rule of the log (Kafka's INVALID_RECORD)."""
+
+    code = 87
+
+
+class UnsupportedCompression(CorruptRecord):
+    """A batch compressed with a codec tidelog does not read (Kafka's
+    UNSUPPORTED_COMPRESSION_TYPE); to a reader it is a batch it cannot read, as a corrupt one."""
+
+    code = 76
+
+
 class RecordTooLarge(TidelogError):
     code = 10
 
@@ -153,6 +170,20 @@ class OutOfOrderSequence(TidelogError):
 class NetworkError(TidelogError):
     code = 13
     retriable = True
+
+
+class NotAuthorized(TidelogError):
+    """The principal may not perform this operation (Kafka's *_AUTHORIZATION_FAILED)."""
+
+    code = 29
+
+
+class OutcomeUnknown(TidelogError):
+    """A write whose fate is unknown: it was sent, and then the answer was lost (connection
+    broken, timed out, leader changed after appending it). It may or may not be in the log;
+    unlike a definite failure, retrying a non-idempotent write may duplicate it."""
+
+    code = 105
 
 
 class InvalidConfig(InvalidRequest):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -30,6 +32,18 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def _die_with_parent() -> None:
+    """In a node's process before exec: when the thread that started it ends (as when
+    `tidelog cluster up` is killed, even by SIGKILL), the node is sent SIGTERM rather than
+    left running (Linux's PR_SET_PDEATHSIG; it follows the starting thread, not the process,
+    so only a cluster started from a main thread that lives as long as it asks for it)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -37,21 +51,43 @@ class LocalCluster:
         nodes: int = 3,
         *,
         ports: list[int] | None = None,
+        peer_ports: list[int] | None = None,
         serve_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         log_level: str = "INFO",
+        die_with_parent: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.die_with_parent = die_with_parent
         self.node_ids = list(range(1, nodes + 1))
         self.ports = dict(zip(self.node_ids, ports or free_ports(nodes), strict=True))
+        # Fixed peer-channel ports, picked now with the client ports held apart: a port the
+        # kernel picked for one node's peer channel could be the client port of a node that
+        # has not started yet.
+        if peer_ports is None:
+            taken = set(self.ports.values())
+            peer_ports = [p for p in free_ports(2 * nodes) if p not in taken][:nodes]
+        self.peer_ports = dict(zip(self.node_ids, peer_ports, strict=True))
         self.serve_args = list(serve_args or [])
         self.env = dict(os.environ, **(env or {}))
         self.log_level = log_level
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
+    def secret_path(self) -> Path:
+        """The cluster secret every node proves it holds on the peer channel: made once, kept
+        with the cluster's data so that restarted nodes still belong."""
+        path = self.data_dir / "cluster.secret"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+        return path
+
+    @property
     def peers(self) -> str:
-        return ",".join(f"{n}=127.0.0.1:{p}" for n, p in self.ports.items())
+        return ",".join(f"{n}=127.0.0.1:{p}/{self.peer_ports[n]}" for n, p in self.ports.items())
 
     @property
     def bootstrap(self) -> str:
@@ -80,6 +116,8 @@ class LocalCluster:
                 self.address(n),
                 "--peers",
                 self.peers,
+                "--cluster-secret-file",
+                str(self.secret_path),
                 "--data",
                 str(data),
                 "--log-level",
@@ -88,7 +126,12 @@ class LocalCluster:
             ]
             with open(self.log_path(n), "ab") as log:
                 self.procs[n] = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if self.die_with_parent else None,
                 )
 
     def wait_ready(self, timeout_s: float = 30.0, node_ids: list[int] | None = None) -> None:
@@ -170,7 +213,9 @@ def add_cluster_commands(
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     ports = [args.base_port + i for i in range(args.nodes)]
-    cluster = LocalCluster(args.data, args.nodes, ports=ports, log_level=args.log_level)
+    cluster = LocalCluster(
+        args.data, args.nodes, ports=ports, log_level=args.log_level, die_with_parent=True
+    )
     cluster.start()
     stopping = False
 

@@ -65,9 +65,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run a node")
     serve.add_argument("--data", help="data directory")
-    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:7100)")
+    serve.add_argument("--listen", help="HOST:PORT for clients (default 127.0.0.1:7100)")
+    serve.add_argument(
+        "--peer-listen",
+        help="HOST:PORT of the peer channel, where nodes replicate (default: the --listen host, "
+        "a port of its own)",
+    )
     serve.add_argument("--node-id", type=int)
-    serve.add_argument("--peers", help="ID=HOST:PORT,... static cluster membership")
+    serve.add_argument(
+        "--peers",
+        help="ID=HOST:PORT[/PEER_PORT],... static cluster membership (client addresses; a "
+        "fixed peer-channel port after the slash)",
+    )
+    serve.add_argument(
+        "--cluster-secret-file",
+        help="file holding the secret every node proves it knows before it may replicate "
+        "(or env TIDELOG_CLUSTER_SECRET)",
+    )
+    serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a node setting, e.g. max.connections=1000, max.connections.per.ip, "
+        "queued.max.request.bytes, socket.request.max.bytes, connections.max.idle.ms, "
+        "request.receive.timeout.ms, max.inflight.requests.per.connection, fd.reserve",
+    )
     serve.add_argument("--config", type=Path, help="TOML file with the same keys")
     serve.add_argument(
         "--event-loop",
@@ -117,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--replica-read", action="store_true", help="allow reads from followers")
     consume.add_argument("--node", type=int, help="with --replica-read: read from this replica")
     consume.add_argument("--cursor", help="resume from this durable cursor and commit as it goes")
+    consume.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="pass over batches that cannot be read (see `tidelog status`) with a warning",
+    )
     consume.set_defaults(func=cmd_consume)
 
     cursors = sub.add_parser("cursors", help="durable consumer positions that hold the log")
@@ -172,11 +200,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tidelog.node.server import Node
 
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
+    values.update(_parse_kv(args.set, "--set"))
     for key, value in (
         ("data", args.data),
         ("listen", args.listen),
+        ("peer_listen", args.peer_listen),
         ("node_id", args.node_id),
         ("peers", args.peers),
+        ("cluster_secret_file", args.cluster_secret_file),
         ("event_loop", args.event_loop),
     ):
         if value is not None:
@@ -190,7 +221,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
         print(
-            f"tidelog node {node.node_id} listening on {node.address[0]}:{node.address[1]}",
+            f"tidelog node {node.node_id} listening on {node.address[0]}:{node.address[1]} "
+            f"(peers on {node.peer_address[0]}:{node.peer_address[1]})",
             flush=True,
         )
         await node.serve_forever()
@@ -216,12 +248,12 @@ def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "uvloop") -> T:
 # -- topics -------------------------------------------------------------------------------------
 
 
-def _parse_kv(items: list[str]) -> dict[str, str]:
+def _parse_kv(items: list[str], flag: str = "--config") -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise TidelogError(f"--config expects KEY=VALUE, got {item!r}")
+            raise TidelogError(f"{flag} expects KEY=VALUE, got {item!r}")
         out[key.strip()] = value.strip()
     return out
 
@@ -382,6 +414,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         replica_read=args.replica_read,
                         prefer_node=args.node,
                         cursor=args.cursor or "",
+                        skip_invalid=args.skip_invalid,
                     ):
                         await out.put((p, rec))
                 except TidelogError as exc:
@@ -555,6 +588,10 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
                 },
             )
             node_id = node["node_id"]
+            found = row.setdefault("invalid_batches", {})
+            for batch in st.get("invalid_batches", []):
+                entry = found.setdefault(batch["base_offset"], {**batch, "nodes": []})
+                entry["nodes"].append(node_id)
             row["replicas"][str(node_id)] = {
                 "role": st["role"],
                 "log_end_offset": st["log_end_offset"],
@@ -580,6 +617,7 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
     out = []
     for key in sorted(rows):
         row = rows[key]
+        row["invalid_batches"] = [b for _, b in sorted(row.get("invalid_batches", {}).items())]
         view = row.pop("leader_view", {})
         for rid, rep in row["replicas"].items():
             lv = view.get(rid) or view.get(int(rid)) or {}
@@ -651,6 +689,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                     print(
                         f"{'':<26}cursor {name}: position {c['position']}, lag {c['lag']}, "
                         f"lead {c['lead']}"
+                    )
+                for b in r.get("invalid_batches", []):
+                    print(
+                        f"{'':<26}INVALID batch at offsets {b['base_offset']}..{b['last_offset']}"
+                        f" ({b['error']}: {b['reason']}) on nodes {b['nodes']}; readers pass over "
+                        "it with --skip-invalid"
                     )
 
     asyncio.run(run())

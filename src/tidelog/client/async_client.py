@@ -1,5 +1,15 @@
 """The asyncio client: finds leaders through metadata and retries NotLeader and leader
-changes for the caller."""
+changes for the caller.
+
+Producing is idempotent by default (as Kafka's producer is since 3.0): the client is one
+producer, with a random 63-bit producer id, and stamps each batch it sends to a partition with
+the next sequence numbers, one partition's batches one after another. A retried batch the log
+already holds is answered as the original was (`ProduceResult.duplicate`), so retries after a
+lost answer or a leader change never duplicate records. When retries run out after an attempt
+whose fate is unknown (sent, then no answer; or appended by a leader that then lost its
+leadership), produce raises OutcomeUnknown, never a plain error that would read as "not
+written". With `idempotent=False`, such an attempt is not retried at all.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,7 @@ import contextlib
 import logging
 import random
 import zlib
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +31,7 @@ from tidelog.errors import (
     NetworkError,
     NotLeader,
     OffsetOutOfRange,
+    OutcomeUnknown,
     TidelogError,
     Timeout,
     UnknownTopicOrPartition,
@@ -29,11 +40,30 @@ from tidelog.node.config import parse_address
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame
-from tidelog.record.batch import ProducerRecord, Record, build_batch, decode_records, iter_headers
+from tidelog.record.batch import (
+    NO_PRODUCER_ID,
+    SEQUENCE_MAX,
+    ProducerRecord,
+    Record,
+    build_batch,
+    decode_records,
+    iter_headers,
+    read_header,
+    restamp_producer,
+)
 
 log = logging.getLogger(__name__)
 
 ACKS = {"0": api.ACKS_NONE, "1": api.ACKS_LEADER, "all": api.ACKS_ALL, "-1": api.ACKS_ALL}
+PRODUCER_EPOCH_MAX = 0x7FFF
+
+
+def is_indeterminate(exc: TidelogError) -> bool:
+    """Did this failed attempt perhaps take effect? (Sent, then the answer was lost or timed
+    out; or the node appended it and then could not confirm it.)"""
+    return bool(exc.details.get("appended")) or (
+        isinstance(exc, NetworkError | Timeout) and bool(exc.details.get("sent"))
+    )
 
 
 def parse_acks(acks: int | str) -> int:
@@ -94,6 +124,7 @@ class AsyncClient:
         retries: int = 40,
         retry_backoff_ms: int = 50,
         retry_backoff_max_ms: int = 250,
+        idempotent: bool = True,
     ) -> None:
         items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         self.bootstrap = [parse_address(b) for b in items if b.strip()]
@@ -107,6 +138,10 @@ class AsyncClient:
         self._connecting: dict[tuple[str, int], asyncio.Future[NodeConnection]] = {}
         self._meta = _Metadata()
         self._rng = random.Random()
+        self.idempotent = idempotent
+        self.producer_id = -1  # drawn at the first idempotent produce
+        self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # -> (epoch, next)
+        self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -261,13 +296,32 @@ class AsyncClient:
         payload: bytes = b"",
         timeout_s: float | None = None,
         expect_response: bool = True,
-        retry_on_timeout: bool = True,
+        note: Callable[[TidelogError], None] | None = None,
+        retry_indeterminate: bool = True,
     ) -> tuple[dict[str, Any], bytes]:
+        """Send to the partition's leader, following leader changes. note() sees every failed
+        attempt; with retry_indeterminate=False an attempt that may have taken effect is not
+        retried (OutcomeUnknown)."""
         last: TidelogError | None = None
         for attempt in range(self.retries):
             try:
-                address = await self._partition_target(topic, partition, attempt)
-                return await self.call(address, key, request, payload, timeout_s, expect_response)
+                try:
+                    address = await self._partition_target(topic, partition, attempt)
+                    return await self.call(
+                        address, key, request, payload, timeout_s, expect_response
+                    )
+                except TidelogError as exc:
+                    if note is not None:
+                        note(exc)
+                    if not retry_indeterminate and is_indeterminate(exc):
+                        raise OutcomeUnknown(
+                            f"{topic}/{partition}: the request may or may not have been applied "
+                            f"({exc}); it was not retried, as that could apply it twice",
+                            topic=topic,
+                            partition=partition,
+                            cause=exc.name,
+                        ) from exc
+                    raise
             except NotLeader as exc:
                 last = exc
                 hint = exc.leader_hint
@@ -288,8 +342,6 @@ class AsyncClient:
                 with contextlib.suppress(TidelogError):
                     await self.refresh_metadata([topic])
             except Timeout as exc:
-                if not retry_on_timeout:
-                    raise
                 last = exc
                 self._meta.leaders.pop((topic, partition), None)
             except TidelogError as exc:
@@ -483,9 +535,56 @@ class AsyncClient:
         timeout_ms: int = 30_000,
         producer_id: int = -1,
     ) -> ProduceResult | None:
-        """Send one or more encoded batches; returns the assigned offsets (None for acks=0)."""
+        """Send one or more encoded batches; returns the assigned offsets (None for acks=0).
+        Batches without a producer id are stamped as this client's (idempotent) unless
+        idempotence is off or acks=0; batches with one (the Spark sink's) go as they are."""
         acks_value = parse_acks(acks)
+        owned = read_header(batch).producer_id != NO_PRODUCER_ID
+        if owned or not self.idempotent or acks_value == api.ACKS_NONE:
+            return await self._produce(
+                topic, partition, batch, acks_value, timeout_ms, producer_id, retry=owned
+            )
+        tp = (topic, partition)
+        lock = self._partition_locks.setdefault(tp, asyncio.Lock())
+        async with lock:  # one batch at a time per partition: sequences land in order
+            stamped = self._stamp(tp, batch)
+            return await self._produce(
+                topic, partition, stamped, acks_value, timeout_ms, self.producer_id, retry=True
+            )
+
+    def _stamp(self, tp: tuple[str, int], batch: bytes) -> bytes:
+        if self.producer_id < 0:
+            self.producer_id = random.SystemRandom().getrandbits(63)
+        epoch, sequence = self._sequences.get(tp, (0, 0))
+        count = sum(h.last_offset_delta + 1 for _, h in iter_headers(batch, verify=False))
+        if sequence + count > SEQUENCE_MAX:  # sequences do not wrap: the next epoch starts at 0
+            epoch, sequence = epoch + 1, 0
+            if epoch > PRODUCER_EPOCH_MAX:
+                self.producer_id = random.SystemRandom().getrandbits(63)
+                self._sequences.clear()
+                epoch = 0
+        stamped, following = restamp_producer(batch, self.producer_id, epoch, sequence)
+        # Taken whatever happens next: a sequence that may be in the log is never reused.
+        self._sequences[tp] = (epoch, following)
+        return stamped
+
+    async def _produce(
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes,
+        acks_value: int,
+        timeout_ms: int,
+        producer_id: int,
+        retry: bool,
+    ) -> ProduceResult | None:
         request = api.ProduceRequest(topic, partition, acks_value, timeout_ms, producer_id)
+        unknown: list[TidelogError] = []
+
+        def note(exc: TidelogError) -> None:
+            if is_indeterminate(exc):
+                unknown.append(exc)
+
         try:
             header, _ = await self._to_leader(
                 topic,
@@ -495,6 +594,8 @@ class AsyncClient:
                 batch,
                 timeout_s=timeout_ms / 1000 + 5,
                 expect_response=acks_value != api.ACKS_NONE,
+                note=note,
+                retry_indeterminate=retry,
             )
         except DuplicateSequence as exc:
             # Our own earlier attempt (or a replay) is already in the log: that is success.
@@ -505,10 +606,24 @@ class AsyncClient:
                 -1,
                 duplicate=True,
             )
+        except OutcomeUnknown:
+            raise
+        except TidelogError as exc:
+            if unknown:
+                raise OutcomeUnknown(
+                    f"{topic}/{partition}: the write may or may not be in the log: an attempt "
+                    f"was lost in flight ({unknown[-1]}), and the last one failed ({exc})",
+                    topic=topic,
+                    partition=partition,
+                    cause=exc.name,
+                ) from exc
+            raise
         if acks_value == api.ACKS_NONE:
             return None
         resp = api.decode(api.ProduceResponse, header)
-        return ProduceResult(partition, resp.base_offset, resp.last_offset, resp.high_watermark)
+        return ProduceResult(
+            partition, resp.base_offset, resp.last_offset, resp.high_watermark, resp.duplicate
+        )
 
     async def produce_in_order(
         self, batches: dict[tuple[str, int], list[bytes]], acks: int | str = "all"
@@ -549,8 +664,11 @@ class AsyncClient:
         node_id: int | None = None,
         include_control: bool = False,
         cursor: str = "",
+        skip_invalid: bool = False,
     ) -> FetchResult:
-        """Records at offsets >= offset below the HW of the replica that answers."""
+        """Records at offsets >= offset below the HW of the replica that answers. A batch that
+        cannot be read (one written before batches were validated; `tidelog status` lists
+        them) raises CorruptRecord, or with skip_invalid is passed over with a warning."""
         request = api.FetchRequest(
             topic, partition, offset, max_bytes, max_wait_ms, min_bytes, replica_read, cursor
         )
@@ -563,7 +681,9 @@ class AsyncClient:
                 topic, partition, ApiKey.FETCH, request, timeout_s=timeout
             )
         resp = api.decode(api.FetchResponse, header)
-        records, next_offset = decode_fetched(payload, offset, include_control)
+        records, next_offset = decode_fetched(
+            payload, offset, include_control, skip_invalid, f"{topic}/{partition}"
+        )
         if records and records[-1].offset >= resp.high_watermark:
             raise CorruptRecord(
                 f"node {resp.node_id} returned offset {records[-1].offset} at or above its HW "
@@ -601,6 +721,7 @@ class AsyncClient:
         replica_read: bool = False,
         prefer_node: int | None = None,
         cursor: str = "",
+        skip_invalid: bool = False,
     ) -> AsyncGenerator[Record, None]:
         """Records in offset order from start up to the HW as it is now (or on and on with
         follow); out-of-range offsets follow the reset policy (earliest, latest or none)."""
@@ -615,6 +736,7 @@ class AsyncClient:
             replica_read=replica_read,
             prefer_node=prefer_node,
             cursor=cursor,
+            skip_invalid=skip_invalid,
         ):
             for rec in records:
                 yield rec
@@ -632,6 +754,7 @@ class AsyncClient:
         replica_read: bool = False,
         prefer_node: int | None = None,
         cursor: str = "",
+        skip_invalid: bool = False,
     ) -> AsyncGenerator[list[Record], None]:
         """consume(), a fetch's worth of records at a time. With replica_read, prefer_node (a
         follower, say) answers while it is reachable; it serves only below its own HW."""
@@ -640,6 +763,17 @@ class AsyncClient:
         offset = await self._resolve_start(topic, partition, start)
         # Without follow, stop at the end as it is now; a busy partition would never end.
         end = None if follow else await self.list_offsets(topic, partition, "latest")
+        if end is not None and offset > end:
+            # Past the HW: the node would say so to a fetch, and so do we without one.
+            error = OffsetOutOfRange(
+                f"offset {offset} is past the high-water mark {end} of {topic}/{partition}",
+                log_start=await self.list_offsets(topic, partition, "earliest"),
+                high_watermark=end,
+            )
+            if reset == "none":
+                raise error
+            offset = error.log_start if reset == "earliest" else end
+            log.warning("%s; continuing at the %s offset %d", error.message, reset, offset)
         budget = max_records
         while (budget is None or budget > 0) and (end is None or offset < end):
             try:
@@ -653,6 +787,7 @@ class AsyncClient:
                         replica_read=replica_read,
                         node_id=node,
                         cursor=cursor,
+                        skip_invalid=skip_invalid,
                     )
                 except (NetworkError, NotLeader, UnknownTopicOrPartition):
                     if node is None:
@@ -664,6 +799,7 @@ class AsyncClient:
                         max_wait_ms=max_wait_ms if follow else 0,
                         replica_read=replica_read,
                         cursor=cursor,
+                        skip_invalid=skip_invalid,
                     )
             except OffsetOutOfRange as exc:
                 if reset == "none":
@@ -710,17 +846,36 @@ class AsyncClient:
 
 
 def decode_fetched(
-    payload: bytes, from_offset: int, include_control: bool = False
+    payload: bytes,
+    from_offset: int,
+    include_control: bool = False,
+    skip_invalid: bool = False,
+    where: str = "",
 ) -> tuple[list[Record], int]:
     """Decode fetched batches (CRC-checked again here); records below from_offset are dropped.
-    Returns (records, the offset to fetch next)."""
+    Returns (records, the offset to fetch next). A batch whose records cannot be decoded raises
+    CorruptRecord naming its offsets, or with skip_invalid is skipped with a warning."""
     records: list[Record] = []
     next_offset = from_offset
     for pos, header in iter_headers(payload):
         next_offset = max(next_offset, header.next_offset)
         if header.is_control and not include_control:
             continue
-        for rec in decode_records(payload, pos):
+        try:
+            decoded = decode_records(payload, pos)
+        except CorruptRecord as exc:
+            span = f"{where} offsets {header.base_offset}..{header.last_offset}"
+            if not skip_invalid:
+                raise CorruptRecord(
+                    f"{span} hold a batch that cannot be read ({exc.message}); read with "
+                    "skip_invalid (tidelog consume --skip-invalid, Spark option "
+                    "skipInvalidBatches) to pass over it",
+                    base_offset=header.base_offset,
+                    last_offset=header.last_offset,
+                ) from None
+            log.warning("skipping %s: a batch that cannot be read (%s)", span, exc.message)
+            continue
+        for rec in decoded:
             if rec.offset >= from_offset:
                 records.append(rec)
     return records, next_offset

@@ -54,7 +54,9 @@ class NodeConnection(asyncio.Protocol):
                 if future is not None and not future.done():
                     future.set_result(frame)
         except Exception as exc:  # a broken stream poisons every request on it
-            self._fail_all(NetworkError(f"bad response stream from {self.address}: {exc}"))
+            self._fail_all(
+                NetworkError(f"bad response stream from {self.address}: {exc}", sent=True)
+            )
             self.close()
 
     def pause_writing(self) -> None:
@@ -65,7 +67,10 @@ class NodeConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._fail_all(NetworkError(f"connection to {self.address[0]}:{self.address[1]} lost"))
+        # Every request still waiting was sent: whether the node acted on it is unknown.
+        self._fail_all(
+            NetworkError(f"connection to {self.address[0]}:{self.address[1]} lost", sent=True)
+        )
 
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
@@ -104,5 +109,5 @@ class NodeConnection(asyncio.Protocol):
         except TimeoutError:
             self._pending.pop(correlation_id, None)
             raise Timeout(
-                f"no answer from {self.address[0]}:{self.address[1]} in {timeout_s}s"
+                f"no answer from {self.address[0]}:{self.address[1]} in {timeout_s}s", sent=True
             ) from None

@@ -7,6 +7,7 @@ Cursors past their caps stop holding at once and are invalidated through the met
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -17,8 +18,8 @@ from tidelog.protocol.api import ApiKey
 from tidelog.replication.low_watermark import LowWatermark
 
 if TYPE_CHECKING:
+    from tidelog.node.core import NodeCore
     from tidelog.node.partition import PartitionHost
-    from tidelog.node.server import Node
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +31,39 @@ def wall_ms() -> int:
 
 
 class Cleaner:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeCore) -> None:
         self.node = node
         self._next_due: dict[str, float] = {}
         self._invalidating: set[str] = set()
         self._requested: set[str] = set()
+        self._to_scrub: collections.deque[PartitionHost] = collections.deque()
+        self._scrubbing: PartitionHost | None = None
         self.passes = 0
         self.deleted_segments = 0
+
+    def scrub_later(self, host: PartitionHost) -> None:
+        """Check, in the background, what host's log held when it opened (storage/scrub.py)."""
+        self._to_scrub.append(host)
+
+    def _scrub(self) -> None:
+        """One scrub step at a time, node-wide: it reads whole segments."""
+        if self._scrubbing is not None and self._scrubbing.scrubbing:
+            return
+        while self._to_scrub:
+            host = self._to_scrub[0]
+            if host.scrub_pending:
+                self._scrubbing = host
+                host.scrub_step()
+                return
+            if not host.scrubbing:
+                self._to_scrub.popleft()
+            else:
+                return
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(CLEANER_TICK_S)
+            self._scrub()
             now = time.monotonic()
             for host in list(self.node.hosts.values()):
                 due = self._next_due.get(host.group, 0.0)
@@ -104,6 +127,7 @@ class Cleaner:
                     lwm.hold.describe(),
                 )
         self.delete_below_log_start(host)
+        host.log.expire_producers()
         host.log.purge_retired()
         host.log.maybe_roll_by_time()
         host.after_cleaning()
@@ -135,10 +159,8 @@ class Cleaner:
             node.track(task)
         else:
             leader = node.metadata_host.replica.leader_id
-            link = node.peers.get(leader)
-            if link is not None:
-                header["from"] = node.node_id
-                link.send(ApiKey.CURSOR, header, None)
+            if leader >= 0:
+                node.send_to_peer(leader, ApiKey.CURSOR, header, None)
             self._invalidating.discard(name)  # retried on the next pass until it is committed
 
     async def _propose_invalidation(self, name: str, reason: str) -> None:
@@ -152,10 +174,11 @@ class Cleaner:
         finally:
             self._invalidating.discard(name)
 
-    def on_invalidate_message(self, header: dict[str, Any]) -> None:
-        """A partition leader elsewhere asks the metadata leader (us) to invalidate a cursor."""
+    def on_invalidate_message(self, header: dict[str, Any], sender: int) -> None:
+        """A partition leader elsewhere (an authenticated peer) asks the metadata leader (us)
+        to invalidate a cursor."""
         name, reason = str(header.get("name", "")), str(header.get("reason", ""))
         cursor = self.node.metadata.cursors.get(name)
         if cursor is None or not cursor.live or not self.node.metadata_host.replica.is_leader:
             return
-        self.invalidate(name, reason, f"(reported by node {header.get('from')})")
+        self.invalidate(name, reason, f"(reported by node {sender})")

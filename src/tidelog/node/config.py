@@ -1,22 +1,33 @@
 """A node's configuration: CLI flags, or the same keys in a TOML file (`--config`).
 
 node_id = 1
-listen = "127.0.0.1:7101"
+listen = "127.0.0.1:7101"          # the client listener
+peer_listen = "127.0.0.1:7201"     # the peer channel (default: the listen host, a port of its own)
 data = "/var/lib/tidelog"
 peers = "1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103"   # or a table {1 = "host:port"}
+cluster_secret_file = "/etc/tidelog/cluster.secret"
+"max.connections" = 1000           # listener limits, by the names Kafka gives them
 
 [defaults]            # topic defaults for topics created on this cluster (Kafka names)
 "segment.bytes" = 1073741824
+
+Each peer is `ID=HOST:PORT` (its client address, which clients are also told of) or
+`ID=HOST:PORT/PEER_PORT` when its peer channel listens on a fixed port; without one, a node asks
+the peer's client listener where its peer channel is.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tidelog.config import InvalidConfig, TopicConfig
+
+MiB = 1024 * 1024
+SECRET_ENV = "TIDELOG_CLUSTER_SECRET"
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -26,14 +37,25 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def parse_peers(text: str) -> dict[int, tuple[str, int]]:
+def parse_peer_entries(text: str) -> tuple[dict[int, tuple[str, int]], dict[int, int]]:
+    """`ID=HOST:PORT[/PEER_PORT],...` -> (client addresses, fixed peer ports)."""
     peers: dict[int, tuple[str, int]] = {}
+    peer_ports: dict[int, int] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         node, sep, address = item.partition("=")
         if not sep or not node.strip().isdigit():
-            raise InvalidConfig(f"peer {item!r} is not ID=HOST:PORT", key="peers")
+            raise InvalidConfig(f"peer {item!r} is not ID=HOST:PORT[/PEER_PORT]", key="peers")
+        address, slash, peer_port = address.partition("/")
         peers[int(node)] = parse_address(address)
-    return peers
+        if slash:
+            if not peer_port.isdigit() or not 0 < int(peer_port) <= 65535:
+                raise InvalidConfig(f"peer {item!r}: bad peer port {peer_port!r}", key="peers")
+            peer_ports[int(node)] = int(peer_port)
+    return peers, peer_ports
+
+
+def parse_peers(text: str) -> dict[int, tuple[str, int]]:
+    return parse_peer_entries(text)[0]
 
 
 @dataclass(frozen=True)
@@ -47,14 +69,27 @@ class NodeConfig:
     election_timeout_ms: int = 800
     election_jitter_ms: int = 400
     replica_fetch_wait_max_ms: int = 500
-    replica_fetch_max_bytes: int = 4 * 1024 * 1024
-    frame_bytes_max: int = 64 * 1024 * 1024
+    replica_fetch_max_bytes: int = 4 * MiB
     zero_copy: bool = True
     flush_threads: int = 4
     checkpoint_interval_ms: int = 1000
-    metadata_segment_bytes: int = 16 * 1024 * 1024
+    metadata_segment_bytes: int = 16 * MiB
     metadata_snapshot_entries: int = 1000
     storage_max_bytes: int = -1  # storage.max.bytes: refuse produce (StorageFull) past it
+    # -- the peer channel --------------------------------------------------------------------
+    peer_listen: tuple[str, int] | None = None  # None: the listen host, a port the kernel picks
+    peer_ports: dict[int, int] = field(default_factory=dict)  # fixed peer ports, by node id
+    cluster_secret: bytes = b""  # proves membership in the peer handshake
+    peer_handshake_timeout_ms: int = 5_000
+    # -- what a client connection may cost (each a limit with a named setting) --------------
+    frame_bytes_max: int = 64 * MiB  # socket.request.max.bytes: checked before buffering
+    queued_max_request_bytes: int = 64 * MiB  # node-wide bytes of large requests being read
+    max_inflight_requests: int = 256  # per connection; past it, the node stops reading it
+    max_connections: int = 1000
+    max_connections_per_ip: int = 500
+    idle_timeout_ms: int = 600_000  # connections.max.idle.ms
+    request_receive_timeout_ms: int = 30_000  # a frame begun must arrive whole within this
+    fd_reserve: int = 128  # descriptors kept for files and peers when clients take the rest
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -65,6 +100,18 @@ class NodeConfig:
             )
         if self.tick_ms < 1 or self.election_timeout_ms < 5 * self.tick_ms:
             raise InvalidConfig("election.timeout.ms must be at least 5 ticks", key="tick_ms")
+        for key, value, least in (
+            ("socket.request.max.bytes", self.frame_bytes_max, 64 * 1024),
+            ("queued.max.request.bytes", self.queued_max_request_bytes, self.frame_bytes_max),
+            ("max.inflight.requests.per.connection", self.max_inflight_requests, 1),
+            ("max.connections", self.max_connections, 1),
+            ("max.connections.per.ip", self.max_connections_per_ip, 1),
+            ("connections.max.idle.ms", self.idle_timeout_ms, 1),
+            ("request.receive.timeout.ms", self.request_receive_timeout_ms, 1),
+            ("fd.reserve", self.fd_reserve, 0),
+        ):
+            if value < least:
+                raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
 
     @property
     def voters(self) -> tuple[int, ...]:
@@ -73,6 +120,12 @@ class NodeConfig:
     @property
     def advertised(self) -> tuple[str, int]:
         return self.peers.get(self.node_id, self.listen)
+
+    @property
+    def peer_bind(self) -> tuple[str, int]:
+        if self.peer_listen is not None:
+            return self.peer_listen
+        return self.listen[0], self.peer_ports.get(self.node_id, 0)
 
     def ticks(self, ms: int) -> int:
         return max(1, ms // self.tick_ms)
@@ -93,6 +146,52 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise InvalidConfig(f"cannot read config file {path}: {exc}", key="config") from exc
 
 
+def read_secret(path: Path) -> bytes:
+    try:
+        secret = path.read_bytes().strip()
+    except OSError as exc:
+        raise InvalidConfig(
+            f"cannot read the cluster secret {path}: {exc}", key="cluster_secret_file"
+        ) from exc
+    if not secret:
+        raise InvalidConfig(f"the cluster secret file {path} is empty", key="cluster_secret_file")
+    return secret
+
+
+# Integer settings: the field, under its own name and under the name Kafka (or tidelog's docs)
+# gives it.
+_INT_SETTINGS = {
+    "tick_ms": "tick_ms",
+    "election_timeout_ms": "election_timeout_ms",
+    "election_jitter_ms": "election_jitter_ms",
+    "replica_fetch_wait_max_ms": "replica_fetch_wait_max_ms",
+    "replica_fetch_max_bytes": "replica_fetch_max_bytes",
+    "flush_threads": "flush_threads",
+    "checkpoint_interval_ms": "checkpoint_interval_ms",
+    "metadata_snapshot_entries": "metadata_snapshot_entries",
+    "storage_max_bytes": "storage_max_bytes",
+    "storage.max.bytes": "storage_max_bytes",
+    "peer_handshake_timeout_ms": "peer_handshake_timeout_ms",
+    "frame_bytes_max": "frame_bytes_max",
+    "socket.request.max.bytes": "frame_bytes_max",
+    "queued_max_request_bytes": "queued_max_request_bytes",
+    "queued.max.request.bytes": "queued_max_request_bytes",
+    "max_inflight_requests": "max_inflight_requests",
+    "max.inflight.requests.per.connection": "max_inflight_requests",
+    "max_connections": "max_connections",
+    "max.connections": "max_connections",
+    "max_connections_per_ip": "max_connections_per_ip",
+    "max.connections.per.ip": "max_connections_per_ip",
+    "idle_timeout_ms": "idle_timeout_ms",
+    "connections.max.idle.ms": "idle_timeout_ms",
+    "request_receive_timeout_ms": "request_receive_timeout_ms",
+    "request.receive.timeout.ms": "request_receive_timeout_ms",
+    "fd_reserve": "fd_reserve",
+    "fd.reserve": "fd_reserve",
+}
+NODE_SETTINGS = sorted(k for k in _INT_SETTINGS if "." in k)
+
+
 def node_config_from(values: dict[str, Any]) -> NodeConfig:
     """Build a NodeConfig from merged TOML and CLI values (CLI wins, done by the caller)."""
     data = values.get("data") or values.get("data_dir")
@@ -100,29 +199,27 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
         raise InvalidConfig("a data directory is required (--data)", key="data")
     peers_raw = values.get("peers", {})
     if isinstance(peers_raw, str):
-        peers = parse_peers(peers_raw)
+        peers, peer_ports = parse_peer_entries(peers_raw)
     else:
-        peers = {int(k): parse_address(str(v)) for k, v in dict(peers_raw).items()}
+        entries = ",".join(f"{k}={v}" for k, v in dict(peers_raw).items())
+        peers, peer_ports = parse_peer_entries(entries)
     defaults = TopicConfig.from_mapping(dict(values.get("defaults", {})))
     kwargs: dict[str, Any] = {}
-    for key in (
-        "tick_ms",
-        "election_timeout_ms",
-        "election_jitter_ms",
-        "replica_fetch_wait_max_ms",
-        "replica_fetch_max_bytes",
-        "frame_bytes_max",
-        "flush_threads",
-        "checkpoint_interval_ms",
-        "storage_max_bytes",
-        "metadata_snapshot_entries",
-    ):
+    for key, name in _INT_SETTINGS.items():
         if key in values:
-            kwargs[key] = int(values[key])
-    if "storage.max.bytes" in values:
-        kwargs["storage_max_bytes"] = int(values["storage.max.bytes"])
+            try:
+                kwargs[name] = int(values[key])
+            except (TypeError, ValueError):
+                raise InvalidConfig(f"{key}: {values[key]!r} is not an integer", key=key) from None
     if "zero_copy" in values:
         kwargs["zero_copy"] = bool(values["zero_copy"])
+    if values.get("peer_listen"):
+        kwargs["peer_listen"] = parse_address(str(values["peer_listen"]))
+    secret_file = values.get("cluster_secret_file")
+    if secret_file:
+        kwargs["cluster_secret"] = read_secret(Path(str(secret_file)))
+    elif os.environ.get(SECRET_ENV):
+        kwargs["cluster_secret"] = os.environ[SECRET_ENV].encode()
     node_id = int(values.get("node_id", 1))
     listen = values.get("listen")
     if listen:
@@ -136,6 +233,7 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
         node_id=node_id,
         listen=listen_addr,
         peers=peers,
+        peer_ports=peer_ports,
         topic_defaults=defaults,
         **kwargs,
     )

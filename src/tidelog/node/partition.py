@@ -8,6 +8,7 @@ on the high-water mark. It runs after every interaction with the core.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
@@ -22,7 +23,7 @@ from tidelog.errors import NotLeader, StorageFull, TidelogError, Timeout
 from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
 from tidelog.node.state_machine import Machine, StateMachineDriver
-from tidelog.replication.log_interface import AppendResult
+from tidelog.record.validation import BatchRules
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
@@ -33,6 +34,7 @@ from tidelog.storage.compaction import (
     snapshot_inputs,
 )
 from tidelog.storage.log import FlushJob, SegmentedLog
+from tidelog.storage.scrub import InvalidBatch, scrub_segment
 from tidelog.storage.snapshot import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,9 @@ class PartitionHost:
         self._on_high_watermark = on_high_watermark
         self._on_roll = on_roll
         self.log = SegmentedLog(directory, config)
+        # Batches no reader can read, found by the scrubber (what was in the log when it
+        # opened), compaction or the state machine; reported in status, skipped by readers.
+        self.invalid_batches: dict[int, InvalidBatch] = {}
         self.recovery = self.log.recovery
         self._segments_seen = self.log.segment_count
         nc = node_config
@@ -96,6 +101,7 @@ class PartitionHost:
                 machine,
                 config.snapshot_entries,
                 seed,
+                on_invalid=self.report_invalid,
             )
         self.replica = Replica(
             replica_config, self.log, self._load_quorum_state(), random.Random(seed), self.driver
@@ -116,6 +122,9 @@ class PartitionHost:
         self._seq = itertools.count()
         self._checkpointed_hw = self.log.high_watermark
         self.closed = False
+        self.scrubbed_to = self.log.log_start_offset
+        self.scrub_end = self.log.log_end_offset
+        self.scrubbing = False
 
     # -- the driver -----------------------------------------------------------------------------
 
@@ -178,6 +187,18 @@ class PartitionHost:
             )
         self.process_ready()
 
+    @functools.cached_property
+    def batch_rules(self) -> BatchRules:
+        """What producers may append here. Compacted and table topics need keys: a record without
+        one could never be read back by key."""
+        c = self.config
+        return BatchRules(
+            max_batch_bytes=c.max_message_bytes,
+            require_keys="compact" in c.cleanup_policy or self.driver is not None,
+            timestamp_before_max_ms=c.message_timestamp_before_max_ms,
+            timestamp_after_max_ms=c.message_timestamp_after_max_ms,
+        )
+
     def snapshot_offset(self) -> int | None:
         """The newest durable snapshot's offset, for state-machine logs (None: a stream)."""
         return self.driver.snapshot_offset if self.driver is not None else None
@@ -206,6 +227,8 @@ class PartitionHost:
         except (OSError, TidelogError) as exc:
             log.warning("%s: compaction pass abandoned: %s", self.group, exc)
             return
+        for batch in plan.report.invalid_batches:
+            self.report_invalid(batch)
         report = apply_compaction(self.log, plan)
         if report.segments_rewritten:
             self.compactions += 1
@@ -217,6 +240,58 @@ class PartitionHost:
                 report.tombstones_removed,
                 report.bytes_after,
             )
+
+    # -- scrubbing what was in the log at open ----------------------------------------------------
+
+    @property
+    def scrub_pending(self) -> bool:
+        return not self.scrubbing and not self.closed and self.scrubbed_to < self.scrub_end
+
+    def scrub_step(self) -> None:
+        """Check the next segment of what the log held when it opened, on a worker thread."""
+        self.scrubbed_to = max(self.scrubbed_to, self.log.log_start_offset)
+        segment = next((s for s in self.log.segments if s.next_offset > self.scrubbed_to), None)
+        if segment is None or segment.base_offset >= self.scrub_end:
+            self.scrubbed_to = self.scrub_end
+            return
+        self.scrubbing = True
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, scrub_segment, segment, self.scrub_end)
+        future.add_done_callback(lambda f: self._scrubbed(f, segment.next_offset))
+
+    def _scrubbed(
+        self, future: asyncio.Future[tuple[list[InvalidBatch], int]], segment_end: int
+    ) -> None:
+        self.scrubbing = False
+        try:
+            found, checked = future.result()
+        except (OSError, TidelogError) as exc:  # deleted or compacted meanwhile: move on
+            log.debug("%s: scrub step abandoned: %s", self.group, exc)
+            checked, found = segment_end, []
+        for batch in found:
+            self.report_invalid(batch)
+        self.scrubbed_to = max(self.scrubbed_to, checked, min(segment_end, self.scrub_end))
+
+    def report_invalid(self, batch: InvalidBatch) -> None:
+        if batch.base_offset not in self.invalid_batches:
+            log.error(
+                "%s: batch at offsets %d..%d cannot be read (%s: %s); readers that skip invalid "
+                "batches pass over it",
+                self.group,
+                batch.base_offset,
+                batch.last_offset,
+                batch.error,
+                batch.reason,
+            )
+        self.invalid_batches[batch.base_offset] = batch
+
+    def invalid_batches_present(self) -> list[dict[str, object]]:
+        start, end = self.log.log_start_offset, self.log.log_end_offset
+        return [
+            b.to_dict()
+            for base, b in sorted(self.invalid_batches.items())
+            if b.last_offset >= start and base < end
+        ]
 
     def tick(self) -> None:
         self.replica.tick()
@@ -266,9 +341,9 @@ class PartitionHost:
 
     # -- waiting for watermarks -----------------------------------------------------------------
 
-    async def wait_for_ack(self, info: AppendResult, acks: int, timeout_s: float) -> None:
-        """acks=1: durable on this leader; acks=all: committed (offset < HW)."""
-        target = info.last_offset
+    async def wait_for_ack(self, target: int, acks: int, timeout_s: float) -> None:
+        """Until offset target is, for acks=1, durable on this leader; for acks=all, committed
+        (below the HW)."""
         if acks == 1:
             if self.log.effective_durable_end > target:
                 return
@@ -352,7 +427,9 @@ class PartitionHost:
             segment_count=self.log.segment_count,
             durable_end_offset=self.log.durable_end_offset,
             voters=list(self.replica.config.voters),
+            invalid_batches=self.invalid_batches_present(),
             metrics={
+                "compactions": self.compactions,
                 "flush_count": self.flush_count,
                 "flush_seconds_total": round(self.flush_seconds, 6),
                 "flush_seconds_max": round(self.flush_seconds_max, 6),

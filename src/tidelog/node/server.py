@@ -1,5 +1,8 @@
-"""A tidelog node: the only asyncio code. It binds replication cores to sockets, timers, disk
-and (later) the cleaner, and answers clients.
+"""A tidelog node: one core (node/core.py) and the listeners over it.
+
+    client listener (node/listeners/client.py)   tidelog's protocol, for clients
+    peer channel (node/listeners/peer.py)        other nodes, after a handshake that proves
+                                                 membership; replication happens only here
 
 A single node is a cluster of one: the metadata log and every partition are replica groups;
 with one voter each, every group elects this node at start.
@@ -8,136 +11,98 @@ with one voter each, every group elects this node at start.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import time
-import zlib
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from tidelog import __version__
-from tidelog.config import TopicConfig
-from tidelog.errors import (
-    CursorInvalidated,
-    InvalidRequest,
-    NodeIdentityError,
-    NotLeader,
-    OffsetOutOfRange,
-    StorageFull,
-    TidelogError,
-    TopicAlreadyExists,
-    UnknownTopicOrPartition,
-    UnsupportedApi,
-)
-from tidelog.node.cleaner import Cleaner, wall_ms
+from tidelog.errors import NodeIdentityError
+from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
-from tidelog.node.flusher import Flusher
+from tidelog.node.core import METADATA_GROUP, NodeCore
+from tidelog.node.listeners.base import ConnectionLimits, Listener
+from tidelog.node.listeners.client import client_listener
+from tidelog.node.listeners.peer import PeerChannel, PeerListener
 from tidelog.node.partition import PartitionHost
-from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
-from tidelog.node.transport import Connection, PeerLink
-from tidelog.protocol import api
-from tidelog.protocol.api import ApiKey
-from tidelog.protocol.framing import Frame, Kind
-from tidelog.protocol.replication_codec import decode_message, encode_message
-from tidelog.record.batch import ProducerRecord, build_batch
-from tidelog.replication.messages import Message
-from tidelog.replication.metadata import (
-    CURSOR_NAME,
-    METADATA_TOPIC,
-    MetadataState,
-    TopicMeta,
-    assign_replicas,
-    validate_create,
-)
+from tidelog.replication.metadata import MetadataState
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 
 log = logging.getLogger(__name__)
 
 NODE_FILE = "node.checkpoint"
-METADATA_GROUP = f"{METADATA_TOPIC}/0"
-REQUEST_TIMEOUT_MS_MAX = 300_000
 
-Handler = Callable[[Any, bytes], "api.ProduceResponse | Awaitable[Any] | Any | None"]
+__all__ = ["METADATA_GROUP", "Node"]
 
 
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.node_id = config.node_id
-        self.hosts: dict[str, PartitionHost] = {}
-        self.metadata_machine = MetadataMachine(self._on_topic_applied, lambda state: None)
-        self.peers: dict[int, PeerLink] = {}
-        self.connections: set[Connection] = set()
-        self._flusher: Flusher | None = None
-        self._server: asyncio.Server | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._request_tasks: set[asyncio.Task[None]] = set()
-        self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._stopped = asyncio.Event()
+        self.core = NodeCore(config, self._send_to_peer, self._listener_status)
+        limits = ConnectionLimits.of(config)
+        self.client_listener: Listener = client_listener(self.core, limits, config.zero_copy)
+        self.peer_listener = PeerListener(
+            self.core, limits, config.cluster_secret, config.peer_handshake_timeout_ms / 1000
+        )
+        self.peer_channel: PeerChannel | None = None
+        self.peer_address: tuple[str, int] = ("", -1)
+        self._stopped: asyncio.Event | None = None
         self.started_at = time.time()
-        self._handlers: dict[ApiKey, Callable[[Any, bytes], Any]] = {
-            ApiKey.PRODUCE: self._produce,
-            ApiKey.FETCH: self._fetch,
-            ApiKey.LIST_OFFSETS: self._list_offsets,
-            ApiKey.METADATA: self._metadata,
-            ApiKey.CREATE_TOPIC: self._create_topic,
-            ApiKey.STATUS: self._status,
-            ApiKey.API_VERSIONS: self._api_versions,
-            ApiKey.CURSOR: self._cursor,
-            ApiKey.DELETE_RECORDS: self._delete_records,
-            ApiKey.TABLE: self._table,
-        }
-        self.cleaner = Cleaner(self)
-        self._storage_bytes = 0
-        self._storage_checked = 0.0
 
-    # -- lifecycle ------------------------------------------------------------------------------
+    # -- what tests and tools look at ------------------------------------------------------------
 
     @property
     def address(self) -> tuple[str, int]:
         return self.config.listen
 
+    @property
+    def hosts(self) -> dict[str, PartitionHost]:
+        return self.core.hosts
+
+    @property
+    def metadata(self) -> MetadataState:
+        return self.core.metadata
+
+    @property
+    def metadata_host(self) -> PartitionHost:
+        return self.core.metadata_host
+
+    @property
+    def cleaner(self) -> Cleaner:
+        return self.core.cleaner
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
     async def start(self) -> None:
+        self._stopped = asyncio.Event()
         data = self.config.data_dir
         data.mkdir(parents=True, exist_ok=True)
         self._check_identity(data)
-        loop = asyncio.get_running_loop()
-        self._flusher = Flusher(self.config.flush_threads, loop, f"flush-{self.node_id}")
-        self._server = await loop.create_server(
-            lambda: Connection(self, self.config.frame_bytes_max, self.config.zero_copy),
-            self.config.listen[0],
-            self.config.listen[1],
-            reuse_address=True,
-        )
-        port = self._server.sockets[0].getsockname()[1]
-        if port != self.config.listen[1]:
-            self.config = self.config.with_listen_port(port)
-        for peer_id, address in self.config.peers.items():
-            if peer_id != self.node_id:
-                self.peers[peer_id] = PeerLink(peer_id, address, self.config.zero_copy)
-        metadata_config = TopicConfig(
-            segment_bytes=self.config.metadata_segment_bytes,
-            retention_ms=-1,
-            snapshot_entries=self.config.metadata_snapshot_entries,
-            snapshot_catchup_entries=max(1, self.config.metadata_snapshot_entries // 2),
-        )
-        metadata = self._open_host(
-            METADATA_TOPIC, 0, self.config.voters, metadata_config, self.metadata_machine
-        )
-        if metadata.replica.epoch == 0 and self.node_id == min(self.config.voters):
-            metadata.replica.campaign()  # a new cluster need not wait out an election timeout
-            metadata.process_ready()
-        self._tasks.append(loop.create_task(self._tick_loop()))
-        self._tasks.append(loop.create_task(self._checkpoint_loop()))
-        self._tasks.append(loop.create_task(self.cleaner.run()))
+        config = self.config
+        _, port = await self.client_listener.start(*config.listen)
+        if port != config.listen[1]:
+            config = self.config = config.with_listen_port(port)
+            self.core.config = config
+        self.peer_address = await self.peer_listener.start(*config.peer_bind)
+        self.core.peer_port = self.peer_address[1]
+        if len(config.voters) > 1 and not config.cluster_secret:
+            log.warning(
+                "node %d: no cluster secret (--cluster-secret-file or %s): any process that "
+                "reaches the peer channel on %s:%d can join as a replica",
+                self.node_id,
+                "TIDELOG_CLUSTER_SECRET",
+                *self.peer_address,
+            )
+        self.peer_channel = PeerChannel(self.core, config.cluster_secret)
+        await self.core.start()
         log.info(
-            "node %d serving on %s:%d (data %s, voters %s)",
+            "node %d serving clients on %s:%d, peers on %s:%d (data %s, voters %s)",
             self.node_id,
-            *self.config.listen,
+            *config.listen,
+            *self.peer_address,
             data,
-            list(self.config.voters),
+            list(config.voters),
         )
 
     def _check_identity(self, data: Path) -> None:
@@ -151,623 +116,37 @@ class Node:
         if stored is None:
             write_checkpoint(path, {"node_id": self.node_id, "version": __version__})
 
+    def _send_to_peer(self, to: int, key: int, header: dict[str, Any], payload: Any) -> None:
+        if self.peer_channel is not None:
+            self.peer_channel.send(to, key, header, payload)
+
+    def _listener_status(self) -> dict[str, Any]:
+        return {
+            "listeners": {
+                "client": {
+                    "address": "{}:{}".format(*self.config.listen),
+                    **self.client_listener.stats(),
+                },
+                "peer": {
+                    "address": "{}:{}".format(*self.peer_address),
+                    **self.peer_listener.stats(),
+                },
+            },
+            "peers": self.peer_channel.stats() if self.peer_channel is not None else {},
+        }
+
     async def serve_forever(self) -> None:
+        assert self._stopped is not None, "the node is not started"
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        if self._stopped.is_set():
+        if self._stopped is None or self._stopped.is_set():
             return
         log.info("node %d stopping", self.node_id)
-        for task in self._tasks:
-            task.cancel()
-        for task in list(self._request_tasks):
-            task.cancel()
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            conn.close()
-        for link in self.peers.values():
-            link.close()
-        for host in list(self.hosts.values()):
-            try:
-                await host.close()
-            except TidelogError as exc:
-                log.error("%s: close failed: %s", host.group, exc)
-        if self._flusher is not None:
-            self._flusher.shutdown()
+        self.client_listener.close()
+        self.peer_listener.close()
+        if self.peer_channel is not None:
+            self.peer_channel.close()
+        await self.core.stop()
         self._stopped.set()
         log.info("node %d stopped cleanly", self.node_id)
-
-    async def _tick_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        tick_s = self.config.tick_ms / 1000
-        next_tick = loop.time()
-        while True:
-            next_tick += tick_s
-            delay = next_tick - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -1.0:
-                next_tick = loop.time()  # we were frozen; do not replay a second of ticks at once
-            for host in list(self.hosts.values()):
-                try:
-                    host.tick()
-                except Exception:
-                    # One partition's failure must not stop the clock for the others.
-                    log.exception("%s: tick failed", host.group)
-
-    async def _checkpoint_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
-            for host in list(self.hosts.values()):
-                try:
-                    host.checkpoint()
-                except (OSError, TidelogError) as exc:
-                    log.error("%s: checkpoint failed: %s", host.group, exc)
-
-    def track(self, task: asyncio.Task[Any]) -> None:
-        """Keep a background task alive until it finishes (and cancel it on stop)."""
-        self._request_tasks.add(task)
-        task.add_done_callback(self._request_tasks.discard)
-
-    @property
-    def flusher(self) -> Flusher:
-        assert self._flusher is not None, "the node is not started"
-        return self._flusher
-
-    # -- replica groups -------------------------------------------------------------------------
-
-    def _open_host(
-        self,
-        topic: str,
-        partition: int,
-        voters: tuple[int, ...],
-        config: TopicConfig,
-        machine: Machine | None = None,
-    ) -> PartitionHost:
-        directory = self.config.data_dir / f"{topic}-{partition}"
-        host = PartitionHost(
-            topic,
-            partition,
-            voters,
-            config,
-            self.config,
-            directory,
-            self.flusher,
-            self._send_replication,
-            on_high_watermark=self._on_high_watermark,
-            machine=machine,
-            on_roll=self.cleaner.request,
-        )
-        if host.recovery.truncated_bytes or host.recovery.removed_segments:
-            log.warning("%s: recovered with truncation: %s", host.group, host.recovery)
-        self.hosts[host.group] = host
-        host.process_ready()
-        return host
-
-    def _send_replication(self, to: int, group: str, message: Message) -> None:
-        link = self.peers.get(to)
-        if link is None:
-            return
-        header, records = encode_message(group, message)
-        header["from"] = self.node_id
-        link.send(ApiKey.REPLICATION, header, records)
-
-    def _on_replication(self, frame: Frame) -> None:
-        group, message = decode_message(frame.header, frame.payload)
-        sender = frame.header.get("from")
-        host = self.hosts.get(group)
-        if host is None or not isinstance(sender, int):
-            return  # not (yet) a replica of that group here: the sender will retry
-        host.step(sender, message)
-
-    def _on_high_watermark(self, host: PartitionHost) -> None:
-        if host.group == METADATA_GROUP:
-            self._release_metadata_waiters()
-
-    # -- metadata -------------------------------------------------------------------------------
-
-    @property
-    def metadata(self) -> MetadataState:
-        return self.metadata_machine.state
-
-    @property
-    def metadata_host(self) -> PartitionHost:
-        return self.hosts[METADATA_GROUP]
-
-    def _on_topic_applied(self, meta: object) -> None:
-        assert isinstance(meta, TopicMeta)
-        self._on_topic_created(meta)
-
-    def _on_topic_created(self, meta: TopicMeta) -> None:
-        config = self.config.topic_defaults.with_overrides(meta.configs)
-        for partition, replicas in enumerate(meta.assignments):
-            if self.node_id not in replicas:
-                continue
-            group = f"{meta.name}/{partition}"
-            if group in self.hosts:
-                continue
-            machine = TableMachine() if meta.kind == "table" else None
-            host = self._open_host(meta.name, partition, tuple(sorted(replicas)), config, machine)
-            if (
-                replicas[0] == self.node_id
-                and host.replica.epoch == 0
-                and host.replica.leader_id < 0
-            ):
-                host.replica.campaign()
-                host.process_ready()
-
-    def _release_metadata_waiters(self) -> None:
-        applied = self.metadata.applied_offset
-        keep: list[tuple[int, asyncio.Future[None]]] = []
-        for offset, future in self._metadata_waiters:
-            if offset < applied:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                keep.append((offset, future))
-        self._metadata_waiters = keep
-
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
-        host = self.metadata_host
-        if not host.replica.is_leader:
-            raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
-        batch = build_batch([ProducerRecord(None, json.dumps(command).encode())])
-        info = host.replica.propose(batch)
-        host.process_ready()
-        await host.wait_for_ack(info, api.ACKS_ALL, timeout_s)
-        if self.metadata.applied_offset <= info.last_offset:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._metadata_waiters.append((info.last_offset, future))
-            await asyncio.wait_for(future, timeout_s)
-        return info.last_offset
-
-    # -- requests -------------------------------------------------------------------------------
-
-    def on_frame(self, conn: Connection, frame: Frame) -> None:
-        self.connections.add(conn)
-        if frame.kind == Kind.MESSAGE:
-            if frame.api == ApiKey.REPLICATION:
-                self._on_replication(frame)
-            elif frame.api == ApiKey.CURSOR:
-                self.cleaner.on_invalidate_message(frame.header)
-            else:
-                raise InvalidRequest(f"unknown one-way message api {frame.api}")
-            return
-        if frame.kind != Kind.REQUEST:
-            raise InvalidRequest("a node only accepts requests and replication messages")
-        try:
-            key = ApiKey(frame.api)
-            handler = self._handlers.get(key)
-            request_type = api.REQUEST_TYPES.get(key)
-            if handler is None or request_type is None:
-                raise UnsupportedApi(f"api {frame.api} is not supported", api=frame.api)
-            request = api.decode(request_type, frame.header)
-            result = handler(request, frame.payload)
-        except ValueError:
-            self._respond_error(
-                conn, frame, UnsupportedApi(f"unknown api {frame.api}", api=frame.api)
-            )
-            return
-        except TidelogError as exc:
-            self._respond_error(conn, frame, exc)
-            return
-        except Exception as exc:  # a bug must not take the node down with it
-            log.exception("request %s failed", frame.api)
-            self._respond_error(conn, frame, TidelogError(f"internal error: {exc}"))
-            return
-        if result is None:
-            return  # acks=0: no answer
-        if asyncio.iscoroutine(result):
-            task = asyncio.get_running_loop().create_task(self._finish(conn, frame, result))
-            self._request_tasks.add(task)
-            task.add_done_callback(self._request_tasks.discard)
-            return
-        self._respond(conn, frame, result)
-
-    async def _finish(self, conn: Connection, frame: Frame, pending: Awaitable[Any]) -> None:
-        try:
-            result = await pending
-        except TidelogError as exc:
-            self._respond_error(conn, frame, exc)
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("request %s failed", frame.api)
-            self._respond_error(conn, frame, TidelogError(f"internal error: {exc}"))
-            return
-        self._respond(conn, frame, result)
-
-    def _respond(self, conn: Connection, frame: Frame, result: Any) -> None:
-        payload = None
-        if isinstance(result, tuple):
-            result, payload = result
-        conn.send(Kind.RESPONSE, frame.api, frame.correlation_id, api.encode(result), payload)
-
-    def _respond_error(self, conn: Connection, frame: Frame, error: TidelogError) -> None:
-        conn.send(Kind.RESPONSE, frame.api, frame.correlation_id, api.encode_error(error))
-
-    def on_connection_lost(self, conn: Connection) -> None:
-        self.connections.discard(conn)
-
-    def _host(self, topic: str, partition: int) -> PartitionHost:
-        host = self.hosts.get(f"{topic}/{partition}")
-        if host is not None and topic != METADATA_TOPIC:
-            return host
-        meta = self.metadata.topic(topic)
-        if not 0 <= partition < meta.partitions:
-            raise UnknownTopicOrPartition(
-                f"topic {topic!r} has partitions 0..{meta.partitions - 1}, not {partition}",
-                topic=topic,
-                partition=partition,
-            )
-        raise NotLeader(
-            f"node {self.node_id} holds no replica of {topic}/{partition}",
-            leader_hint=meta.assignments[partition][0],
-        )
-
-    def _leader(self, topic: str, partition: int) -> PartitionHost:
-        host = self._host(topic, partition)
-        if not host.replica.is_leader:
-            raise NotLeader(
-                f"node {self.node_id} is not the leader of {host.group}",
-                leader_hint=host.leader_hint,
-            )
-        return host
-
-    @staticmethod
-    def _timeout_s(timeout_ms: int) -> float:
-        if not 0 <= timeout_ms <= REQUEST_TIMEOUT_MS_MAX:
-            raise InvalidRequest(f"timeout_ms must be in [0, {REQUEST_TIMEOUT_MS_MAX}]")
-        return timeout_ms / 1000
-
-    def _produce(self, req: api.ProduceRequest, payload: bytes) -> Awaitable[Any] | None:
-        if req.acks not in (api.ACKS_NONE, api.ACKS_LEADER, api.ACKS_ALL):
-            raise InvalidRequest(f"acks must be 0, 1 or -1 (all), got {req.acks}")
-        timeout_s = self._timeout_s(req.timeout_ms)
-        host = self._leader(req.topic, req.partition)
-        if req.acks == api.ACKS_ALL:
-            host.replica.check_min_insync(host.config.min_insync_replicas)
-        if host.flush_error is not None and host.log.needs_flush:
-            raise host.flush_error
-        self._check_storage_space()
-        # Appended before any await: pipelined requests on a connection keep their order.
-        info = host.replica.propose(payload)
-        self._storage_bytes += len(payload)  # between recounts, count what we wrote
-        host.process_ready()
-        if req.acks == api.ACKS_NONE:
-            return None
-
-        async def acknowledged() -> api.ProduceResponse:
-            await host.wait_for_ack(info, req.acks, timeout_s)
-            return api.ProduceResponse(
-                info.first_offset,
-                info.last_offset,
-                host.log.high_watermark,
-                host.log.log_start_offset,
-            )
-
-        return acknowledged()
-
-    def _check_storage_space(self) -> None:
-        """storage.max.bytes: refuse writes (not reads, commits or cleaning) when it is passed,
-        as etcd's NOSPACE alarm does; writes resume by themselves once cleaning frees space."""
-        limit = self.config.storage_max_bytes
-        if limit < 0:
-            return
-        now = time.monotonic()
-        if now - self._storage_checked > 0.05:
-            self._storage_bytes = sum(h.log.size_bytes for h in self.hosts.values())
-            self._storage_checked = now
-        if self._storage_bytes >= limit:
-            raise StorageFull(
-                f"node {self.node_id} stores {self._storage_bytes} bytes, storage.max.bytes is {limit}",
-                stored_bytes=self._storage_bytes,
-                limit_bytes=limit,
-            )
-
-    def _check_cursor(self, name: str, topic: str, partition: int) -> None:
-        cursor = self.metadata.cursor(name)
-        if not cursor.live:
-            host = self.hosts.get(f"{topic}/{partition}")
-            raise CursorInvalidated(
-                f"cursor {name!r} was invalidated: {cursor.invalidated}",
-                log_start=host.log.log_start_offset if host is not None else 0,
-                reason=cursor.invalidated,
-                cursor=name,
-            )
-
-    async def _fetch(self, req: api.FetchRequest, payload: bytes) -> Any:
-        if req.max_bytes < 1 or req.min_bytes < 0:
-            raise InvalidRequest("max_bytes must be >= 1 and min_bytes >= 0")
-        if req.cursor:
-            self._check_cursor(req.cursor, req.topic, req.partition)
-        wait_s = self._timeout_s(req.max_wait_ms)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            host = self._host(req.topic, req.partition)
-            replica = host.replica
-            if not replica.is_leader and not req.replica_read:
-                raise NotLeader(
-                    f"node {self.node_id} is not the leader of {host.group}",
-                    leader_hint=host.leader_hint,
-                )
-            hlog = host.log
-            hw = hlog.high_watermark
-            limit = (
-                hlog.log_end_offset
-                if replica.is_leader
-                else max(hlog.log_end_offset, replica.leader_high_watermark)
-            )
-            if req.offset < hlog.log_start_offset or req.offset > limit:
-                raise OffsetOutOfRange(
-                    f"offset {req.offset} is outside [{hlog.log_start_offset}, {limit}] of {host.group}",
-                    log_start=hlog.log_start_offset,
-                    high_watermark=hw,
-                )
-            records = hlog.read(req.offset, req.max_bytes, hw) if req.offset < hw else None
-            remaining = deadline - loop.time()
-            if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
-                response = api.FetchResponse(
-                    hw,
-                    hlog.log_start_offset,
-                    hlog.log_end_offset,
-                    replica.epoch,
-                    self.node_id,
-                    replica.is_leader,
-                )
-                return response, records
-            await host.wait_for_change(remaining)
-
-    def _list_offsets(self, req: api.ListOffsetsRequest, payload: bytes) -> api.ListOffsetsResponse:
-        host = self._host(req.topic, req.partition)
-        if not host.replica.is_leader and not req.replica_read:
-            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
-        hlog = host.log
-        hw = hlog.high_watermark
-        if req.spec == "earliest":
-            offset = hlog.log_start_offset
-        elif req.spec == "latest":
-            offset = hw
-        elif req.spec == "timestamp":
-            found = hlog.offset_for_timestamp(req.timestamp_ms)
-            offset = hw if found is None or found >= hw else found
-        else:
-            raise InvalidRequest(f"spec must be earliest, latest or timestamp, not {req.spec!r}")
-        return api.ListOffsetsResponse(offset, hlog.log_start_offset, hw)
-
-    def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
-        names = req.topics if req.topics is not None else sorted(self.metadata.topics)
-        topics: list[dict[str, Any]] = []
-        for name in names:
-            meta = self.metadata.topics.get(name)
-            if meta is None:
-                topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
-                continue
-            entry = meta.to_wire()
-            entry["leaders"] = [self._known_leader(name, p) for p in range(meta.partitions)]
-            topics.append(entry)
-        nodes = [
-            {"node_id": nid, "host": host, "port": port}
-            for nid, (host, port) in sorted(
-                (self.config.peers or {self.node_id: self.config.listen}).items()
-            )
-        ]
-        return api.MetadataResponse(
-            self.node_id, self.metadata_host.replica.leader_id, nodes, topics
-        )
-
-    def _known_leader(self, topic: str, partition: int) -> dict[str, int]:
-        host = self.hosts.get(f"{topic}/{partition}")
-        if host is None:
-            return {"leader": -1, "epoch": -1}
-        return {"leader": host.replica.leader_id, "epoch": host.replica.epoch}
-
-    async def _create_topic(
-        self, req: api.CreateTopicRequest, payload: bytes
-    ) -> api.CreateTopicResponse:
-        nodes = list(self.config.voters)
-        validate_create(
-            self.metadata,
-            req.name,
-            req.partitions,
-            req.replication_factor,
-            req.configs,
-            req.kind,
-            nodes,
-        )
-        start = zlib.crc32(req.name.encode()) % len(nodes)
-        assignments = assign_replicas(nodes, req.partitions, req.replication_factor, start)
-        command = {
-            "type": "create_topic",
-            "name": req.name,
-            "kind": req.kind,
-            "configs": dict(req.configs),
-            "assignments": assignments,
-        }
-        offset = await self.propose_metadata(command, 30.0)
-        meta = self.metadata.topics.get(req.name)
-        if meta is None or meta.created_offset != offset:
-            raise TopicAlreadyExists(f"topic {req.name!r} already exists", topic=req.name)
-        return api.CreateTopicResponse(
-            req.name, meta.partitions, meta.replication_factor, meta.assignments
-        )
-
-    def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
-        wanted = set(req.topics) if req.topics is not None else None
-        partitions = []
-        for host in sorted(self.hosts.values(), key=lambda h: (h.topic, h.partition)):
-            if (wanted is None and h_visible(host)) or (
-                wanted is not None and host.topic in wanted
-            ):
-                st = host.status()
-                lwm, holds = self.cleaner.low_watermark(host)
-                st["low_watermark"] = lwm.to_dict()
-                st["cursors"] = holds.cursor_stats
-                partitions.append(st)
-        mh = self.metadata_host
-        metadata = {
-            "leader": mh.replica.leader_id,
-            "epoch": mh.replica.epoch,
-            "applied_offset": self.metadata.applied_offset,
-            "topics": len(self.metadata.topics),
-            "cursors": len(self.metadata.cursors),
-            "storage_bytes": sum(h.log.size_bytes for h in self.hosts.values()),
-            "storage_max_bytes": self.config.storage_max_bytes,
-        }
-        return api.StatusResponse(self.node_id, partitions, metadata)
-
-    async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
-        if req.op in ("list", "describe"):
-            names = [req.name] if req.op == "describe" else sorted(self.metadata.cursors)
-            return api.CursorResponse([self.metadata.cursor(n).to_wire() for n in names])
-        if not CURSOR_NAME.match(req.name):
-            raise InvalidRequest(f"invalid cursor name {req.name!r}")
-        if req.op == "create":
-            return await self._create_cursor(req)
-        cursor = self.metadata.cursor(req.name)
-        if req.op == "commit":
-            self._check_cursor(req.name, cursor.topic, 0)
-            meta = self.metadata.topic(cursor.topic)
-            positions = {int(p): o for p, o in req.positions.items()}
-            for p, offset in positions.items():
-                if not 0 <= p < meta.partitions or offset < 0:
-                    raise InvalidRequest(
-                        f"cursor {req.name!r}: no partition {p} or bad offset {offset}"
-                    )
-            command: dict[str, Any] = {
-                "type": "commit_cursor",
-                "name": req.name,
-                "positions": positions,
-            }
-        elif req.op == "delete":
-            command = {"type": "delete_cursor", "name": req.name}
-        elif req.op == "invalidate":
-            command = {
-                "type": "invalidate_cursor",
-                "name": req.name,
-                "reason": req.reason or "by request",
-            }
-        else:
-            raise InvalidRequest(f"unknown cursor op {req.op!r}")
-        command["at_ms"] = wall_ms()
-        await self.propose_metadata(command, 30.0)
-        if req.op == "commit" and not self.metadata.cursor(req.name).live:
-            self._check_cursor(req.name, cursor.topic, 0)  # invalidated meanwhile
-        found = self.metadata.cursors.get(req.name)
-        return api.CursorResponse([found.to_wire()] if found is not None else [])
-
-    async def _create_cursor(self, req: api.CursorRequest) -> api.CursorResponse:
-        existing = self.metadata.cursors.get(req.name)
-        if existing is not None:
-            if req.if_not_exists and existing.topic == req.topic:
-                return api.CursorResponse([existing.to_wire()])
-            raise InvalidRequest(f"cursor {req.name!r} already exists (on topic {existing.topic})")
-        meta = self.metadata.topic(req.topic)
-        positions = {int(p): o for p, o in req.positions.items()}
-        if set(positions) != set(range(meta.partitions)) or any(o < 0 for o in positions.values()):
-            raise InvalidRequest(
-                f"a cursor on {req.topic!r} needs a position for each of its {meta.partitions} partitions"
-            )
-        command = {
-            "type": "create_cursor",
-            "name": req.name,
-            "topic": req.topic,
-            "positions": positions,
-            "backup": req.backup,
-            "at_ms": wall_ms(),
-        }
-        await self.propose_metadata(command, 30.0)
-        return api.CursorResponse([self.metadata.cursor(req.name).to_wire()])
-
-    async def _delete_records(
-        self, req: api.DeleteRecordsRequest, payload: bytes
-    ) -> api.DeleteRecordsResponse:
-        """Kafka's DeleteRecords: move the log start forward (never past the HW). A live cursor
-        that still needs the range stops it, unless force, which invalidates that cursor."""
-        host = self._leader(req.topic, req.partition)
-        hw = host.log.high_watermark
-        target = hw if req.before_offset == -1 else req.before_offset
-        if not 0 <= target <= hw:
-            raise OffsetOutOfRange(
-                f"delete-records before {target}: must be in [0, HW {hw}] (-1 means the HW)",
-                log_start=host.log.log_start_offset,
-                high_watermark=hw,
-            )
-        in_the_way = [
-            c
-            for c in self.metadata.cursors.values()
-            if c.live
-            and c.topic == req.topic
-            and c.positions.get(req.partition, target) < target
-            and host.config.cursors_hold
-        ]
-        if in_the_way and not req.force:
-            names = ", ".join(f"{c.name} at {c.positions[req.partition]}" for c in in_the_way)
-            raise InvalidRequest(
-                f"live cursors still need offsets below {target}: {names}; "
-                "use --force to invalidate them",
-                cursors=[c.name for c in in_the_way],
-            )
-        for cursor in in_the_way:
-            reason = f"delete-records --force before offset {target} on {host.group}"
-            log.warning("cursor %s invalidated: %s", cursor.name, reason)
-            await self.propose_metadata(
-                {
-                    "type": "invalidate_cursor",
-                    "name": cursor.name,
-                    "reason": reason,
-                    "at_ms": wall_ms(),
-                },
-                30.0,
-            )
-        host = self._leader(req.topic, req.partition)
-        host.replica.advance_log_start(target)
-        host.process_ready()
-        self.cleaner.delete_below_log_start(host)
-        log.info(
-            "%s: delete-records moved the log start to %d", host.group, host.log.log_start_offset
-        )
-        return api.DeleteRecordsResponse(host.log.log_start_offset, [c.name for c in in_the_way])
-
-    def _table(self, req: api.TableRequest, payload: bytes) -> api.TableResponse:
-        """A table topic's committed state: get one key or scan, from the applied state machine."""
-        host = self._host(req.topic, req.partition)
-        if not host.replica.is_leader and not req.replica_read:
-            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
-        machine = host.driver.machine if host.driver is not None else None
-        if not isinstance(machine, TableMachine):
-            raise InvalidRequest(
-                f"topic {req.topic!r} is not a table (create it with --kind table)"
-            )
-        try:
-            key = base64.b64decode(req.key, validate=True)
-            after = base64.b64decode(req.after, validate=True) if req.after else None
-        except ValueError as exc:
-            raise InvalidRequest(f"table keys travel base64-encoded: {exc}") from exc
-        state = machine.state
-        if req.op == "get":
-            value = state.get(key)
-            entries = [[req.key, base64.b64encode(value).decode()]] if value is not None else []
-        elif req.op == "scan":
-            limit = max(1, min(req.limit, 100_000))
-            entries = [
-                [base64.b64encode(k).decode(), base64.b64encode(v).decode()]
-                for k, v in state.scan(after, limit)
-            ]
-        else:
-            raise InvalidRequest(f"table op must be get or scan, not {req.op!r}")
-        return api.TableResponse(
-            entries, bool(entries), state.applied_offset, host.log.high_watermark
-        )
-
-    def _api_versions(self, req: api.ApiVersionsRequest, payload: bytes) -> api.ApiVersionsResponse:
-        return api.ApiVersionsResponse(
-            self.node_id, __version__, sorted(int(k) for k in self._handlers)
-        )
-
-
-def h_visible(host: PartitionHost) -> bool:
-    return host.topic != METADATA_TOPIC

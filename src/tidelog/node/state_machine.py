@@ -15,6 +15,7 @@ from tidelog.record.batch import Record, decode_records, iter_headers
 from tidelog.replication.metadata import MetadataState
 from tidelog.replication.table import TableState
 from tidelog.storage.log import SegmentedLog
+from tidelog.storage.scrub import InvalidBatch
 from tidelog.storage.snapshot import SnapshotMeta, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,14 @@ class Machine(Protocol):
 
 
 def committed_batches(
-    slog: SegmentedLog, start: int, hw: int
+    slog: SegmentedLog,
+    start: int,
+    hw: int,
+    on_invalid: Callable[[InvalidBatch], None] | None = None,
 ) -> Iterator[tuple[list[Record], int]]:
     """(records, offset after the batch) for every committed batch from start; control batches
-    yield no records but still move the position."""
+    yield no records but still move the position, and so does a batch that cannot be read
+    (written before batches were validated): every replica skips it alike, and says so."""
     offset = max(start, slog.log_start_offset)
     while offset < hw:
         chunk = slog.read(offset, 1024 * 1024, hw)
@@ -43,11 +48,17 @@ def committed_batches(
             return
         data = chunk.read()
         for pos, header in iter_headers(data):
-            records = (
-                []
-                if header.is_control
-                else [r for r in decode_records(data, pos) if r.offset >= offset]
-            )
+            records: list[Record] = []
+            if not header.is_control:
+                try:
+                    records = [r for r in decode_records(data, pos) if r.offset >= offset]
+                except CorruptRecord as exc:
+                    if on_invalid is not None:
+                        on_invalid(
+                            InvalidBatch(
+                                header.base_offset, header.last_offset, exc.name, exc.message
+                            )
+                        )
             yield records, min(header.next_offset, hw)
             offset = max(offset, header.next_offset)
 
@@ -126,8 +137,10 @@ class StateMachineDriver:
         machine: Machine,
         snapshot_entries: int,
         seed: int,
+        on_invalid: Callable[[InvalidBatch], None] | None = None,
     ) -> None:
         self.group = group
+        self.on_invalid = on_invalid
         self.log = slog
         self.store = store
         self.machine = machine
@@ -154,7 +167,8 @@ class StateMachineDriver:
         hw = self.log.high_watermark
         if self.machine.applied_offset < self.log.log_start_offset:
             return  # below the log start: only a snapshot can bring it forward
-        for records, next_offset in committed_batches(self.log, self.machine.applied_offset, hw):
+        batches = committed_batches(self.log, self.machine.applied_offset, hw, self.on_invalid)
+        for records, next_offset in batches:
             self.machine.apply(records, next_offset)
         last = self._latest.offset if self._latest is not None else 0
         if self.machine.applied_offset - last >= self._threshold:

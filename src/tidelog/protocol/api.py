@@ -32,6 +32,13 @@ class ApiKey(enum.IntEnum):
     CURSOR = 102
     TABLE = 103
     FETCH_SNAPSHOT = 104
+    PEER_HELLO = 105  # the peer channel's handshake (protocol/peer_handshake.py)
+    PEER_AUTH = 106
+
+
+# One-way messages only peers may send, on the peer channel; a client connection that sends one
+# is closed.
+PEER_ONLY_MESSAGES = frozenset({ApiKey.REPLICATION, ApiKey.CURSOR})
 
 
 ACKS_NONE = 0
@@ -135,6 +142,7 @@ class StatusResponse:
     node_id: int
     partitions: list[dict[str, Any]]
     metadata: dict[str, Any]
+    node: dict[str, Any] = field(default_factory=dict)  # connections, limits, counters
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,7 @@ class ApiVersionsResponse:
     node_id: int
     version: str
     apis: list[int]
+    peer_port: int = -1  # where this node's peer channel listens (peers discover it here)
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,15 @@ class FrameDecoder:
     def pending_bytes(self) -> int:
         return self._available
 
+    def pending_frame_size(self) -> int | None:
+        """The whole size (prefix included) the frame being received declares, once its
+        4-byte size is in (checked against the limit before anything more is buffered)."""
+        if self._available < 4:
+            return None
+        frame_size = int.from_bytes(self._peek(4), "big")
+        self._check_size(frame_size)
+        return 4 + frame_size
+
     def next_frame(self) -> Frame | None:
         try:
             return self._next_frame()
@@ -168,6 +177,9 @@ class FrameDecoder:
             header = json.loads(bytes(raw_header)) if header_size else {}
         except (UnicodeDecodeError, ValueError) as exc:
             raise RemoteProtocolError(f"frame header is not JSON: {exc}") from exc
+        except RecursionError:
+            # Python's parser recurses per nesting level: a deep header is an attack, not JSON.
+            raise RemoteProtocolError("frame header is nested too deeply") from None
         if not isinstance(header, dict):
             raise RemoteProtocolError("frame header is not a JSON object")
         return Frame(Kind(kind), api, correlation_id, header, payload)

@@ -9,6 +9,7 @@ from tidelog.errors import InvalidRequest
 from tidelog.protocol.api import decode
 from tidelog.replication.messages import (
     BeginEpoch,
+    EpochNotice,
     FetchRequest,
     FetchResponse,
     FetchSnapshotRequest,
@@ -26,6 +27,7 @@ _TYPES: dict[str, type[Any]] = {
         VoteRequest,
         VoteResponse,
         BeginEpoch,
+        EpochNotice,
         FetchRequest,
         FetchResponse,
         FetchSnapshotRequest,

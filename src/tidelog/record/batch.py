@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
-from tidelog.errors import CorruptRecord, RecordTooLarge
+from tidelog.errors import CorruptRecord, RecordTooLarge, UnsupportedCompression
 from tidelog.record.varint import decode_varint, encode_varint
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -189,6 +189,26 @@ def stamp(buf: bytearray | memoryview, pos: int, base_offset: int, epoch: int) -
     _EPOCH.pack_into(buf, pos + _EPOCH_AT, epoch)
 
 
+_PRODUCER = struct.Struct(">qhi")  # producer id, producer epoch, base sequence
+_PRODUCER_AT = 43
+SEQUENCE_MAX = 0x7FFFFFFF
+
+
+def restamp_producer(
+    data: bytes | bytearray | memoryview, producer_id: int, epoch: int, first_sequence: int
+) -> tuple[bytes, int]:
+    """The batches of data as one idempotent producer's (sequences consecutive from
+    first_sequence, one per record, as Kafka's), CRCs recomputed; and the next sequence."""
+    out = bytearray(data)
+    sequence = first_sequence
+    for pos, header in iter_headers(out):
+        _PRODUCER.pack_into(out, pos + _PRODUCER_AT, producer_id, epoch, sequence)
+        end = pos + header.size_bytes
+        _CRC.pack_into(out, pos + 17, crc32c(memoryview(out)[pos + CRC_START : end]))
+        sequence += header.last_offset_delta + 1
+    return bytes(out), sequence
+
+
 def build_batch(
     records: Sequence[ProducerRecord] | Iterable[ProducerRecord],
     *,
@@ -336,7 +356,7 @@ def records_payload(batch: bytes | bytearray | memoryview, header: BatchHeader) 
             return gzip.decompress(raw)
         except (OSError, EOFError, ValueError) as exc:
             raise CorruptRecord(f"gzip payload does not decompress: {exc}") from exc
-    raise CorruptRecord(f"unsupported compression codec {codec}")
+    raise UnsupportedCompression(f"unsupported compression codec {codec}", codec=codec)
 
 
 def decode_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> list[Record]:
@@ -362,6 +382,8 @@ def _decode_all(data: bytes, header: BatchHeader) -> tuple[list[Record], int]:
     append = out.append
     base_offset = header.base_offset
     base_ts = header.base_timestamp
+    last_delta = header.last_offset_delta
+    previous = -1
     end = len(data)
     p = 0
     for _ in range(header.records_count):
@@ -387,6 +409,11 @@ def _decode_all(data: bytes, header: BatchHeader) -> tuple[list[Record], int]:
             p += 1
         else:
             offset_delta, p = decode_varint(data, p)
+        if not previous < offset_delta <= last_delta:
+            raise CorruptRecord(
+                f"offset delta {offset_delta} does not follow {previous} within {last_delta}"
+            )
+        previous = offset_delta
         key: bytes | None
         value: bytes | None
         b = data[p]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from tidelog.record.validation import ValidatedBatches
 from tidelog.replication.messages import RecordsSlice
 
 
@@ -47,7 +48,7 @@ class ReplicaLog(Protocol):
     def set_high_watermark(self, hw: int) -> None: ...
 
     def append_as_leader(
-        self, data: bytes | bytearray | memoryview, epoch: int
+        self, data: bytes | bytearray | memoryview | ValidatedBatches, epoch: int
     ) -> AppendResult: ...
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> AppendResult: ...

@@ -50,6 +50,15 @@ class BeginEpoch:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochNotice:
+    """A voter tells a stale leader that the epoch has moved on (and whom it follows in it)."""
+
+    epoch: int
+    voter: int  # the sender
+    leader: int = -1  # a hint: the leader the sender knows for epoch, if any
+
+
+@dataclass(frozen=True, slots=True)
 class FetchRequest:
     epoch: int
     replica: int
@@ -112,11 +121,30 @@ Message = (
     VoteRequest
     | VoteResponse
     | BeginEpoch
+    | EpochNotice
     | FetchRequest
     | FetchResponse
     | FetchSnapshotRequest
     | FetchSnapshotResponse
 )
+
+
+def claimed_sender(message: Message) -> int | None:
+    """The node a message says it comes from, where it says so: the replica, candidate, voter
+    or leader field. A receiver drops a message whose claim is not the sender it came from
+    (the peer channel's authenticated node id), so no node can speak for another. Error
+    answers name a leader only as a hint, and claim nothing."""
+    if isinstance(message, VoteRequest):
+        return message.candidate
+    if isinstance(message, VoteResponse | EpochNotice):
+        return message.voter
+    if isinstance(message, BeginEpoch):
+        return message.leader
+    if isinstance(message, FetchRequest | FetchSnapshotRequest):
+        return message.replica
+    if isinstance(message, FetchResponse | FetchSnapshotResponse) and not message.error:
+        return message.leader
+    return None
 
 
 @dataclass(frozen=True, slots=True)

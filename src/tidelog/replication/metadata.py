@@ -19,7 +19,7 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
 )
 
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule; matched with fullmatch
 METADATA_TOPIC = "__metadata"
 PARTITIONS_MAX = 10_000
 
@@ -181,7 +181,24 @@ class MetadataState:
         return state
 
 
-CURSOR_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+CURSOR_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # matched with fullmatch
+
+
+def check_topic_name(name: str) -> None:
+    """Kafka's topic names: 1-249 of [A-Za-z0-9._-], not '.' or '..'. tidelog also keeps '__'
+    for its own topics and refuses a leading '-': a partition directory named '-x-0' reads as
+    an option to every shell tool an operator points at it."""
+    why = ""
+    if not TOPIC_NAME.fullmatch(name):
+        why = "use 1-249 of the characters [A-Za-z0-9._-]"
+    elif name in (".", ".."):
+        why = "'.' and '..' are not names"
+    elif name.startswith("__"):
+        why = "names starting with '__' are tidelog's own"
+    elif name.startswith("-"):
+        why = "a name may not start with '-'"
+    if why:
+        raise InvalidRequest(f"invalid topic name {name!r}: {why}", topic=name)
 
 
 def validate_create(
@@ -193,10 +210,7 @@ def validate_create(
     kind: str,
     node_ids: list[int],
 ) -> None:
-    if not TOPIC_NAME.match(name) or name.startswith("__"):
-        raise InvalidRequest(
-            f"invalid topic name {name!r}: use 1-200 of [A-Za-z0-9._-], not starting with '__'"
-        )
+    check_topic_name(name)
     if name in state.topics:
         raise TopicAlreadyExists(f"topic {name!r} already exists", topic=name)
     if not 1 <= partitions <= PARTITIONS_MAX:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.record.validation import ValidatedBatches
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
 from tidelog.replication.low_watermark import (
     KIND_REPLICA,
@@ -43,6 +44,7 @@ from tidelog.replication.messages import (
     FETCH_NO_SNAPSHOT,
     FETCH_NOT_LEADER,
     BeginEpoch,
+    EpochNotice,
     FetchRequest,
     FetchResponse,
     FetchSnapshotRequest,
@@ -51,6 +53,7 @@ from tidelog.replication.messages import (
     Outgoing,
     VoteRequest,
     VoteResponse,
+    claimed_sender,
 )
 from tidelog.replication.quorum import isr_offset, majority, quorum_offset
 
@@ -189,6 +192,7 @@ class Replica:
         self.fetch_in_flight = False
         self.fetch_sent_tick = 0
         self.reported_durable = -1  # the durable offset our last fetch told the leader
+        self.forged_messages = 0  # dropped: they claimed to come from a node other than theirs
         self.leader_high_watermark = log.high_watermark  # as last heard from the leader
         self.leader_log_start = log.log_start_offset
         self._ready = Ready()
@@ -227,12 +231,21 @@ class Replica:
             self._start_prevote()
 
     def step(self, sender: int, message: Message) -> None:
+        """A message from sender: the node id its transport vouches for. A message that claims
+        to come from another node (its replica, candidate, voter or leader field) is dropped:
+        nobody may speak for a voter but that voter."""
         if sender not in self.config.voters or sender == self.node_id:
+            return
+        claimed = claimed_sender(message)
+        if claimed is not None and claimed != sender:
+            self.forged_messages += 1
             return
         pre_vote = isinstance(message, VoteRequest | VoteResponse) and message.pre_vote
         if message.epoch > self.epoch and not pre_vote:
             leader = NO_LEADER
-            if isinstance(message, BeginEpoch | FetchResponse | FetchSnapshotResponse):
+            if isinstance(
+                message, BeginEpoch | EpochNotice | FetchResponse | FetchSnapshotResponse
+            ):
                 leader = message.leader
             self._become_follower(message.epoch, leader)
         if message.epoch < self.epoch and isinstance(
@@ -240,9 +253,11 @@ class Replica:
         ):
             # A leader of an older epoch: tell it the epoch has moved on, or a node whose own
             # candidacy raised its epoch would wait forever for a leader that cannot reach it.
-            self._send(sender, BeginEpoch(self.epoch, self.leader_id))
+            self._send(sender, EpochNotice(self.epoch, self.node_id, self.leader_id))
             return
-        if isinstance(message, VoteRequest):
+        if isinstance(message, EpochNotice):
+            self._on_epoch_notice(message)
+        elif isinstance(message, VoteRequest):
             self._on_vote_request(sender, message)
         elif isinstance(message, VoteResponse):
             self._on_vote_response(sender, message)
@@ -257,8 +272,9 @@ class Replica:
         elif isinstance(message, FetchSnapshotResponse):
             self._on_fetch_snapshot_response(sender, message)
 
-    def propose(self, batches: bytes | bytearray | memoryview) -> AppendResult:
-        """Append producer batches as leader. NotLeader when this replica does not lead."""
+    def propose(self, batches: bytes | bytearray | memoryview | ValidatedBatches) -> AppendResult:
+        """Append producer batches as leader (a producer's payload after validate_produced).
+        NotLeader when this replica does not lead."""
         if self.role is not Role.LEADER:
             raise NotLeader(
                 f"replica {self.node_id} is not the leader", leader_hint=self._leader_hint()
@@ -495,6 +511,17 @@ class Replica:
         self.votes.add(sender)
         if len(self.votes) >= majority(len(self.config.voters)):
             self._become_leader()
+
+    def _on_epoch_notice(self, msg: EpochNotice) -> None:
+        """(A later epoch was handled above, as for any message.) In our own epoch a notice
+        may name the leader we have not heard from yet."""
+        if (
+            msg.epoch == self.epoch
+            and self.role is not Role.LEADER
+            and msg.leader not in (NO_LEADER, self.node_id)
+            and (self.role is not Role.FOLLOWER or self.leader_id != msg.leader)
+        ):
+            self._become_follower(msg.epoch, msg.leader)
 
     def _on_begin_epoch(self, sender: int, msg: BeginEpoch) -> None:
         if msg.epoch < self.epoch:

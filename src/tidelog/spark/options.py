@@ -89,6 +89,7 @@ class SourceOptions:
     ending_offsets: str = "latest"
     starting_timestamp: int | None = None
     fail_on_data_loss: bool = True
+    skip_invalid_batches: bool = False  # pass over batches that cannot be read, with a warning
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     include_headers: bool = False
@@ -164,6 +165,7 @@ class SourceOptions:
             ending_offsets=ending,
             starting_timestamp=_int(opts, "startingtimestamp"),
             fail_on_data_loss=_bool(opts, "failondataloss", True),
+            skip_invalid_batches=_bool(opts, "skipinvalidbatches", False),
             max_offsets_per_trigger=max_per_trigger,
             min_partitions=min_partitions,
             include_headers=_bool(opts, "includeheaders", False),

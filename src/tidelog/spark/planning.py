@@ -4,6 +4,7 @@ Spark's Kafka source: a range [start, end) reads offsets start .. end-1."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -36,6 +37,7 @@ class OffsetRange:
     fail_on_data_loss: bool
     include_headers: bool
     fetch_max_bytes: int
+    skip_invalid: bool = False  # skipInvalidBatches
 
     @property
     def size(self) -> int:
@@ -150,18 +152,7 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
         count = min(count, r.size)
         bounds = [r.start + (r.size * i) // count for i in range(count)] + [r.end]
         for lo, hi in itertools.pairwise(bounds):
-            out.append(
-                OffsetRange(
-                    r.bootstrap,
-                    r.topic,
-                    r.partition,
-                    lo,
-                    hi,
-                    r.fail_on_data_loss,
-                    r.include_headers,
-                    r.fetch_max_bytes,
-                )
-            )
+            out.append(dataclasses.replace(r, start=lo, end=hi))
     return out
 
 
@@ -176,6 +167,7 @@ def plan_ranges(opts: SourceOptions, start: Offsets, end: Offsets) -> list[Offse
             opts.fail_on_data_loss,
             opts.include_headers,
             opts.fetch_max_bytes,
+            opts.skip_invalid_batches,
         )
         for tp in sorted(end)
     ]

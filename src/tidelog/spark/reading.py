@@ -39,7 +39,12 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     while offset < r.end:
         try:
             result = client.fetch(
-                r.topic, r.partition, offset, max_bytes=r.fetch_max_bytes, max_wait_ms=200
+                r.topic,
+                r.partition,
+                offset,
+                max_bytes=r.fetch_max_bytes,
+                max_wait_ms=200,
+                skip_invalid=r.skip_invalid,
             )
         except OffsetOutOfRange as exc:
             if exc.log_start <= offset:

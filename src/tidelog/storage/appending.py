@@ -4,20 +4,26 @@ from __future__ import annotations
 
 from tidelog.errors import CorruptRecord, DuplicateSequence, InvalidRequest
 from tidelog.record.batch import BatchHeader, iter_headers, stamp
+from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.producer_state import ProducerState
 
 
 def stamp_leader_batches(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | ValidatedBatches,
     epoch: int,
     log_end_offset: int,
     max_batch_bytes: int,
     producers: ProducerState | None = None,
 ) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
-    """Validate producer batches, drop replays of idempotent producers, and stamp offsets (from
+    """Check batches (layout and CRC, unless a producer's payload already passed
+    validate_produced), drop replays of idempotent producers, and stamp offsets (from
     log_end_offset) and the leader epoch. DuplicateSequence when every batch is a replay."""
-    buf = bytearray(data)
-    headers = list(iter_headers(buf, max_batch_bytes=max_batch_bytes))
+    if isinstance(data, ValidatedBatches):
+        buf = bytearray(data.data)
+        headers = list(data.headers)
+    else:
+        buf = bytearray(data)
+        headers = list(iter_headers(buf, max_batch_bytes=max_batch_bytes))
     if not headers:
         raise InvalidRequest("produce request carries no record batch")
     if producers is not None:

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidelog.record.batch import decode_records, rebuild_batch
+from tidelog.errors import CorruptRecord
+from tidelog.record.batch import BatchHeader, Record, decode_records, rebuild_batch
 from tidelog.storage import faults
 from tidelog.storage.log import SegmentedLog
 from tidelog.storage.retention import retention_timestamp
+from tidelog.storage.scrub import InvalidBatch
 from tidelog.storage.segment import LogSegment
 
 CrashPoint = Callable[[str], None]
@@ -32,6 +34,7 @@ class CompactionReport:
     bytes_before: int = 0
     bytes_after: int = 0
     skipped: str = ""
+    invalid_batches: list[InvalidBatch] = field(default_factory=list)  # kept as they are
 
 
 def dirty_ratio(log: SegmentedLog) -> float:
@@ -55,16 +58,33 @@ class CompactionPlan:
 
 
 def latest_offsets(segments: list[LogSegment], hw: int) -> dict[bytes, int]:
-    """key -> the offset of its newest committed record."""
+    """key -> the offset of its newest committed record (a batch that cannot be read counts
+    for no key: what it holds is unknown, so it supersedes nothing)."""
     latest: dict[bytes, int] = {}
     for seg in segments:
         for pos, header in seg.scan():
             if header.is_control or header.base_offset >= hw:
                 continue
-            for rec in decode_records(os.pread(seg.fd, header.size_bytes, pos)):
+            records = _records(os.pread(seg.fd, header.size_bytes, pos), header, None)
+            for rec in records or ():
                 if rec.key is not None and rec.offset < hw:
                     latest[rec.key] = rec.offset
     return latest
+
+
+def _records(
+    raw: bytes, header: BatchHeader, report: CompactionReport | None
+) -> list[Record] | None:
+    """The batch's records, or None for a batch that cannot be read (written before batches
+    were validated): compaction keeps such a batch as it is and reports it."""
+    try:
+        return decode_records(raw)
+    except CorruptRecord as exc:
+        if report is not None:
+            report.invalid_batches.append(
+                InvalidBatch(header.base_offset, header.last_offset, exc.name, exc.message)
+            )
+        return None
 
 
 def snapshot_inputs(log: SegmentedLog) -> tuple[list[LogSegment], list[LogSegment], int]:
@@ -155,7 +175,10 @@ def _rewrite(
         if header.is_control:
             out += raw
             continue
-        records = decode_records(raw)
+        records = _records(raw, header, report)
+        if records is None:
+            out += raw
+            continue
         keep = []
         for rec in records:
             if rec.key is not None and latest.get(rec.key, rec.offset) != rec.offset:

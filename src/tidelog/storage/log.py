@@ -30,6 +30,7 @@ from tidelog.errors import (
     StorageFull,
 )
 from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
 from tidelog.storage.checkpoint import fsync_dir, read_checkpoint, write_checkpoint
 from tidelog.storage.epoch_history import EpochEntry, EpochHistory
@@ -249,15 +250,22 @@ class SegmentedLog:
             data = None
         path.unlink(missing_ok=True)  # only valid for the log exactly as it was closed
         if data is not None and int(data.get("log_end_offset", -1)) == self.log_end_offset:
+            now = self._clock_ms()
             self.producers.producers = {
-                int(pid): ProducerEntry(*(int(v) for v in entry))
+                int(pid): ProducerEntry(*(int(v) for v in list(entry)[:4]))._replace(
+                    last_write_ms=now
+                )
                 for pid, entry in dict(data.get("producers", {})).items()
             }
             return
         self.rebuild_producers()
 
     def rebuild_producers(self) -> None:
-        self.producers.rebuild(h for seg in self.segments for _, h in seg.scan())
+        now = self._clock_ms()
+        self.producers.rebuild((h for seg in self.segments for _, h in seg.scan()), now)
+
+    def expire_producers(self) -> int:
+        return self.producers.expire(self._clock_ms(), self.config.producer_id_expiration_ms)
 
     def _read_state_checkpoint(self) -> dict[str, int]:
         try:
@@ -302,7 +310,9 @@ class SegmentedLog:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append_as_leader(self, data: bytes | bytearray | memoryview, epoch: int) -> AppendInfo:
+    def append_as_leader(
+        self, data: bytes | bytearray | memoryview | ValidatedBatches, epoch: int
+    ) -> AppendInfo:
         """Validate producer batches, stamp offsets from the log end and the leader epoch."""
         buf, stamped = stamp_leader_batches(
             data, epoch, self.log_end_offset, self.config.max_message_bytes, self.producers
@@ -334,7 +344,7 @@ class SegmentedLog:
         end = len(view)
         self._write_chunk(view, chunk_start, end, chunk, now)
         for _, header in headers:
-            self.producers.record(header)
+            self.producers.record(header, now)
         first = headers[0][1]
         last = headers[-1][1]
         records = sum(h.last_offset_delta + 1 for _, h in headers)

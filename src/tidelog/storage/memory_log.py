@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tidelog.config import TopicConfig
 from tidelog.errors import InvalidRequest, OffsetOutOfRange
 from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
 from tidelog.storage.epoch_history import EpochHistory
 from tidelog.storage.log import AppendInfo
@@ -71,7 +72,9 @@ class MemoryLog:
         assert self.log_start_offset <= hw <= self.log_end_offset
         self.high_watermark = hw
 
-    def append_as_leader(self, data: bytes | bytearray | memoryview, epoch: int) -> AppendInfo:
+    def append_as_leader(
+        self, data: bytes | bytearray | memoryview | ValidatedBatches, epoch: int
+    ) -> AppendInfo:
         buf, stamped = stamp_leader_batches(
             data, epoch, self.log_end_offset, self.config.max_message_bytes, self.producers
         )

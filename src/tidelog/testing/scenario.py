@@ -43,6 +43,7 @@ from pathlib import Path
 from tidelog.record.batch import BatchHeader, decode_records, iter_headers
 from tidelog.replication.messages import (
     BeginEpoch,
+    EpochNotice,
     FetchRequest,
     FetchSnapshotRequest,
     FetchSnapshotResponse,
@@ -177,6 +178,8 @@ def format_message(m: Message) -> str:
         return f"{kind} epoch={m.epoch} {'granted' if m.granted else 'rejected'}"
     if isinstance(m, BeginEpoch):
         return f"BeginEpoch epoch={m.epoch} leader={m.leader}"
+    if isinstance(m, EpochNotice):
+        return f"EpochNotice epoch={m.epoch} leader={m.leader}"
     if isinstance(m, FetchRequest):
         return (
             f"Fetch epoch={m.epoch} offset={m.fetch_offset} durable={m.durable_offset} "

@@ -1,0 +1,69 @@
+"""Who is asking, and may they: the one place every request passes before it reaches the core.
+
+A listener authenticates (today: a client connection is anonymous; a peer connection is the node
+id its handshake proved) and hands the core a Principal; the core calls `Access.authorize` once,
+before it acts. Listeners never decide permissions themselves, so a new listener (Kafka, HTTP)
+cannot bypass them.
+
+Today's policy: clients may make every client request; only authenticated peers may replicate
+(one-way replication and cursor-invalidation messages). Per-topic ACLs take this same entry.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tidelog.errors import NotAuthorized
+
+
+class Listener(enum.Enum):
+    CLIENT = "client"
+    PEER = "peer"
+
+
+class Operation(enum.Enum):
+    READ = "read"  # fetch, list offsets, table reads, cursor reads
+    WRITE = "write"  # produce
+    DESCRIBE = "describe"  # metadata, status, api versions
+    CREATE = "create"  # create topics
+    ALTER = "alter"  # cursors: create, commit, delete, invalidate
+    DELETE = "delete"  # delete-records
+    REPLICATE = "replicate"  # replication and cursor-invalidation messages between peers
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str  # "anonymous", or "node:N" for an authenticated peer
+    listener: Listener
+    address: str = ""
+    peer_id: int | None = None  # set only for a connection whose handshake proved it
+
+    @staticmethod
+    def anonymous(address: str) -> Principal:
+        return Principal("anonymous", Listener.CLIENT, address)
+
+    @staticmethod
+    def peer(node_id: int, address: str) -> Principal:
+        return Principal(f"node:{node_id}", Listener.PEER, address, node_id)
+
+
+class Access:
+    def __init__(self) -> None:
+        self.denied = 0
+
+    def authorize(self, principal: Principal, operation: Operation, resource: str) -> None:
+        allowed = (
+            principal.peer_id is not None
+            if operation is Operation.REPLICATE
+            else principal.listener is Listener.CLIENT
+        )
+        if not allowed:
+            self.denied += 1
+            raise NotAuthorized(
+                f"{principal.name} ({principal.listener.value} listener) may not "
+                f"{operation.value} {resource}",
+                principal=principal.name,
+                operation=operation.value,
+                resource=resource,
+            )

@@ -1,0 +1,133 @@
+"""tidelog's own client protocol: frames in, typed requests to the core, answers out.
+
+Every request gets exactly one answer (acks=0 produce excepted, as in Kafka), and a connection's
+answers go out in the order its requests came, whatever order they finish in: a slot is taken
+per request and answers are written from the head of the queue. At most
+`max.inflight.requests.per.connection` wait at once; past that the connection is not read until
+answers drain. Replication and cursor-invalidation messages are a peer's, never a client's: a
+client connection that sends one is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from tidelog.errors import InvalidRequest, TidelogError
+from tidelog.node.access import Principal
+from tidelog.node.core import NodeCore
+from tidelog.node.listeners.base import FrameConnection, Listener
+from tidelog.node.transport import tune_socket
+from tidelog.protocol import api
+from tidelog.protocol.framing import Frame, Kind
+
+log = logging.getLogger(__name__)
+
+
+class _Slot:
+    __slots__ = ("api", "correlation_id", "header", "payload", "ready", "task")
+
+    def __init__(self, frame: Frame) -> None:
+        self.api = frame.api
+        self.correlation_id = frame.correlation_id
+        self.ready = False
+        self.header: dict[str, Any] = {}
+        self.payload: Any = None
+        self.task: asyncio.Task[None] | None = None
+
+
+class ClientConnection(FrameConnection):
+    def __init__(self, listener: Listener, core: NodeCore) -> None:
+        super().__init__(listener)
+        self.core = core
+        self.principal = Principal.anonymous("")
+        self._slots: collections.deque[_Slot] = collections.deque()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.principal = Principal.anonymous(self.address)
+
+    def tune(self, transport: asyncio.Transport) -> None:
+        tune_socket(transport, receive_buffer=False)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._slots)
+
+    def on_frame(self, frame: Frame) -> None:
+        if frame.kind == Kind.MESSAGE:
+            what = "a peer's message" if frame.api in api.PEER_ONLY_MESSAGES else "a message"
+            self.core.counters.inc("tidelog_client_peer_messages_refused_total")
+            raise InvalidRequest(f"client connections may not send {what} (api {frame.api})")
+        if frame.kind != Kind.REQUEST:
+            raise InvalidRequest("a node accepts only requests on its client listener")
+        slot = _Slot(frame)
+        self._slots.append(slot)
+        try:
+            request = api.decode(self.core.request_type(frame.api), frame.header)
+            result = self.core.handle(self.principal, request, frame.payload)
+        except TidelogError as exc:
+            self._answer(slot, api.encode_error(exc))
+            return
+        except Exception as exc:  # a bug must not take the connection's other requests with it
+            log.exception("request %s failed", frame.api)
+            self._answer(slot, api.encode_error(TidelogError(f"internal error: {exc}")))
+            return
+        if result is None:  # acks=0: no answer, and so no place in the queue
+            self._slots.remove(slot)
+            return
+        if isinstance(result, Awaitable):
+            slot.task = asyncio.get_running_loop().create_task(self._finish(slot, result))
+            if len(self._slots) >= self.listener.limits.max_inflight_requests:
+                self.pause("inflight")
+            return
+        self._answer(slot, *_encoded(result))
+
+    async def _finish(self, slot: _Slot, pending: Awaitable[Any]) -> None:
+        try:
+            result = await pending
+        except TidelogError as exc:
+            self._answer(slot, api.encode_error(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("request %s failed", slot.api)
+            self._answer(slot, api.encode_error(TidelogError(f"internal error: {exc}")))
+        else:
+            self._answer(slot, *_encoded(result))
+
+    def _answer(self, slot: _Slot, header: dict[str, Any], payload: Any = None) -> None:
+        slot.header, slot.payload, slot.ready = header, payload, True
+        slot.task = None
+        slots = self._slots
+        while slots and slots[0].ready:
+            done = slots.popleft()
+            self.send(Kind.RESPONSE, done.api, done.correlation_id, done.header, done.payload)
+        if len(slots) < self.listener.limits.max_inflight_requests:
+            self.resume("inflight")
+
+    def on_closed(self) -> None:
+        for slot in self._slots:
+            if slot.task is not None:
+                slot.task.cancel()  # a long-poll for nobody
+        self._slots.clear()
+
+
+def _encoded(result: Any) -> tuple[dict[str, Any], Any]:
+    if isinstance(result, tuple):
+        response, payload = result
+        return api.encode(response), payload
+    return api.encode(result), None
+
+
+def client_listener(core: NodeCore, listener_limits: Any, zero_copy: bool) -> Listener:
+    return Listener(
+        "client",
+        listener_limits,
+        core.counters,
+        lambda listener: ClientConnection(listener, core),
+        zero_copy,
+    )

@@ -1,0 +1,376 @@
+"""The peer channel: nodes talk to nodes here, never on the client listener.
+
+Every node listens for peers on a port of its own (`--peer-listen`; by default the client
+listener's host and a port the kernel picks, which other nodes learn from the client listener's
+ApiVersions answer, or fixed with `ID=HOST:PORT/PEER_PORT` in `--peers`). A connection is bound
+to one node id by the handshake of protocol/peer_handshake.py, which proves the dialer holds
+the cluster secret (and the listener proves it back); before that nothing but the handshake is
+read, in frames of at most HANDSHAKE_FRAME_BYTES, and a handshake that does not finish within
+`peer_handshake_timeout_ms` is closed. After it, the connection carries one-way replication
+and cursor-invalidation messages, whose sender is the bound node id.
+
+Each node dials each peer once (`PeerLink`) and sends on that link; answers come back on the
+peer's own link to us. A link that is down drops what it is given: the replication protocol
+retries on its own timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import typing
+from typing import Any
+
+from tidelog.errors import InvalidRequest, TidelogError
+from tidelog.node.access import Principal
+from tidelog.node.core import NodeCore
+from tidelog.node.listeners.base import ConnectionLimits, FrameConnection, Listener
+from tidelog.node.metrics import Counters
+from tidelog.node.transport import FrameWriter, Payload, tune_socket
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
+from tidelog.protocol.peer_handshake import (
+    DialerHandshake,
+    ListenerHandshake,
+    PeerAuth,
+    PeerAuthResponse,
+    PeerHello,
+    PeerHelloResponse,
+)
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_FRAME_BYTES = 64 * 1024
+PEER_QUEUE_BYTES_MAX = 64 * 1024 * 1024
+UNBOUND_PEER_CONNECTIONS_MAX = 32
+
+
+class PeerConnection(FrameConnection):
+    """An inbound connection from another node."""
+
+    def __init__(self, listener: Listener, core: NodeCore, secret: bytes) -> None:
+        self.peer_id: int | None = None
+        super().__init__(listener)
+        self.core = core
+        peers = frozenset(core.config.voters)
+        self.handshake = ListenerHandshake(secret, core.node_id, peers)
+        self.principal: Principal | None = None
+
+    @property
+    def frame_bytes_max(self) -> int:
+        return (
+            self.listener.limits.frame_bytes_max
+            if self.peer_id is not None
+            else HANDSHAKE_FRAME_BYTES
+        )
+
+    @property
+    def busy(self) -> bool:
+        return self.peer_id is not None  # a bound peer is never evicted for a stranger
+
+    def on_frame(self, frame: Frame) -> None:
+        if self.principal is not None:
+            if frame.kind != Kind.MESSAGE:
+                raise InvalidRequest("a bound peer connection carries one-way messages only")
+            self.core.on_peer_message(self.principal, frame.api, frame.header, frame.payload)
+            return
+        if frame.kind != Kind.REQUEST or frame.api not in (ApiKey.PEER_HELLO, ApiKey.PEER_AUTH):
+            raise InvalidRequest("a peer connection must complete its handshake first")
+        try:
+            if frame.api == ApiKey.PEER_HELLO:
+                hello = self.handshake.hello(api.decode(PeerHello, frame.header))
+                self.send(Kind.RESPONSE, frame.api, frame.correlation_id, api.encode(hello))
+                return
+            peer_id = self.handshake.auth(api.decode(PeerAuth, frame.header))
+        except TidelogError as exc:
+            self.core.counters.inc("tidelog_peer_handshakes_failed_total")
+            self.send(Kind.RESPONSE, frame.api, frame.correlation_id, api.encode_error(exc))
+            raise InvalidRequest(f"peer handshake failed: {exc.message}") from None
+        self.peer_id = peer_id
+        self.principal = Principal.peer(peer_id, self.address)
+        self.decoder.frame_bytes_max = self.listener.limits.frame_bytes_max
+        self.send(
+            Kind.RESPONSE, frame.api, frame.correlation_id, api.encode(PeerAuthResponse(True))
+        )
+        log.info("peer channel: node %d connected from %s", peer_id, self.address)
+
+
+class PeerListener(Listener):
+    def __init__(
+        self, core: NodeCore, limits: ConnectionLimits, secret: bytes, handshake_timeout_s: float
+    ) -> None:
+        voters = len(core.config.voters)
+        peer_limits = ConnectionLimits(
+            limits.frame_bytes_max,
+            limits.queued_max_request_bytes,
+            limits.max_inflight_requests,
+            max_connections=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
+            max_connections_per_ip=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
+            idle_timeout_s=limits.idle_timeout_s,
+            request_receive_timeout_s=limits.request_receive_timeout_s,
+            fd_reserve=0,
+        )
+        super().__init__(
+            "peer",
+            peer_limits,
+            core.counters,
+            lambda listener: PeerConnection(listener, core, secret),
+            core.config.zero_copy,
+            reserve_descriptors=False,
+        )
+        self.handshake_timeout_s = handshake_timeout_s
+
+    def expired(self, conn: FrameConnection, now: float) -> str:
+        assert isinstance(conn, PeerConnection)
+        if conn.peer_id is None and now - conn.opened_at > self.handshake_timeout_s:
+            return "handshake timeout"
+        return ""
+
+
+async def discover_peer_port(address: tuple[str, int], timeout_s: float) -> int:
+    """Ask a node's client listener where its peer channel listens."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout_s)
+    try:
+        request = api.encode(api.ApiVersionsRequest("peer-discovery"))
+        writer.write(encode_prefix(Kind.REQUEST, ApiKey.API_VERSIONS, 1, request, 0))
+        decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES)
+        while True:
+            frame = decoder.next_frame()
+            if frame is not None:
+                break
+            data = await asyncio.wait_for(reader.read(65536), timeout_s)
+            if not data:
+                raise ConnectionError("closed before answering")
+            decoder.receive_data(data)
+        error = api.error_of(frame.header)
+        if error is not None:
+            raise error
+        port = api.decode(api.ApiVersionsResponse, frame.header).peer_port
+        if port <= 0:
+            raise InvalidRequest(f"node at {address[0]}:{address[1]} has no peer channel")
+        return port
+    finally:
+        writer.close()
+
+
+class PeerLink:
+    """Our outbound, authenticated connection to one peer, for one-way messages."""
+
+    RECONNECT_DELAY_MIN_S = 0.05
+    RECONNECT_DELAY_MAX_S = 1.0
+
+    def __init__(
+        self,
+        node_id: int,
+        peer_id: int,
+        client_address: tuple[str, int],
+        peer_port: int | None,
+        secret: bytes,
+        zero_copy: bool,
+        counters: Counters,
+        timeout_s: float,
+    ) -> None:
+        self.node_id = node_id
+        self.peer_id = peer_id
+        self.client_address = client_address
+        self.fixed_port = peer_port
+        self.secret = secret
+        self.zero_copy = zero_copy
+        self.counters = counters
+        self.timeout_s = timeout_s
+        self.writer: FrameWriter | None = None
+        self._protocol: _Outbound | None = None
+        self._connecting = False
+        self._delay_s = self.RECONNECT_DELAY_MIN_S
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._last_failure_log = 0.0
+        self.dropped_messages = 0
+        self.sent_messages = 0
+
+    @property
+    def connected(self) -> bool:
+        return self.writer is not None and not self.writer.closed
+
+    def send(self, key: int, header: dict[str, Any], payload: Payload | bytes | None) -> None:
+        if not self.connected:
+            self.dropped_messages += 1
+            self._ensure_connecting()
+            return
+        assert self.writer is not None
+        if self.writer.queued_bytes > PEER_QUEUE_BYTES_MAX:
+            self.dropped_messages += 1
+            return
+        self.sent_messages += 1
+        self.writer.write(Kind.MESSAGE, key, 0, header, payload)
+
+    def _ensure_connecting(self) -> None:
+        if self._connecting or self._closed:
+            return
+        self._connecting = True
+        self._task = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        host = self.client_address[0]
+        try:
+            while not self._closed:
+                transport: asyncio.BaseTransport | None = None
+                try:
+                    port = self.fixed_port or await discover_peer_port(
+                        self.client_address, self.timeout_s
+                    )
+                    transport, protocol = await asyncio.wait_for(
+                        loop.create_connection(lambda: _Outbound(self), host, port),
+                        self.timeout_s,
+                    )
+                    await asyncio.wait_for(protocol.handshake(), self.timeout_s)
+                    self._protocol = protocol
+                    self.writer = protocol.writer
+                    self._delay_s = self.RECONNECT_DELAY_MIN_S
+                    log.info(
+                        "peer channel: connected to node %d at %s:%d", self.peer_id, host, port
+                    )
+                    return
+                except (OSError, TimeoutError, TidelogError) as exc:
+                    if transport is not None:
+                        transport.close()
+                    self._note_failure(exc)
+                    await asyncio.sleep(self._delay_s)
+                    self._delay_s = min(self._delay_s * 2, self.RECONNECT_DELAY_MAX_S)
+        finally:
+            self._connecting = False
+
+    def _note_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, TidelogError) and "handshake" in exc.message:
+            self.counters.inc("tidelog_peer_handshakes_failed_total")
+            level = logging.ERROR
+        else:
+            level = logging.DEBUG
+        now = time.monotonic()
+        if level == logging.ERROR and now - self._last_failure_log < 10:
+            level = logging.DEBUG
+        if level == logging.ERROR:
+            self._last_failure_log = now
+        log.log(level, "peer channel: cannot reach node %d: %s", self.peer_id, exc)
+
+    def _detach(self) -> None:
+        if self.writer is not None:
+            self.writer.closed = True
+        self.writer = None
+        self._protocol = None
+
+    def close(self) -> None:
+        self._closed = True
+        if self.writer is not None:
+            self.writer.close()
+        if self._protocol is not None and self._protocol.transport is not None:
+            self._protocol.transport.close()
+        if self._task is not None:
+            self._task.cancel()
+
+
+class _Outbound(asyncio.Protocol):
+    """Our side of an outbound peer connection: the handshake, then frames out only."""
+
+    def __init__(self, link: PeerLink) -> None:
+        self.link = link
+        self.transport: asyncio.Transport | None = None
+        self.writer: FrameWriter | None = None
+        self.decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES)
+        self._answers: asyncio.Queue[Frame | None] = asyncio.Queue()
+        self.bound = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)
+        tune_socket(self.transport)
+        self.writer = FrameWriter(self.transport, self.link.zero_copy)
+
+    async def handshake(self) -> None:
+        assert self.writer is not None
+        link = self.link
+        dialer = DialerHandshake(link.secret, link.node_id, link.peer_id)
+        self.writer.write(Kind.REQUEST, ApiKey.PEER_HELLO, 1, api.encode(dialer.hello()))
+        hello = api.decode(PeerHelloResponse, await self._answer())
+        self.writer.write(Kind.REQUEST, ApiKey.PEER_AUTH, 2, api.encode(dialer.answer(hello)))
+        if not api.decode(PeerAuthResponse, await self._answer()).accepted:
+            raise InvalidRequest(f"peer handshake: node {link.peer_id} refused us")
+        self.bound = True
+
+    async def _answer(self) -> dict[str, Any]:
+        frame = await self._answers.get()
+        if frame is None:
+            raise ConnectionError("the peer closed the connection during the handshake")
+        error = api.error_of(frame.header)
+        if error is not None:
+            raise error
+        return frame.header
+
+    def data_received(self, data: bytes) -> None:
+        if self.bound:
+            return  # peers answer on their own links
+        try:
+            self.decoder.receive_data(data)
+            while (frame := self.decoder.next_frame()) is not None:
+                self._answers.put_nowait(frame)
+        except InvalidRequest:
+            self._answers.put_nowait(None)
+            if self.transport is not None:
+                self.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.pause()
+
+    def resume_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.resume()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._answers.put_nowait(None)
+        if self.writer is not None:
+            self.writer.closed = True
+        if self.bound:
+            self.link._detach()
+
+
+class PeerChannel:
+    """Our links to every peer (by node id), and sending on them."""
+
+    def __init__(self, core: NodeCore, secret: bytes) -> None:
+        config = core.config
+        self.links: dict[int, PeerLink] = {
+            peer_id: PeerLink(
+                config.node_id,
+                peer_id,
+                address,
+                config.peer_ports.get(peer_id),
+                secret,
+                config.zero_copy,
+                core.counters,
+                config.peer_handshake_timeout_ms / 1000,
+            )
+            for peer_id, address in config.peers.items()
+            if peer_id != config.node_id
+        }
+
+    def send(self, to: int, key: int, header: dict[str, Any], payload: Any) -> None:
+        link = self.links.get(to)
+        if link is not None:
+            link.send(key, header, payload)
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            str(peer_id): {
+                "connected": link.connected,
+                "sent_messages": link.sent_messages,
+                "dropped_messages": link.dropped_messages,
+            }
+            for peer_id, link in sorted(self.links.items())
+        }

@@ -1,0 +1,129 @@
+"""The peer channel's handshake, sans-IO: a connection between two nodes is bound to one node id
+only after both sides prove they hold the cluster secret (mutual challenge-response).
+
+    dialer                                   listener
+    PEER_HELLO {node_id, to, nonce_d}  ──►   checks: `to` is itself, node_id is a peer
+               ◄──  {node_id, nonce_l, proof_l = MAC("listener", d, l, nonce_d, nonce_l)}
+    checks proof_l
+    PEER_AUTH {proof_d = MAC("dialer", ...)}  ──►  checks proof_d; the connection is node d's
+               ◄──  {accepted: true}
+
+MAC is HMAC-SHA256 keyed by the cluster secret; each side's nonce makes every proof fresh, so a
+recorded handshake cannot be replayed. Nothing but these two requests is read on a peer
+connection until it is bound. Mutual TLS replaces the secret later; the binding stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+
+from tidelog.errors import InvalidRequest
+
+PROTOCOL = b"tidelog-peer-v1"
+NONCE_BYTES = 16
+
+
+@dataclass(frozen=True)
+class PeerHello:
+    node_id: int  # the dialer
+    to: int  # whom the dialer thinks it reached
+    nonce: str  # hex
+
+
+@dataclass(frozen=True)
+class PeerHelloResponse:
+    node_id: int  # the listener
+    nonce: str
+    proof: str
+
+
+@dataclass(frozen=True)
+class PeerAuth:
+    proof: str
+
+
+@dataclass(frozen=True)
+class PeerAuthResponse:
+    accepted: bool
+
+
+def new_nonce() -> str:
+    return os.urandom(NONCE_BYTES).hex()
+
+
+def proof(secret: bytes, role: str, dialer: int, listener: int, nonce_d: str, nonce_l: str) -> str:
+    fields = (role, str(dialer), str(listener), nonce_d, nonce_l)
+    message = b"|".join([PROTOCOL, *(f.encode() for f in fields)])
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def check_nonce(nonce: str) -> None:
+    if len(nonce) != 2 * NONCE_BYTES or any(c not in "0123456789abcdef" for c in nonce):
+        raise InvalidRequest("peer handshake: malformed nonce")
+
+
+class ListenerHandshake:
+    """The accepting side: hello() answers a PEER_HELLO, auth() checks the dialer's proof and
+    returns the node id the connection now belongs to."""
+
+    def __init__(self, secret: bytes, node_id: int, peers: frozenset[int]) -> None:
+        self.secret = secret
+        self.node_id = node_id
+        self.peers = peers
+        self.dialer: int | None = None
+        self._nonces: tuple[str, str] | None = None
+
+    def hello(self, msg: PeerHello) -> PeerHelloResponse:
+        if self._nonces is not None:
+            raise InvalidRequest("peer handshake: hello sent twice")
+        check_nonce(msg.nonce)
+        if msg.to != self.node_id:
+            raise InvalidRequest(f"peer handshake: this is node {self.node_id}, not {msg.to}")
+        if msg.node_id not in self.peers or msg.node_id == self.node_id:
+            raise InvalidRequest(f"peer handshake: node {msg.node_id} is not a peer of this node")
+        mine = new_nonce()
+        self.dialer = msg.node_id
+        self._nonces = (msg.nonce, mine)
+        return PeerHelloResponse(
+            self.node_id,
+            mine,
+            proof(self.secret, "listener", msg.node_id, self.node_id, msg.nonce, mine),
+        )
+
+    def auth(self, msg: PeerAuth) -> int:
+        if self._nonces is None or self.dialer is None:
+            raise InvalidRequest("peer handshake: auth before hello")
+        expected = proof(self.secret, "dialer", self.dialer, self.node_id, *self._nonces)
+        if not hmac.compare_digest(expected, msg.proof):
+            raise InvalidRequest(
+                f"peer handshake: node {self.dialer} did not prove it holds the cluster secret"
+            )
+        return self.dialer
+
+
+class DialerHandshake:
+    """The connecting side: hello() to send, then answer() checks the listener's proof and
+    returns the PEER_AUTH to send."""
+
+    def __init__(self, secret: bytes, node_id: int, to: int) -> None:
+        self.secret = secret
+        self.node_id = node_id
+        self.to = to
+        self.nonce = new_nonce()
+
+    def hello(self) -> PeerHello:
+        return PeerHello(self.node_id, self.to, self.nonce)
+
+    def answer(self, msg: PeerHelloResponse) -> PeerAuth:
+        check_nonce(msg.nonce)
+        if msg.node_id != self.to:
+            raise InvalidRequest(f"peer handshake: expected node {self.to}, reached {msg.node_id}")
+        expected = proof(self.secret, "listener", self.node_id, self.to, self.nonce, msg.nonce)
+        if not hmac.compare_digest(expected, msg.proof):
+            raise InvalidRequest(
+                f"peer handshake: node {self.to} did not prove it holds the cluster secret"
+            )
+        return PeerAuth(proof(self.secret, "dialer", self.node_id, self.to, self.nonce, msg.nonce))

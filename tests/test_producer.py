@@ -1,0 +1,266 @@
+"""A producer always knows what happened (issue 9): producing is idempotent by default, so a
+retry after a lost answer never duplicates; a write whose fate is unknown raises OutcomeUnknown,
+never an error that reads as "not written"; a replay is answered only once the original is as
+durable as acks asks. Through a proxy that loses answers, against real nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import values_in
+from test_cluster import leader_of
+from test_node import running_node
+from tidelog.cli.cluster import LocalCluster, free_ports
+from tidelog.client.async_client import AsyncClient
+from tidelog.client.producer import Producer
+from tidelog.client.sync_client import Client
+from tidelog.errors import (
+    OutcomeUnknown,
+    RecordTooLarge,
+    TidelogError,
+    UnknownTopicOrPartition,
+)
+from tidelog.node.config import NodeConfig
+from tidelog.node.server import Node
+from tidelog.protocol.api import ApiKey
+from tidelog.protocol.framing import FrameDecoder, encode_frame
+from tidelog.record import ProducerRecord, build_batch
+
+
+class LossyProxy:
+    """Forwards clients' connections to a node, and drops the node's answers to produce
+    requests while told to (closing the client's connection, as a broken network would)."""
+
+    def __init__(self) -> None:
+        self.upstream: tuple[str, int] = ("127.0.0.1", 0)
+        self.drop_produce_answers = 0  # how many more to drop (-1: every one)
+        self.drop_every = 0  # or: drop every n-th answer to a produce
+        self.dropped = 0
+        self.answered = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return "127.0.0.1", int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+
+        async def client_to_node() -> None:
+            while data := await reader.read(65536):
+                up_writer.write(data)
+            up_writer.close()
+
+        async def node_to_client() -> None:
+            decoder = FrameDecoder(1 << 30)
+            while data := await up_reader.read(65536):
+                decoder.receive_data(data)
+                while (frame := decoder.next_frame()) is not None:
+                    if frame.api == ApiKey.PRODUCE:
+                        self.answered += 1
+                    every = self.drop_every and self.answered % self.drop_every == 0
+                    if frame.api == ApiKey.PRODUCE and (self.drop_produce_answers != 0 or every):
+                        if self.drop_produce_answers > 0:
+                            self.drop_produce_answers -= 1
+                        self.dropped += 1
+                        writer.close()
+                        up_writer.close()
+                        return
+                    writer.write(encode_frame(frame))
+            writer.close()
+
+        await asyncio.gather(client_to_node(), node_to_client(), return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def through_proxy(
+    tmp_path: Path, **client_options: Any
+) -> AsyncIterator[tuple[Node, LossyProxy, AsyncClient]]:
+    """A node that advertises the proxy as its address, so that clients go through it."""
+    proxy = LossyProxy()
+    advertised = await proxy.start()
+    port = free_ports(1)[0]
+    config = NodeConfig(
+        data_dir=tmp_path / "node", listen=("127.0.0.1", port), peers={1: advertised}, node_id=1
+    )
+    node = Node(config)
+    await node.start()
+    proxy.upstream = node.address
+    client = AsyncClient("{}:{}".format(*advertised), **client_options)
+    try:
+        await client.create_topic("t", partitions=2)
+        yield node, proxy, client
+    finally:
+        await client.close()
+        await proxy.stop()
+        await node.stop()
+
+
+def values(node: Node, group: str) -> list[bytes | None]:
+    host = node.hosts[group]
+    chunk = host.log.read(host.log.log_start_offset, 1 << 30, host.log.high_watermark)
+    return [v for _, v in values_in(chunk.read())] if chunk is not None else []
+
+
+def test_a_lost_answer_is_retried_without_duplicating_the_record(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with through_proxy(tmp_path) as (node, proxy, client):
+            first = await client.produce("t", [b"a"], partition=0)
+            proxy.drop_produce_answers = 1
+            second = await client.produce("t", [b"b", b"c"], partition=0)
+            assert proxy.dropped == 1
+            assert first is not None and second is not None
+            assert second.duplicate and (second.base_offset, second.last_offset) == (1, 2)
+            assert values(node, "t/0") == [b"a", b"b", b"c"]
+
+    asyncio.run(main())
+
+
+def test_when_every_answer_is_lost_the_outcome_is_unknown_never_a_plain_failure(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with through_proxy(tmp_path, retries=4) as (node, proxy, client):
+            proxy.drop_produce_answers = -1
+            with pytest.raises(OutcomeUnknown) as caught:
+                await client.produce("t", [b"x"], partition=1)
+            assert caught.value.details["cause"] == "NetworkError"
+            assert values(node, "t/1") == [b"x"]  # written once, though sent four times
+            proxy.drop_produce_answers = 0
+            again = await client.produce("t", [b"y"], partition=1)
+            assert again is not None and not again.duplicate
+            assert values(node, "t/1") == [b"x", b"y"]
+
+    asyncio.run(main())
+
+
+def test_a_non_idempotent_client_does_not_retry_what_may_have_been_written(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with through_proxy(tmp_path, idempotent=False) as (node, proxy, client):
+            proxy.drop_produce_answers = 1
+            with pytest.raises(OutcomeUnknown, match="not retried"):
+                await client.produce("t", [b"once"], partition=0)
+            assert values(node, "t/0") == [b"once"]
+
+    asyncio.run(main())
+
+
+def test_definite_failures_stay_definite(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with through_proxy(tmp_path) as (_node, _proxy, client):
+            with pytest.raises(UnknownTopicOrPartition):
+                await client.produce("t", [b"x"], partition=7)
+            big = ProducerRecord(None, b"x" * (9 * 1024 * 1024))
+            with pytest.raises(RecordTooLarge):
+                await client.produce("t", [big], partition=0)
+
+    asyncio.run(main())
+
+
+def test_a_batching_producer_through_lost_answers_writes_each_record_once_in_order(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with through_proxy(tmp_path) as (node, proxy, client):
+            producer = Producer(client, linger_ms=2, batch_bytes=400, max_in_flight=8)
+            proxy.drop_every = 7
+            futures = []
+            for i in range(600):
+                futures.append(await producer.send("t", b"%04d" % i, partition=i % 2))
+                if i % 50 == 0:
+                    await asyncio.sleep(0.01)
+            await producer.close()
+            offsets = [(await f).offset for f in futures]
+            assert proxy.dropped >= 3, (proxy.dropped, proxy.answered)
+            for p in (0, 1):
+                assert values(node, f"t/{p}") == [b"%04d" % i for i in range(p, 600, 2)]
+                mine = [o for i, o in enumerate(offsets) if i % 2 == p]
+                assert mine == list(range(300))
+
+    asyncio.run(main())
+
+
+def test_consume_past_the_high_watermark_with_reset_none_fails(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as (node, client):
+            await client.create_topic("t")
+            await client.produce("t", [b"a", b"b"], partition=0)
+            bootstrap = f"127.0.0.1:{node.address[1]}"
+
+            def consume(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tidelog",
+                        "consume",
+                        "t",
+                        "--bootstrap",
+                        bootstrap,
+                        *args,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+
+            loop = asyncio.get_running_loop()
+            none = await loop.run_in_executor(None, consume, "--from", "5", "--reset", "none")
+            latest = await loop.run_in_executor(None, consume, "--from", "5", "--reset", "latest")
+            earliest = await loop.run_in_executor(None, consume, "--from", "5")
+            assert none.returncode != 0 and "OffsetOutOfRange" in none.stderr
+            assert latest.returncode == 0 and latest.stdout == ""
+            assert earliest.returncode == 0 and earliest.stdout.split() == ["a", "b"]
+
+    asyncio.run(main())
+
+
+def test_a_replay_is_answered_only_once_the_original_is_committed(tmp_path: Path) -> None:
+    """The original batch is appended but not committed (followers frozen): its replay must not
+    be acknowledged as acks=all before the original is, or a leader crash could lose a record
+    the producer was told is safe."""
+    with (
+        LocalCluster(tmp_path, 3, log_level="WARNING") as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic("t", replication_factor=3)
+        leader = leader_of(client, "t")
+        followers = [n for n in cluster.node_ids if n != leader]
+        batch = build_batch(
+            [ProducerRecord(None, b"once")], producer_id=4242, producer_epoch=0, base_sequence=0
+        )
+        for n in followers:
+            cluster.freeze(n)
+        try:
+            first = client.produce_batch("t", 0, batch, acks=1)
+            assert first is not None and not first.duplicate
+            with Client(cluster.bootstrap, retries=1) as impatient:
+                started = time.monotonic()
+                with pytest.raises(TidelogError) as caught:
+                    impatient._run(impatient.async_client.produce_batch("t", 0, batch, "all", 1500))
+                assert time.monotonic() - started >= 1.4
+                assert isinstance(caught.value, OutcomeUnknown | TidelogError)
+                assert caught.value.name in ("OutcomeUnknown", "Timeout", "NotLeader")
+        finally:
+            for n in followers:
+                cluster.resume(n)
+        replay = client.produce_batch("t", 0, batch)
+        assert replay is not None and replay.duplicate
+        assert (replay.base_offset, replay.last_offset) == (first.base_offset, first.last_offset)
+        assert replay.high_watermark > replay.last_offset
+        assert [r.value for r in client.consume("t", 0)] == [b"once"]

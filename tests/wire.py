@@ -1,0 +1,97 @@
+"""Speaking tidelog's wire protocol by hand, as a hostile or buggy client (or a peer) would:
+blocking sockets, whole frames, no client library in the way."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
+from tidelog.protocol.peer_handshake import DialerHandshake, PeerHelloResponse
+from tidelog.protocol.replication_codec import encode_message
+from tidelog.replication.messages import Message
+
+
+class Wire:
+    def __init__(self, address: tuple[str, int], timeout_s: float = 10.0) -> None:
+        self.sock = socket.create_connection(address, timeout=timeout_s)
+        self.decoder = FrameDecoder(256 * 1024 * 1024)
+        self.next_id = 1
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(
+        self, kind: Kind, key: int, header: dict[str, Any], payload: bytes = b"", cid: int = -1
+    ) -> int:
+        if cid < 0:
+            cid, self.next_id = self.next_id, self.next_id + 1
+        self.sock.sendall(encode_prefix(kind, key, cid, header, len(payload)) + payload)
+        return cid
+
+    def request(self, key: int, request: Any, payload: bytes = b"") -> Frame:
+        self.send(Kind.REQUEST, key, api.encode(request), payload)
+        frame = self.frame()
+        assert frame is not None, "the node closed the connection"
+        return frame
+
+    def frame(self) -> Frame | None:
+        """The next frame, or None once the node closed the connection."""
+        while True:
+            frame = self.decoder.next_frame()
+            if frame is not None:
+                return frame
+            try:
+                data = self.sock.recv(1 << 20)
+            except (ConnectionResetError, TimeoutError):
+                return None
+            if not data:
+                return None
+            self.decoder.receive_data(data)
+
+    def closed_by_node(self, within_s: float = 5.0) -> bool:
+        """True if the node closes the connection (reading until EOF) within the time."""
+        deadline = time.monotonic() + within_s
+        self.sock.settimeout(0.2)
+        while time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                return True
+            if not data:
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def peer_session(address: tuple[str, int], secret: bytes, as_node: int, to_node: int) -> Wire:
+    """An authenticated peer-channel connection, as node as_node (it must know the secret)."""
+    wire = Wire(address)
+    dialer = DialerHandshake(secret, as_node, to_node)
+    hello = wire.request(ApiKey.PEER_HELLO, dialer.hello())
+    error = api.error_of(hello.header)
+    if error is not None:
+        raise error
+    auth = wire.request(
+        ApiKey.PEER_AUTH, dialer.answer(api.decode(PeerHelloResponse, hello.header))
+    )
+    error = api.error_of(auth.header)
+    if error is not None:
+        raise error
+    return wire
+
+
+def replication_frame(
+    group: str, message: Message, records: bytes = b""
+) -> tuple[dict[str, Any], bytes]:
+    header, _ = encode_message(group, message)
+    if records:
+        header["records_first_offset"] = 0
+    return header, records
