@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import tempfile
@@ -9,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tidelog.client.async_client import AsyncClient
 from tidelog.record import ProducerRecord, build_batch
 
 RECORD_BYTES = 1024
@@ -84,3 +86,36 @@ def fsync_append_bound(batch: bytes, seconds: float, directory: Path) -> tuple[f
         os.close(fd)
         path.unlink()
     return count / elapsed, latencies
+
+
+async def run_producers(
+    bootstrap: str,
+    topic: str,
+    batch: bytes,
+    producers: int,
+    seconds: float,
+    acks: str,
+    idempotent: bool = True,
+) -> tuple[int, float, list[float]]:
+    """`producers` clients, each sending batch to partition 0 one at a time for `seconds`:
+    (batches sent, elapsed seconds, each ack's latency)."""
+    clients = [AsyncClient(bootstrap, idempotent=idempotent) for _ in range(producers)]
+    for c in clients:
+        await c.topic(topic)
+    latencies: list[float] = []
+    sent = [0]
+    deadline = time.perf_counter() + seconds
+
+    async def one(client: AsyncClient) -> None:
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            await client.produce_batch(topic, 0, batch, acks)
+            latencies.append(time.perf_counter() - t0)
+            sent[0] += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(c) for c in clients))
+    elapsed = time.perf_counter() - start
+    for c in clients:
+        await c.close()
+    return sent[0], elapsed, latencies

@@ -10,8 +10,6 @@ plain Python loop appending the same batches to a file with os.write + os.fdatas
 from __future__ import annotations
 
 import argparse
-import asyncio
-import time
 
 from common import (
     RECORD_BYTES,
@@ -19,36 +17,12 @@ from common import (
     make_batch,
     percentile,
     print_table,
+    run_producers,
     scratch_dir,
 )
 from tidelog.cli.cluster import LocalCluster
 from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
-
-
-async def run_producers(
-    bootstrap: str, topic: str, batch: bytes, producers: int, seconds: float, acks: str
-) -> tuple[int, float, list[float]]:
-    clients = [AsyncClient(bootstrap) for _ in range(producers)]
-    for c in clients:
-        await c.topic(topic)
-    latencies: list[float] = []
-    sent = [0]
-    deadline = time.perf_counter() + seconds
-
-    async def one(client: AsyncClient) -> None:
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            await client.produce_batch(topic, 0, batch, acks)
-            latencies.append(time.perf_counter() - t0)
-            sent[0] += 1
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(c) for c in clients))
-    elapsed = time.perf_counter() - start
-    for c in clients:
-        await c.close()
-    return sent[0], elapsed, latencies
 
 
 def main() -> None:

@@ -264,3 +264,82 @@ def test_a_replay_is_answered_only_once_the_original_is_committed(tmp_path: Path
         assert (replay.base_offset, replay.last_offset) == (first.base_offset, first.last_offset)
         assert replay.high_watermark > replay.last_offset
         assert [r.value for r in client.consume("t", 0)] == [b"once"]
+
+
+@pytest.mark.timeout(600)
+def test_under_kills_and_freezes_every_outcome_is_what_the_producer_was_told(
+    tmp_path: Path,
+) -> None:
+    """The default (idempotent) producer, retrying, while leaders are SIGKILLed and frozen:
+    no record is stored twice, every acknowledged record is where its answer said, no record
+    whose produce failed definitely is stored, and only OutcomeUnknown leaves the fate open."""
+    import random
+    import threading
+
+    acked: dict[bytes, int] = {}
+    failed: dict[bytes, str] = {}
+    unknown: list[bytes] = []
+    stop = threading.Event()
+
+    def produce(bootstrap: str) -> None:
+        with Client(bootstrap, retries=8, request_timeout_ms=3000) as client:
+            n = 0
+            while not stop.is_set():
+                value = b"v%06d" % n
+                n += 1
+                try:
+                    result = client.produce("orders", [value], partition=0, timeout_ms=3000)
+                except OutcomeUnknown:
+                    unknown.append(value)
+                except TidelogError as exc:
+                    failed[value] = exc.name
+                    time.sleep(0.02)
+                else:
+                    assert result is not None
+                    acked[value] = result.base_offset
+
+    with (
+        LocalCluster(tmp_path, 3, log_level="WARNING") as cluster,
+        Client(cluster.bootstrap) as admin,
+    ):
+        admin.create_topic("orders", replication_factor=3, configs={"min.insync.replicas": "2"})
+        thread = threading.Thread(target=produce, args=(cluster.bootstrap,), daemon=True)
+        thread.start()
+        rng = random.Random(9)
+        try:
+            for round_ in range(6):
+                time.sleep(rng.uniform(0.5, 1.2))
+                leader = leader_of(admin, "orders")
+                if round_ % 2 == 0:
+                    cluster.kill(leader)
+                    time.sleep(rng.uniform(1.0, 2.0))
+                    cluster.start(leader)
+                    cluster.wait_ready()
+                else:
+                    cluster.freeze(leader)
+                    time.sleep(rng.uniform(1.5, 2.5))
+                    cluster.resume(leader)
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            thread.join(60)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                final = [(r.offset, r.value) for r in admin.consume("orders", 0)]
+                break
+            except TidelogError:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+    values = [v for _, v in final]
+    where = {v: o for o, v in final}
+    assert len(values) == len(set(values)), "a record is stored twice"
+    assert all(where.get(v) == o for v, o in acked.items()), "an acknowledged record moved"
+    stored_failures = [v for v in failed if v in where]
+    assert not stored_failures, f"definite failures stored anyway: {stored_failures[:5]}"
+    print(
+        f"acknowledged {len(acked)}, definite failures {len(failed)} "
+        f"({sorted(set(failed.values()))}), unknown outcomes {len(unknown)} "
+        f"({sum(1 for v in unknown if v in where)} of them stored)"
+    )
+    assert len(acked) > 100

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import pytest
 
 from helpers import batch_of
 from test_cluster import leader_of
+from test_node import running_node
 from tidelog.cli.cluster import LocalCluster, free_ports
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.sync_client import Client
@@ -48,19 +50,10 @@ from wire import Wire, peer_session, replication_frame
 SECRET = b"s3cret-for-tests"
 
 
-@contextlib.asynccontextmanager
-async def node_at(tmp_path: Path, **options: Any) -> AsyncIterator[tuple[Node, AsyncClient]]:
-    config = NodeConfig(
-        data_dir=tmp_path / "node", listen=("127.0.0.1", 0), cluster_secret=SECRET, **options
-    )
-    node = Node(config)
-    await node.start()
-    client = AsyncClient(f"127.0.0.1:{node.address[1]}", retries=10)
-    try:
-        yield node, client
-    finally:
-        await client.close()
-        await node.stop()
+def node_at(
+    tmp_path: Path, **options: Any
+) -> AbstractAsyncContextManager[tuple[Node, AsyncClient]]:
+    return running_node(tmp_path, cluster_secret=SECRET, **options)
 
 
 def in_thread(fn: Any, *args: Any) -> Any:

@@ -90,6 +90,7 @@ class NodeConfig:
     idle_timeout_ms: int = 600_000  # connections.max.idle.ms
     request_receive_timeout_ms: int = 30_000  # a frame begun must arrive whole within this
     fd_reserve: int = 128  # descriptors kept for files and peers when clients take the rest
+    fetch_max_bytes: int = 55 * MiB  # fetch.max.bytes: the most one fetch answer carries
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -109,6 +110,7 @@ class NodeConfig:
             ("connections.max.idle.ms", self.idle_timeout_ms, 1),
             ("request.receive.timeout.ms", self.request_receive_timeout_ms, 1),
             ("fd.reserve", self.fd_reserve, 0),
+            ("fetch.max.bytes", self.fetch_max_bytes, 1024),
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
@@ -188,6 +190,8 @@ _INT_SETTINGS = {
     "request.receive.timeout.ms": "request_receive_timeout_ms",
     "fd_reserve": "fd_reserve",
     "fd.reserve": "fd_reserve",
+    "fetch_max_bytes": "fetch_max_bytes",
+    "fetch.max.bytes": "fetch_max_bytes",
 }
 NODE_SETTINGS = sorted(k for k in _INT_SETTINGS if "." in k)
 

@@ -39,6 +39,7 @@ from tidelog.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
     UnsupportedApi,
+    from_wire,
 )
 from tidelog.node.access import Access, Operation, Principal
 from tidelog.node.cleaner import Cleaner, wall_ms
@@ -400,8 +401,8 @@ class NodeCore:
                 await host.wait_for_ack(last, req.acks, timeout_s)
             except TidelogError as exc:
                 # The batch is in this replica's log already: whether it survives is unknown.
-                exc.details["appended"] = True
-                raise
+                # (A copy: the same error object may be raised to other requests.)
+                raise from_wire({**exc.to_wire(), "appended": True}) from exc
             return api.ProduceResponse(
                 base, last, host.log.high_watermark, host.log.log_start_offset, duplicate
             )
@@ -465,7 +466,9 @@ class NodeCore:
                     log_start=hlog.log_start_offset,
                     high_watermark=hw,
                 )
-            records = hlog.read(req.offset, req.max_bytes, hw) if req.offset < hw else None
+            # A client chooses max_bytes; the node bounds what one answer may hold in memory.
+            max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
+            records = hlog.read(req.offset, max_bytes, hw) if req.offset < hw else None
             remaining = deadline - loop.time()
             if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
                 response = api.FetchResponse(
