@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -17,12 +19,16 @@ RECORD_BYTES = 1024
 
 
 def scratch_dir(prefix: str) -> Path:
-    """On the project disk (the same one the node writes to), not a tmpfs."""
+    """On the project disk (the same one the node writes to), not a tmpfs; removed when the
+    benchmark exits (a run writes gigabytes) unless TIDELOG_BENCH_KEEP is set."""
     base = Path(
         os.environ.get("TIDELOG_BENCH_DIR", Path(__file__).resolve().parent.parent / ".bench")
     )
     base.mkdir(exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    if not os.environ.get("TIDELOG_BENCH_KEEP"):
+        atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def make_batch(records: int, seed: int = 0) -> bytes:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from common import median, print_table, run_producers, scratch_dir
-from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.cluster import free_ports
 from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 from tidelog.record import ProducerRecord, build_batch
@@ -44,6 +46,32 @@ def source_of(ref: str) -> Path:
     return target / "src"
 
 
+class SingleNode:
+    """`tidelog serve` from a source tree (None: this one), with the flags every version has."""
+
+    def __init__(self, src: Path | None) -> None:
+        port = free_ports(1)[0]
+        self.bootstrap = f"127.0.0.1:{port}"
+        env = dict(os.environ, **({"PYTHONPATH": str(src)} if src else {}))
+        data = scratch_dir("node-")
+        cmd = [sys.executable, "-m", "tidelog", "serve", "--data", str(data)]
+        cmd += ["--listen", self.bootstrap, "--log-level", "WARNING"]
+        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"the node from {src} did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
 def batch_of(records: int, value_bytes: int) -> bytes:
     value = os.urandom(value_bytes)
     return build_batch([ProducerRecord(None, value)] * records, now_ms=int(time.time() * 1000))
@@ -54,24 +82,21 @@ def main() -> None:
     parser.add_argument("--before", default=BEFORE_VALIDATION)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--cases",
+        default="1000x1024x1,1000x1024x4,100x1024x1,1000x100x1,1000x100x4",
+        help="BATCHxVALUE_BYTESxPRODUCERS,...",
+    )
     args = parser.parse_args()
     old_src = source_of(args.before)
-    cases = [(1000, 1024, 1), (1000, 1024, 4), (100, 1024, 1), (1000, 100, 1), (1000, 100, 4)]
-    nodes = {
-        "before": LocalCluster(
-            scratch_dir("before-"), 1, env={"PYTHONPATH": str(old_src)}, log_level="WARNING"
-        ),
-        "after": LocalCluster(scratch_dir("after-"), 1, log_level="WARNING"),
-    }
+    cases = [(int(b), int(v), int(p)) for b, v, p in (c.split("x") for c in args.cases.split(","))]
+    nodes = {"before": SingleNode(old_src), "after": SingleNode(None)}
     # (case, node, idempotent client) -> records/s per round
     rates: dict[tuple[tuple[int, int, int], str, bool], list[float]] = {}
-    for cluster in nodes.values():
-        cluster.start()
-        cluster.wait_ready()
     try:
-        for cluster in nodes.values():
+        for node in nodes.values():
 
-            async def setup(bootstrap: str = cluster.bootstrap) -> None:
+            async def setup(bootstrap: str = node.bootstrap) -> None:
                 async with AsyncClient(bootstrap) as c:
                     for i in range(len(cases)):
                         await c.create_topic(f"bench{i}")
@@ -98,8 +123,8 @@ def main() -> None:
                     )
                     rates.setdefault((case, name, idempotent), []).append(sent * records / elapsed)
     finally:
-        for cluster in nodes.values():
-            cluster.stop_all()
+        for node in nodes.values():
+            node.stop()
     rows = []
     for case in cases:
         before = median(rates[(case, "before", False)])

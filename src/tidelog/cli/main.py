@@ -196,9 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tidelog.node.allocator import tune_allocator
     from tidelog.node.config import load_toml, node_config_from
     from tidelog.node.server import Node
 
+    tune_allocator()
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
     values.update(_parse_kv(args.set, "--set"))
     for key, value in (

@@ -182,7 +182,7 @@ class AsyncClient:
         address: tuple[str, int],
         key: ApiKey,
         request: Any,
-        payload: bytes = b"",
+        payload: bytes | bytearray = b"",
         timeout_s: float | None = None,
         expect_response: bool = True,
     ) -> tuple[dict[str, Any], bytes]:
@@ -293,7 +293,7 @@ class AsyncClient:
         partition: int,
         key: ApiKey,
         request: Any,
-        payload: bytes = b"",
+        payload: bytes | bytearray = b"",
         timeout_s: float | None = None,
         expect_response: bool = True,
         note: Callable[[TidelogError], None] | None = None,
@@ -544,35 +544,81 @@ class AsyncClient:
             return await self._produce(
                 topic, partition, batch, acks_value, timeout_ms, producer_id, retry=owned
             )
-        tp = (topic, partition)
-        lock = self._partition_locks.setdefault(tp, asyncio.Lock())
-        async with lock:  # one batch at a time per partition: sequences land in order
-            stamped = self._stamp(tp, batch)
+        count = sum(h.last_offset_delta + 1 for _, h in iter_headers(batch, verify=False))
+
+        def stamped(pid: int, epoch: int, sequence: int) -> bytes | bytearray:
+            return restamp_producer(batch, pid, epoch, sequence)[0]
+
+        return await self._produce_idempotent(
+            topic, partition, count, stamped, acks_value, timeout_ms
+        )
+
+    async def produce_records(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[ProducerRecord],
+        acks: int | str = "all",
+        timeout_ms: int = 30_000,
+    ) -> ProduceResult | None:
+        """Encode records into one batch (as this client's idempotent producer, unless
+        idempotence is off or acks=0) and send it."""
+        acks_value = parse_acks(acks)
+        if not self.idempotent or acks_value == api.ACKS_NONE:
+            batch = build_batch(records)
             return await self._produce(
-                topic, partition, stamped, acks_value, timeout_ms, self.producer_id, retry=True
+                topic, partition, batch, acks_value, timeout_ms, -1, retry=False
             )
 
-    def _stamp(self, tp: tuple[str, int], batch: bytes) -> bytes:
+        def built(pid: int, epoch: int, sequence: int) -> bytes:
+            return build_batch(
+                records, producer_id=pid, producer_epoch=epoch, base_sequence=sequence
+            )
+
+        return await self._produce_idempotent(
+            topic, partition, len(records), built, acks_value, timeout_ms
+        )
+
+    async def _produce_idempotent(
+        self,
+        topic: str,
+        partition: int,
+        count: int,
+        encode: Callable[[int, int, int], bytes | bytearray],
+        acks_value: int,
+        timeout_ms: int,
+    ) -> ProduceResult | None:
+        """One batch at a time per partition, so that sequences land in order; encode() makes
+        the batch as (producer id, epoch, base sequence)."""
+        tp = (topic, partition)
+        lock = self._partition_locks.setdefault(tp, asyncio.Lock())
+        async with lock:
+            pid, epoch, sequence = self._take_sequences(tp, count)
+            batch = encode(pid, epoch, sequence)
+            return await self._produce(
+                topic, partition, batch, acks_value, timeout_ms, pid, retry=True
+            )
+
+    def _take_sequences(self, tp: tuple[str, int], count: int) -> tuple[int, int, int]:
+        """(producer id, epoch, base sequence) for the next count records to tp; taken whatever
+        happens next, since a sequence that may be in the log must never be reused."""
         if self.producer_id < 0:
             self.producer_id = random.SystemRandom().getrandbits(63)
         epoch, sequence = self._sequences.get(tp, (0, 0))
-        count = sum(h.last_offset_delta + 1 for _, h in iter_headers(batch, verify=False))
         if sequence + count > SEQUENCE_MAX:  # sequences do not wrap: the next epoch starts at 0
             epoch, sequence = epoch + 1, 0
             if epoch > PRODUCER_EPOCH_MAX:
                 self.producer_id = random.SystemRandom().getrandbits(63)
                 self._sequences.clear()
                 epoch = 0
-        stamped, following = restamp_producer(batch, self.producer_id, epoch, sequence)
-        # Taken whatever happens next: a sequence that may be in the log is never reused.
-        self._sequences[tp] = (epoch, following)
-        return stamped
+        self._sequences[tp] = (epoch, sequence + count)
+        return self.producer_id, epoch, sequence
 
     async def _produce(
         self,
         topic: str,
         partition: int,
-        batch: bytes,
+        batch: bytes | bytearray,
         acks_value: int,
         timeout_ms: int,
         producer_id: int,
@@ -649,7 +695,7 @@ class AsyncClient:
         recs = [r if isinstance(r, ProducerRecord) else ProducerRecord(None, r) for r in records]
         if partition is None:
             partition = await self.partition_for(topic, recs[0].key)
-        return await self.produce_batch(topic, partition, build_batch(recs), acks, timeout_ms)
+        return await self.produce_records(topic, partition, recs, acks, timeout_ms)
 
     async def fetch(
         self,

@@ -87,7 +87,7 @@ class NodeConnection(asyncio.Protocol):
         self,
         api: int,
         header: dict[str, Any],
-        payload: bytes = b"",
+        payload: bytes | bytearray = b"",
         timeout_s: float = 30.0,
         expect_response: bool = True,
     ) -> Frame | None:
@@ -99,9 +99,11 @@ class NodeConnection(asyncio.Protocol):
         if expect_response:
             future = asyncio.get_running_loop().create_future()
             self._pending[correlation_id] = future
-        self.transport.write(
-            encode_prefix(Kind.REQUEST, api, correlation_id, header, len(payload)) + payload
-        )
+        prefix = encode_prefix(Kind.REQUEST, api, correlation_id, header, len(payload))
+        if len(payload) < 65536:
+            self.transport.write(prefix + payload)
+        else:  # not copied into one buffer first: a fresh megabyte costs page faults
+            self.transport.writelines([prefix, payload])
         if future is None:
             return None
         try:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tidelog.client.async_client import AsyncClient, parse_acks
 from tidelog.errors import InvalidRequest, TidelogError
-from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.record.batch import ProducerRecord
 
 RECORD_OVERHEAD_BYTES = 24  # varints and attributes, roughly, per record
 
@@ -98,17 +98,14 @@ class Producer:
             pending.timer.cancel()
         self._round_robin += 1
         await self._slots.acquire()
-        batch = build_batch(pending.records)
-        task = asyncio.get_running_loop().create_task(
-            self._deliver(topic, partition, batch, pending)
-        )
+        task = asyncio.get_running_loop().create_task(self._deliver(topic, partition, pending))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
-    async def _deliver(self, topic: str, partition: int, batch: bytes, pending: _Pending) -> None:
+    async def _deliver(self, topic: str, partition: int, pending: _Pending) -> None:
         try:
-            result = await self.client.produce_batch(
-                topic, partition, batch, self.acks, self.timeout_ms
+            result = await self.client.produce_records(
+                topic, partition, pending.records, self.acks, self.timeout_ms
             )
         except TidelogError as exc:
             for future in pending.futures:

@@ -196,9 +196,10 @@ SEQUENCE_MAX = 0x7FFFFFFF
 
 def restamp_producer(
     data: bytes | bytearray | memoryview, producer_id: int, epoch: int, first_sequence: int
-) -> tuple[bytes, int]:
-    """The batches of data as one idempotent producer's (sequences consecutive from
-    first_sequence, one per record, as Kafka's), CRCs recomputed; and the next sequence."""
+) -> tuple[bytearray, int]:
+    """The batches of data (CRC-checked first) as one idempotent producer's (sequences
+    consecutive from first_sequence, one per record, as Kafka's), CRCs recomputed; and the
+    next sequence."""
     out = bytearray(data)
     sequence = first_sequence
     for pos, header in iter_headers(out):
@@ -206,7 +207,7 @@ def restamp_producer(
         end = pos + header.size_bytes
         _CRC.pack_into(out, pos + 17, crc32c(memoryview(out)[pos + CRC_START : end]))
         sequence += header.last_offset_delta + 1
-    return bytes(out), sequence
+    return out, sequence
 
 
 def build_batch(
