@@ -55,7 +55,7 @@ NAMED: dict[str, Any] = {
     "partition": [0, 0, 1, 2],
     "acks": [-1, 1, 1, 0],
     "offset": list(range(0, 30)),
-    "before_offset": [-1, 0, 1, 5],
+    "before_offset": [0, 0, 0, 1, 5, -1],
     "max_wait_ms": [0, 0, 5, 20],
     "timeout_ms": [0, 100, 1000, 2000],
     "max_bytes": [1, 100, 4096, 1 << 20],
@@ -67,7 +67,7 @@ NAMED: dict[str, Any] = {
     "kind": ["stream", "table"],
     "key": ["", "aw==", "!!"],
     "after": ["", "aw=="],
-    "cursor": ["", "", "c1"],
+    "cursor": ["", "", "", "c1"],
     "reason": ["", "why"],
     "limit": [1, 10, 10**9],
 }
@@ -261,7 +261,7 @@ def test_grammar_aware_fuzzing_never_breaks_a_live_node(tmp_path: Path) -> None:
             + ", ".join(f"{k} {v}" for k, v in Stats.answers.most_common(25))
         )
         assert (peak_kb - baseline_kb) / 1024 < 200
-        assert Stats.answers["PRODUCE:ok"] > 0 and Stats.answers["FETCH:ok"] > 0
+        assert Stats.answers["PRODUCE:ok"] > 0 and ok > Stats.frames // 10  # it got deep
     text = (tmp_path / "node.log").read_text()
     assert "Traceback" not in text and "internal error" not in text
     for segment in sorted((tmp_path / "data").rglob("*.log")):
