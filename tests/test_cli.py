@@ -236,8 +236,13 @@ def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) 
         )
         out = tidelog(bootstrap, "produce", "t", "--print-offsets", stdin="a\nb\n").stdout
         assert len(out.split("\n")) >= 2
-        status = json.loads(tidelog(bootstrap, "status", "--json").stdout)
-        assert all(len(p["replicas"]) == 3 for p in status["partitions"])
+        deadline = time.monotonic() + 10  # the third replica may still be applying the topic
+        while True:
+            status = json.loads(tidelog(bootstrap, "status", "--json").stdout)
+            if all(len(p["replicas"]) == 3 for p in status["partitions"]):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         rest = proc.communicate(timeout=30)[0]
         assert "cluster stopped" in rest and proc.returncode == 0

@@ -230,8 +230,10 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         print(f"cluster of {args.nodes} nodes up; bootstrap {cluster.bootstrap}", flush=True)
         for n in cluster.node_ids:
             print(
-                f"  node {n}: {cluster.address(n)}  data {args.data / f'node-{n}'}  log {cluster.log_path(n)}"
+                f"  node {n}: {cluster.address(n)} (peers on {cluster.peer_ports[n]})  "
+                f"data {args.data / f'node-{n}'}  log {cluster.log_path(n)}"
             )
+        print(f"cluster secret: {cluster.secret_path}", flush=True)
         print("Ctrl-C stops all nodes.", flush=True)
         while not stopping:
             for n in cluster.node_ids:

@@ -95,6 +95,8 @@ class Node:
                 *self.peer_address,
             )
         self.peer_channel = PeerChannel(self.core, config.cluster_secret)
+        self.peer_listener.on_bound = self.peer_channel.peer_is_up
+        self.peer_channel.connect()
         await self.core.start()
         log.info(
             "node %d serving clients on %s:%d, peers on %s:%d (data %s, voters %s)",

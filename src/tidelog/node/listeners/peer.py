@@ -17,9 +17,11 @@ retries on its own timers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from tidelog.errors import InvalidRequest, TidelogError
@@ -91,6 +93,8 @@ class PeerConnection(FrameConnection):
         self.peer_id = peer_id
         self.principal = Principal.peer(peer_id, self.address)
         self.decoder.frame_bytes_max = self.listener.limits.frame_bytes_max
+        assert isinstance(self.listener, PeerListener)
+        self.listener.on_bound(peer_id)
         self.send(
             Kind.RESPONSE, frame.api, frame.correlation_id, api.encode(PeerAuthResponse(True))
         )
@@ -121,6 +125,7 @@ class PeerListener(Listener):
             reserve_descriptors=False,
         )
         self.handshake_timeout_s = handshake_timeout_s
+        self.on_bound: Callable[[int], None] = lambda peer_id: None
 
     def expired(self, conn: FrameConnection, now: float) -> str:
         assert isinstance(conn, PeerConnection)
@@ -186,6 +191,7 @@ class PeerLink:
         self._delay_s = self.RECONNECT_DELAY_MIN_S
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
         self._last_failure_log = 0.0
         self.dropped_messages = 0
         self.sent_messages = 0
@@ -205,6 +211,10 @@ class PeerLink:
             return
         self.sent_messages += 1
         self.writer.write(Kind.MESSAGE, key, 0, header, payload)
+
+    def connect(self) -> None:
+        if not self.connected:
+            self._ensure_connecting()
 
     def _ensure_connecting(self) -> None:
         if self._connecting or self._closed:
@@ -238,10 +248,19 @@ class PeerLink:
                     if transport is not None:
                         transport.close()
                     self._note_failure(exc)
-                    await asyncio.sleep(self._delay_s)
+                    self._wake = asyncio.Event()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self._delay_s)
                     self._delay_s = min(self._delay_s * 2, self.RECONNECT_DELAY_MAX_S)
         finally:
             self._connecting = False
+
+    def peer_is_up(self) -> None:
+        """The peer just proved itself on our listener: it is up, so dial it now rather than
+        after the rest of a backoff (a cluster starting one node at a time converges at once)."""
+        self._delay_s = self.RECONNECT_DELAY_MIN_S
+        if self._wake is not None:
+            self._wake.set()
 
     def _note_failure(self, exc: BaseException) -> None:
         if isinstance(exc, TidelogError) and "handshake" in exc.message:
@@ -360,6 +379,17 @@ class PeerChannel:
         link = self.links.get(to)
         if link is not None:
             link.send(key, header, payload)
+
+    def connect(self) -> None:
+        """Dial every peer now, not at the first message: a peer we reach learns that we are
+        up (and dials us back at once)."""
+        for link in self.links.values():
+            link.connect()
+
+    def peer_is_up(self, peer_id: int) -> None:
+        link = self.links.get(peer_id)
+        if link is not None and not link.connected:
+            link.peer_is_up()
 
     def close(self) -> None:
         for link in self.links.values():
