@@ -395,10 +395,12 @@ class NodeCore:
     ) -> Awaitable[Any] | None:
         if req.acks == api.ACKS_NONE:
             return None
+        # Registered now, before anything else runs: a leadership lost from here on fails it.
+        pending = host.wait_for_ack(last, req.acks, timeout_s)
 
         async def acknowledged() -> api.ProduceResponse:
             try:
-                await host.wait_for_ack(last, req.acks, timeout_s)
+                await pending
             except TidelogError as exc:
                 # The batch is in this replica's log already: whether it survives is unknown.
                 # (A copy: the same error object may be raised to other requests.)

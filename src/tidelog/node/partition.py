@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tidelog.config import TopicConfig
@@ -117,8 +117,9 @@ class PartitionHost:
         self.compactions = 0
         self.compacting = False
         self._waiters: list[asyncio.Future[None]] = []
-        self._acks: list[tuple[int, int, asyncio.Future[None]]] = []  # (offset, seq, fut) heap
-        self._durable: list[tuple[int, int, asyncio.Future[None]]] = []
+        # (offset, seq, leader epoch, future) heaps of produces waiting for acks=all / acks=1
+        self._acks: list[tuple[int, int, int, asyncio.Future[None]]] = []
+        self._durable: list[tuple[int, int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._checkpointed_hw = self.log.high_watermark
         self.closed = False
@@ -341,19 +342,32 @@ class PartitionHost:
 
     # -- waiting for watermarks -----------------------------------------------------------------
 
-    async def wait_for_ack(self, target: int, acks: int, timeout_s: float) -> None:
+    def wait_for_ack(self, target: int, acks: int, timeout_s: float) -> Awaitable[None]:
         """Until offset target is, for acks=1, durable on this leader; for acks=all, committed
-        (below the HW)."""
+        (below the HW). The wait is registered at once, when this is called, with the epoch
+        this replica leads: a leadership lost before the caller first awaits still fails it,
+        and nothing but this leadership's own progress releases it (a follower's HW passing
+        the offset says nothing of a batch its leadership appended: the offset may hold another
+        leader's batch by then)."""
+        epoch = self.replica.epoch
+        if not self.replica.is_leader:
+            raise NotLeader(f"{self.group}: not the leader", leader_hint=self.leader_hint)
         if acks == 1:
-            if self.log.effective_durable_end > target:
-                return
+            done = self.log.effective_durable_end > target
             heap = self._durable
         else:
-            if self.log.high_watermark > target:
-                return
+            done = self.log.high_watermark > target
             heap = self._acks
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(heap, (target, next(self._seq), future))
+        if done:
+            future.set_result(None)
+        else:
+            heapq.heappush(heap, (target, next(self._seq), epoch, future))
+        return self._awaited(future, target, acks, timeout_s)
+
+    async def _awaited(
+        self, future: asyncio.Future[None], target: int, acks: int, timeout_s: float
+    ) -> None:
         try:
             await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -364,28 +378,33 @@ class PartitionHost:
             ) from None
 
     def _release_acks(self) -> None:
-        hw = self.log.high_watermark
-        while self._acks and self._acks[0][0] < hw:
-            _, _, future = heapq.heappop(self._acks)
-            if not future.done():
-                future.set_result(None)
+        self._release(self._acks, self.log.high_watermark)
 
     def _release_durable(self) -> None:
-        durable = self.log.effective_durable_end
-        while self._durable and self._durable[0][0] < durable:
-            _, _, future = heapq.heappop(self._durable)
-            if not future.done():
+        self._release(self._durable, self.log.effective_durable_end)
+
+    def _release(self, heap: list[tuple[int, int, int, asyncio.Future[None]]], mark: int) -> None:
+        leading = self.replica.epoch if self.replica.is_leader else None
+        while heap and heap[0][0] < mark:
+            _, _, epoch, future = heapq.heappop(heap)
+            if future.done():
+                continue
+            if epoch == leading:
                 future.set_result(None)
+            else:  # never: a lost leadership fails these first; but never acknowledge then
+                future.set_exception(
+                    NotLeader(f"{self.group}: leadership changed", leader_hint=self.leader_hint)
+                )
 
     def _fail_acks(self, error: TidelogError) -> None:
-        for _, _, future in self._acks:
+        for _, _, _, future in self._acks:
             if not future.done():
                 future.set_exception(error)
         self._acks.clear()
         self._fail_durable(error)
 
     def _fail_durable(self, error: TidelogError) -> None:
-        for _, _, future in self._durable:
+        for _, _, _, future in self._durable:
             if not future.done():
                 future.set_exception(error)
         self._durable.clear()
