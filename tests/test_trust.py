@@ -612,3 +612,270 @@ def test_exhausted_descriptors_leave_files_and_clients_working(tmp_path: Path) -
         assert listener["refused"] + listener["evicted"] > 0
         text = (tmp_path / "node.log").read_text()
         assert "Too many open files" not in text and "EMFILE" not in text
+
+
+# -- the budget, slots and held answers, each at its edge ---------------------------------------
+
+
+class _Waiter:
+    """A connection as the budget sees one: open or not, and told when it is granted."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.grants: list[int] = []
+
+    def granted(self, size: int) -> None:
+        self.grants.append(size)
+
+
+def test_the_receive_budget_grants_any_frame_and_serves_in_order() -> None:
+    from tidelog.node.listeners.base import ReceiveBudget
+
+    budget = ReceiveBudget(1000)
+    a, b, c = _Waiter(), _Waiter(), _Waiter()
+    # A frame larger than the whole budget is capped to it: it gets the budget, not a wait
+    # that no release could ever end.
+    assert budget.reserve(a, 5000) == 1000  # type: ignore[arg-type]
+    assert budget.reserve(b, 700) == 0  # type: ignore[arg-type]
+    assert budget.reserve(c, 200) == 0  # type: ignore[arg-type]  (behind b: arrival order)
+    # b leaves while waiting at the head: c is still behind a's reservation...
+    budget.forget(b)  # type: ignore[arg-type]
+    assert c.grants == []
+    budget.release(1000)
+    assert c.grants == [200] and budget.used_bytes == 200
+    # ...and a head that leaves while there is room lets the next one in at once.
+    d, e = _Waiter(), _Waiter()
+    assert budget.reserve(d, 900) == 0  # type: ignore[arg-type]
+    assert budget.reserve(e, 100) == 0  # type: ignore[arg-type]
+    budget.forget(d)  # type: ignore[arg-type]
+    assert e.grants == [100] and budget.used_bytes == 300
+
+
+def test_a_frame_of_the_largest_size_is_served_and_does_not_block_others(tmp_path: Path) -> None:
+    """queued.max.request.bytes equal to socket.request.max.bytes: one frame declaring the
+    maximum holds the whole budget until it is dropped as slow, then the next is served."""
+    from tidelog.config import TopicConfig
+
+    most = 1 << 20
+    options = {
+        "topic_defaults": TopicConfig(max_message_bytes=256 * 1024),
+        "frame_bytes_max": most,
+        "queued_max_request_bytes": most,
+        "request_receive_timeout_ms": 1000,
+    }
+
+    async def main() -> None:
+        async with node_at(tmp_path, **options) as (node, client):
+            await client.create_topic("t")
+
+            def attack_then_produce() -> tuple[bool, dict[str, Any], float]:
+                attacker = Wire(node.address)
+                attacker.send_raw(PREFIX.pack(most, 0, ApiKey.METADATA, 1, 2) + b"{}")
+                time.sleep(0.2)
+                victim = Wire(node.address, timeout_s=10)
+                started = time.monotonic()
+                answer = victim.request(
+                    ApiKey.PRODUCE, api.ProduceRequest("t", 0, 1), batch_of(b"x" * 200_000)
+                )
+                waited = time.monotonic() - started
+                closed = attacker.closed_by_node()
+                attacker.close()
+                victim.close()
+                return closed, answer.header, waited
+
+            closed, header, waited = await in_thread(attack_then_produce)
+            assert closed and api.error_of(header) is None, header
+            assert waited < 5, waited
+            assert node.hosts["t/0"].log.log_end_offset == 1
+            await asyncio.sleep(0.1)
+            assert node.client_listener.budget.used_bytes == 0
+
+    asyncio.run(main())
+
+
+def test_answers_queued_behind_a_long_poll_count_toward_in_flight(tmp_path: Path) -> None:
+    """A long-poll, then 5,000 status requests pipelined behind it: the node reads no more
+    than max.inflight.requests.per.connection of them while the long-poll waits."""
+
+    async def main() -> None:
+        async with node_at(tmp_path, max_inflight_requests=8) as (node, client):
+            await client.create_topic("t", partitions=4)
+            poll = api.encode(api.FetchRequest("t", 0, 0, max_wait_ms=1500))
+            status = _frame(Kind.REQUEST, ApiKey.STATUS, 2, api.encode(api.StatusRequest()), b"")
+
+            def attack() -> socket.socket:
+                s = socket.create_connection(node.address)
+                s.setblocking(False)
+                blob = _frame(Kind.REQUEST, ApiKey.FETCH, 1, poll, b"") + status * 5000
+                with contextlib.suppress(BlockingIOError):
+                    s.send(blob)  # as much as the socket takes: the rest is not needed
+                return s
+
+            s = await in_thread(attack)
+            await asyncio.sleep(0.7)
+            held = [len(c._slots) for c in node.client_listener.connections]  # type: ignore[attr-defined]
+            s.close()
+            assert max(held) == 8, held
+
+    asyncio.run(main())
+
+
+def test_a_client_that_stops_reading_its_answers_is_closed(tmp_path: Path) -> None:
+    """Answers it never reads back up into the node; after request.receive.timeout.ms of that
+    the connection is closed ("not reading") and whatever it reserved is released."""
+
+    async def main() -> None:
+        async with node_at(tmp_path, request_receive_timeout_ms=1000, idle_timeout_ms=60_000) as (
+            node,
+            client,
+        ):
+            await client.create_topic("t", partitions=8)
+            status = _frame(Kind.REQUEST, ApiKey.STATUS, 1, api.encode(api.StatusRequest()), b"")
+
+            def attack() -> socket.socket:
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(node.address)
+                s.setblocking(False)
+                blob = memoryview(status * 20_000)
+                deadline = time.monotonic() + 4
+                while blob and time.monotonic() < deadline:
+                    try:
+                        blob = blob[s.send(blob) :]
+                    except BlockingIOError:
+                        time.sleep(0.01)
+                    except OSError:
+                        break
+                return s
+
+            s = await in_thread(attack)
+            counter = 'tidelog_connections_closed_total{listener="client",why="not reading"}'
+            for _ in range(100):
+                if node.core.counters.get(counter):
+                    break
+                await asyncio.sleep(0.1)
+            s.close()
+            assert node.core.counters.get(counter) == 1
+            await asyncio.sleep(DROP_GRACE)
+            assert len(node.client_listener.connections) == 1  # the test's own client
+            assert node.client_listener.budget.used_bytes == 0
+
+    asyncio.run(main())
+
+
+DROP_GRACE = 1.2
+
+
+def test_a_topic_whose_batches_could_not_fit_a_frame_is_refused(tmp_path: Path) -> None:
+    from tidelog.errors import InvalidConfig
+
+    async def main() -> None:
+        async with node_at(tmp_path, frame_bytes_max=16 << 20) as (_node, client):
+            with pytest.raises(InvalidConfig, match="does not fit this node's frames"):
+                await client.create_topic("t", configs={"max.message.bytes": str(16 << 20)})
+            await client.create_topic("t", configs={"max.message.bytes": str(15 << 20)})
+
+    asyncio.run(main())
+
+
+# -- peers: one bound connection per node, proofs of any shape, hints only from the leader -------
+
+
+def test_a_peer_that_reconnects_replaces_its_older_connection(tmp_path: Path) -> None:
+    async def main() -> None:
+        peers = {1: ("127.0.0.1", 0), 2: ("127.0.0.1", 1), 3: ("127.0.0.1", 2)}
+        config = NodeConfig(
+            data_dir=tmp_path / "n1",
+            node_id=1,
+            listen=("127.0.0.1", 0),
+            peers=peers,
+            cluster_secret=SECRET,
+        )
+        node = Node(config)
+        await node.start()
+        try:
+
+            def reconnect() -> tuple[bool, bool]:
+                first = peer_session(node.peer_address, SECRET, 2, 1)
+                second = peer_session(node.peer_address, SECRET, 2, 1)
+                replaced = first.closed_by_node(within_s=3)
+                kept = not second.closed_by_node(within_s=0.5)
+                first.close()
+                second.close()
+                return replaced, kept
+
+            assert await in_thread(reconnect) == (True, True)
+        finally:
+            await node.stop()
+
+    asyncio.run(main())
+
+
+def test_a_proof_that_is_not_hex_is_refused_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        peers = {1: ("127.0.0.1", 0), 2: ("127.0.0.1", 1), 3: ("127.0.0.1", 2)}
+        node = Node(
+            NodeConfig(
+                data_dir=tmp_path / "n1",
+                node_id=1,
+                listen=("127.0.0.1", 0),
+                peers=peers,
+                cluster_secret=SECRET,
+            )
+        )
+        await node.start()
+        try:
+
+            def attack() -> bool:
+                wire = Wire(node.peer_address)
+                dialer = DialerHandshake(b"guess", 2, 1)
+                wire.request(ApiKey.PEER_HELLO, dialer.hello())
+                wire.send(Kind.REQUEST, ApiKey.PEER_AUTH, api.encode(PeerAuth("\u00e9" * 64)))
+                return wire.closed_by_node()
+
+            assert await in_thread(attack)
+            await asyncio.sleep(0.1)
+            assert node.core.counters.get("tidelog_peer_handshakes_failed_total") == 1
+        finally:
+            await node.stop()
+
+    caplog.set_level("WARNING")
+    asyncio.run(main())
+    assert "Traceback" not in caplog.text
+
+
+def test_a_leader_is_learned_only_from_the_leader_itself() -> None:
+    """A voter's higher epoch is real (it moves everyone on), but its word on who leads it is
+    hearsay: only the leader's own messages name a leader."""
+    from tidelog.replication.messages import FETCH_NOT_LEADER, EpochNotice
+
+    replica = Replica(ReplicaConfig(1, (1, 2, 3)), MemoryLog(), QuorumState(), random.Random(1))
+    replica.campaign(pre_vote=False)
+    replica.step(2, VoteResponse(1, 2, True, False))
+    assert replica.is_leader
+    replica.step(3, FetchResponse(9, 2, 0, 0, 0, error=FETCH_NOT_LEADER))
+    assert replica.epoch == 9 and not replica.is_leader and replica.leader_id != 2
+    replica.step(3, EpochNotice(20, 3, 2))
+    assert replica.epoch == 20 and replica.leader_id != 2
+    replica.step(2, EpochNotice(21, 2, 2))  # the leader, about itself
+    assert replica.epoch == 21 and replica.leader_id == 2
+
+
+def test_a_replay_of_an_older_batch_is_answered_with_its_own_offsets() -> None:
+    from tidelog.record.batch import BatchHeader
+    from tidelog.storage.producer_state import ProducerState
+
+    state = ProducerState()
+    headers = []
+    for i in range(6):
+        header = BatchHeader(10 * i, 61, 0, 2, 0, 0, 0, 1_000, 1_000, 7, 0, i, 1)
+        state.record(header)
+        headers.append(header)
+    for i in range(1, 6):
+        entry = state.is_duplicate(headers[i])
+        assert entry is not None and entry.base_offset == 10 * i
+    # Older than what is kept: still a replay (never appended twice), answered with the newest.
+    oldest = state.is_duplicate(headers[0])
+    assert oldest is not None and oldest.base_offset == 50

@@ -114,6 +114,13 @@ class NodeConfig:
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
+        largest = self.frame_bytes_max - 64 * 1024  # a batch and its frame's headers
+        if self.topic_defaults.max_message_bytes > largest:
+            raise InvalidConfig(
+                f"max.message.bytes {self.topic_defaults.max_message_bytes} does not fit "
+                f"socket.request.max.bytes {self.frame_bytes_max} with 64 KiB for headers",
+                key="max.message.bytes",
+            )
 
     @property
     def voters(self) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from tidelog.config import TopicConfig
 from tidelog.errors import (
     CursorInvalidated,
     DuplicateSequence,
+    InvalidConfig,
     InvalidRequest,
     NotLeader,
     OffsetOutOfRange,
@@ -66,6 +67,9 @@ from tidelog.replication.metadata import (
 log = logging.getLogger(__name__)
 
 METADATA_GROUP = f"{METADATA_TOPIC}/0"
+# What a frame carries besides one batch (request or replication headers): a batch of
+# max.message.bytes must fit a frame with this to spare.
+BATCH_FRAME_MARGIN_BYTES = 64 * 1024
 REQUEST_TIMEOUT_MS_MAX = 300_000
 
 PeerSender = Callable[[int, ApiKey, dict[str, Any], Any], None]
@@ -381,8 +385,11 @@ class NodeCore:
                 duplicate=True,
             )
         self._storage_bytes += len(payload)  # between recounts, count what we wrote
-        host.process_ready()
-        return self._acknowledge(host, req, info.first_offset, info.last_offset, timeout_s)
+        try:
+            host.process_ready()
+            return self._acknowledge(host, req, info.first_offset, info.last_offset, timeout_s)
+        except TidelogError as exc:  # the batch is in the log already: its fate is unknown
+            raise from_wire({**exc.to_wire(), "appended": True}) from exc
 
     def _acknowledge(
         self,
@@ -532,6 +539,15 @@ class NodeCore:
         self, req: api.CreateTopicRequest, payload: bytes
     ) -> api.CreateTopicResponse:
         nodes = list(self.config.voters)
+        config = self.config.topic_defaults.with_overrides(req.configs)
+        largest = self.config.frame_bytes_max - BATCH_FRAME_MARGIN_BYTES
+        if config.max_message_bytes > largest:
+            raise InvalidConfig(
+                f"max.message.bytes {config.max_message_bytes} does not fit this node's frames: "
+                f"at most {largest} (socket.request.max.bytes minus "
+                f"{BATCH_FRAME_MARGIN_BYTES} for headers)",
+                key="max.message.bytes",
+            )
         validate_create(
             self.metadata,
             req.name,

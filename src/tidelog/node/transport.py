@@ -185,6 +185,7 @@ class FrameWriter:
             self.closed = True
             self._queue.clear()
             self.queued_bytes = 0
+            self._drained.set()  # a drain task waiting for a resume ends instead
             self.transport.close()
 
 

@@ -60,9 +60,18 @@ def proof(secret: bytes, role: str, dialer: int, listener: int, nonce_d: str, no
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
+HEX = frozenset("0123456789abcdef")
+PROOF_CHARS = 64  # a hex SHA-256
+
+
 def check_nonce(nonce: str) -> None:
-    if len(nonce) != 2 * NONCE_BYTES or any(c not in "0123456789abcdef" for c in nonce):
+    if len(nonce) != 2 * NONCE_BYTES or not HEX.issuperset(nonce):
         raise InvalidRequest("peer handshake: malformed nonce")
+
+
+def check_proof(proof: str) -> None:
+    if len(proof) != PROOF_CHARS or not HEX.issuperset(proof):
+        raise InvalidRequest("peer handshake: malformed proof")
 
 
 class ListenerHandshake:
@@ -96,6 +105,7 @@ class ListenerHandshake:
     def auth(self, msg: PeerAuth) -> int:
         if self._nonces is None or self.dialer is None:
             raise InvalidRequest("peer handshake: auth before hello")
+        check_proof(msg.proof)
         expected = proof(self.secret, "dialer", self.dialer, self.node_id, *self._nonces)
         if not hmac.compare_digest(expected, msg.proof):
             raise InvalidRequest(
@@ -119,6 +129,7 @@ class DialerHandshake:
 
     def answer(self, msg: PeerHelloResponse) -> PeerAuth:
         check_nonce(msg.nonce)
+        check_proof(msg.proof)
         if msg.node_id != self.to:
             raise InvalidRequest(f"peer handshake: expected node {self.to}, reached {msg.node_id}")
         expected = proof(self.secret, "listener", self.node_id, self.to, self.nonce, msg.nonce)

@@ -242,9 +242,14 @@ class Replica:
             return
         pre_vote = isinstance(message, VoteRequest | VoteResponse) and message.pre_vote
         if message.epoch > self.epoch and not pre_vote:
+            # A leader is learned only from the leader itself; a hint about a third node
+            # (in an error answer or a notice) moves the epoch, not whom we follow.
             leader = NO_LEADER
-            if isinstance(
-                message, BeginEpoch | EpochNotice | FetchResponse | FetchSnapshotResponse
+            if (
+                isinstance(
+                    message, BeginEpoch | EpochNotice | FetchResponse | FetchSnapshotResponse
+                )
+                and message.leader == sender
             ):
                 leader = message.leader
             self._become_follower(message.epoch, leader)
@@ -256,7 +261,7 @@ class Replica:
             self._send(sender, EpochNotice(self.epoch, self.node_id, self.leader_id))
             return
         if isinstance(message, EpochNotice):
-            self._on_epoch_notice(message)
+            self._on_epoch_notice(sender, message)
         elif isinstance(message, VoteRequest):
             self._on_vote_request(sender, message)
         elif isinstance(message, VoteResponse):
@@ -512,13 +517,13 @@ class Replica:
         if len(self.votes) >= majority(len(self.config.voters)):
             self._become_leader()
 
-    def _on_epoch_notice(self, msg: EpochNotice) -> None:
-        """(A later epoch was handled above, as for any message.) In our own epoch a notice
-        may name the leader we have not heard from yet."""
+    def _on_epoch_notice(self, sender: int, msg: EpochNotice) -> None:
+        """(A later epoch was handled above, as for any message.) In our own epoch, a notice
+        from the epoch's leader itself tells us whom to follow."""
         if (
             msg.epoch == self.epoch
             and self.role is not Role.LEADER
-            and msg.leader not in (NO_LEADER, self.node_id)
+            and msg.leader == sender
             and (self.role is not Role.FOLLOWER or self.leader_id != msg.leader)
         ):
             self._become_follower(msg.epoch, msg.leader)
@@ -773,11 +778,7 @@ class Replica:
         if resp.epoch < self.epoch:
             return
         if resp.error:
-            if (
-                resp.leader != NO_LEADER
-                and resp.leader != self.leader_id
-                and resp.epoch == self.epoch
-            ):
+            if resp.leader == sender and resp.leader != self.leader_id and resp.epoch == self.epoch:
                 self._become_follower(self.epoch, resp.leader)
             elif sender == self.leader_id:
                 self.fetch_in_flight = False

@@ -10,6 +10,7 @@ Kafka's are), so that every client being an idempotent producer costs no memory 
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -24,20 +25,28 @@ class ProducerEntry(NamedTuple):
     last_write_ms: int = 0  # this replica's clock when it appended (or loaded) the batch
 
 
+RECENT_BATCHES = 5  # per producer, as Kafka keeps: a replay of one of them gets its own offsets
+
+
 class ProducerState:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        self.recent: dict[int, collections.deque[ProducerEntry]] = {}
 
     def is_duplicate(self, header: BatchHeader) -> ProducerEntry | None:
-        """The entry that makes this batch a replay, or None if it is new."""
+        """The entry that makes this batch a replay (the replayed batch itself if it is one
+        of the producer's last few, else its newest), or None if it is new."""
         if header.producer_id < 0:
             return None
         entry = self.producers.get(header.producer_id)
         if entry is None:
             return None
-        if (header.producer_epoch, header.base_sequence) <= (entry.epoch, entry.sequence):
-            return entry
-        return None
+        if (header.producer_epoch, header.base_sequence) > (entry.epoch, entry.sequence):
+            return None
+        for recent in self.recent.get(header.producer_id, ()):
+            if (recent.epoch, recent.sequence) == (header.producer_epoch, header.base_sequence):
+                return recent
+        return entry
 
     def record(self, header: BatchHeader, now_ms: int = 0) -> None:
         if header.producer_id < 0:
@@ -47,16 +56,22 @@ class ProducerState:
             entry.epoch,
             entry.sequence,
         ):
-            self.producers[header.producer_id] = ProducerEntry(
+            entry = ProducerEntry(
                 header.producer_epoch,
                 header.base_sequence,
                 header.base_offset,
                 header.last_offset,
                 now_ms,
             )
+            self.producers[header.producer_id] = entry
+            recent = self.recent.setdefault(
+                header.producer_id, collections.deque(maxlen=RECENT_BATCHES)
+            )
+            recent.append(entry)
 
     def rebuild(self, headers: Iterable[BatchHeader], now_ms: int = 0) -> None:
         self.producers.clear()
+        self.recent.clear()
         for header in headers:
             self.record(header, now_ms)
 
@@ -66,4 +81,5 @@ class ProducerState:
         stale = [pid for pid, e in self.producers.items() if e.last_write_ms < cutoff]
         for pid in stale:
             del self.producers[pid]
+            self.recent.pop(pid, None)
         return len(stale)

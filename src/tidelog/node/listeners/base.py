@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 SMALL_FRAME_BYTES = 64 * 1024  # frames this small are read without a reservation
 EVICT_AFTER_S = 1.0  # a connection that did nothing for this long may make room for a new one
+DROP_GRACE_S = 1.0  # what is buffered for a dropped connection may leave for this long
 SWEEP_INTERVAL_S = 0.5
 WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024
 
@@ -72,8 +73,9 @@ class ConnectionLimits:
 
 
 class ReceiveBudget:
-    """Bytes of large frames being received, node-wide. A connection reserves its frame's
-    declared size before reading its body; waiters are served in arrival order."""
+    """Bytes of large frames being received on one listener. A connection reserves its frame's
+    declared size (capped at the whole budget, so that any frame the listener accepts can be
+    granted) before reading its body; waiters are served in arrival order."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
@@ -82,14 +84,15 @@ class ReceiveBudget:
         self.waits = 0
         self._waiting: collections.deque[tuple[FrameConnection, int]] = collections.deque()
 
-    def reserve(self, conn: FrameConnection, size: int) -> bool:
-        """True if reserved now; else conn is queued and its grant() called later."""
+    def reserve(self, conn: FrameConnection, size: int) -> int:
+        """The bytes reserved now (0: conn is queued, and its granted() is called later)."""
+        size = min(size, self.limit_bytes)
         if not self._waiting and self.used_bytes + size <= self.limit_bytes:
             self._take(size)
-            return True
+            return size
         self.waits += 1
         self._waiting.append((conn, size))
-        return False
+        return 0
 
     def _take(self, size: int) -> None:
         self.used_bytes += size
@@ -98,6 +101,13 @@ class ReceiveBudget:
     def release(self, size: int) -> None:
         self.used_bytes -= size
         assert self.used_bytes >= 0
+        self._serve()
+
+    def forget(self, conn: FrameConnection) -> None:
+        self._waiting = collections.deque((c, n) for c, n in self._waiting if c is not conn)
+        self._serve()  # the one that left may have been the head
+
+    def _serve(self) -> None:
         while self._waiting:
             conn, want = self._waiting[0]
             if not conn.open:
@@ -108,9 +118,6 @@ class ReceiveBudget:
             self._waiting.popleft()
             self._take(want)
             conn.granted(want)
-
-    def forget(self, conn: FrameConnection) -> None:
-        self._waiting = collections.deque((c, n) for c, n in self._waiting if c is not conn)
 
 
 class FrameConnection(asyncio.Protocol):
@@ -130,7 +137,7 @@ class FrameConnection(asyncio.Protocol):
         self.last_active = self.opened_at  # connect, or the last whole frame
         self.frame_started: float | None = None  # when the partial frame now buffered began
         self.reserved = 0
-        self._pauses: set[str] = set()
+        self._pauses: dict[str, float] = {}  # why reading is paused -> since when
 
     # -- what subclasses say ------------------------------------------------------------------
 
@@ -197,13 +204,13 @@ class FrameConnection(asyncio.Protocol):
                     self.frame_started = self.last_active
         except InvalidRequest as exc:
             self._protocol_error(exc)
+        except Exception:  # a bug must cost this connection only, and say so once
+            log.exception("%s connection from %s failed", self.listener.name, self.address)
+            self.drop("error")
 
     def _protocol_error(self, exc: InvalidRequest) -> None:
-        self.listener.counters.inc(
-            "tidelog_connections_closed_total", listener=self.listener.name, why="protocol"
-        )
         log.warning("closing %s connection from %s: %s", self.listener.name, self.address, exc)
-        self.close()
+        self.drop("protocol")
 
     def _partial_frame(self) -> None:
         if not self.decoder.pending_bytes:
@@ -211,11 +218,10 @@ class FrameConnection(asyncio.Protocol):
         if self.frame_started is None:
             self.frame_started = time.monotonic()
         size = self.decoder.pending_frame_size()
-        if size is None or size <= SMALL_FRAME_BYTES or self.reserved:
+        if size is None or size <= SMALL_FRAME_BYTES or self.reserved or "budget" in self._pauses:
             return
-        if self.listener.budget.reserve(self, size):
-            self.reserved = size
-        else:
+        self.reserved = self.listener.budget.reserve(self, size)
+        if not self.reserved:
             self.pause("budget")
 
     def granted(self, size: int) -> None:
@@ -235,42 +241,69 @@ class FrameConnection(asyncio.Protocol):
         self.resume("writes")
 
     def pause(self, reason: str) -> None:
+        if reason in self._pauses:
+            return
         if not self._pauses and self.transport is not None and self.open:
             self.transport.pause_reading()
-        self._pauses.add(reason)
+        self._pauses[reason] = time.monotonic()
 
     def resume(self, reason: str) -> None:
         if reason not in self._pauses:
             return
-        self._pauses.discard(reason)
+        del self._pauses[reason]
         if not self._pauses and self.transport is not None and self.open:
             self.transport.resume_reading()
         if reason == "inflight" and self.decoder.pending_bytes:
             asyncio.get_running_loop().call_soon(self._pump)  # frames that arrived meanwhile
 
+    def paused_since(self, reason: str) -> float | None:
+        return self._pauses.get(reason)
+
     @property
-    def paused_by_us(self) -> bool:
-        return bool(self._pauses)
+    def waiting_on_node(self) -> bool:
+        """Reading is paused for the node's own reasons (the budget, requests in flight), not
+        because the client stopped reading its answers: its frame is not slow."""
+        return "budget" in self._pauses or "inflight" in self._pauses
 
     def connection_lost(self, exc: Exception | None) -> None:
-        was_open = self.open
         self.open = False
         if self.writer is not None:
             self.writer.closed = True
+        self._release_all()
+        self.on_closed()
+
+    def _release_all(self) -> None:
+        """What the connection holds of the listener: its place, its reservation, its wait."""
         if self.reserved:
             size, self.reserved = self.reserved, 0
             self.listener.budget.release(size)
         self.listener.budget.forget(self)
-        if was_open or self in self.listener.connections:
-            self.listener.forget(self)
-        self.on_closed()
+        self.listener.forget(self)
 
     def close(self) -> None:
+        """Close after what is already written has gone (a clean end)."""
         self.open = False
         if self.writer is not None:
             self.writer.close()
         elif self.transport is not None:
             self.transport.close()
+
+    def drop(self, why: str) -> None:
+        """The node ends the connection (evicted, timed out, broke the protocol): it gives
+        back what it holds now, and its socket goes even if the client never reads what is
+        buffered for it (a graceful close would wait on that forever)."""
+        if self.transport is None:
+            return
+        self.listener.counters.inc(
+            "tidelog_connections_closed_total", listener=self.listener.name, why=why
+        )
+        was_open = self.open
+        self.close()
+        self._release_all()
+        if was_open:
+            self.on_closed()
+        transport = self.transport
+        asyncio.get_running_loop().call_later(DROP_GRACE_S, transport.abort)
 
     def send(
         self,
@@ -382,15 +415,13 @@ class Listener:
             return False
         victim = max(candidates, key=lambda c: (c.frame_started is not None, idle_for(c)))
         self.evicted += 1
-        self.counters.inc("tidelog_connections_closed_total", listener=self.name, why="evicted")
         log.info(
             "%s listener closes %s (did nothing for %.1f s) to make room",
             self.name,
             victim.address,
             idle_for(victim),
         )
-        self._drop(victim)
-        victim.close()
+        victim.drop("evicted")
         return True
 
     def forget(self, conn: FrameConnection) -> None:
@@ -416,17 +447,18 @@ class Listener:
         for conn in list(self.connections):
             why = ""
             started = conn.frame_started
-            if started is not None:
-                if not conn.paused_by_us and now - started > limits.request_receive_timeout_s:
+            stalled = conn.paused_since("writes")
+            if stalled is not None and now - stalled > limits.request_receive_timeout_s:
+                why = "not reading"  # its answers back up: it holds memory and makes no progress
+            elif started is not None:
+                if not conn.waiting_on_node and now - started > limits.request_receive_timeout_s:
                     why = "slow"
             elif not conn.busy and now - conn.last_active > limits.idle_timeout_s:
                 why = "idle"
             why = why or self.expired(conn, now)
             if why:
-                self.counters.inc("tidelog_connections_closed_total", listener=self.name, why=why)
                 log.info("%s listener closes %s: %s", self.name, conn.address, why)
-                self._drop(conn)
-                conn.close()
+                conn.drop(why)
 
     def expired(self, conn: FrameConnection, now: float) -> str:
         """A listener's own reason to close a connection now ("" for none)."""

@@ -3,8 +3,9 @@
 Every request gets exactly one answer (acks=0 produce excepted, as in Kafka), and a connection's
 answers go out in the order its requests came, whatever order they finish in: a slot is taken
 per request and answers are written from the head of the queue. At most
-`max.inflight.requests.per.connection` wait at once; past that the connection is not read until
-answers drain. Replication and cursor-invalidation messages are a peer's, never a client's: a
+`max.inflight.requests.per.connection` requests wait at once (answered or not), and at most
+HELD_BYTES_MAX of answers wait behind an unanswered one; past either the connection is not
+read until answers drain. Replication and cursor-invalidation messages are a peer's, never a client's: a
 client connection that sends one is closed.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 from collections.abc import Awaitable
 from typing import Any
@@ -26,9 +28,11 @@ from tidelog.protocol.framing import Frame, Kind
 
 log = logging.getLogger(__name__)
 
+HELD_BYTES_MAX = 4 * 1024 * 1024  # answers ready but queued behind one that is not
+
 
 class _Slot:
-    __slots__ = ("api", "correlation_id", "header", "payload", "ready", "task")
+    __slots__ = ("api", "correlation_id", "header", "held_bytes", "payload", "ready", "task")
 
     def __init__(self, frame: Frame) -> None:
         self.api = frame.api
@@ -36,6 +40,7 @@ class _Slot:
         self.ready = False
         self.header: dict[str, Any] = {}
         self.payload: Any = None
+        self.held_bytes = 0
         self.task: asyncio.Task[None] | None = None
 
 
@@ -45,6 +50,7 @@ class ClientConnection(FrameConnection):
         self.core = core
         self.principal = Principal.anonymous("")
         self._slots: collections.deque[_Slot] = collections.deque()
+        self._held_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -57,6 +63,10 @@ class ClientConnection(FrameConnection):
     def busy(self) -> bool:
         return bool(self._slots)
 
+    @property
+    def waiting_on_node(self) -> bool:
+        return super().waiting_on_node or self.paused_since("held") is not None
+
     def on_frame(self, frame: Frame) -> None:
         if frame.kind == Kind.MESSAGE:
             what = "a peer's message" if frame.api in api.PEER_ONLY_MESSAGES else "a message"
@@ -66,6 +76,8 @@ class ClientConnection(FrameConnection):
             raise InvalidRequest("a node accepts only requests on its client listener")
         slot = _Slot(frame)
         self._slots.append(slot)
+        if len(self._slots) >= self.listener.limits.max_inflight_requests:
+            self.pause("inflight")
         try:
             request = api.decode(self.core.request_type(frame.api), frame.header)
             result = self.core.handle(self.principal, request, frame.payload)
@@ -81,8 +93,6 @@ class ClientConnection(FrameConnection):
             return
         if isinstance(result, Awaitable):
             slot.task = asyncio.get_running_loop().create_task(self._finish(slot, result))
-            if len(self._slots) >= self.listener.limits.max_inflight_requests:
-                self.pause("inflight")
             return
         self._answer(slot, *_encoded(result))
 
@@ -105,7 +115,16 @@ class ClientConnection(FrameConnection):
         slots = self._slots
         while slots and slots[0].ready:
             done = slots.popleft()
+            self._held_bytes -= done.held_bytes
             self.send(Kind.RESPONSE, done.api, done.correlation_id, done.header, done.payload)
+        if slots and slot.ready and slot is not slots[0] and slot in slots:
+            # Ready, but behind one that is not: it waits here, in memory, and counts.
+            slot.held_bytes = _size(header, payload)
+            self._held_bytes += slot.held_bytes
+            if self._held_bytes > HELD_BYTES_MAX:
+                self.pause("held")
+        if self._held_bytes <= HELD_BYTES_MAX:
+            self.resume("held")
         if len(slots) < self.listener.limits.max_inflight_requests:
             self.resume("inflight")
 
@@ -114,6 +133,13 @@ class ClientConnection(FrameConnection):
             if slot.task is not None:
                 slot.task.cancel()  # a long-poll for nobody
         self._slots.clear()
+
+
+def _size(header: dict[str, Any], payload: Any) -> int:
+    body = len(json.dumps(header, separators=(",", ":")))
+    if payload is None:
+        return body
+    return body + (len(payload) if isinstance(payload, bytes | bytearray) else int(payload.size))
 
 
 def _encoded(result: Any) -> tuple[dict[str, Any], Any]:

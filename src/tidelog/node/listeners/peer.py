@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 import typing
 from collections.abc import Callable
@@ -45,6 +46,9 @@ from tidelog.protocol.peer_handshake import (
 log = logging.getLogger(__name__)
 
 HANDSHAKE_FRAME_BYTES = 64 * 1024
+# A replication frame is a batch (at most max.message.bytes, which a node keeps this much below
+# socket.request.max.bytes) plus a header; the peer channel takes that much more than clients.
+PEER_FRAME_MARGIN_BYTES = 64 * 1024
 PEER_QUEUE_BYTES_MAX = 64 * 1024 * 1024
 UNBOUND_PEER_CONNECTIONS_MAX = 32
 
@@ -72,6 +76,10 @@ class PeerConnection(FrameConnection):
     def busy(self) -> bool:
         return self.peer_id is not None  # a bound peer is never evicted for a stranger
 
+    def tune(self, transport: asyncio.Transport) -> None:
+        tune_socket(transport)
+        keep_alive(transport)
+
     def on_frame(self, frame: Frame) -> None:
         if self.principal is not None:
             if frame.kind != Kind.MESSAGE:
@@ -94,7 +102,7 @@ class PeerConnection(FrameConnection):
         self.principal = Principal.peer(peer_id, self.address)
         self.decoder.frame_bytes_max = self.listener.limits.frame_bytes_max
         assert isinstance(self.listener, PeerListener)
-        self.listener.on_bound(peer_id)
+        self.listener.bound(self)
         self.send(
             Kind.RESPONSE, frame.api, frame.correlation_id, api.encode(PeerAuthResponse(True))
         )
@@ -107,8 +115,8 @@ class PeerListener(Listener):
     ) -> None:
         voters = len(core.config.voters)
         peer_limits = ConnectionLimits(
-            limits.frame_bytes_max,
-            limits.queued_max_request_bytes,
+            limits.frame_bytes_max + PEER_FRAME_MARGIN_BYTES,
+            limits.queued_max_request_bytes + PEER_FRAME_MARGIN_BYTES,
             limits.max_inflight_requests,
             max_connections=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
             max_connections_per_ip=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
@@ -126,6 +134,16 @@ class PeerListener(Listener):
         )
         self.handshake_timeout_s = handshake_timeout_s
         self.on_bound: Callable[[int], None] = lambda peer_id: None
+
+    def bound(self, conn: PeerConnection) -> None:
+        """conn proved it is node conn.peer_id: an older connection from that node is gone
+        (its host crashed, or a partition ate the FIN), so it is dropped rather than kept."""
+        for other in list(self.connections):
+            same = isinstance(other, PeerConnection) and other.peer_id == conn.peer_id
+            if same and other is not conn:
+                other.drop("replaced")
+        assert conn.peer_id is not None
+        self.on_bound(conn.peer_id)
 
     def expired(self, conn: FrameConnection, now: float) -> str:
         assert isinstance(conn, PeerConnection)
@@ -305,6 +323,7 @@ class _Outbound(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)
         tune_socket(self.transport)
+        keep_alive(self.transport)
         self.writer = FrameWriter(self.transport, self.link.zero_copy)
 
     async def handshake(self) -> None:
@@ -353,6 +372,17 @@ class _Outbound(asyncio.Protocol):
             self.writer.closed = True
         if self.bound:
             self.link._detach()
+
+
+def keep_alive(transport: asyncio.BaseTransport) -> None:
+    """TCP keepalive on peer sockets: a peer whose host vanished is noticed, not kept."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 class PeerChannel:
