@@ -37,3 +37,41 @@ def test_a_leftover_temp_file_does_not_matter(tmp_path: Path) -> None:
     assert read_checkpoint(path) == {"a": 1}
     write_checkpoint(path, {"a": 2})
     assert read_checkpoint(path) == {"a": 2}
+
+
+def test_a_short_write_never_swaps_in_a_torn_file(tmp_path: Path) -> None:
+    """A file size limit makes the kernel write part of a buffer and report the short count
+    (as a nearly full disk does): write_file, snapshots and compaction's cleaned segments must
+    fail with a named error and leave what was there before."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import resource, signal
+        from pathlib import Path
+        from tidelog.errors import StorageError, StorageFull
+        from tidelog.storage.durable import write_file
+        from tidelog.storage.snapshot import SnapshotStore
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        target = Path({str(tmp_path)!r}) / "state"
+        write_file(target, b"old")
+        store = SnapshotStore(Path({str(tmp_path)!r}), 2)
+        store.write(5, b"small")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+        for attempt in (lambda: write_file(target, b"x" * 300_000),
+                        lambda: store.write(9, b"y" * 300_000)):
+            try:
+                attempt()
+            except (StorageError, StorageFull) as exc:
+                print("refused:", exc.name)
+            else:
+                print("written")
+        print(target.read_bytes() == b"old", [m.offset for m in store.all()])
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.splitlines()
+    assert out == ["refused: StorageError", "refused: StorageError", "True [5]"], out

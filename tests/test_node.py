@@ -16,7 +16,7 @@ import pytest
 from helpers import batch_of
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
-from tidelog.config import InvalidConfig, TopicConfig
+from tidelog.config import InvalidConfig
 from tidelog.errors import (
     CorruptRecord,
     InvalidRequest,
@@ -305,10 +305,29 @@ def test_restart_serves_the_acknowledged_prefix(tmp_path: Path) -> None:
     run(tmp_path, second)
 
 
-def test_request_and_response_types_cover_the_handlers() -> None:
-    assert set(api.REQUEST_TYPES) >= {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA}
-    assert TopicConfig().to_mapping()["segment.bytes"] == str(1024**3)
-    assert build_batch([ProducerRecord(None, b"x")])
+def test_request_types_and_the_cores_handlers_are_the_same_set(tmp_path: Path) -> None:
+    """Every request type the protocol names has a handler in the core (and no handler serves
+    a type the protocol cannot carry); ApiVersions advertises exactly those keys, and a key
+    outside them is refused by name."""
+    from tidelog.errors import UnsupportedApi
+    from wire import Wire
+
+    async def body(node: Node, client: AsyncClient) -> None:
+        handled = set(node.core._handlers)
+        assert handled == set(api.REQUEST_TYPES.values())
+
+        def ask() -> tuple[Any, Any]:
+            wire = Wire(node.address)
+            versions = wire.request(ApiKey.API_VERSIONS, api.ApiVersionsRequest())
+            unknown = wire.request(250, api.ApiVersionsRequest())
+            wire.close()
+            return versions.header, api.error_of(unknown.header)
+
+        versions, error = await asyncio.get_running_loop().run_in_executor(None, ask)
+        assert sorted(versions["apis"]) == sorted(int(k) for k in api.REQUEST_TYPES)
+        assert isinstance(error, UnsupportedApi)
+
+    run(tmp_path, body)
 
 
 def test_reset_policy_when_the_offset_fell_below_the_log_start(tmp_path: Path) -> None:
@@ -335,17 +354,22 @@ def test_reset_policy_when_the_offset_fell_below_the_log_start(tmp_path: Path) -
 
 def test_flush_messages_trades_fsyncs_for_speed_like_kafka(tmp_path: Path) -> None:
     async def body(node: Node, client: AsyncClient) -> None:
-        await client.create_topic("lazy", configs={"flush.messages": "1000000", "flush.ms": "200"})
+        await client.create_topic("lazy", configs={"flush.messages": "1000000", "flush.ms": "3000"})
         await client.create_topic("safe")
-        for i in range(50):
-            await client.produce("lazy", [b"r%d" % i], partition=0)
-            await client.produce("safe", [b"r%d" % i], partition=0)
         lazy, safe = node.hosts["lazy/0"], node.hosts["safe/0"]
+        for i in range(50):
+            await client.produce("safe", [b"r%d" % i], partition=0)
+            await client.produce("lazy", [b"r%d" % i], partition=0)
+        # Acknowledged, and (the flush.ms timer not due yet) not yet on disk:
+        assert lazy.log.log_end_offset == 50 and lazy.log.durable_end_offset < 50
         assert safe.flush_count >= 25, "default: an fsync before acknowledging"
-        assert lazy.flush_count <= 2
-        assert lazy.log.durable_end_offset < lazy.log.log_end_offset or lazy.flush_count > 0
-        await asyncio.sleep(0.5)
-        assert lazy.log.durable_end_offset == lazy.log.log_end_offset, "flush.ms flushed it"
+        assert lazy.flush_count <= 1
+        assert safe.log.durable_end_offset == 50
+        for _ in range(60):
+            if lazy.log.durable_end_offset == 50:
+                break
+            await asyncio.sleep(0.1)
+        assert lazy.log.durable_end_offset == 50, "flush.ms flushed it"
         assert [r.value async for r in client.consume("lazy", 0)][-1] == b"r49"
 
     run(tmp_path, body)
@@ -428,3 +452,31 @@ def test_idempotent_producers_are_deduplicated_by_the_log(tmp_path: Path) -> Non
         assert node.hosts["t/0"].log.producers.producers[77].sequence == 3
 
     run(tmp_path, after)
+
+
+def test_a_broken_invariant_stops_the_node(tmp_path: Path) -> None:
+    """Fail-stop: an AssertionError in a partition's tick (a HW that went back, say) is not
+    logged and served past; the node closes its listeners and stops ticking, and says why."""
+
+    async def main() -> None:
+        async with running_node(tmp_path) as (node, client):
+            await client.create_topic("t")
+            await client.produce("t", [b"a"], partition=0)
+            host = node.hosts["t/0"]
+            ticks = []
+
+            def broken() -> None:
+                ticks.append(1)
+                raise AssertionError("the high watermark went back")
+
+            host.replica.tick = broken  # type: ignore[method-assign]
+            await asyncio.sleep(0.2)
+            assert isinstance(node.failed, AssertionError)
+            assert "went back" in str(node.failed)
+            seen = len(ticks)
+            await asyncio.sleep(0.2)
+            assert len(ticks) == seen == 1  # no tick after the first failure
+            with pytest.raises(OSError):
+                socket.create_connection(node.address, timeout=1).close()
+
+    asyncio.run(main())

@@ -24,6 +24,9 @@
     ├── NotAuthorized(principal, operation) the principal may not do that
     ├── OutcomeUnknown(cause)               a write may or may not have been applied (client side)
     ├── DataLoss(topic, partition, first, last)  a reader needed offsets the log no longer has
+    ├── NodeIdentityError                   a data directory belongs to another node id
+    │   └── InconsistentClusterId           ... or to another cluster
+    ├── NoEligibleLeader(reasons)           no replica that holds everything committed is up
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
 """
@@ -206,6 +209,20 @@ class NodeIdentityError(TidelogError):
     """A data directory belongs to another node id."""
 
     code = 103
+
+
+class NoEligibleLeader(TidelogError):
+    """No replica that holds everything committed can lead (Kafka's ELIGIBLE_LEADERS_NOT_
+    AVAILABLE): the partition waits for one, or an operator elects uncleanly and accepts loss."""
+
+    code = 83
+    retriable = True
+
+
+class InconsistentClusterId(NodeIdentityError):
+    """A data directory (or a peer) belongs to another cluster (Kafka's name)."""
+
+    code = 106
 
 
 _BY_CODE: dict[int, type[TidelogError]] = {}

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,16 @@ class LocalCluster:
         return path
 
     @property
+    def cluster_id(self) -> str:
+        """The cluster's id, made once with its secret: every node's data directory is
+        formatted for it, and a directory from another cluster is refused."""
+        path = self.data_dir / "cluster.id"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(uuid.uuid4().hex[:22] + "\n")
+        return path.read_text().strip()
+
+    @property
     def peers(self) -> str:
         return ",".join(f"{n}=127.0.0.1:{p}/{self.peer_ports[n]}" for n, p in self.ports.items())
 
@@ -118,6 +129,8 @@ class LocalCluster:
                 self.peers,
                 "--cluster-secret-file",
                 str(self.secret_path),
+                "--cluster-id",
+                self.cluster_id,
                 "--data",
                 str(data),
                 "--log-level",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.errors import TidelogError
+from tidelog.node.failstop import EXIT_CODE as FAIL_STOP_EXIT_CODE
 from tidelog.record.batch import Record
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7100"
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--peers",
         help="ID=HOST:PORT[/PEER_PORT],... static cluster membership (client addresses; a "
         "fixed peer-channel port after the slash)",
+    )
+    serve.add_argument(
+        "--cluster-id",
+        help="the cluster this node belongs to: a data directory formatted for another is "
+        "refused (default: the one in the data directory, or one derived from the secret)",
     )
     serve.add_argument(
         "--cluster-secret-file",
@@ -210,6 +216,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("node_id", args.node_id),
         ("peers", args.peers),
         ("cluster_secret_file", args.cluster_secret_file),
+        ("cluster_id", args.cluster_id),
         ("event_loop", args.event_loop),
     ):
         if value is not None:
@@ -228,6 +235,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         await node.serve_forever()
+        if node.failed is not None:
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(FAIL_STOP_EXIT_CODE)  # a crash, as fail-stop means: nothing runs after it
 
     run_loop(run(), values.get("event_loop") or os.environ.get("TIDELOG_EVENT_LOOP", "uvloop"))
     return 0

@@ -80,6 +80,7 @@ class NodeConfig:
     peer_listen: tuple[str, int] | None = None  # None: the listen host, a port the kernel picks
     peer_ports: dict[int, int] = field(default_factory=dict)  # fixed peer ports, by node id
     cluster_secret: bytes = b""  # proves membership in the peer handshake
+    cluster_id: str = ""  # checked against the data directory's identity (and peers') if given
     peer_handshake_timeout_ms: int = 5_000
     # -- what a client connection may cost (each a limit with a named setting) --------------
     frame_bytes_max: int = 64 * MiB  # socket.request.max.bytes: checked before buffering
@@ -226,6 +227,8 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
         kwargs["zero_copy"] = bool(values["zero_copy"])
     if values.get("peer_listen"):
         kwargs["peer_listen"] = parse_address(str(values["peer_listen"]))
+    if values.get("cluster_id"):
+        kwargs["cluster_id"] = str(values["cluster_id"])
     secret_file = values.get("cluster_secret_file")
     if secret_file:
         kwargs["cluster_secret"] = read_secret(Path(str(secret_file)))

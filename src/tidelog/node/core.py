@@ -45,6 +45,7 @@ from tidelog.errors import (
 from tidelog.node.access import Access, Operation, Principal
 from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
+from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
 from tidelog.node.metrics import Counters
 from tidelog.node.partition import PartitionHost
@@ -63,6 +64,7 @@ from tidelog.replication.metadata import (
     assign_replicas,
     validate_create,
 )
+from tidelog.storage.identity import DirectoryIdentity
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,8 @@ class NodeCore:
         self.peer_port = -1  # set by the node once its peer channel listens
         self._flusher: Flusher | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.fail_stop = FailStop(config.node_id)
+        self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
         self._background: set[asyncio.Task[Any]] = set()
         self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._storage_bytes = 0
@@ -135,6 +139,15 @@ class NodeCore:
         self._tasks.append(loop.create_task(self._checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
 
+    def halt(self) -> None:
+        """Stop at once after a fail-stop: no more ticks, flushes or checkpoints."""
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        for host in self.hosts.values():
+            host.closed = True
+        if self._flusher is not None:
+            self._flusher.shutdown()
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -162,8 +175,10 @@ class NodeCore:
             for host in list(self.hosts.values()):
                 try:
                     host.tick()
-                except Exception:
-                    # One partition's failure must not stop the clock for the others.
+                except Exception as exc:
+                    # One partition's failure must not stop the clock for the others, unless
+                    # it broke an invariant: then the node stops.
+                    self.fail_stop.check(exc, f"{host.group} tick")
                     log.exception("%s: tick failed", host.group)
 
     async def _checkpoint_loop(self) -> None:

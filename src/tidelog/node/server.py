@@ -11,13 +11,12 @@ with one voter each, every group elects this node at start.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from tidelog import __version__
-from tidelog.errors import NodeIdentityError
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
 from tidelog.node.core import METADATA_GROUP, NodeCore
@@ -26,11 +25,9 @@ from tidelog.node.listeners.client import client_listener
 from tidelog.node.listeners.peer import PeerChannel, PeerListener
 from tidelog.node.partition import PartitionHost
 from tidelog.replication.metadata import MetadataState
-from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
+from tidelog.storage.identity import load_or_format
 
 log = logging.getLogger(__name__)
-
-NODE_FILE = "node.checkpoint"
 
 __all__ = ["METADATA_GROUP", "Node"]
 
@@ -49,6 +46,7 @@ class Node:
         self.peer_address: tuple[str, int] = ("", -1)
         self._stopped: asyncio.Event | None = None
         self.started_at = time.time()
+        self.core.fail_stop.on_trip = self._fail_stop
 
     # -- what tests and tools look at ------------------------------------------------------------
 
@@ -76,6 +74,7 @@ class Node:
 
     async def start(self) -> None:
         self._stopped = asyncio.Event()
+        self._watch_background_failures(asyncio.get_running_loop())
         data = self.config.data_dir
         data.mkdir(parents=True, exist_ok=True)
         self._check_identity(data)
@@ -108,15 +107,24 @@ class Node:
         )
 
     def _check_identity(self, data: Path) -> None:
-        path = data / NODE_FILE
-        stored = read_checkpoint(path)
-        if stored is not None and int(stored.get("node_id", -1)) != self.node_id:
-            raise NodeIdentityError(
-                f"data directory {data} belongs to node {stored.get('node_id')}, "
-                f"not node {self.node_id}"
+        """The directory's identity (storage/identity.py): refused if it belongs to another
+        node or cluster; formatted if new. A cluster without an explicit id formats its nodes
+        with one derived from the cluster secret, so that they agree without being told."""
+        config = self.config
+        derived = ""
+        if config.cluster_secret:
+            digest = hashlib.sha256(b"tidelog cluster id|" + config.cluster_secret).hexdigest()
+            derived = digest[:22]
+        self.identity = load_or_format(data, self.node_id, config.cluster_id, derived)
+        self.core.identity = self.identity
+        if self.identity.formatted:
+            log.info(
+                "node %d: formatted %s (cluster %s, directory %s)",
+                self.node_id,
+                data,
+                self.identity.cluster_id,
+                self.identity.directory_id,
             )
-        if stored is None:
-            write_checkpoint(path, {"node_id": self.node_id, "version": __version__})
 
     def _send_to_peer(self, to: int, key: int, header: dict[str, Any], payload: Any) -> None:
         if self.peer_channel is not None:
@@ -140,6 +148,37 @@ class Node:
     async def serve_forever(self) -> None:
         assert self._stopped is not None, "the node is not started"
         await self._stopped.wait()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The invariant failure that stopped this node (fail-stop), if one did."""
+        return self.core.fail_stop.failed
+
+    def _watch_background_failures(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Callbacks and tasks nobody awaits (flush completions, the cleaner's jobs) report
+        their exceptions to the loop: an invariant failure there stops the node too."""
+        previous = loop.get_exception_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            exc = context.get("exception")
+            if isinstance(exc, BaseException):
+                self.core.fail_stop.check(exc, str(context.get("message", "a background task")))
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
+
+    def _fail_stop(self, exc: BaseException) -> None:
+        # No graceful anything: no checkpoint, no flush, no answer; peers see a dead node.
+        self.client_listener.close()
+        self.peer_listener.close()
+        if self.peer_channel is not None:
+            self.peer_channel.close()
+        self.core.halt()
+        if self._stopped is not None:
+            self._stopped.set()
 
     async def stop(self) -> None:
         if self._stopped is None or self._stopped.is_set():

@@ -6,28 +6,21 @@ silently steering recovery.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import crc32c as _crc32c
 
-from tidelog.errors import CorruptRecord, StorageError, StorageFull
+from tidelog.errors import CorruptRecord
+from tidelog.storage.durable import fsync_dir, write_file
+
+__all__ = ["fsync_dir", "read_checkpoint", "write_checkpoint"]
 
 CHECKPOINT_BYTES_MAX = 1024 * 1024
 
 _write_lock = threading.Lock()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_checkpoint(path: Path, data: dict[str, Any]) -> None:
@@ -36,23 +29,8 @@ def write_checkpoint(path: Path, data: dict[str, Any]) -> None:
     text = json.dumps({"version": 1, "crc": crc, "data": data}, sort_keys=True) + "\n"
     encoded = text.encode()
     assert len(encoded) <= CHECKPOINT_BYTES_MAX
-    tmp = path.with_name(path.name + ".tmp")
     with _write_lock:
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                if os.write(fd, encoded) != len(encoded):
-                    raise OSError(errno.ENOSPC, "short write")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StorageFull(f"no space left writing {path.name}") from exc
-            raise StorageError(f"writing {path.name}: {exc.strerror or exc}") from exc
+        write_file(path, encoded)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any] | None:

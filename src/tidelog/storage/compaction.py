@@ -18,6 +18,7 @@ from pathlib import Path
 from tidelog.errors import CorruptRecord
 from tidelog.record.batch import BatchHeader, Record, decode_records, rebuild_batch
 from tidelog.storage import faults
+from tidelog.storage.durable import write_file
 from tidelog.storage.log import SegmentedLog
 from tidelog.storage.retention import retention_timestamp
 from tidelog.storage.scrub import InvalidBatch
@@ -118,12 +119,7 @@ def plan_compaction(
         if rewritten is None:
             continue
         cleaned = seg.log_path.with_name(seg.log_path.name + ".cleaned")
-        fd = os.open(cleaned, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, rewritten)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_file(cleaned, rewritten, sync_dir=False)  # the swap fsyncs the directory
         if crash_point is not None:
             crash_point("cleaned-written")
         plan.cleaned.append((seg, cleaned, len(rewritten)))

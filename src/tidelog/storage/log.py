@@ -32,11 +32,12 @@ from tidelog.errors import (
 from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_leader_batches
-from tidelog.storage.checkpoint import fsync_dir, read_checkpoint, write_checkpoint
+from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
+from tidelog.storage.durable import fsync_dir, translate_os_error
 from tidelog.storage.epoch_history import EpochEntry, EpochHistory
 from tidelog.storage.faults import crash_point
 from tidelog.storage.producer_state import ProducerEntry, ProducerState
-from tidelog.storage.segment import FileSlice, LogSegment, translate_os_error
+from tidelog.storage.segment import FileSlice, LogSegment
 
 log = logging.getLogger(__name__)
 

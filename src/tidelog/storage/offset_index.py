@@ -16,6 +16,7 @@ import struct
 from pathlib import Path
 
 from tidelog.errors import CorruptRecord
+from tidelog.storage.durable import write_all, write_file
 
 _OFFSET_ENTRY = struct.Struct(">II")
 _TIME_ENTRY = struct.Struct(">qI")
@@ -186,18 +187,14 @@ def _sync_file(path: Path, written: int, entries: list[bytes]) -> int:
         return written
     data = b"".join(entries)
     if written == 0:
-        _rewrite(path, data)
+        write_file(path, data, sync_dir=False)  # the segment's directory is fsynced on roll
     else:
-        with open(path, "ab") as f:
-            f.write(data)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
     return written + len(entries)
-
-
-def _rewrite(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _fsync_path(path: Path) -> None:

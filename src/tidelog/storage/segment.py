@@ -7,7 +7,6 @@ page cache serves both.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import time
@@ -15,8 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidelog.errors import CorruptRecord, StorageError, StorageFull, TidelogError
+from tidelog.errors import CorruptRecord, StorageError
 from tidelog.record.batch import HEADER_SIZE, BatchHeader, read_header, validate
+from tidelog.storage.durable import translate_os_error, write_all
 from tidelog.storage.offset_index import OffsetIndex, TimeIndex
 
 log = logging.getLogger(__name__)
@@ -26,13 +26,6 @@ SCAN_CHUNK_BYTES = 64 * 1024
 
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
-
-
-def translate_os_error(exc: OSError, what: str) -> TidelogError:
-    """The one place OS errors become tidelog errors."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageFull(f"no space left while {what}")
-    return StorageError(f"{what}: {exc.strerror or exc}")
 
 
 @dataclass(frozen=True)
@@ -114,11 +107,8 @@ class LogSegment:
         self.last_append_ms = now_ms
 
     def _write_all(self, data: bytes | bytearray | memoryview, start: int) -> None:
-        view = memoryview(data)
         try:
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
+            write_all(self.fd, data)
         except OSError as exc:
             # Leave no torn batch behind: the log must end on a batch boundary.
             try:

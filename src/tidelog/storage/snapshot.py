@@ -22,8 +22,7 @@ from pathlib import Path
 import crc32c as _crc32c
 
 from tidelog.errors import CorruptRecord
-from tidelog.storage.checkpoint import fsync_dir
-from tidelog.storage.segment import translate_os_error
+from tidelog.storage.durable import fsync_dir, translated, write_all, write_file
 
 MAGIC = b"TLSNAP1\n"
 HEADER = struct.Struct(">8sqIq")
@@ -69,20 +68,8 @@ class SnapshotStore:
 
     def write(self, offset: int, payload: bytes) -> SnapshotMeta:
         path = self._path(offset)
-        tmp = path.with_name(path.name + ".tmp")
         data = HEADER.pack(MAGIC, offset, _crc32c.crc32c(payload), len(payload)) + payload
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            fsync_dir(self.directory)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise translate_os_error(exc, f"writing snapshot {path.name}") from exc
+        write_file(path, data)
         self.prune()
         return SnapshotMeta(offset, len(data), path)
 
@@ -125,17 +112,18 @@ class SnapshotStore:
         size = self.partial_size(offset)
         if position != size:
             raise CorruptRecord(f"snapshot chunk at {position} does not continue {size} bytes")
-        try:
-            with open(partial, "ab") as f:
-                f.write(data)
-        except OSError as exc:
-            raise translate_os_error(exc, "writing a snapshot chunk") from exc
+        with translated("writing a snapshot chunk"):
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
         return size + len(data)
 
     def finish(self, offset: int) -> SnapshotMeta:
         """Check the received file whole, then make it this replica's snapshot."""
         partial = self.directory / f"{offset:020d}{PARTIAL}"
-        with open(partial, "rb+") as f:
+        with translated("syncing a received snapshot"), open(partial, "rb+") as f:
             os.fsync(f.fileno())
         meta = SnapshotMeta(offset, partial.stat().st_size, partial)
         try:
@@ -144,7 +132,8 @@ class SnapshotStore:
             partial.unlink(missing_ok=True)
             raise
         final = self._path(offset)
-        os.replace(partial, final)
-        fsync_dir(self.directory)
+        with translated("installing a received snapshot"):
+            os.replace(partial, final)
+            fsync_dir(self.directory)
         self.prune()
         return SnapshotMeta(offset, meta.size_bytes, final)

@@ -34,6 +34,7 @@ from typing import Any
 
 from tidelog.errors import InvalidRequest
 from tidelog.node.config import NodeConfig
+from tidelog.node.failstop import FailStop
 from tidelog.node.metrics import Counters
 from tidelog.node.transport import FrameWriter, Payload, tune_socket
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind
@@ -204,7 +205,9 @@ class FrameConnection(asyncio.Protocol):
                     self.frame_started = self.last_active
         except InvalidRequest as exc:
             self._protocol_error(exc)
-        except Exception:  # a bug must cost this connection only, and say so once
+        except Exception as exc:  # a bug must cost this connection only, and say so once
+            if self.listener.fail_stop is not None:
+                self.listener.fail_stop.check(exc, f"{self.listener.name} listener")
             log.exception("%s connection from %s failed", self.listener.name, self.address)
             self.drop("error")
 
@@ -328,8 +331,10 @@ class Listener:
         factory: Callable[[Listener], FrameConnection],
         zero_copy: bool,
         reserve_descriptors: bool = True,
+        fail_stop: FailStop | None = None,
     ) -> None:
         self.name = name
+        self.fail_stop = fail_stop
         self.limits = limits
         self.counters = counters
         self.zero_copy = zero_copy

@@ -85,6 +85,8 @@ class ClientConnection(FrameConnection):
             self._answer(slot, api.encode_error(exc))
             return
         except Exception as exc:  # a bug must not take the connection's other requests with it
+            if self._failed_stop(exc, frame.api):
+                return
             log.exception("request %s failed", frame.api)
             self._answer(slot, api.encode_error(TidelogError(f"internal error: {exc}")))
             return
@@ -104,6 +106,8 @@ class ClientConnection(FrameConnection):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if self._failed_stop(exc, slot.api):
+                return
             log.exception("request %s failed", slot.api)
             self._answer(slot, api.encode_error(TidelogError(f"internal error: {exc}")))
         else:
@@ -127,6 +131,12 @@ class ClientConnection(FrameConnection):
             self.resume("held")
         if len(slots) < self.listener.limits.max_inflight_requests:
             self.resume("inflight")
+
+    def _failed_stop(self, exc: Exception, api_key: int) -> bool:
+        """An invariant failed: the node stops, and this request gets no answer (its client
+        sees the connection close, as it would if the node had crashed)."""
+        self.core.fail_stop.check(exc, f"request api {api_key}")
+        return self.core.fail_stop.failed is not None
 
     def on_closed(self) -> None:
         for slot in self._slots:
@@ -156,4 +166,5 @@ def client_listener(core: NodeCore, listener_limits: Any, zero_copy: bool) -> Li
         core.counters,
         lambda listener: ClientConnection(listener, core),
         zero_copy,
+        fail_stop=core.fail_stop,
     )

@@ -131,6 +131,7 @@ class PeerListener(Listener):
             lambda listener: PeerConnection(listener, core, secret),
             core.config.zero_copy,
             reserve_descriptors=False,
+            fail_stop=core.fail_stop,
         )
         self.handshake_timeout_s = handshake_timeout_s
         self.on_bound: Callable[[int], None] = lambda peer_id: None
