@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.replication.replica import FAULT_TRUNCATE_TO_HW
+from tidelog.replication.replica import FAULT_IGNORE_DIRECTORIES, FAULT_TRUNCATE_TO_HW
 from tidelog.testing.scenario import run_script
 from tidelog.testing.sim import SimParams, Simulation, SimulationFailure, run_seed
 
@@ -79,6 +79,27 @@ def test_the_simulator_catches_truncation_to_the_local_hw() -> None:
             caught.append(seed)
             assert "--fault truncate-to-local-hw-on-follow" in str(exc)
     assert caught, "the KIP-101 bug must not pass 40 seeds"
+
+
+def test_votes_from_replaced_disks_lose_acknowledged_records_and_are_caught() -> None:
+    """The observer rule switched off: some of the first 100 seeds (a third of them replace a
+    disk) lose or change a committed record, and the checkers say so. With the rule on, the
+    same seeds pass (test_simulator_seeds runs them), as does the scripted case."""
+    caught = []
+    for seed in range(100):
+        try:
+            run_seed(seed, frozenset({FAULT_IGNORE_DIRECTORIES}))
+        except SimulationFailure as exc:
+            caught.append(seed)
+            assert "--fault votes-from-replaced-disks" in str(exc)
+        if len(caught) >= 2:
+            break
+    assert caught, "votes from empty disks must not pass 100 seeds"
+    scripts = ROOT / "tests" / "scenarios"
+    broken = run_script((scripts / "replaced_disk_broken_rule.txt").read_text())
+    assert "VIOLATION: offset 1 was committed" in broken
+    kept = run_script((scripts / "replaced_disk_rejoins_as_observer.txt").read_text())
+    assert "VIOLATION" not in kept and "2@e2:m3" in kept
 
 
 def test_committing_an_old_epoch_by_counting_is_caught() -> None:

@@ -16,9 +16,9 @@ from tidelog.storage.identity import read_identity
 def serve(data: Path, *args: str, wait_s: float = 20) -> subprocess.CompletedProcess[str]:
     """Run `tidelog serve` until it listens (then stop it) or exits by itself."""
     (port,) = free_ports(1)
+    listen = f"127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tidelog", "serve", "--data", str(data)]
-        + ["--listen", f"127.0.0.1:{port}", *args],
+        [sys.executable, "-m", "tidelog", "serve", "--data", str(data), "--listen", listen, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -38,14 +38,15 @@ class Principal:
     listener: Listener
     address: str = ""
     peer_id: int | None = None  # set only for a connection whose handshake proved it
+    directory_id: str = ""  # the peer's data directory, as its handshake stated it
 
     @staticmethod
     def anonymous(address: str) -> Principal:
         return Principal("anonymous", Listener.CLIENT, address)
 
     @staticmethod
-    def peer(node_id: int, address: str) -> Principal:
-        return Principal(f"node:{node_id}", Listener.PEER, address, node_id)
+    def peer(node_id: int, address: str, directory_id: str = "") -> Principal:
+        return Principal(f"node:{node_id}", Listener.PEER, address, node_id, directory_id)
 
 
 class Access:

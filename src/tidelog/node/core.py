@@ -64,6 +64,7 @@ from tidelog.replication.metadata import (
     assign_replicas,
     validate_create,
 )
+from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ METADATA_GROUP = f"{METADATA_TOPIC}/0"
 # What a frame carries besides one batch (request or replication headers): a batch of
 # max.message.bytes must fit a frame with this to spare.
 BATCH_FRAME_MARGIN_BYTES = 64 * 1024
+PEER_DIRECTORIES_FILE = "peer-directories"
 REQUEST_TIMEOUT_MS_MAX = 300_000
 
 PeerSender = Callable[[int, ApiKey, dict[str, Any], Any], None]
@@ -100,6 +102,9 @@ class NodeCore:
         self._tasks: list[asyncio.Task[None]] = []
         self.fail_stop = FailStop(config.node_id)
         self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
+        # Each peer's data directory as first seen on the peer channel (durable): a replica
+        # group that never recorded a voter's directory still knows the one it first had.
+        self.peer_directories: dict[int, str] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._storage_bytes = 0
@@ -223,6 +228,8 @@ class NodeCore:
             on_high_watermark=self._on_high_watermark,
             machine=machine,
             on_roll=self.cleaner.request,
+            directory_id=self.identity.directory_id,
+            known_directories=self.peer_directories,
         )
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
             log.warning("%s: recovered with truncation: %s", host.group, host.recovery)
@@ -230,6 +237,32 @@ class NodeCore:
         self.cleaner.scrub_later(host)
         host.process_ready()
         return host
+
+    def load_peer_directories(self) -> None:
+        stored = read_checkpoint(self.config.data_dir / PEER_DIRECTORIES_FILE) or {}
+        self.peer_directories.update({int(k): str(v) for k, v in stored.items()})
+
+    def peer_directory_seen(self, node: int, directory: str) -> None:
+        """A peer proved itself with this data directory. The first one is recorded (durably,
+        before any of its messages is read); another one later means it lost its disk."""
+        if not directory:
+            return
+        first = self.peer_directories.get(node)
+        if first is None:
+            self.peer_directories[node] = directory
+            write_checkpoint(
+                self.config.data_dir / PEER_DIRECTORIES_FILE,
+                {str(n): d for n, d in self.peer_directories.items()},
+            )
+        elif first != directory:
+            self.counters.inc("tidelog_peer_directory_changes_total")
+            log.warning(
+                "node %d came back with another data directory (%s, first seen %s): it "
+                "rejoins each partition as an observer until it holds what is committed",
+                node,
+                directory,
+                first,
+            )
 
     def _send_replication(self, to: int, group: str, message: Message) -> None:
         header, records = encode_message(group, message)
@@ -247,7 +280,7 @@ class NodeCore:
             group, message = decode_message(header, payload)
             host = self.hosts.get(group)
             if host is not None:  # not (yet) a replica of that group here: the sender retries
-                host.step(sender, message)
+                host.step(sender, message, principal.directory_id)
         elif key == ApiKey.CURSOR:
             self.cleaner.on_invalidate_message(header, sender)
         else:

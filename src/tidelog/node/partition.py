@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from tidelog.config import TopicConfig
@@ -58,6 +58,8 @@ class PartitionHost:
         on_high_watermark: Callable[[PartitionHost], None] | None = None,
         machine: Machine | None = None,
         on_roll: Callable[[PartitionHost], None] | None = None,
+        directory_id: str = "",
+        known_directories: Mapping[int, str] | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -90,6 +92,7 @@ class PartitionHost:
             min_insync_replicas=config.min_insync_replicas,
             replica_max_lag_ticks=nc.ticks(config.replica_max_lag_ms),
             state_machine=machine is not None,
+            directory_id=directory_id,
         )
         seed = zlib.crc32(f"{nc.node_id}/{self.group}".encode())
         self.driver: StateMachineDriver | None = None
@@ -104,7 +107,12 @@ class PartitionHost:
                 on_invalid=self.report_invalid,
             )
         self.replica = Replica(
-            replica_config, self.log, self._load_quorum_state(), random.Random(seed), self.driver
+            replica_config,
+            self.log,
+            self._load_quorum_state(),
+            random.Random(seed),
+            self.driver,
+            known_directories,
         )
         if self.driver is not None:
             self.driver.catch_up()
@@ -131,7 +139,11 @@ class PartitionHost:
 
     def _load_quorum_state(self) -> QuorumState:
         data = read_checkpoint(self.directory / QUORUM_STATE_FILE) or {}
-        return QuorumState(int(data.get("epoch", 0)), int(data.get("voted_for", -1)))
+        return QuorumState(
+            int(data.get("epoch", 0)),
+            int(data.get("voted_for", -1)),
+            str(data.get("directories", "")),
+        )
 
     def process_ready(self) -> None:
         if self.closed:
@@ -140,7 +152,11 @@ class PartitionHost:
         if ready.state is not None:
             write_checkpoint(
                 self.directory / QUORUM_STATE_FILE,
-                {"epoch": ready.state.epoch, "voted_for": ready.state.voted_for},
+                {
+                    "epoch": ready.state.epoch,
+                    "voted_for": ready.state.voted_for,
+                    "directories": ready.state.directories,
+                },
             )
         for out in ready.messages:
             if log.isEnabledFor(logging.DEBUG):
@@ -172,11 +188,11 @@ class PartitionHost:
             self.log.delete_segments_below_log_start()
         self.replica.advance()
 
-    def step(self, sender: int, message: Message) -> None:
+    def step(self, sender: int, message: Message, directory: str = "") -> None:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: from %d: %s", self.group, sender, type(message).__name__)
         try:
-            self.replica.step(sender, message)
+            self.replica.step(sender, message, directory)
         except TidelogError as exc:
             # A follower that cannot append (disk full, say) retries its fetch on the next tick.
             log.error(

@@ -117,6 +117,7 @@ class Node:
             derived = digest[:22]
         self.identity = load_or_format(data, self.node_id, config.cluster_id, derived)
         self.core.identity = self.identity
+        self.core.load_peer_directories()
         if self.identity.formatted:
             log.info(
                 "node %d: formatted %s (cluster %s, directory %s)",

@@ -2,14 +2,18 @@
 only after both sides prove they hold the cluster secret (mutual challenge-response).
 
     dialer                                   listener
-    PEER_HELLO {node_id, to, nonce_d}  ──►   checks: `to` is itself, node_id is a peer
+    PEER_HELLO {node_id, to, nonce_d, cluster_id, directory_id}
+                                       ──►   checks: `to` is itself, node_id is a peer, and
+                                             the cluster is ours
                ◄──  {node_id, nonce_l, proof_l = MAC("listener", d, l, nonce_d, nonce_l)}
     checks proof_l
     PEER_AUTH {proof_d = MAC("dialer", ...)}  ──►  checks proof_d; the connection is node d's
                ◄──  {accepted: true}
 
 MAC is HMAC-SHA256 keyed by the cluster secret; each side's nonce makes every proof fresh, so a
-recorded handshake cannot be replayed. Nothing but these two requests is read on a peer
+recorded handshake cannot be replayed. The dialer's cluster and directory ids are bound into its
+proof, so they cannot be changed in flight; the directory id is how the listener tells a peer
+that kept its disk from one that came back empty (replication/directories.py). Nothing but these two requests is read on a peer
 connection until it is bound. Mutual TLS replaces the secret later; the binding stays.
 """
 
@@ -20,7 +24,7 @@ import hmac
 import os
 from dataclasses import dataclass
 
-from tidelog.errors import InvalidRequest
+from tidelog.errors import InconsistentClusterId, InvalidRequest
 
 PROTOCOL = b"tidelog-peer-v1"
 NONCE_BYTES = 16
@@ -31,6 +35,8 @@ class PeerHello:
     node_id: int  # the dialer
     to: int  # whom the dialer thinks it reached
     nonce: str  # hex
+    cluster_id: str = ""
+    directory_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,18 @@ def new_nonce() -> str:
     return os.urandom(NONCE_BYTES).hex()
 
 
-def proof(secret: bytes, role: str, dialer: int, listener: int, nonce_d: str, nonce_l: str) -> str:
-    fields = (role, str(dialer), str(listener), nonce_d, nonce_l)
+def proof(
+    secret: bytes,
+    role: str,
+    dialer: int,
+    listener: int,
+    nonce_d: str,
+    nonce_l: str,
+    dialer_ids: str = "",
+) -> str:
+    fields = [role, str(dialer), str(listener), nonce_d, nonce_l]
+    if dialer_ids:
+        fields.append(dialer_ids)
     message = b"|".join([PROTOCOL, *(f.encode() for f in fields)])
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
@@ -78,11 +94,16 @@ class ListenerHandshake:
     """The accepting side: hello() answers a PEER_HELLO, auth() checks the dialer's proof and
     returns the node id the connection now belongs to."""
 
-    def __init__(self, secret: bytes, node_id: int, peers: frozenset[int]) -> None:
+    def __init__(
+        self, secret: bytes, node_id: int, peers: frozenset[int], cluster_id: str = ""
+    ) -> None:
         self.secret = secret
         self.node_id = node_id
         self.peers = peers
+        self.cluster_id = cluster_id
         self.dialer: int | None = None
+        self.dialer_directory = ""
+        self._dialer_ids = ""
         self._nonces: tuple[str, str] | None = None
 
     def hello(self, msg: PeerHello) -> PeerHelloResponse:
@@ -93,8 +114,15 @@ class ListenerHandshake:
             raise InvalidRequest(f"peer handshake: this is node {self.node_id}, not {msg.to}")
         if msg.node_id not in self.peers or msg.node_id == self.node_id:
             raise InvalidRequest(f"peer handshake: node {msg.node_id} is not a peer of this node")
+        if msg.cluster_id and self.cluster_id and msg.cluster_id != self.cluster_id:
+            raise InconsistentClusterId(
+                f"peer handshake: node {msg.node_id} belongs to cluster {msg.cluster_id}, "
+                f"this node to cluster {self.cluster_id}"
+            )
         mine = new_nonce()
         self.dialer = msg.node_id
+        self.dialer_directory = msg.directory_id
+        self._dialer_ids = _ids(msg.cluster_id, msg.directory_id)
         self._nonces = (msg.nonce, mine)
         return PeerHelloResponse(
             self.node_id,
@@ -106,7 +134,9 @@ class ListenerHandshake:
         if self._nonces is None or self.dialer is None:
             raise InvalidRequest("peer handshake: auth before hello")
         check_proof(msg.proof)
-        expected = proof(self.secret, "dialer", self.dialer, self.node_id, *self._nonces)
+        expected = proof(
+            self.secret, "dialer", self.dialer, self.node_id, *self._nonces, self._dialer_ids
+        )
         if not hmac.compare_digest(expected, msg.proof):
             raise InvalidRequest(
                 f"peer handshake: node {self.dialer} did not prove it holds the cluster secret"
@@ -118,14 +148,18 @@ class DialerHandshake:
     """The connecting side: hello() to send, then answer() checks the listener's proof and
     returns the PEER_AUTH to send."""
 
-    def __init__(self, secret: bytes, node_id: int, to: int) -> None:
+    def __init__(
+        self, secret: bytes, node_id: int, to: int, cluster_id: str = "", directory_id: str = ""
+    ) -> None:
         self.secret = secret
         self.node_id = node_id
         self.to = to
+        self.cluster_id = cluster_id
+        self.directory_id = directory_id
         self.nonce = new_nonce()
 
     def hello(self) -> PeerHello:
-        return PeerHello(self.node_id, self.to, self.nonce)
+        return PeerHello(self.node_id, self.to, self.nonce, self.cluster_id, self.directory_id)
 
     def answer(self, msg: PeerHelloResponse) -> PeerAuth:
         check_nonce(msg.nonce)
@@ -137,4 +171,11 @@ class DialerHandshake:
             raise InvalidRequest(
                 f"peer handshake: node {self.to} did not prove it holds the cluster secret"
             )
-        return PeerAuth(proof(self.secret, "dialer", self.node_id, self.to, self.nonce, msg.nonce))
+        ids = _ids(self.cluster_id, self.directory_id)
+        return PeerAuth(
+            proof(self.secret, "dialer", self.node_id, self.to, self.nonce, msg.nonce, ids)
+        )
+
+
+def _ids(cluster_id: str, directory_id: str) -> str:
+    return f"{cluster_id}/{directory_id}" if cluster_id or directory_id else ""

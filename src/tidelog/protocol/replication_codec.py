@@ -86,6 +86,7 @@ class _FetchResponseWire:
     diverging_end_offset: int = -1
     snapshot_required: bool = False
     last_fetched_epoch: int = -1
+    directories: str = ""
 
     def to_message(self, records: RecordsSlice | None) -> FetchResponse:
         return FetchResponse(records=records, **dataclasses.asdict(self))

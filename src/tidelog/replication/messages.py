@@ -69,6 +69,7 @@ class FetchRequest:
     # Everything below this is fsynced on the follower; only this counts toward the HW. The
     # follower fetches ahead of its fsyncs and reports durability with its next request.
     durable_offset: int = -1  # -1: the same as fetch_offset
+    directories_crc: int = 0  # of the admitted-directories map the follower holds
 
 
 # FetchResponse.error values
@@ -92,6 +93,7 @@ class FetchResponse:
     diverging_end_offset: int = -1  # where that epoch ends on the leader
     snapshot_required: bool = False  # fetch_offset is below the leader's log start
     last_fetched_epoch: int = -1  # echoed with fetch_offset: the log state the answer is for
+    directories: str = ""  # the leader's admitted directories, when the follower's differ
 
 
 @dataclass(frozen=True, slots=True)

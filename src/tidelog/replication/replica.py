@@ -26,12 +26,19 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import ValidatedBatches
+from tidelog.replication.directories import (
+    NO_DIRECTORY,
+    decode_directories,
+    directories_digest,
+    encode_directories,
+)
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
 from tidelog.replication.low_watermark import (
     KIND_REPLICA,
@@ -64,7 +71,8 @@ LEADER_CHANGE_CONTROL_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: v
 # Deliberately broken rules, used only by tests to prove the simulator's checkers can fail.
 FAULT_COMMIT_OLD_EPOCH = "commit-old-epoch-by-counting"
 FAULT_TRUNCATE_TO_HW = "truncate-to-local-hw-on-follow"
-FAULTS = frozenset({FAULT_COMMIT_OLD_EPOCH, FAULT_TRUNCATE_TO_HW})
+FAULT_IGNORE_DIRECTORIES = "votes-from-replaced-disks"  # before KIP-853: any directory counts
+FAULTS = frozenset({FAULT_COMMIT_OLD_EPOCH, FAULT_TRUNCATE_TO_HW, FAULT_IGNORE_DIRECTORIES})
 
 
 class RandomSource(Protocol):
@@ -99,6 +107,7 @@ class QuorumState:
 
     epoch: int = 0
     voted_for: int = NO_VOTE
+    directories: str = ""  # the voters' admitted data directories (replication/directories.py)
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,7 @@ class ReplicaConfig:
     hw_policy: str = "quorum"
     min_insync_replicas: int = 1
     state_machine: bool = False  # behind the log start: install a snapshot (else start empty)
+    directory_id: str = ""  # this replica's data directory ("": not tracked, as in old tests)
     faults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -171,6 +181,7 @@ class Replica:
         state: QuorumState,
         rng: RandomSource,
         snapshots: SnapshotAccess | None = None,
+        known_directories: Mapping[int, str] | None = None,
     ) -> None:
         self.config = config
         self.log = log
@@ -195,6 +206,14 @@ class Replica:
         self.forged_messages = 0  # dropped: they claimed to come from a node other than theirs
         self.leader_high_watermark = log.high_watermark  # as last heard from the leader
         self.leader_log_start = log.log_start_offset
+        # Admitted directories (durable, in the quorum state); the node's first-seen peer
+        # directories (from the peer handshake) stand in for voters this group never recorded.
+        self.directories = decode_directories(state.directories)
+        self.known_directories: Mapping[int, str] = known_directories or {}
+        if config.directory_id:
+            self.directories.setdefault(self.node_id, config.directory_id)
+        self.observers: dict[int, tuple[str, int]] = {}  # leader: node -> (directory, target)
+        self.replaced: dict[int, str] = {}  # voters seen with a directory not admitted here
         self._ready = Ready()
         self._reset_election_timer()
         if FAULT_TRUNCATE_TO_HW in config.faults:
@@ -217,7 +236,9 @@ class Replica:
         if self.role is Role.LEADER:
             self._leader_tick()
         elif self.role is Role.FOLLOWER:
-            if self.now >= self.election_deadline:
+            if self.now >= self.election_deadline and self.is_observer:
+                self._reset_election_timer()  # a replaced disk catches up; it does not campaign
+            elif self.now >= self.election_deadline:
                 self._start_prevote()
             elif (
                 self.fetch_in_flight
@@ -227,20 +248,28 @@ class Replica:
                 self._maybe_send_fetch()
             elif not self.fetch_in_flight:
                 self._maybe_send_fetch()
-        elif self.now >= self.election_deadline:
+        elif self.now >= self.election_deadline and not self.is_observer:
             self._start_prevote()
 
-    def step(self, sender: int, message: Message) -> None:
-        """A message from sender: the node id its transport vouches for. A message that claims
-        to come from another node (its replica, candidate, voter or leader field) is dropped:
-        nobody may speak for a voter but that voter."""
+    def step(self, sender: int, message: Message, directory: str = NO_DIRECTORY) -> None:
+        """A message from sender: the node id (and data directory) its transport vouches for.
+        A message that claims to come from another node (its replica, candidate, voter or
+        leader field) is dropped: nobody may speak for a voter but that voter. A voter whose
+        directory is not the admitted one (a replaced disk) is an observer: see below."""
         if sender not in self.config.voters or sender == self.node_id:
             return
         claimed = claimed_sender(message)
         if claimed is not None and claimed != sender:
             self.forged_messages += 1
             return
-        pre_vote = isinstance(message, VoteRequest | VoteResponse) and message.pre_vote
+        admitted = self._admitted(sender, directory)
+        if not admitted and not self._observer_may(sender, message):
+            return
+        if not admitted and isinstance(message, FetchRequest):
+            self._track_observer(sender, directory)
+        # A pre-vote never moves an epoch, except a refusal, which carries the voter's own.
+        pre_vote = isinstance(message, VoteRequest) and message.pre_vote
+        pre_vote |= isinstance(message, VoteResponse) and message.pre_vote and message.granted
         if message.epoch > self.epoch and not pre_vote:
             # A leader is learned only from the leader itself; a hint about a third node
             # (in an error answer or a notice) moves the epoch, not whom we follow.
@@ -276,6 +305,80 @@ class Replica:
             self._on_fetch_snapshot_request(sender, message)
         elif isinstance(message, FetchSnapshotResponse):
             self._on_fetch_snapshot_response(sender, message)
+
+    # -- replaced disks: observers --------------------------------------------------------------
+
+    @property
+    def is_observer(self) -> bool:
+        """The leader admitted another directory for this replica: it lost its disk, and
+        catches up without voting until the leader admits this one."""
+        admitted = self.directories.get(self.node_id)
+        own = self.config.directory_id
+        return bool(own) and admitted is not None and admitted != own
+
+    def _admitted(self, node: int, directory: str) -> bool:
+        if not directory or FAULT_IGNORE_DIRECTORIES in self.config.faults:
+            return True
+        admitted = self.directories.get(node)
+        if admitted is None:
+            first_seen = self.known_directories.get(node)
+            if first_seen is None or first_seen == directory:
+                self.directories[node] = directory  # first sight: recorded before it counts
+                self._persist_state()
+                return True
+        elif admitted == directory:
+            return True
+        self.replaced[node] = directory
+        return False
+
+    def _observer_may(self, sender: int, message: Message) -> bool:
+        """What a replica whose directory is not admitted may still do: fetch from the leader
+        (as an observer) in the leader's own epoch. Its votes and notices do not count, and a
+        vote it asks for is refused without moving our epoch."""
+        if isinstance(message, FetchRequest | FetchSnapshotRequest):
+            return self.role is Role.LEADER and message.epoch == self.epoch
+        if isinstance(message, VoteRequest):
+            self._send(
+                sender,
+                VoteResponse(self.epoch, self.node_id, False, message.pre_vote, self.leader_id),
+            )
+            return False
+        if isinstance(message, BeginEpoch | FetchResponse | FetchSnapshotResponse):
+            # A leader's authority is its epoch, won from voters that admitted it: follow it,
+            # and take its word on which directories are admitted.
+            return message.leader == sender
+        return False
+
+    def _persist_state(self) -> None:
+        self._ready.state = QuorumState(
+            self.epoch, self.voted_for, encode_directories(self.directories)
+        )
+
+    def _adopt_directories(self, encoded: str) -> None:
+        """The leader's admitted directories replace ours (it decides who is a replica)."""
+        theirs = {**self.directories, **decode_directories(encoded)}
+        if theirs != self.directories:
+            self.directories = theirs
+            self.replaced = {n: d for n, d in self.replaced.items() if theirs.get(n) != d}
+            self._persist_state()
+
+    def _track_observer(self, sender: int, directory: str) -> None:
+        """Leader: a voter with an unadmitted directory fetches. It must hold everything this
+        leader holds now (its log end, which holds everything ever committed) to be admitted."""
+        current = self.observers.get(sender)
+        if current is None or current[0] != directory:
+            self.observers[sender] = (directory, self.log.log_end_offset)
+            p = self.progress[sender]
+            p.match_offset = 0
+            p.last_caught_up_tick = -(10**12)
+
+    def _maybe_admit(self, sender: int, durable: int) -> None:
+        directory, target = self.observers[sender]
+        if durable >= target:
+            del self.observers[sender]
+            self.replaced.pop(sender, None)
+            self.directories[sender] = directory
+            self._persist_state()
 
     def propose(self, batches: bytes | bytearray | memoryview | ValidatedBatches) -> AppendResult:
         """Append producer batches as leader (a producer's payload after validate_produced).
@@ -374,7 +477,9 @@ class Replica:
             return set()
         lag = self.config.replica_lag_ticks
         return {self.node_id} | {
-            r for r, p in self.progress.items() if self.now - p.last_caught_up_tick <= lag
+            r
+            for r, p in self.progress.items()
+            if self.now - p.last_caught_up_tick <= lag and r not in self.observers
         }
 
     def status(self) -> dict[str, object]:
@@ -428,7 +533,7 @@ class Replica:
         if (epoch, voted_for) != (self.epoch, self.voted_for):
             self.epoch = epoch
             self.voted_for = voted_for
-            self._ready.state = QuorumState(epoch, voted_for)
+            self._persist_state()
 
     def _set_role(self, role: Role) -> None:
         if role is not self.role:
@@ -488,7 +593,10 @@ class Replica:
                 and self.now - self.last_leader_contact < self.config.election_timeout_ticks
             )
             granted = req.epoch > self.epoch and up_to_date and not leader_alive
-            self._send(sender, VoteResponse(req.epoch, self.node_id, granted, True, self.leader_id))
+            # A refusal carries our own epoch (etcd's rule): a prospective candidate behind it
+            # moves up, or two nodes each refusing the other's pre-vote could wait forever.
+            epoch = req.epoch if granted else self.epoch
+            self._send(sender, VoteResponse(epoch, self.node_id, granted, True, self.leader_id))
             return
         granted = (
             req.epoch == self.epoch
@@ -558,6 +666,7 @@ class Replica:
         self.progress = {
             r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now) for r in self._others()
         }
+        self.observers = {}
         if self.log.log_end_offset > self.log.high_watermark:
             # Entries of earlier epochs may be uncommitted; only an entry of our own epoch on a
             # quorum commits them (Raft section 5.4.2), so write one now rather than waiting
@@ -589,8 +698,9 @@ class Replica:
         if self.now - self.leader_since_tick >= self.config.check_quorum_ticks:
             recent = sum(
                 1
-                for p in self.progress.values()
+                for r, p in self.progress.items()
                 if self.now - p.last_fetch_tick <= self.config.check_quorum_ticks
+                and r not in self.observers
             )
             if recent + 1 < majority(len(self.config.voters)):
                 # Cut off from a quorum: stop taking writes that can never commit here.
@@ -631,7 +741,7 @@ class Replica:
                 ),
             )
             return
-        self._record_fetch(progress, req)
+        self._record_fetch(sender, progress, req)
         self._maybe_advance_high_watermark()
         has_data = req.fetch_offset < self.log.log_end_offset
         hw_news = req.high_watermark < self.log.high_watermark
@@ -663,18 +773,26 @@ class Replica:
             return epoch, end
         return None
 
-    def _record_fetch(self, p: Progress, req: FetchRequest) -> None:
+    def _record_fetch(self, sender: int, p: Progress, req: FetchRequest) -> None:
         leo = self.log.log_end_offset
         assert req.fetch_offset <= leo
-        if req.fetch_offset >= leo:
-            p.last_caught_up_tick = self.now
-        elif req.fetch_offset >= p.leo_at_last_fetch:
-            p.last_caught_up_tick = max(p.last_caught_up_tick, p.last_fetch_tick)
         durable = (
             req.fetch_offset
             if req.durable_offset < 0
             else min(req.durable_offset, req.fetch_offset)
         )
+        if sender in self.observers:
+            self._maybe_admit(sender, durable)
+        if sender in self.observers:
+            # Held for (the log start waits for it), but not counted: no HW, no ISR.
+            p.fetch_offset = req.fetch_offset
+            p.last_fetch_tick = self.now
+            p.known_hw = req.high_watermark
+            return
+        if req.fetch_offset >= leo:
+            p.last_caught_up_tick = self.now
+        elif req.fetch_offset >= p.leo_at_last_fetch:
+            p.last_caught_up_tick = max(p.last_caught_up_tick, p.last_fetch_tick)
         p.match_offset = durable
         p.fetch_offset = req.fetch_offset
         p.leo_at_last_fetch = leo
@@ -689,8 +807,16 @@ class Replica:
             self.log.high_watermark,
             self.log.log_start_offset,
             last_fetched_epoch=req.last_fetched_epoch,
+            directories=self._directories_for(req),
             **fields,  # type: ignore[arg-type]
         )
+
+    def _directories_for(self, req: FetchRequest) -> str:
+        """The admitted map, if the follower's differs (it sent the CRC of its own)."""
+        if not self.config.directory_id:
+            return ""
+        encoded = encode_directories(self.directories)
+        return encoded if directories_digest(encoded) != req.directories_crc else ""
 
     def _answer_fetch(self, follower: int, req: FetchRequest) -> None:
         self.progress[follower].pending = None
@@ -708,6 +834,7 @@ class Replica:
                 self.log.log_start_offset,
                 records=records,
                 last_fetched_epoch=req.last_fetched_epoch,
+                directories=self._directories_for(req),
             ),
         )
 
@@ -771,6 +898,7 @@ class Replica:
                 self.log.high_watermark,
                 self.config.fetch_max_bytes,
                 durable,
+                directories_digest(encode_directories(self.directories)),
             ),
         )
 
@@ -795,6 +923,8 @@ class Replica:
         self.fetch_in_flight = False
         self.last_leader_contact = self.now
         self._reset_election_timer()
+        if resp.directories:
+            self._adopt_directories(resp.directories)
         self.leader_high_watermark = resp.high_watermark
         self.leader_log_start = resp.log_start_offset
         if resp.snapshot_required and self.config.state_machine and self.snapshots is not None:

@@ -16,7 +16,7 @@ Nothing moves unless a command says so: messages wait in per-link queues until `
 core on in-memory disks), so the same checkers run after every command.
 
 Commands:
-    nodes N [fetch-max-bytes=B] [flush=auto|manual] [fault=NAME]
+    nodes N [fetch-max-bytes=B] [flush=auto|manual] [fault=NAME] [directories=on]
     campaign N [prevote=false]       stand for election now
     propose N VALUE [acks=all|1]     a producer writes VALUE to node N
     deliver A->B [count=K]           deliver queued messages on one link (all, or the first K)
@@ -25,6 +25,8 @@ Commands:
     flush [N ...]                    finish pending fsyncs (flush=manual; auto flushes at once)
     tick K [N ...]                   K ticks on the listed nodes (default all)
     crash N / restart N              kill -9 (unflushed data lost) / start again
+    wipe N                           crash, and the disk is replaced: N restarts empty (with
+                                     directories=on, under a new directory id)
     partition 1 2 | 3 / heal         cut links both ways / restore them
     status                           every node's role, epoch, watermarks and log
     acks                             acknowledged writes so far
@@ -60,12 +62,19 @@ class Queued:
     src: int
     dst: int
     message: Message
+    directory: str = ""
 
 
 class Scenario(Simulation):
     def __init__(
-        self, nodes: int, fetch_max_bytes: int, auto_flush: bool, faults: frozenset[str]
+        self,
+        nodes: int,
+        fetch_max_bytes: int,
+        auto_flush: bool,
+        faults: frozenset[str],
+        directories: bool = False,
     ) -> None:
+        self.directories = directories
         self.queue: list[Queued] = []
         self.out: list[str] = []
         self.announced: dict[int, int] = {}
@@ -95,13 +104,14 @@ class Scenario(Simulation):
             replica_lag_ticks=100,
             fetch_max_bytes=base.fetch_max_bytes,
             hw_policy=base.hw_policy,
+            directory_id=base.directory_id if self.directories else "",
             faults=base.faults,
         )
 
     # -- hooks into the simulator ---------------------------------------------------------------
 
-    def send(self, src: int, dst: int, message: Message) -> None:
-        self.queue.append(Queued(src, dst, message))
+    def send(self, src: int, dst: int, message: Message, directory: str = "") -> None:
+        self.queue.append(Queued(src, dst, message, directory if self.directories else ""))
         self.out.append(f"{src}->{dst} {format_message(message)}")
 
     def process_ready(self, node: SimNode) -> None:
@@ -136,7 +146,7 @@ class Scenario(Simulation):
         node = self.nodes[q.dst]
         if (q.src, q.dst) in self.blocked or node.replica is None:
             return
-        node.replica.step(q.src, q.message)
+        node.replica.step(q.src, q.message, q.directory)
         self.process_ready(node)
 
     def stabilize(self, among: set[int] | None) -> None:
@@ -164,6 +174,8 @@ class Scenario(Simulation):
                     else ""
                 )
                 head = f"{n}: {r.role.value} epoch={r.epoch}{leader}"
+                if r.is_observer:
+                    head += " observer"
             head += f" leo={log.log_end_offset} hw={log.high_watermark} durable={log.durable_end_offset}"
             lines.append(f"{head} log=[{format_log(log.batches())}]")
         return lines
@@ -238,6 +250,7 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             int(opts.get("fetch-max-bytes", 1 << 20)),
             opts.get("flush", "auto") == "auto",
             faults,
+            opts.get("directories", "off") == "on",
         )
         return sim, ["ok"]
     assert sim is not None, "the first command must be `nodes`"
@@ -293,6 +306,8 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             sim.crash(int(plain[0]))
             sim.queue = [q for q in sim.queue if q.dst != int(plain[0])]
             sim.out.append(f"{plain[0]} crashed")
+        elif cmd == "wipe":
+            sim.wipe(int(plain[0]))
         elif cmd == "restart":
             sim.restart(int(plain[0]))
         elif cmd == "partition":

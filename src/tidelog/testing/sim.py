@@ -7,7 +7,9 @@ every random choice after that, so a failing seed replays exactly:
 
 The cluster is the production `Replica` class on `MemoryLog` disks that lose what was not
 flushed when a node crashes, a network that drops, delays, duplicates and reorders messages and
-can be partitioned (both ways or one way), nodes that crash, restart and pause, producers with
+can be partitioned (both ways or one way), nodes that crash, restart and pause, nodes that come
+back with an empty disk under their old id (a new directory id: they must rejoin as observers),
+producers with
 acks=1 and acks=all, and readers that read from any replica below its high-water mark.
 
 A safety phase with faults is followed by a liveness phase with every fault healed, in which a
@@ -57,6 +59,7 @@ class SimParams:
     one_way_share: float = 0.0
     crash_rate: float = 0.0
     pause_rate: float = 0.0
+    wipe_rate: float = 0.0  # a crash that loses the disk: the node restarts empty
     flush_delay_max: int = 2
     produce_rate: float = 0.3
     read_rate: float = 0.2
@@ -103,6 +106,7 @@ class SimParams:
             safety_ticks=rng.randint(800, 1800),
             liveness_ticks=3000,
             faults=faults,
+            wipe_rate=maybe(0.4, rng.uniform(0.001, 0.006)),  # drawn last: older seeds keep theirs
         )
 
     def replay_command(self) -> str:
@@ -130,6 +134,10 @@ class SimNode:
     waiters: list[Waiter] = field(default_factory=list)
     checked_upto: int = 0
     led_epoch: int = -1  # the epoch this node last led
+    directory: str = ""  # its data directory's id: a new one after its disk is replaced
+    # Every voter's directory as formatted with the cluster (KIP-853's initial voters); a
+    # replaced disk knows none.
+    known_directories: dict[int, str] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -145,6 +153,8 @@ class Stats:
     reads: int = 0
     records_read: int = 0
     crashes: int = 0
+    wipes: int = 0
+    readmitted: int = 0
     partitions: int = 0
     pauses: int = 0
     elections: int = 0
@@ -161,8 +171,13 @@ class Simulation:
         self.now = 0
         self.node_ids = list(range(1, params.nodes + 1))
         config = TopicConfig()
-        self.nodes = {n: SimNode(n, MemoryLog(config)) for n in self.node_ids}
-        self.network: list[tuple[int, int, int, int, Message]] = []
+        initial = {n: f"d{n}.0" for n in self.node_ids}
+        self.nodes = {
+            n: SimNode(n, MemoryLog(config), directory=initial[n], known_directories=dict(initial))
+            for n in self.node_ids
+        }
+        self.replaced: set[int] = set()  # wiped, and not yet admitted again by a leader
+        self.network: list[tuple[int, int, int, int, str, Message]] = []
         self._seq = 0
         self.blocked: set[tuple[int, int]] = set()
         self.partition_until = 0
@@ -201,6 +216,7 @@ class Simulation:
             fetch_max_bytes=self.params.fetch_max_bytes,
             hw_policy=self.params.hw_policy,
             replica_max_lag_ticks=self.params.replica_max_lag_ticks,
+            directory_id=self.nodes[node_id].directory,
             faults=self.params.faults,
         )
 
@@ -211,6 +227,7 @@ class Simulation:
             node.log,
             node.state,
             random.Random(self.rng.getrandbits(32)),
+            known_directories=node.known_directories,
         )
         node.checked_upto = min(node.checked_upto, node.log.high_watermark)
         self._log(f"start {node_id} epoch={node.state.epoch} leo={node.log.log_end_offset}")
@@ -230,6 +247,33 @@ class Simulation:
         self.stats.crashes += 1
         self._log(f"crash {node_id} leo={node.log.log_end_offset} hw={node.log.high_watermark}")
 
+    def wipe(self, node_id: int) -> None:
+        """The node's disk is replaced: it comes back empty, under its old id, with a new
+        directory id. At most one replaced disk at a time is not yet admitted again (any
+        minority may lose its disks; a majority losing them loses data by definition)."""
+        node = self.nodes[node_id]
+        self.crash(node_id)
+        node.log = MemoryLog(TopicConfig())
+        node.state = QuorumState()
+        node.known_directories = {}
+        incarnation = int(node.directory.rpartition(".")[2]) + 1
+        node.directory = f"d{node_id}.{incarnation}"
+        node.checked_upto = 0
+        self.replaced.add(node_id)
+        self.stats.wipes += 1
+        self._log(f"wipe {node_id} directory={node.directory}")
+
+    def _readmitted(self) -> None:
+        for n in sorted(self.replaced):
+            directory = self.nodes[n].directory
+            for other in self.nodes.values():
+                r = other.replica
+                if r is not None and r.is_leader and r.directories.get(n) == directory:
+                    self.replaced.discard(n)
+                    self.stats.readmitted += 1
+                    self._log(f"readmitted {n}")
+                    break
+
     def restart(self, node_id: int) -> None:
         if not self.nodes[node_id].alive:
             self._start(node_id)
@@ -241,7 +285,7 @@ class Simulation:
         if ready.state is not None:
             node.state = ready.state  # durable before any message leaves
         for out in ready.messages:
-            self.send(node.node_id, out.to, out.message)
+            self.send(node.node_id, out.to, out.message, node.directory)
         if ready.flush and node.flush is None:
             job = node.log.begin_flush()
             if job is not None:
@@ -260,7 +304,7 @@ class Simulation:
         # check-quorum): that HW was still declared by a leader.
         self._check_node(node, led=ready.lost_leadership)
 
-    def send(self, src: int, dst: int, message: Message) -> None:
+    def send(self, src: int, dst: int, message: Message, directory: str = "") -> None:
         self.stats.messages += 1
         if self.faults_on and self.rng.random() < self.params.drop:
             self.stats.dropped += 1
@@ -269,24 +313,26 @@ class Simulation:
         for _ in range(copies):
             delay = self.rng.randint(1, self.params.delay_max)
             self._seq += 1
-            heapq.heappush(self.network, (self.now + delay, self._seq, src, dst, message))
+            heapq.heappush(
+                self.network, (self.now + delay, self._seq, src, dst, directory, message)
+            )
 
     def deliver_due(self) -> None:
         deferred = []
         while self.network and self.network[0][0] <= self.now:
-            _, seq, src, dst, message = heapq.heappop(self.network)
+            _, seq, src, dst, directory, message = heapq.heappop(self.network)
             node = self.nodes[dst]
             if (src, dst) in self.blocked or not node.alive:
                 self.stats.dropped += 1
                 continue
             if node.paused_until > self.now:
-                deferred.append((node.paused_until, seq, src, dst, message))
+                deferred.append((node.paused_until, seq, src, dst, directory, message))
                 continue
             self.digest.update(
                 f"{self.now}:{src}>{dst}:{type(message).__name__}:{message.epoch}".encode()
             )
             assert node.replica is not None
-            node.replica.step(src, message)
+            node.replica.step(src, message, directory)
             self.process_ready(node)
         for item in deferred:
             heapq.heappush(self.network, item)
@@ -544,6 +590,8 @@ class Simulation:
         for node in self.nodes.values():
             if not node.alive and rng.random() < 0.02:
                 self.restart(node.node_id)
+        if p.wipe_rate and rng.random() < p.wipe_rate and not self.replaced:
+            self.wipe(rng.choice(self.node_ids))
         if rng.random() < p.pause_rate:
             paused = self.nodes[rng.choice(self.node_ids)]
             if paused.alive:
@@ -589,6 +637,8 @@ class Simulation:
                     node.log.write_state_checkpoint()
         self.deliver_due()
         self.complete_flushes()
+        if self.replaced:
+            self._readmitted()
         if clients:
             if self.rng.random() < self.params.produce_rate:
                 self.produce()

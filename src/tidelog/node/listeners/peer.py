@@ -61,7 +61,7 @@ class PeerConnection(FrameConnection):
         super().__init__(listener)
         self.core = core
         peers = frozenset(core.config.voters)
-        self.handshake = ListenerHandshake(secret, core.node_id, peers)
+        self.handshake = ListenerHandshake(secret, core.node_id, peers, core.identity.cluster_id)
         self.principal: Principal | None = None
 
     @property
@@ -99,7 +99,9 @@ class PeerConnection(FrameConnection):
             self.send(Kind.RESPONSE, frame.api, frame.correlation_id, api.encode_error(exc))
             raise InvalidRequest(f"peer handshake failed: {exc.message}") from None
         self.peer_id = peer_id
-        self.principal = Principal.peer(peer_id, self.address)
+        directory = self.handshake.dialer_directory
+        self.principal = Principal.peer(peer_id, self.address, directory)
+        self.core.peer_directory_seen(peer_id, directory)
         self.decoder.frame_bytes_max = self.listener.limits.frame_bytes_max
         assert isinstance(self.listener, PeerListener)
         self.listener.bound(self)
@@ -195,8 +197,10 @@ class PeerLink:
         zero_copy: bool,
         counters: Counters,
         timeout_s: float,
+        identity: tuple[str, str] = ("", ""),  # our cluster id and directory id
     ) -> None:
         self.node_id = node_id
+        self.identity = identity
         self.peer_id = peer_id
         self.client_address = client_address
         self.fixed_port = peer_port
@@ -330,7 +334,7 @@ class _Outbound(asyncio.Protocol):
     async def handshake(self) -> None:
         assert self.writer is not None
         link = self.link
-        dialer = DialerHandshake(link.secret, link.node_id, link.peer_id)
+        dialer = DialerHandshake(link.secret, link.node_id, link.peer_id, *link.identity)
         self.writer.write(Kind.REQUEST, ApiKey.PEER_HELLO, 1, api.encode(dialer.hello()))
         hello = api.decode(PeerHelloResponse, await self._answer())
         self.writer.write(Kind.REQUEST, ApiKey.PEER_AUTH, 2, api.encode(dialer.answer(hello)))
@@ -401,6 +405,7 @@ class PeerChannel:
                 config.zero_copy,
                 core.counters,
                 config.peer_handshake_timeout_ms / 1000,
+                (core.identity.cluster_id, core.identity.directory_id),
             )
             for peer_id, address in config.peers.items()
             if peer_id != config.node_id
