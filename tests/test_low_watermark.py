@@ -26,8 +26,15 @@ FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
 
 
 def row(client: Client, topic: str, partition: int = 0) -> dict[str, Any]:
-    rows = merge_status(client.status([topic]), topic)
-    return next(r for r in rows if r["partition"] == partition)
+    """The partition's status row; a node that just restarted may still be opening it."""
+    deadline = time.monotonic() + 15
+    while True:
+        rows = merge_status(client.status([topic]), topic)
+        found = [r for r in rows if r["partition"] == partition]
+        if found or time.monotonic() > deadline:
+            assert found, f"{topic}/{partition} is not in the status after 15 s"
+            return found[0]
+        time.sleep(0.1)
 
 
 def wait_for(what: str, check: Any, timeout_s: float = 30.0) -> Any:

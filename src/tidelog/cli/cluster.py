@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.errors import Timeout
+from tidelog.storage.identity import META_FILE, format_cluster
 
 
 def free_ports(count: int) -> list[int]:
@@ -88,12 +89,17 @@ class LocalCluster:
 
     @property
     def cluster_id(self) -> str:
-        """The cluster's id, made once with its secret: every node's data directory is
-        formatted for it, and a directory from another cluster is refused."""
+        """The cluster's id, made once: every node's data directory is formatted for it then
+        (with every node's directory id, so a replaced disk is known as one), and a directory
+        from another cluster is refused."""
         path = self.data_dir / "cluster.id"
         if not path.exists():
+            cluster_id = uuid.uuid4().hex[:22]
+            dirs = {n: self.data_dir / f"node-{n}" for n in self.node_ids}
+            if not any((d / META_FILE).exists() for d in dirs.values()):
+                format_cluster(cluster_id, dirs)
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(uuid.uuid4().hex[:22] + "\n")
+            path.write_text(cluster_id + "\n")
         return path.read_text().strip()
 
     @property

@@ -605,7 +605,10 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
             for batch in st.get("invalid_batches", []):
                 entry = found.setdefault(batch["base_offset"], {**batch, "nodes": []})
                 entry["nodes"].append(node_id)
+            for replaced in st.get("replaced", {}):
+                row.setdefault("replaced_by", set()).add(int(replaced))
             row["replicas"][str(node_id)] = {
+                "observer": bool(st.get("observer", False)),
                 "role": st["role"],
                 "log_end_offset": st["log_end_offset"],
                 "high_watermark": st["high_watermark"],
@@ -639,7 +642,11 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
         voters = row.get("voters", [])
         in_sync = sum(1 for r in row["replicas"].values() if r.get("in_sync"))
         row["under_replicated"] = row["leader"] < 0 or in_sync < len(voters)
+        replaced = row.pop("replaced_by", set())
+        for rid, rep in row["replicas"].items():
+            rep["observer"] = rep.get("observer", False) or int(rid) in replaced
         if row["leader"] < 0:
+            row["no_leader"] = _why_no_leader(row, nodes)
             any_rep = next(iter(row["replicas"].values()))
             for field in (
                 "log_start_offset",
@@ -651,6 +658,32 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
                 row[field] = any_rep[field]
         out.append(row)
     return out
+
+
+def _why_no_leader(row: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
+    """In words, why no replica leads: which were re-formatted (observers until they catch
+    up), which are unreachable, and that the rest cannot win a vote without them."""
+    answered = {int(n["node_id"]) for n in nodes if "error" not in n}
+    replaced = {int(r) for n in nodes for r in n.get("node", {}).get("replaced_peers", [])}
+    voters: set[int] = set()
+    for node in nodes:
+        for st in node.get("partitions", []):
+            if (st["topic"], st["partition"]) == (row["topic"], row["partition"]):
+                voters.update(int(v) for v in st.get("voters", []))
+    replicas = row["replicas"]
+    reformatted = sorted(
+        {int(r) for r, rep in replicas.items() if rep.get("observer")} | (replaced & voters)
+    )
+    down = sorted(v for v in voters if v not in answered and v not in reformatted)
+    others = sorted(v for v in voters if v in answered and v not in reformatted)
+    parts = [f"{r} was re-formatted and catches up as an observer" for r in reformatted]
+    parts += [f"{r} is unreachable" for r in down]
+    if others and (reformatted or down):
+        names = ", ".join(str(r) for r in others)
+        parts.append(f"{names} cannot win a vote without them")
+    if not parts:
+        return "electing"
+    return "no eligible leader: " + "; ".join(parts)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -703,6 +736,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                         f"{'':<26}cursor {name}: position {c['position']}, lag {c['lag']}, "
                         f"lead {c['lead']}"
                     )
+                if r.get("no_leader"):
+                    print(f"{'':<26}{r['no_leader']}")
                 for b in r.get("invalid_batches", []):
                     print(
                         f"{'':<26}INVALID batch at offsets {b['base_offset']}..{b['last_offset']}"

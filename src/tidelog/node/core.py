@@ -55,6 +55,7 @@ from tidelog.protocol.api import ApiKey
 from tidelog.protocol.replication_codec import decode_message, encode_message
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import validate_produced
+from tidelog.replication.directories import decode_directories
 from tidelog.replication.messages import Message
 from tidelog.replication.metadata import (
     CURSOR_NAME,
@@ -105,6 +106,7 @@ class NodeCore:
         # Each peer's data directory as first seen on the peer channel (durable): a replica
         # group that never recorded a voter's directory still knows the one it first had.
         self.peer_directories: dict[int, str] = {}
+        self.peer_current_directories: dict[int, str] = {}  # as their last handshake said
         self._background: set[asyncio.Task[Any]] = set()
         self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._storage_bytes = 0
@@ -239,7 +241,11 @@ class NodeCore:
         return host
 
     def load_peer_directories(self) -> None:
+        """What this node knows of its peers' directories: the initial ones it was formatted
+        with, then the first seen on the peer channel."""
+        initial = decode_directories(self.identity.initial_directories)
         stored = read_checkpoint(self.config.data_dir / PEER_DIRECTORIES_FILE) or {}
+        self.peer_directories.update(initial)
         self.peer_directories.update({int(k): str(v) for k, v in stored.items()})
 
     def peer_directory_seen(self, node: int, directory: str) -> None:
@@ -247,12 +253,14 @@ class NodeCore:
         before any of its messages is read); another one later means it lost its disk."""
         if not directory:
             return
+        self.peer_current_directories[node] = directory
         first = self.peer_directories.get(node)
         if first is None:
             self.peer_directories[node] = directory
+            initial = decode_directories(self.identity.initial_directories)
             write_checkpoint(
                 self.config.data_dir / PEER_DIRECTORIES_FILE,
-                {str(n): d for n, d in self.peer_directories.items()},
+                {str(n): d for n, d in self.peer_directories.items() if n not in initial},
             )
         elif first != directory:
             self.counters.inc("tidelog_peer_directory_changes_total")
@@ -263,6 +271,17 @@ class NodeCore:
                 directory,
                 first,
             )
+
+    def replaced_peers(self) -> list[int]:
+        """Peers that came back with a data directory the cluster's metadata log has not
+        admitted (yet): replaced disks, catching up as observers."""
+        admitted = self.metadata_host.replica.directories if METADATA_GROUP in self.hosts else {}
+        out = []
+        for node, current in sorted(self.peer_current_directories.items()):
+            known = admitted.get(node) or self.peer_directories.get(node)
+            if known is not None and known != current:
+                out.append(node)
+        return out
 
     def _send_replication(self, to: int, group: str, message: Message) -> None:
         header, records = encode_message(group, message)
@@ -647,6 +666,9 @@ class NodeCore:
         node = {
             "counters": self.counters.snapshot(),
             "authorization_denied": self.access.denied,
+            "directory_id": self.identity.directory_id,
+            "cluster_id": self.identity.cluster_id,
+            "replaced_peers": self.replaced_peers(),
             **self.describe_listeners(),
         }
         return api.StatusResponse(self.node_id, partitions, metadata, node)

@@ -495,12 +495,14 @@ class Replica:
             }
             for r, p in sorted(self.progress.items()):
                 replicas[r] = {
-                    "log_end_offset": p.match_offset,
+                    "log_end_offset": p.fetch_offset if r in self.observers else p.match_offset,
                     "high_watermark": p.known_hw,
                     "in_sync": r in in_sync,
                     "lag": max(0, leo - p.match_offset),
                     "last_fetch_ticks_ago": self.now - p.last_fetch_tick,
                 }
+                if r in self.observers:
+                    replicas[r]["observer_until"] = self.observers[r][1]
         return {
             "role": self.role.value,
             "epoch": self.epoch,
@@ -510,6 +512,11 @@ class Replica:
             "log_end_offset": self.log.log_end_offset,
             "log_start_offset": self.log.log_start_offset,
             "replicas": replicas,
+            "directory_id": self.config.directory_id,
+            # A replaced disk: this replica catches up without voting (see is_observer).
+            "observer": self.is_observer,
+            # Voters seen with a directory this replica has not admitted (replaced disks).
+            "replaced": {str(n): d for n, d in sorted(self.replaced.items())},
         }
 
     # -- elections ------------------------------------------------------------------------------

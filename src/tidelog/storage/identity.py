@@ -29,15 +29,21 @@ class DirectoryIdentity:
     node_id: int
     directory_id: str
     formatted: bool = False  # this start wrote it (a new or replaced disk, or an upgrade)
+    # Every initial voter's directory, "id=dir,...", when the cluster was formatted as a whole
+    # (KIP-853's initial controllers): a replaced disk is then known as replaced from the start.
+    initial_directories: str = ""
 
     def properties(self) -> str:
-        return (
+        text = (
             "# tidelog data directory identity: written once, never edit\n"
             f"version={VERSION}\n"
             f"cluster.id={self.cluster_id}\n"
             f"node.id={self.node_id}\n"
             f"directory.id={self.directory_id}\n"
         )
+        if self.initial_directories:
+            text += f"initial.directories={self.initial_directories}\n"
+        return text
 
 
 def new_id() -> str:
@@ -73,6 +79,21 @@ def load_or_format(
     return identity
 
 
+def format_cluster(cluster_id: str, data_dirs: dict[int, Path]) -> dict[int, DirectoryIdentity]:
+    """Format a new cluster's directories together (`cluster up`, Kafka's kafka-storage format
+    with --initial-controllers): each records every initial voter's directory id, so that no
+    node ever takes a replaced disk's first word for its identity."""
+    ids = {node: new_id() for node in data_dirs}
+    initial = ",".join(f"{node}={d}" for node, d in sorted(ids.items()))
+    out = {}
+    for node, data_dir in data_dirs.items():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        identity = DirectoryIdentity(cluster_id, node, ids[node], True, initial)
+        write_file(data_dir / META_FILE, identity.properties().encode(), exclusive=True)
+        out[node] = identity
+    return out
+
+
 def check(stored: DirectoryIdentity, data_dir: Path, node_id: int, cluster_id: str) -> None:
     if stored.node_id != node_id:
         raise NodeIdentityError(
@@ -103,7 +124,10 @@ def read_identity(data_dir: Path) -> DirectoryIdentity | None:
             values[key.strip()] = value.strip()
     try:
         return DirectoryIdentity(
-            values["cluster.id"], int(values["node.id"]), values["directory.id"]
+            values["cluster.id"],
+            int(values["node.id"]),
+            values["directory.id"],
+            initial_directories=values.get("initial.directories", ""),
         )
     except (KeyError, ValueError) as exc:
         raise StorageError(f"{data_dir / META_FILE} is damaged (missing or bad {exc})") from exc

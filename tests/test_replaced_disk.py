@@ -1,0 +1,95 @@
+"""Issue 10's disk-loss case with real processes: a replica whose disk was replaced must not
+help elect a leader that lacks acknowledged records; it rejoins as an observer and becomes a
+full replica again once it holds what is committed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_cluster import leader_of, wait_converged
+from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.main import merge_status
+from tidelog.client.sync_client import Client
+from tidelog.errors import TidelogError
+from tidelog.record.batch import ProducerRecord
+
+
+def produce(client: Client, values: list[bytes]) -> dict[int, bytes]:
+    acked = {}
+    for v in values:
+        result = client.produce("t", [ProducerRecord(None, v)], partition=0)
+        assert result is not None
+        acked[result.base_offset] = v
+    return acked
+
+
+def test_a_replaced_disk_never_elects_a_leader_without_acknowledged_records(
+    tmp_path: Path,
+) -> None:
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as admin:
+        admin.create_topic(
+            "t", partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"}
+        )
+        leader = leader_of(admin, "t")
+        wiped, lagging = [n for n in cluster.node_ids if n != leader]
+        wait_converged(admin, "t", 3)
+        with Client(cluster.bootstrap) as client:
+            acked = produce(client, [b"before-%d" % i for i in range(20)])
+            cluster.freeze(lagging)
+            acked |= produce(client, [b"lagging-%d" % i for i in range(30)])
+        # The leader dies; the follower that holds the new records loses its disk and comes
+        # back empty under its old id; the lagging one wakes up.
+        cluster.kill(leader)
+        cluster.kill(wiped)
+        shutil.rmtree(cluster.data_dir / f"node-{wiped}")
+        cluster.start(wiped)
+        cluster.resume(lagging)
+        cluster.wait_ready(node_ids=[wiped, lagging])
+
+        # For longer than several election timeouts: no leader, and so no lost record.
+        reachable = f"127.0.0.1:{cluster.ports[lagging]},127.0.0.1:{cluster.ports[wiped]}"
+        with Client(reachable, retries=1, request_timeout_ms=2000) as client:
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                rows = merge_status(client.status(["t"]), "t")
+                assert not rows or rows[0]["leader"] < 0, (
+                    f"a leader without the acknowledged records: {rows}"
+                )
+                time.sleep(0.2)
+            status = subprocess.run(
+                [sys.executable, "-m", "tidelog", "status", "--bootstrap", reachable],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        assert "no eligible leader" in status.stdout, status.stdout + status.stderr
+        assert f"{wiped} was re-formatted" in status.stdout, status.stdout
+        assert f"{leader} is unreachable" in status.stdout, status.stdout
+
+        # The old leader returns: it leads, the replaced disk catches up and is a full
+        # replica again, and every acknowledged record is where its acknowledgement said.
+        cluster.start(leader)
+        cluster.wait_ready()
+        row = wait_converged(admin, "t", 3, timeout_s=60)
+        deadline = time.monotonic() + 30
+        while not all(r["in_sync"] and not r["observer"] for r in row["replicas"].values()):
+            assert time.monotonic() < deadline, f"the replaced disk was not admitted: {row}"
+            time.sleep(0.2)
+            row = merge_status(admin.status(["t"]), "t")[0]
+        with Client(cluster.bootstrap) as client:
+            acked |= produce(client, [b"after-%d" % i for i in range(5)])
+            got = {r.offset: r.value for r in client.consume("t", 0)}
+        for offset, value in acked.items():
+            assert got.get(offset) == value, f"acknowledged offset {offset} lost"
+        # Every replica, the replaced one included, holds them: read each one's log.
+        for node in cluster.node_ids:
+            with Client(f"127.0.0.1:{cluster.ports[node]}") as one:
+                try:
+                    st = merge_status(one.status(["t"]), "t")[0]["replicas"][str(node)]
+                except (TidelogError, IndexError, KeyError) as exc:
+                    raise AssertionError(f"node {node} has no replica of t/0") from exc
+                assert st["log_end_offset"] >= max(acked) + 1, (node, st)
