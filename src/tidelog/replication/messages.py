@@ -30,6 +30,7 @@ class VoteRequest:
     last_epoch: int
     log_end_offset: int
     pre_vote: bool
+    admitted: bool = False  # a leader admitted the candidate's current directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class VoteResponse:
     granted: bool
     pre_vote: bool
     leader: int = -1  # the voter's current leader, when it knows one
+    admitted: bool = False  # a leader admitted the voter's current directory
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,8 +210,6 @@ class Replica:
         # directories (from the peer handshake) stand in for voters this group never recorded.
         self.directories = decode_directories(state.directories)
         self.known_directories: Mapping[int, str] = known_directories or {}
-        if config.directory_id:
-            self.directories.setdefault(self.node_id, config.directory_id)
         self.observers: dict[int, tuple[str, int]] = {}  # leader: node -> (directory, target)
         self.replaced: dict[int, str] = {}  # voters seen with a directory not admitted here
         self._ready = Ready()
@@ -312,9 +310,17 @@ class Replica:
     def is_observer(self) -> bool:
         """The leader admitted another directory for this replica: it lost its disk, and
         catches up without voting until the leader admits this one."""
-        admitted = self.directories.get(self.node_id)
+        admitted = self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
         own = self.config.directory_id
         return bool(own) and admitted is not None and admitted != own
+
+    @property
+    def is_admitted(self) -> bool:
+        """A leader's map (or the cluster's format) names this replica's own directory. Only
+        a leader admits a new directory, after it caught up; so a replica that says so in its
+        vote requests can be believed by a voter whose map is older."""
+        admitted = self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
+        return bool(self.config.directory_id) and admitted == self.config.directory_id
 
     def _admitted(self, node: int, directory: str) -> bool:
         if not directory or FAULT_IGNORE_DIRECTORIES in self.config.faults:
@@ -337,10 +343,22 @@ class Replica:
         vote it asks for is refused without moving our epoch."""
         if isinstance(message, FetchRequest | FetchSnapshotRequest):
             return self.role is Role.LEADER and message.epoch == self.epoch
+        if isinstance(message, VoteRequest | VoteResponse) and message.admitted:
+            # Admitted by a leader whose word has not reached us yet: take it now.
+            self.directories[sender] = self.replaced.pop(sender)
+            self._persist_state()
+            return True
         if isinstance(message, VoteRequest):
             self._send(
                 sender,
-                VoteResponse(self.epoch, self.node_id, False, message.pre_vote, self.leader_id),
+                VoteResponse(
+                    self.epoch,
+                    self.node_id,
+                    False,
+                    message.pre_vote,
+                    self.leader_id,
+                    self.is_admitted,
+                ),
             )
             return False
         if isinstance(message, BeginEpoch | FetchResponse | FetchSnapshotResponse):
@@ -568,6 +586,7 @@ class Replica:
             self.log.epochs.latest_epoch,
             self.log.log_end_offset,
             pre_vote=True,
+            admitted=self.is_admitted,
         )
         for v in self._others():
             self._send(v, request)
@@ -587,6 +606,7 @@ class Replica:
             self.log.epochs.latest_epoch,
             self.log.log_end_offset,
             pre_vote=False,
+            admitted=self.is_admitted,
         )
         for v in self._others():
             self._send(v, request)
@@ -603,7 +623,10 @@ class Replica:
             # A refusal carries our own epoch (etcd's rule): a prospective candidate behind it
             # moves up, or two nodes each refusing the other's pre-vote could wait forever.
             epoch = req.epoch if granted else self.epoch
-            self._send(sender, VoteResponse(epoch, self.node_id, granted, True, self.leader_id))
+            self._send(
+                sender,
+                VoteResponse(epoch, self.node_id, granted, True, self.leader_id, self.is_admitted),
+            )
             return
         granted = (
             req.epoch == self.epoch
@@ -614,7 +637,12 @@ class Replica:
         if granted:
             self._set_state(self.epoch, req.candidate)
             self._reset_election_timer()
-        self._send(sender, VoteResponse(self.epoch, self.node_id, granted, False, self.leader_id))
+        self._send(
+            sender,
+            VoteResponse(
+                self.epoch, self.node_id, granted, False, self.leader_id, self.is_admitted
+            ),
+        )
 
     def _on_vote_response(self, sender: int, resp: VoteResponse) -> None:
         if resp.pre_vote:
