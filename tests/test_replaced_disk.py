@@ -4,6 +4,7 @@ full replica again once it holds what is committed."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
 from tidelog.record.batch import ProducerRecord
+
+TIDELOG = [sys.executable, "-m", "tidelog"]
 
 
 def produce(client: Client, values: list[bytes]) -> dict[int, bytes]:
@@ -61,7 +64,7 @@ def test_a_replaced_disk_never_elects_a_leader_without_acknowledged_records(
                 )
                 time.sleep(0.2)
             status = subprocess.run(
-                [sys.executable, "-m", "tidelog", "status", "--bootstrap", reachable],
+                [*TIDELOG, "status", "--bootstrap", reachable],
                 capture_output=True,
                 text=True,
                 timeout=30,
@@ -93,3 +96,60 @@ def test_a_replaced_disk_never_elects_a_leader_without_acknowledged_records(
                 except (TidelogError, IndexError, KeyError) as exc:
                     raise AssertionError(f"node {node} has no replica of t/0") from exc
                 assert st["log_end_offset"] >= max(acked) + 1, (node, st)
+
+
+def test_an_unclean_election_says_what_it_loses_and_elects(tmp_path: Path) -> None:
+    """The same loss of two replicas, and an operator who will not wait for the old leader:
+    `partitions elect --unclean` names the committed offsets it gives up, then elects the
+    lagging replica; the partition takes writes again at those offsets."""
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as admin:
+        admin.create_topic(
+            "t", partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"}
+        )
+        leader = leader_of(admin, "t")
+        wiped, lagging = [n for n in cluster.node_ids if n != leader]
+        wait_converged(admin, "t", 3)
+        with Client(cluster.bootstrap) as client:
+            produce(client, [b"before-%d" % i for i in range(10)])
+            cluster.freeze(lagging)
+            produce(client, [b"lost-%d" % i for i in range(5)])
+        cluster.kill(leader)
+        cluster.kill(wiped)
+        shutil.rmtree(cluster.data_dir / f"node-{wiped}")
+        cluster.start(wiped)
+        cluster.resume(lagging)
+        cluster.wait_ready(node_ids=[wiped, lagging])
+        reachable = f"127.0.0.1:{cluster.ports[lagging]},127.0.0.1:{cluster.ports[wiped]}"
+        time.sleep(2)  # the lagging replica learns the HW it can no longer reach
+        elect = subprocess.run(
+            [*TIDELOG, "partitions", "elect", "--unclean", "t/0", "--bootstrap", reachable],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert elect.returncode == 0, elect.stdout + elect.stderr
+        out = elect.stdout
+        match = re.search(
+            rf"t/0: node {lagging} will lead with its log ending at offset (\d+)", out
+        )
+        assert match, out
+        end = int(match.group(1))
+        assert f"Replicas [{leader}] are unreachable" in out, out
+        assert f"t/0: {lagging} leads" in out, out
+        assert "metadata log (__metadata/0) has no leader" in out, out
+        with Client(reachable, retries=5) as client:
+            result = client.produce("t", [ProducerRecord(None, b"new")], partition=0)
+            assert result is not None and result.base_offset == end
+            got = [r.value for r in client.consume("t", 0)]
+        assert got == [b"before-%d" % i for i in range(10)] + [b"new"]
+        bad = subprocess.run(
+            [*TIDELOG, "partitions", "elect", "t-0", "--bootstrap", reachable],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (
+            bad.returncode == 1
+            and "InvalidRequest" in bad.stderr
+            and "TOPIC/PARTITION" in bad.stderr
+        )

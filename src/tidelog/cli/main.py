@@ -192,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
+    from tidelog.cli.elect import add_partitions_command
+
+    add_partitions_command(sub, with_bootstrap)
+
     from tidelog.cli.demo import add_demo_command
 
     add_demo_command(sub)

@@ -443,6 +443,23 @@ class AsyncClient:
         header, _ = await self._to_leader(topic, partition, ApiKey.DELETE_RECORDS, request)
         return api.decode(api.DeleteRecordsResponse, header).log_start_offset
 
+    async def elect_leaders(
+        self,
+        node_id: int,
+        topic: str,
+        partition: int,
+        unclean: bool = False,
+        campaign: bool = True,
+    ) -> api.ElectLeadersResponse:
+        """Ask one node's replica of topic/partition to admit every voter's present directory
+        (unclean) and/or to stand for election now."""
+        address = (await self.nodes()).get(node_id)
+        if address is None:
+            raise UnknownTopicOrPartition(f"no node {node_id} in this cluster", node=node_id)
+        request = api.ElectLeadersRequest(topic, partition, unclean, campaign)
+        header, _ = await self.call(address, ApiKey.ELECT_LEADERS, request, timeout_s=10.0)
+        return api.decode(api.ElectLeadersResponse, header)
+
     # -- tables -------------------------------------------------------------------------------
 
     async def table_get(self, topic: str, key: bytes) -> bytes | None:

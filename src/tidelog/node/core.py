@@ -123,6 +123,7 @@ class NodeCore:
             api.CursorRequest: (self._cursor, Operation.ALTER, "name"),
             api.DeleteRecordsRequest: (self._delete_records, Operation.DELETE, "topic"),
             api.TableRequest: (self._table, Operation.READ, "topic"),
+            api.ElectLeadersRequest: (self._elect_leaders, Operation.ALTER, "topic"),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -672,6 +673,40 @@ class NodeCore:
             **self.describe_listeners(),
         }
         return api.StatusResponse(self.node_id, partitions, metadata, node)
+
+    def _elect_leaders(
+        self, req: api.ElectLeadersRequest, payload: bytes
+    ) -> api.ElectLeadersResponse:
+        group = f"{req.topic}/{req.partition}"
+        host = self.hosts.get(group)
+        if host is None:
+            raise UnknownTopicOrPartition(
+                f"node {self.node_id} holds no replica of {group}",
+                topic=req.topic,
+                partition=req.partition,
+            )
+        admitted: list[int] = []
+        if req.unclean:
+            admitted = host.replica.admit_unclean(self.peer_current_directories)
+            if admitted:
+                log.warning(
+                    "%s: unclean election asked: directories of %s admitted without catching up",
+                    group,
+                    admitted,
+                )
+        if req.campaign:
+            host.replica.campaign()
+        host.process_ready()
+        r = host.replica
+        return api.ElectLeadersResponse(
+            self.node_id,
+            r.role.value,
+            r.epoch,
+            r.leader_id,
+            host.log.log_end_offset,
+            host.log.high_watermark,
+            admitted,
+        )
 
     async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
         if req.op in ("list", "describe"):

@@ -27,6 +27,7 @@ class ApiKey(enum.IntEnum):
     API_VERSIONS = 18
     CREATE_TOPIC = 19
     DELETE_RECORDS = 21
+    ELECT_LEADERS = 43
     STATUS = 100
     REPLICATION = 101  # one-way messages between replicas
     CURSOR = 102
@@ -189,6 +190,28 @@ class DeleteRecordsResponse:
 
 
 @dataclass(frozen=True)
+class ElectLeadersRequest:
+    """To one replica: admit every voter's present data directory (unclean: an operator
+    accepts losing what only replaced disks held), and/or stand for election now."""
+
+    topic: str
+    partition: int
+    unclean: bool = False
+    campaign: bool = True
+
+
+@dataclass(frozen=True)
+class ElectLeadersResponse:
+    node_id: int
+    role: str
+    epoch: int
+    leader: int
+    log_end_offset: int
+    high_watermark: int
+    admitted: list[int]  # voters whose new directory this replica admitted now
+
+
+@dataclass(frozen=True)
 class TableRequest:
     op: str  # get | scan
     topic: str
@@ -217,6 +240,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.CURSOR: CursorRequest,
     ApiKey.DELETE_RECORDS: DeleteRecordsRequest,
+    ApiKey.ELECT_LEADERS: ElectLeadersRequest,
     ApiKey.TABLE: TableRequest,
 }
 

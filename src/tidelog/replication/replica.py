@@ -367,6 +367,22 @@ class Replica:
             return message.leader == sender
         return False
 
+    def admit_unclean(self, presented: Mapping[int, str]) -> list[int]:
+        """An operator accepted loss (an unclean election): the directories voters present now
+        (seen in this group, else on the peer channel) and this replica's own are admitted
+        without catching up. Returns the voters whose admitted directory changed."""
+        merged = {n: d for n, d in presented.items() if n in self.config.voters and d}
+        merged.update(self.replaced)
+        if self.config.directory_id:
+            merged[self.node_id] = self.config.directory_id
+        changed = sorted(n for n, d in merged.items() if self.directories.get(n) != d)
+        self.directories.update(merged)
+        self.replaced = {}
+        self.observers = {}
+        if changed:
+            self._persist_state()
+        return changed
+
     def _persist_state(self) -> None:
         self._ready.state = QuorumState(
             self.epoch, self.voted_for, encode_directories(self.directories)
