@@ -131,7 +131,9 @@ class AsyncClient:
         if not self.bootstrap:
             raise InvalidRequest("no bootstrap address given")
         self.request_timeout_s = request_timeout_ms / 1000
-        self.retries = retries
+        if retries < 0:
+            raise InvalidRequest(f"retries must be >= 0, got {retries}")
+        self.retries = max(1, retries)  # attempts per request: 0 still makes the one attempt
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.retry_backoff_max_s = retry_backoff_max_ms / 1000
         self._conns: dict[tuple[str, int], NodeConnection] = {}
