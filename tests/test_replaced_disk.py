@@ -30,28 +30,37 @@ def produce(client: Client, values: list[bytes]) -> dict[int, bytes]:
     return acked
 
 
+def lose_the_leader_and_a_disk(
+    cluster: LocalCluster, admin: Client, before: int, after: int
+) -> tuple[int, int, int, dict[int, bytes]]:
+    """Issue 10's case: `before` records on all three replicas, then one follower freezes and
+    `after` more are acknowledged by the leader and the other follower; the leader dies, that
+    follower loses its disk and comes back empty under its old id, and the frozen one wakes.
+    Returns (leader, wiped, lagging, what was acknowledged)."""
+    admin.create_topic(
+        "t", partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"}
+    )
+    leader = leader_of(admin, "t")
+    wiped, lagging = [n for n in cluster.node_ids if n != leader]
+    wait_converged(admin, "t", 3)
+    with Client(cluster.bootstrap) as client:
+        acked = produce(client, [b"before-%d" % i for i in range(before)])
+        cluster.freeze(lagging)
+        acked |= produce(client, [b"lost-%d" % i for i in range(after)])
+    cluster.kill(leader)
+    cluster.kill(wiped)
+    shutil.rmtree(cluster.data_dir / f"node-{wiped}")
+    cluster.start(wiped)
+    cluster.resume(lagging)
+    cluster.wait_ready(node_ids=[wiped, lagging])
+    return leader, wiped, lagging, acked
+
+
 def test_a_replaced_disk_never_elects_a_leader_without_acknowledged_records(
     tmp_path: Path,
 ) -> None:
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as admin:
-        admin.create_topic(
-            "t", partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"}
-        )
-        leader = leader_of(admin, "t")
-        wiped, lagging = [n for n in cluster.node_ids if n != leader]
-        wait_converged(admin, "t", 3)
-        with Client(cluster.bootstrap) as client:
-            acked = produce(client, [b"before-%d" % i for i in range(20)])
-            cluster.freeze(lagging)
-            acked |= produce(client, [b"lagging-%d" % i for i in range(30)])
-        # The leader dies; the follower that holds the new records loses its disk and comes
-        # back empty under its old id; the lagging one wakes up.
-        cluster.kill(leader)
-        cluster.kill(wiped)
-        shutil.rmtree(cluster.data_dir / f"node-{wiped}")
-        cluster.start(wiped)
-        cluster.resume(lagging)
-        cluster.wait_ready(node_ids=[wiped, lagging])
+        leader, wiped, lagging, acked = lose_the_leader_and_a_disk(cluster, admin, 20, 30)
 
         # For longer than several election timeouts: no leader, and so no lost record.
         reachable = f"127.0.0.1:{cluster.ports[lagging]},127.0.0.1:{cluster.ports[wiped]}"
@@ -103,22 +112,7 @@ def test_an_unclean_election_says_what_it_loses_and_elects(tmp_path: Path) -> No
     `partitions elect --unclean` names the committed offsets it gives up, then elects the
     lagging replica; the partition takes writes again at those offsets."""
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as admin:
-        admin.create_topic(
-            "t", partitions=1, replication_factor=3, configs={"min.insync.replicas": "2"}
-        )
-        leader = leader_of(admin, "t")
-        wiped, lagging = [n for n in cluster.node_ids if n != leader]
-        wait_converged(admin, "t", 3)
-        with Client(cluster.bootstrap) as client:
-            produce(client, [b"before-%d" % i for i in range(10)])
-            cluster.freeze(lagging)
-            produce(client, [b"lost-%d" % i for i in range(5)])
-        cluster.kill(leader)
-        cluster.kill(wiped)
-        shutil.rmtree(cluster.data_dir / f"node-{wiped}")
-        cluster.start(wiped)
-        cluster.resume(lagging)
-        cluster.wait_ready(node_ids=[wiped, lagging])
+        leader, wiped, lagging, _ = lose_the_leader_and_a_disk(cluster, admin, 10, 5)
         reachable = f"127.0.0.1:{cluster.ports[lagging]},127.0.0.1:{cluster.ports[wiped]}"
         time.sleep(2)  # the lagging replica learns the HW it can no longer reach
         elect = subprocess.run(

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,28 @@ def node_at(
     tmp_path: Path, **options: Any
 ) -> AbstractAsyncContextManager[tuple[Node, AsyncClient]]:
     return running_node(tmp_path, cluster_secret=SECRET, **options)
+
+
+@contextlib.asynccontextmanager
+async def member_node(tmp_path: Path, **options: Any) -> AsyncIterator[Node]:
+    """Node 1 of a three-voter cluster whose other members never start: its peer channel is
+    what a test talks to, as node 2 or 3 would."""
+    peers = {1: ("127.0.0.1", 0), 2: ("127.0.0.1", 1), 3: ("127.0.0.1", 2)}
+    node = Node(
+        NodeConfig(
+            data_dir=tmp_path / "n1",
+            node_id=1,
+            listen=("127.0.0.1", 0),
+            peers=peers,
+            cluster_secret=SECRET,
+            **options,
+        )
+    )
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
 
 
 def in_thread(fn: Any, *args: Any) -> Any:
@@ -102,19 +124,8 @@ def test_the_client_listener_refuses_replication_and_cursor_messages(tmp_path: P
 
 def test_the_peer_channel_needs_the_secret_and_a_member_id(tmp_path: Path) -> None:
     async def main() -> None:
-        peers = {1: ("127.0.0.1", 0), 2: ("127.0.0.1", 1), 3: ("127.0.0.1", 2)}
-        config = NodeConfig(
-            data_dir=tmp_path / "n1",
-            node_id=1,
-            listen=("127.0.0.1", 0),
-            peers=peers,
-            cluster_secret=SECRET,
-            peer_handshake_timeout_ms=1000,
-        )
-        node = Node(config)
-        await node.start()
-        address = node.peer_address
-        try:
+        async with member_node(tmp_path, peer_handshake_timeout_ms=1000) as node:
+            address = node.peer_address
 
             def attempts() -> dict[str, Any]:
                 seen: dict[str, Any] = {}
@@ -164,8 +175,6 @@ def test_the_peer_channel_needs_the_secret_and_a_member_id(tmp_path: Path) -> No
             assert seen["member"]
             assert node.metadata_host.replica.epoch < 50
             assert node.core.counters.get("tidelog_peer_handshakes_failed_total") >= 3
-        finally:
-            await node.stop()
 
     asyncio.run(main())
 
@@ -783,17 +792,7 @@ def test_a_topic_whose_batches_could_not_fit_a_frame_is_refused(tmp_path: Path) 
 
 def test_a_peer_that_reconnects_replaces_its_older_connection(tmp_path: Path) -> None:
     async def main() -> None:
-        peers = {1: ("127.0.0.1", 0), 2: ("127.0.0.1", 1), 3: ("127.0.0.1", 2)}
-        config = NodeConfig(
-            data_dir=tmp_path / "n1",
-            node_id=1,
-            listen=("127.0.0.1", 0),
-            peers=peers,
-            cluster_secret=SECRET,
-        )
-        node = Node(config)
-        await node.start()
-        try:
+        async with member_node(tmp_path) as node:
 
             def reconnect() -> tuple[bool, bool]:
                 first = peer_session(node.peer_address, SECRET, 2, 1)
@@ -805,8 +804,6 @@ def test_a_peer_that_reconnects_replaces_its_older_connection(tmp_path: Path) ->
                 return replaced, kept
 
             assert await in_thread(reconnect) == (True, True)
-        finally:
-            await node.stop()
 
     asyncio.run(main())
 
@@ -815,18 +812,7 @@ def test_a_proof_that_is_not_hex_is_refused_and_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> None:
-        peers = {1: ("127.0.0.1", 0), 2: ("127.0.0.1", 1), 3: ("127.0.0.1", 2)}
-        node = Node(
-            NodeConfig(
-                data_dir=tmp_path / "n1",
-                node_id=1,
-                listen=("127.0.0.1", 0),
-                peers=peers,
-                cluster_secret=SECRET,
-            )
-        )
-        await node.start()
-        try:
+        async with member_node(tmp_path) as node:
 
             def attack() -> bool:
                 wire = Wire(node.peer_address)
@@ -838,8 +824,6 @@ def test_a_proof_that_is_not_hex_is_refused_and_counted(
             assert await in_thread(attack)
             await asyncio.sleep(0.1)
             assert node.core.counters.get("tidelog_peer_handshakes_failed_total") == 1
-        finally:
-            await node.stop()
 
     caplog.set_level("WARNING")
     asyncio.run(main())
