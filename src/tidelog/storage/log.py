@@ -574,6 +574,7 @@ class SegmentedLog:
         if offset <= self.log_start_offset:
             return False
         self.log_start_offset = offset
+        assert self.log_start_offset <= self.high_watermark <= self.log_end_offset
         self.epochs.truncate_from_start(offset)
         self.write_state_checkpoint()
         crash_point("log-start-durable")
