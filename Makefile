@@ -32,7 +32,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 unit: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=12
 
 test: lint typecheck unit
 
