@@ -102,10 +102,13 @@ async def run_producers(
     seconds: float,
     acks: str,
     idempotent: bool = True,
+    connections_max: int | None = None,
 ) -> tuple[int, float, list[float]]:
-    """`producers` clients, each sending batch to partition 0 one at a time for `seconds`:
-    (batches sent, elapsed seconds, each ack's latency)."""
-    clients = [AsyncClient(bootstrap, idempotent=idempotent) for _ in range(producers)]
+    """`producers` producers, each sending batch to partition 0 one at a time for `seconds`,
+    over at most connections_max clients (default: one each): (batches sent, elapsed seconds,
+    each ack's latency)."""
+    connections = min(producers, connections_max or producers)
+    clients = [AsyncClient(bootstrap, idempotent=idempotent) for _ in range(connections)]
     for c in clients:
         await c.topic(topic)
     latencies: list[float] = []
@@ -120,7 +123,7 @@ async def run_producers(
             sent[0] += 1
 
     start = time.perf_counter()
-    await asyncio.gather(*(one(c) for c in clients))
+    await asyncio.gather(*(one(clients[i % connections]) for i in range(producers)))
     elapsed = time.perf_counter() - start
     for c in clients:
         await c.close()

@@ -15,7 +15,15 @@ import argparse
 import asyncio
 import time
 
-from common import RECORD_BYTES, make_batch, median, percentile, print_table, scratch_dir
+from common import (
+    RECORD_BYTES,
+    make_batch,
+    median,
+    percentile,
+    print_table,
+    run_producers,
+    scratch_dir,
+)
 from tidelog.cli.cluster import LocalCluster
 from tidelog.cli.main import merge_status, run_loop
 from tidelog.client.async_client import AsyncClient
@@ -31,26 +39,11 @@ async def load(
     seconds: float,
     acks: str,
 ) -> tuple[float, list[float]]:
-    clients = [AsyncClient(bootstrap) for _ in range(min(producers, 8))]
-    for c in clients:
-        await c.topic(topic)
-    latencies: list[float] = []
-    sent = [0]
-    deadline = time.perf_counter() + seconds
-
-    async def one(client: AsyncClient) -> None:
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            await client.produce_batch(topic, 0, batch, acks)
-            latencies.append(time.perf_counter() - t0)
-            sent[0] += records_per_batch
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(producers)))
-    elapsed = time.perf_counter() - start
-    for c in clients:
-        await c.close()
-    return sent[0] / elapsed, latencies
+    """Records per second and ack latencies: `producers` producers over at most 8 clients."""
+    sent, elapsed, latencies = await run_producers(
+        bootstrap, topic, batch, producers, seconds, acks, connections_max=8
+    )
+    return sent * records_per_batch / elapsed, latencies
 
 
 async def create(bootstrap: str, topic: str, rf: int) -> None:
