@@ -87,8 +87,8 @@ def measure(
 
 async def failover(bootstrap: str, cluster: LocalCluster, kills: int) -> list[float]:
     times = []
+    await create(bootstrap, "failover", 3)  # with retries: any node may lead the metadata log
     async with AsyncClient(bootstrap, retries=1, request_timeout_ms=500) as client:
-        await client.create_topic("failover", replication_factor=3)
         batch = make_batch(1)
         for _ in range(kills):
             for _ in range(20):
