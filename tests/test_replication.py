@@ -70,30 +70,30 @@ def test_the_same_seed_replays_exactly() -> None:
     assert c.digest.hexdigest() != a.digest.hexdigest()
 
 
-def test_the_simulator_catches_truncation_to_the_local_hw() -> None:
+def seeds_caught(fault: str, seeds: int, enough: int | None = None) -> list[int]:
+    """The seeds (of the first `seeds`, stopping at `enough`) whose run with a deliberately
+    broken rule the checkers fail; each failure names the fault in its replay command."""
     caught = []
-    for seed in range(40):
+    for seed in range(seeds):
         try:
-            run_seed(seed, frozenset({FAULT_TRUNCATE_TO_HW}))
+            run_seed(seed, frozenset({fault}))
         except SimulationFailure as exc:
             caught.append(seed)
-            assert "--fault truncate-to-local-hw-on-follow" in str(exc)
-    assert caught, "the KIP-101 bug must not pass 40 seeds"
+            assert f"--fault {fault}" in str(exc)
+        if enough is not None and len(caught) >= enough:
+            break
+    return caught
+
+
+def test_the_simulator_catches_truncation_to_the_local_hw() -> None:
+    assert seeds_caught(FAULT_TRUNCATE_TO_HW, 40), "the KIP-101 bug must not pass 40 seeds"
 
 
 def test_votes_from_replaced_disks_lose_acknowledged_records_and_are_caught() -> None:
     """The observer rule switched off: some of the first 100 seeds (a third of them replace a
     disk) lose or change a committed record, and the checkers say so. With the rule on, the
     same seeds pass (test_simulator_seeds runs them), as does the scripted case."""
-    caught = []
-    for seed in range(100):
-        try:
-            run_seed(seed, frozenset({FAULT_IGNORE_DIRECTORIES}))
-        except SimulationFailure as exc:
-            caught.append(seed)
-            assert "--fault votes-from-replaced-disks" in str(exc)
-        if len(caught) >= 2:
-            break
+    caught = seeds_caught(FAULT_IGNORE_DIRECTORIES, 100, enough=2)
     assert caught, "votes from empty disks must not pass 100 seeds"
     scripts = ROOT / "tests" / "scenarios"
     broken = run_script((scripts / "replaced_disk_broken_rule.txt").read_text())

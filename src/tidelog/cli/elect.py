@@ -16,6 +16,7 @@ import asyncio
 import time
 from typing import Any
 
+from tidelog.cli.main import answered_nodes, merge_status
 from tidelog.client.async_client import AsyncClient
 from tidelog.errors import InvalidRequest, NoEligibleLeader, TidelogError
 from tidelog.replication.metadata import METADATA_TOPIC
@@ -50,13 +51,8 @@ def cmd_elect(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with AsyncClient(args.bootstrap, retries=1) as client:
             if args.unclean and topic != METADATA_TOPIC:
-                nodes = await client.status([METADATA_TOPIC])
-                if not any(
-                    st.get("role") == "leader"
-                    for n in nodes
-                    for st in n.get("partitions", [])
-                    if st.get("topic") == METADATA_TOPIC
-                ):
+                metadata, _, _ = await replicas_of(client, METADATA_TOPIC, 0)
+                if not any(rep["role"] == "leader" for rep in metadata.values()):
                     print(f"the cluster's metadata log ({METADATA_TOPIC}/0) has no leader:")
                     await elect(client, METADATA_TOPIC, 0, unclean=True)
             await elect(client, topic, partition, unclean=args.unclean)
@@ -70,15 +66,11 @@ async def replicas_of(
 ) -> tuple[dict[int, dict[str, Any]], set[int], set[int]]:
     """(reachable replicas' status by node, every voter, the nodes that answered)."""
     nodes = await client.status([topic])
-    found: dict[int, dict[str, Any]] = {}
-    voters: set[int] = set()
-    answered = {int(n["node_id"]) for n in nodes if "error" not in n}
-    for node in nodes:
-        for st in node.get("partitions", []):
-            if (st["topic"], st["partition"]) == (topic, partition):
-                found[int(node["node_id"])] = st
-                voters.update(int(v) for v in st.get("voters", []))
-    return found, voters, answered
+    row = next((r for r in merge_status(nodes, topic) if r["partition"] == partition), None)
+    if row is None:
+        return {}, set(), answered_nodes(nodes)
+    found = {int(rid): rep for rid, rep in row["replicas"].items()}
+    return found, {int(v) for v in row["voters"]}, answered_nodes(nodes)
 
 
 async def elect(client: AsyncClient, topic: str, partition: int, unclean: bool) -> None:

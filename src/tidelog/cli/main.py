@@ -611,9 +611,11 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
                 entry["nodes"].append(node_id)
             for replaced in st.get("replaced", {}):
                 row.setdefault("replaced_by", set()).add(int(replaced))
+            row.setdefault("voters", st.get("voters", []))  # the leader's view wins below
             row["replicas"][str(node_id)] = {
                 "observer": bool(st.get("observer", False)),
                 "role": st["role"],
+                "epoch": st["epoch"],
                 "log_end_offset": st["log_end_offset"],
                 "high_watermark": st["high_watermark"],
                 "log_start_offset": st["log_start_offset"],
@@ -650,7 +652,7 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
         for rid, rep in row["replicas"].items():
             rep["observer"] = rep.get("observer", False) or int(rid) in replaced
         if row["leader"] < 0:
-            row["no_leader"] = _why_no_leader(row, nodes)
+            row["no_leader"] = why_no_leader(row, nodes)
             any_rep = next(iter(row["replicas"].values()))
             for field in (
                 "log_start_offset",
@@ -664,16 +666,17 @@ def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[st
     return out
 
 
-def _why_no_leader(row: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
+def answered_nodes(nodes: list[dict[str, Any]]) -> set[int]:
+    """The nodes whose status came back (an unreachable one is reported with an error)."""
+    return {int(n["node_id"]) for n in nodes if "error" not in n}
+
+
+def why_no_leader(row: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
     """In words, why no replica leads: which were re-formatted (observers until they catch
     up), which are unreachable, and that the rest cannot win a vote without them."""
-    answered = {int(n["node_id"]) for n in nodes if "error" not in n}
+    answered = answered_nodes(nodes)
     replaced = {int(r) for n in nodes for r in n.get("node", {}).get("replaced_peers", [])}
-    voters: set[int] = set()
-    for node in nodes:
-        for st in node.get("partitions", []):
-            if (st["topic"], st["partition"]) == (row["topic"], row["partition"]):
-                voters.update(int(v) for v in st.get("voters", []))
+    voters = {int(v) for v in row.get("voters", [])}
     replicas = row["replicas"]
     reformatted = sorted(
         {int(r) for r, rep in replicas.items() if rep.get("observer")} | (replaced & voters)

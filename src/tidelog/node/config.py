@@ -58,6 +58,12 @@ def parse_peers(text: str) -> dict[int, tuple[str, int]]:
     return parse_peer_entries(text)[0]
 
 
+# What a frame carries besides one batch (request or replication headers): a batch of
+# max.message.bytes fits a frame with this to spare, and the peer channel takes frames this
+# much larger than clients may send.
+BATCH_FRAME_MARGIN_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     data_dir: Path
@@ -115,11 +121,17 @@ class NodeConfig:
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
-        largest = self.frame_bytes_max - 64 * 1024  # a batch and its frame's headers
-        if self.topic_defaults.max_message_bytes > largest:
+        self.check_batch_fits(self.topic_defaults.max_message_bytes)
+
+    def check_batch_fits(self, max_message_bytes: int) -> None:
+        """A batch of max.message.bytes must fit one of this node's frames, headers included
+        (a client's produce and a follower's fetch answer alike)."""
+        largest = self.frame_bytes_max - BATCH_FRAME_MARGIN_BYTES
+        if max_message_bytes > largest:
             raise InvalidConfig(
-                f"max.message.bytes {self.topic_defaults.max_message_bytes} does not fit "
-                f"socket.request.max.bytes {self.frame_bytes_max} with 64 KiB for headers",
+                f"max.message.bytes {max_message_bytes} does not fit this node's frames: at "
+                f"most {largest} (socket.request.max.bytes minus {BATCH_FRAME_MARGIN_BYTES} "
+                "for headers)",
                 key="max.message.bytes",
             )
 

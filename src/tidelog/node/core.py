@@ -31,7 +31,6 @@ from tidelog.config import TopicConfig
 from tidelog.errors import (
     CursorInvalidated,
     DuplicateSequence,
-    InvalidConfig,
     InvalidRequest,
     NotLeader,
     OffsetOutOfRange,
@@ -71,9 +70,6 @@ from tidelog.storage.identity import DirectoryIdentity
 log = logging.getLogger(__name__)
 
 METADATA_GROUP = f"{METADATA_TOPIC}/0"
-# What a frame carries besides one batch (request or replication headers): a batch of
-# max.message.bytes must fit a frame with this to spare.
-BATCH_FRAME_MARGIN_BYTES = 64 * 1024
 PEER_DIRECTORIES_FILE = "peer-directories"
 REQUEST_TIMEOUT_MS_MAX = 300_000
 
@@ -106,6 +102,7 @@ class NodeCore:
         # Each peer's data directory as first seen on the peer channel (durable): a replica
         # group that never recorded a voter's directory still knows the one it first had.
         self.peer_directories: dict[int, str] = {}
+        self._initial_directories: dict[int, str] = {}  # from the cluster's format (durable)
         self.peer_current_directories: dict[int, str] = {}  # as their last handshake said
         self._background: set[asyncio.Task[Any]] = set()
         self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -244,9 +241,9 @@ class NodeCore:
     def load_peer_directories(self) -> None:
         """What this node knows of its peers' directories: the initial ones it was formatted
         with, then the first seen on the peer channel."""
-        initial = decode_directories(self.identity.initial_directories)
+        self._initial_directories = decode_directories(self.identity.initial_directories)
         stored = read_checkpoint(self.config.data_dir / PEER_DIRECTORIES_FILE) or {}
-        self.peer_directories.update(initial)
+        self.peer_directories.update(self._initial_directories)
         self.peer_directories.update({int(k): str(v) for k, v in stored.items()})
 
     def peer_directory_seen(self, node: int, directory: str) -> None:
@@ -258,10 +255,13 @@ class NodeCore:
         first = self.peer_directories.get(node)
         if first is None:
             self.peer_directories[node] = directory
-            initial = decode_directories(self.identity.initial_directories)
             write_checkpoint(
                 self.config.data_dir / PEER_DIRECTORIES_FILE,
-                {str(n): d for n, d in self.peer_directories.items() if n not in initial},
+                {
+                    str(n): d
+                    for n, d in self.peer_directories.items()
+                    if n not in self._initial_directories
+                },
             )
         elif first != directory:
             self.counters.inc("tidelog_peer_directory_changes_total")
@@ -608,14 +608,7 @@ class NodeCore:
     ) -> api.CreateTopicResponse:
         nodes = list(self.config.voters)
         config = self.config.topic_defaults.with_overrides(req.configs)
-        largest = self.config.frame_bytes_max - BATCH_FRAME_MARGIN_BYTES
-        if config.max_message_bytes > largest:
-            raise InvalidConfig(
-                f"max.message.bytes {config.max_message_bytes} does not fit this node's frames: "
-                f"at most {largest} (socket.request.max.bytes minus "
-                f"{BATCH_FRAME_MARGIN_BYTES} for headers)",
-                key="max.message.bytes",
-            )
+        self.config.check_batch_fits(config.max_message_bytes)
         validate_create(
             self.metadata,
             req.name,

@@ -209,6 +209,8 @@ class Replica:
         # Admitted directories (durable, in the quorum state); the node's first-seen peer
         # directories (from the peer handshake) stand in for voters this group never recorded.
         self.directories = decode_directories(state.directories)
+        self._directories_encoded = encode_directories(self.directories)
+        self._directories_crc = directories_digest(self._directories_encoded)
         self.known_directories: Mapping[int, str] = known_directories or {}
         self.observers: dict[int, tuple[str, int]] = {}  # leader: node -> (directory, target)
         self.replaced: dict[int, str] = {}  # voters seen with a directory not admitted here
@@ -306,21 +308,22 @@ class Replica:
 
     # -- replaced disks: observers --------------------------------------------------------------
 
+    def _own_admitted(self) -> str | None:
+        return self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
+
     @property
     def is_observer(self) -> bool:
         """The leader admitted another directory for this replica: it lost its disk, and
         catches up without voting until the leader admits this one."""
-        admitted = self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
-        own = self.config.directory_id
-        return bool(own) and admitted is not None and admitted != own
+        admitted = self._own_admitted()
+        return bool(self.config.directory_id) and admitted not in (None, self.config.directory_id)
 
     @property
     def is_admitted(self) -> bool:
         """A leader's map (or the cluster's format) names this replica's own directory. Only
         a leader admits a new directory, after it caught up; so a replica that says so in its
         vote requests can be believed by a voter whose map is older."""
-        admitted = self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
-        return bool(self.config.directory_id) and admitted == self.config.directory_id
+        return bool(self.config.directory_id) and self._own_admitted() == self.config.directory_id
 
     def _admitted(self, node: int, directory: str) -> bool:
         if not directory or FAULT_IGNORE_DIRECTORIES in self.config.faults:
@@ -384,9 +387,11 @@ class Replica:
         return changed
 
     def _persist_state(self) -> None:
-        self._ready.state = QuorumState(
-            self.epoch, self.voted_for, encode_directories(self.directories)
-        )
+        """Every change of epoch, vote or admitted directories comes here: it is made durable
+        before any message leaves, and the map's wire form and CRC are kept for fetches."""
+        self._directories_encoded = encode_directories(self.directories)
+        self._directories_crc = directories_digest(self._directories_encoded)
+        self._ready.state = QuorumState(self.epoch, self.voted_for, self._directories_encoded)
 
     def _adopt_directories(self, encoded: str) -> None:
         """The leader's admitted directories replace ours (it decides who is a replica)."""
@@ -718,6 +723,12 @@ class Replica:
             r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now) for r in self._others()
         }
         self.observers = {}
+        own = self.config.directory_id
+        if own and self.directories.get(self.node_id) != own:
+            # Elected by voters that admitted it: its own entry makes its map the one its
+            # followers hold, so the map stops riding in every fetch answer.
+            self.directories[self.node_id] = own
+            self._persist_state()
         if self.log.log_end_offset > self.log.high_watermark:
             # Entries of earlier epochs may be uncommitted; only an entry of our own epoch on a
             # quorum commits them (Raft section 5.4.2), so write one now rather than waiting
@@ -864,10 +875,9 @@ class Replica:
 
     def _directories_for(self, req: FetchRequest) -> str:
         """The admitted map, if the follower's differs (it sent the CRC of its own)."""
-        if not self.config.directory_id:
+        if not self.config.directory_id or self._directories_crc == req.directories_crc:
             return ""
-        encoded = encode_directories(self.directories)
-        return encoded if directories_digest(encoded) != req.directories_crc else ""
+        return self._directories_encoded
 
     def _answer_fetch(self, follower: int, req: FetchRequest) -> None:
         self.progress[follower].pending = None
@@ -949,7 +959,7 @@ class Replica:
                 self.log.high_watermark,
                 self.config.fetch_max_bytes,
                 durable,
-                directories_digest(encode_directories(self.directories)),
+                self._directories_crc,
             ),
         )
 

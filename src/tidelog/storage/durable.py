@@ -34,18 +34,6 @@ def write_all(fd: int, data: Buffer) -> int:
     return total
 
 
-def pwrite_all(fd: int, data: Buffer, offset: int) -> int:
-    view = memoryview(data).cast("B")
-    total = len(view)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:
-            raise OSError(errno.ENOSPC, "a write made no progress")
-        view = view[written:]
-        offset += written
-    return total
-
-
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -70,17 +58,26 @@ def translated(what: str) -> Iterator[None]:
         raise translate_os_error(exc, what) from exc
 
 
-def write_file(path: Path, data: Buffer, *, exclusive: bool = False, sync_dir: bool = True) -> None:
+def write_file(
+    path: Path,
+    data: Buffer,
+    *,
+    exclusive: bool = False,
+    sync: bool = True,
+    sync_dir: bool = True,
+) -> None:
     """path holds exactly data, or (on any failure) what it held before: written to a temp
     file, fsynced, renamed over path, and the directory fsynced. exclusive: never replace an
-    existing path (FileExistsError is raised as StorageError)."""
+    existing path (FileExistsError is raised as StorageError). sync=False only for a file
+    whose owner fsyncs it itself next (an index), so it is not fsynced twice."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if exclusive:

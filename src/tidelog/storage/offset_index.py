@@ -187,7 +187,8 @@ def _sync_file(path: Path, written: int, entries: list[bytes]) -> int:
         return written
     data = b"".join(entries)
     if written == 0:
-        write_file(path, data, sync_dir=False)  # the segment's directory is fsynced on roll
+        # Its owner fsyncs the index next (fsync()); the directory is fsynced on roll.
+        write_file(path, data, sync=False, sync_dir=False)
     else:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from tidelog.errors import InvalidRequest, TidelogError
 from tidelog.node.access import Principal
+from tidelog.node.config import BATCH_FRAME_MARGIN_BYTES
 from tidelog.node.core import NodeCore
 from tidelog.node.listeners.base import ConnectionLimits, FrameConnection, Listener
 from tidelog.node.metrics import Counters
@@ -46,9 +47,6 @@ from tidelog.protocol.peer_handshake import (
 log = logging.getLogger(__name__)
 
 HANDSHAKE_FRAME_BYTES = 64 * 1024
-# A replication frame is a batch (at most max.message.bytes, which a node keeps this much below
-# socket.request.max.bytes) plus a header; the peer channel takes that much more than clients.
-PEER_FRAME_MARGIN_BYTES = 64 * 1024
 PEER_QUEUE_BYTES_MAX = 64 * 1024 * 1024
 UNBOUND_PEER_CONNECTIONS_MAX = 32
 
@@ -117,8 +115,8 @@ class PeerListener(Listener):
     ) -> None:
         voters = len(core.config.voters)
         peer_limits = ConnectionLimits(
-            limits.frame_bytes_max + PEER_FRAME_MARGIN_BYTES,
-            limits.queued_max_request_bytes + PEER_FRAME_MARGIN_BYTES,
+            limits.frame_bytes_max + BATCH_FRAME_MARGIN_BYTES,
+            limits.queued_max_request_bytes + BATCH_FRAME_MARGIN_BYTES,
             limits.max_inflight_requests,
             max_connections=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
             max_connections_per_ip=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
