@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from tidelog.config import TopicConfig
-from tidelog.replication.low_watermark import Hold, compute_low_watermark
-from tidelog.storage.retention import retention_keep_from, retention_timestamp
+from tidelog.replication.low_watermark import (
+    CursorFact,
+    Hold,
+    LowWatermarkFacts,
+    compute_low_watermark,
+    decide_low_watermark,
+    retention_keep_from,
+    retention_timestamp,
+)
 
 
 @dataclass
@@ -62,3 +71,67 @@ def test_the_low_watermark_is_the_minimum_over_live_holds() -> None:
     assert compute_low_watermark(holds, 0, 100).offset == 100, "never past the HW"
     assert compute_low_watermark([], 50, 1000).offset == 1000, "nothing holds: up to the HW"
     assert compute_low_watermark(holds, 200, 1000).offset == 200, "never below the log start"
+
+
+def facts(config: TopicConfig, *cursors: CursorFact, **kw: Any) -> LowWatermarkFacts:
+    """A partition of five 100-byte segments, the oldest two past retention.ms."""
+    return LowWatermarkFacts(
+        log_start_offset=kw.pop("log_start_offset", 0),
+        high_watermark=kw.pop("high_watermark", 45),
+        segments=segs(9000, 8000, 10, 5, 1),
+        config=config,
+        now_ms=NOW,
+        cursors=cursors,
+        **kw,
+    )
+
+
+def test_one_function_decides_from_facts_which_hold_sets_the_low_watermark() -> None:
+    config = TopicConfig(retention_ms=1000, cursor_max_idle_ms=60_000)
+    alone = decide_low_watermark(facts(config))
+    assert (alone.offset, alone.hold.kind, alone.hold.name) == (20, "retention", "retention.ms")
+    etl = CursorFact("etl", 12, committed_ms=NOW - 1000, lag_bytes=350)
+    lwm = decide_low_watermark(facts(config, etl))
+    assert (lwm.offset, lwm.hold.name) == (12, "etl") and lwm.to_invalidate == ()
+    assert lwm.cursor_stats["etl"] == {
+        "position": 12,
+        "lag": 33,
+        "lead": 12,
+        "lag_bytes": 350,
+        "idle_ms": 1000,
+    }
+    replica = Hold("replica", "3", 5, "last fetch 2 ticks ago")
+    slow = decide_low_watermark(dataclasses.replace(facts(config, etl), replicas=(replica,)))
+    assert (slow.offset, slow.hold.kind) == (5, "replica")
+
+
+def test_cursors_past_their_caps_stop_holding_and_are_named_for_invalidation() -> None:
+    config = TopicConfig(retention_ms=1000, cursor_max_idle_ms=60_000, cursor_max_lag_bytes=300)
+    idle = CursorFact("idle", 3, committed_ms=NOW - 61_000, lag_bytes=10)
+    behind = CursorFact("behind", 4, committed_ms=NOW, lag_bytes=301)
+    gone = CursorFact("gone", 2, committed_ms=NOW, lag_bytes=10, invalidated="idle 2 d")
+    backup = CursorFact("nightly", 15, committed_ms=NOW, lag_bytes=10, backup=True)
+    lwm = decide_low_watermark(facts(config, idle, behind, gone, backup))
+    assert (lwm.offset, lwm.hold.kind, lwm.hold.name) == (15, "backup", "nightly")
+    reasons = dict(lwm.to_invalidate)
+    assert set(reasons) == {"idle", "behind"}, "an invalidated cursor is not invalidated again"
+    assert "cursor.max.idle.ms" in reasons["idle"]
+    assert "cursor.max.lag.bytes" in reasons["behind"]
+    advisory = decide_low_watermark(
+        facts(dataclasses.replace(config, cursors_hold=False), backup, idle)
+    )
+    assert advisory.offset == 20 and advisory.to_invalidate == ()
+    below = CursorFact("late", 3, committed_ms=NOW, lag_bytes=10)
+    assert decide_low_watermark(facts(config, below, log_start_offset=5)).to_invalidate == (
+        ("late", "position 3 is below the log start 5"),
+    )
+
+
+def test_a_state_machine_log_is_kept_by_its_snapshot_not_by_retention() -> None:
+    config = TopicConfig(retention_ms=1000, snapshot_catchup_entries=10)
+    none_yet = decide_low_watermark(facts(config, state_machine=True))
+    assert none_yet.offset == 0 and "no snapshot yet" in none_yet.hold.detail
+    lwm = decide_low_watermark(facts(config, state_machine=True, snapshot_offset=40))
+    assert (lwm.offset, lwm.hold.kind) == (30, "snapshot")
+    capped = decide_low_watermark(facts(config, state_machine=True, snapshot_offset=90))
+    assert capped.offset == 45, "never past the HW"

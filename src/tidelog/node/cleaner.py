@@ -1,7 +1,8 @@
-"""The background cleaner of a node: every retention.check.interval.ms per partition it asks the
-replication core for the low-water mark over every hold, lets the leader move the log start up
-to it (durably, before any file is touched), and deletes whole segments below the log start.
-Cursors past their caps stop holding at once and are invalidated through the metadata log.
+"""The background cleaner of a node: every retention.check.interval.ms per partition it gathers
+the facts the low-water mark is decided from (replication/low_watermark.py decides; the partition
+driver moves the leader's log start up to it, durably, before any file is touched), deletes
+whole segments below the log start, and records the invalidation of cursors past their caps
+through the metadata log (they stop holding at once).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tidelog.errors import TidelogError
-from tidelog.node.holds import PartitionHolds, partition_holds
 from tidelog.protocol.api import ApiKey
-from tidelog.replication.low_watermark import LowWatermark
+from tidelog.replication.low_watermark import CursorFact, LowWatermark, LowWatermarkFacts
 
 if TYPE_CHECKING:
     from tidelog.node.core import NodeCore
@@ -92,40 +92,48 @@ class Cleaner:
 
         asyncio.get_running_loop().call_soon(run)
 
-    def holds(self, host: PartitionHost) -> PartitionHolds:
-        return partition_holds(
-            host.topic,
-            host.partition,
-            host.log,
+    def facts(self, host: PartitionHost) -> LowWatermarkFacts:
+        """What the low-water mark is decided from, as this node knows it now."""
+        slog = host.log
+        cursors = tuple(
+            CursorFact(
+                c.name,
+                c.positions[host.partition],
+                c.committed_ms,
+                slog.bytes_from(c.positions[host.partition]),
+                c.backup,
+                c.invalidated,
+            )
+            for c in self.node.metadata.cursors.values()
+            if c.topic == host.topic and host.partition in c.positions
+        )
+        return LowWatermarkFacts(
+            slog.log_start_offset,
+            slog.high_watermark,
+            slog.segments,
             host.config,
-            self.node.metadata,
             wall_ms(),
-            host.snapshot_offset(),
-            host.driver is not None,
+            cursors=cursors,
+            snapshot_offset=host.snapshot_offset(),
+            state_machine=host.state_machine is not None,
         )
 
-    def low_watermark(self, host: PartitionHost) -> tuple[LowWatermark, PartitionHolds]:
-        holds = self.holds(host)
-        return host.replica.low_watermark(holds.holds), holds
+    def low_watermark(self, host: PartitionHost) -> LowWatermark:
+        return host.driver.low_watermark(self.facts(host))
 
     def clean(self, host: PartitionHost) -> None:
         """One pass over one partition."""
         self.passes += 1
-        if host.replica.is_leader:
-            lwm, holds = self.low_watermark(host)
-            for name, reason in holds.to_invalidate:
-                self.invalidate(name, reason, host.group)
-            if lwm.offset > host.log.log_start_offset:
-                before = host.log.log_start_offset
-                host.replica.advance_log_start(lwm.offset)
-                host.process_ready()
-                log.info(
-                    "%s: log start %d -> %d (low-water mark set by %s)",
-                    host.group,
-                    before,
-                    host.log.log_start_offset,
-                    lwm.hold.describe(),
-                )
+        before = host.log.log_start_offset
+        lwm = host.driver.clean(self.facts(host))
+        if lwm is not None and host.log.log_start_offset > before:
+            log.info(
+                "%s: log start %d -> %d (low-water mark set by %s)",
+                host.group,
+                before,
+                host.log.log_start_offset,
+                lwm.hold.describe(),
+            )
         self.delete_below_log_start(host)
         host.log.expire_producers()
         host.log.purge_retired()
@@ -145,6 +153,9 @@ class Cleaner:
             )
 
     # -- cursor invalidation --------------------------------------------------------------------
+
+    def on_cursor_past_cap(self, host: PartitionHost, name: str, reason: str) -> None:
+        self.invalidate(name, reason, host.group)
 
     def invalidate(self, name: str, reason: str, group: str) -> None:
         """Say it loudly, then record it in the metadata log (once)."""

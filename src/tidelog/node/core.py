@@ -150,6 +150,7 @@ class NodeCore:
             task.cancel()
         for host in self.hosts.values():
             host.closed = True
+            host.driver.stopped = True
         if self._flusher is not None:
             self._flusher.shutdown()
 
@@ -178,6 +179,8 @@ class NodeCore:
             elif delay < -1.0:
                 next_tick = loop.time()  # we were frozen; do not replay a second of ticks at once
             for host in list(self.hosts.values()):
+                if self.fail_stop.failed is not None:
+                    return  # halted: a cancelled task runs on until its next await
                 try:
                     host.tick()
                 except Exception as exc:
@@ -228,6 +231,7 @@ class NodeCore:
             on_high_watermark=self._on_high_watermark,
             machine=machine,
             on_roll=self.cleaner.request,
+            on_invalidate=self.cleaner.on_cursor_past_cap,
             directory_id=self.identity.directory_id,
             known_directories=self.peer_directories,
         )
@@ -643,9 +647,9 @@ class NodeCore:
                 wanted is not None and host.topic in wanted
             ):
                 st = host.status()
-                lwm, holds = self.cleaner.low_watermark(host)
+                lwm = self.cleaner.low_watermark(host)
                 st["low_watermark"] = lwm.to_dict()
-                st["cursors"] = holds.cursor_stats
+                st["cursors"] = dict(lwm.cursor_stats)
                 partitions.append(st)
         mh = self.metadata_host
         metadata = {
@@ -819,7 +823,7 @@ class NodeCore:
         host = self._host(req.topic, req.partition)
         if not host.replica.is_leader and not req.replica_read:
             raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
-        machine = host.driver.machine if host.driver is not None else None
+        machine = host.state_machine.machine if host.state_machine is not None else None
         if not isinstance(machine, TableMachine):
             raise InvalidRequest(
                 f"topic {req.topic!r} is not a table (create it with --kind table)"

@@ -1,16 +1,15 @@
-"""Binds one partition's replication core to its log on disk, the flush threads and waiters.
+"""One partition on a node: the IO under the partition driver.
 
-The driver loop of DESIGN.md lives in process_ready(): persist the quorum state, then send the
-messages, then start a group commit if the log has unflushed appends, then wake whoever waits
-on the high-water mark. It runs after every interaction with the core.
+The order of the Ready loop and the cleaner's decisions live in replication/driver.py (the
+simulator runs the same class); this host is the driver's effects here: the quorum-state file,
+the peer transport, the flush threads, the producers waiting for acks and the readers waiting
+for the high-water mark.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
-import itertools
 import logging
 import random
 import time
@@ -24,8 +23,9 @@ from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
 from tidelog.node.state_machine import Machine, StateMachineDriver
 from tidelog.record.validation import BatchRules
+from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.messages import Message
-from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
+from tidelog.replication.replica import QuorumState, Ready, Replica, ReplicaConfig
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.compaction import (
     CompactionPlan,
@@ -58,6 +58,7 @@ class PartitionHost:
         on_high_watermark: Callable[[PartitionHost], None] | None = None,
         machine: Machine | None = None,
         on_roll: Callable[[PartitionHost], None] | None = None,
+        on_invalidate: Callable[[PartitionHost, str, str], None] | None = None,
         directory_id: str = "",
         known_directories: Mapping[int, str] | None = None,
     ) -> None:
@@ -70,12 +71,12 @@ class PartitionHost:
         self._send = send
         self._on_high_watermark = on_high_watermark
         self._on_roll = on_roll
+        self._on_invalidate = on_invalidate
         self.log = SegmentedLog(directory, config)
         # Batches no reader can read, found by the scrubber (what was in the log when it
         # opened), compaction or the state machine; reported in status, skipped by readers.
         self.invalid_batches: dict[int, InvalidBatch] = {}
         self.recovery = self.log.recovery
-        self._segments_seen = self.log.segment_count
         nc = node_config
         replica_config = ReplicaConfig(
             node_id=nc.node_id,
@@ -95,9 +96,9 @@ class PartitionHost:
             directory_id=directory_id,
         )
         seed = zlib.crc32(f"{nc.node_id}/{self.group}".encode())
-        self.driver: StateMachineDriver | None = None
+        self.state_machine: StateMachineDriver | None = None
         if machine is not None:
-            self.driver = StateMachineDriver(
+            self.state_machine = StateMachineDriver(
                 self.group,
                 self.log,
                 SnapshotStore(directory, config.snapshot_retain),
@@ -111,11 +112,14 @@ class PartitionHost:
             self.log,
             self._load_quorum_state(),
             random.Random(seed),
-            self.driver,
+            self.state_machine,
             known_directories,
         )
-        if self.driver is not None:
-            self.driver.catch_up()
+        self.driver: PartitionDriver[asyncio.Future[None]] = PartitionDriver(
+            self.replica, self.log, self, self.state_machine
+        )
+        if self.state_machine is not None:
+            self.state_machine.catch_up()
         self.flushing = False
         self.flush_error: TidelogError | None = None
         self.flush_count = 0
@@ -125,10 +129,6 @@ class PartitionHost:
         self.compactions = 0
         self.compacting = False
         self._waiters: list[asyncio.Future[None]] = []
-        # (offset, seq, leader epoch, future) heaps of produces waiting for acks=all / acks=1
-        self._acks: list[tuple[int, int, int, asyncio.Future[None]]] = []
-        self._durable: list[tuple[int, int, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
         self._checkpointed_hw = self.log.high_watermark
         self.closed = False
         self.scrubbed_to = self.log.log_start_offset
@@ -146,63 +146,73 @@ class PartitionHost:
         )
 
     def process_ready(self) -> None:
-        if self.closed:
-            return
-        ready = self.replica.ready()
-        if ready.state is not None:
-            write_checkpoint(
-                self.directory / QUORUM_STATE_FILE,
-                {
-                    "epoch": ready.state.epoch,
-                    "voted_for": ready.state.voted_for,
-                    "directories": ready.state.directories,
-                },
-            )
-        for out in ready.messages:
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s: to %d: %s", self.group, out.to, type(out.message).__name__)
-            self._send(out.to, self.group, out.message)
-        if ready.flush:
-            self._start_flush()
-        if ready.lost_leadership or ready.truncated:
-            self._fail_acks(
-                NotLeader(f"{self.group}: leadership changed", leader_hint=self.leader_hint)
-            )
-        if self.driver is not None and (
-            ready.high_watermark_changed or ready.snapshot_installed >= 0
-        ):
-            self.driver.catch_up()
-        if ready.high_watermark_changed:
-            self._release_acks()
-        if (
-            ready.high_watermark_changed or ready.snapshot_installed >= 0
-        ) and self._on_high_watermark:
-            self._on_high_watermark(self)
-        if ready.high_watermark_changed or ready.role_changed or ready.truncated:
-            self._wake()
-        if self.log.segment_count > self._segments_seen and self._on_roll is not None:
-            self._on_roll(self)  # retention gets a look at every new segment
-        self._segments_seen = self.log.segment_count
-        if ready.log_start_changed:
-            # The new log start is durable (checkpointed) before any file goes.
-            self.log.delete_segments_below_log_start()
-        self.replica.advance()
+        self.driver.process_ready()
 
     def step(self, sender: int, message: Message, directory: str = "") -> None:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: from %d: %s", self.group, sender, type(message).__name__)
-        try:
-            self.replica.step(sender, message, directory)
-        except TidelogError as exc:
-            # A follower that cannot append (disk full, say) retries its fetch on the next tick.
+        error = self.driver.step(sender, message, directory)
+        if error is not None:
             log.error(
                 "%s: handling %s from %d failed: %s",
                 self.group,
                 type(message).__name__,
                 sender,
-                exc,
+                error,
             )
-        self.process_ready()
+
+    def tick(self) -> None:
+        self.driver.tick()
+
+    # -- the driver's effects -------------------------------------------------------------------
+
+    def persist(self, state: QuorumState) -> None:
+        write_checkpoint(
+            self.directory / QUORUM_STATE_FILE,
+            {"epoch": state.epoch, "voted_for": state.voted_for, "directories": state.directories},
+        )
+
+    def send(self, to: int, message: Message) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: to %d: %s", self.group, to, type(message).__name__)
+        self._send(to, self.group, message)
+
+    def acknowledge(
+        self, acked: list[asyncio.Future[None]], failed: list[asyncio.Future[None]]
+    ) -> None:
+        for future in acked:
+            if not future.done():
+                future.set_result(None)
+        if failed:
+            error = NotLeader(f"{self.group}: leadership changed", leader_hint=self.leader_hint)
+            self._fail(failed, error)
+
+    @staticmethod
+    def _fail(futures: list[asyncio.Future[None]], error: TidelogError) -> None:
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+
+    def committed(self) -> None:
+        if self._on_high_watermark is not None:
+            self._on_high_watermark(self)
+
+    def wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    def rolled(self) -> None:
+        if self._on_roll is not None:
+            self._on_roll(self)
+
+    def invalidate_cursor(self, name: str, reason: str) -> None:
+        if self._on_invalidate is not None:
+            self._on_invalidate(self, name, reason)
+
+    def handled(self, ready: Ready) -> None:
+        pass
 
     @functools.cached_property
     def batch_rules(self) -> BatchRules:
@@ -211,14 +221,14 @@ class PartitionHost:
         c = self.config
         return BatchRules(
             max_batch_bytes=c.max_message_bytes,
-            require_keys="compact" in c.cleanup_policy or self.driver is not None,
+            require_keys="compact" in c.cleanup_policy or self.state_machine is not None,
             timestamp_before_max_ms=c.message_timestamp_before_max_ms,
             timestamp_after_max_ms=c.message_timestamp_after_max_ms,
         )
 
     def snapshot_offset(self) -> int | None:
         """The newest durable snapshot's offset, for state-machine logs (None: a stream)."""
-        return self.driver.snapshot_offset if self.driver is not None else None
+        return self.state_machine.snapshot_offset if self.state_machine is not None else None
 
     def after_cleaning(self) -> None:
         """Compaction after a cleaner pass, for cleanup.policy=compact (or compact,delete).
@@ -310,12 +320,6 @@ class PartitionHost:
             if b.last_offset >= start and base < end
         ]
 
-    def tick(self) -> None:
-        self.replica.tick()
-        self.process_ready()
-        if self.log.flush_due():
-            self._start_flush()  # flush.ms for logs that do not fsync before acknowledging
-
     @property
     def leader_hint(self) -> int | None:
         leader = self.replica.leader_id
@@ -323,7 +327,7 @@ class PartitionHost:
 
     # -- group commit ---------------------------------------------------------------------------
 
-    def _start_flush(self) -> None:
+    def start_flush(self) -> None:
         if self.flushing or self.closed or not self.log.flush_due():
             return
         job = self.log.begin_flush()
@@ -340,7 +344,7 @@ class PartitionHost:
             error = exc if isinstance(exc, TidelogError) else StorageFull(str(exc))
             log.error("%s: flush failed: %s", self.group, error)
             self.flush_error = error
-            self._fail_durable(error)
+            self._fail(self.driver.owed.fail_durable(), error)
             return
         self.flush_error = None
         self.flush_count += 1
@@ -348,9 +352,7 @@ class PartitionHost:
         self.flush_seconds_max = max(self.flush_seconds_max, job.seconds)
         self.flushed_records += max(0, job.target - self.log.durable_end_offset)
         self.log.complete_flush(job)
-        self.replica.on_flushed()
-        self._release_durable()
-        self.process_ready()
+        self.driver.flushed()
 
     async def wait_idle(self) -> None:
         while self.flushing or self.compacting:
@@ -364,21 +366,13 @@ class PartitionHost:
         this replica leads: a leadership lost before the caller first awaits still fails it,
         and nothing but this leadership's own progress releases it (a follower's HW passing
         the offset says nothing of a batch its leadership appended: the offset may hold another
-        leader's batch by then)."""
-        epoch = self.replica.epoch
-        if not self.replica.is_leader:
-            raise NotLeader(f"{self.group}: not the leader", leader_hint=self.leader_hint)
-        if acks == 1:
-            done = self.log.effective_durable_end > target
-            heap = self._durable
-        else:
-            done = self.log.high_watermark > target
-            heap = self._acks
+        leader's batch by then: replication/acks.py)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if done:
-            future.set_result(None)
-        else:
-            heapq.heappush(heap, (target, next(self._seq), epoch, future))
+        try:
+            if self.driver.owe(target, acks == 1, future):
+                future.set_result(None)
+        except NotLeader:
+            raise NotLeader(f"{self.group}: not the leader", leader_hint=self.leader_hint) from None
         return self._awaited(future, target, acks, timeout_s)
 
     async def _awaited(
@@ -393,38 +387,6 @@ class PartitionHost:
                 offset=target,
             ) from None
 
-    def _release_acks(self) -> None:
-        self._release(self._acks, self.log.high_watermark)
-
-    def _release_durable(self) -> None:
-        self._release(self._durable, self.log.effective_durable_end)
-
-    def _release(self, heap: list[tuple[int, int, int, asyncio.Future[None]]], mark: int) -> None:
-        leading = self.replica.epoch if self.replica.is_leader else None
-        while heap and heap[0][0] < mark:
-            _, _, epoch, future = heapq.heappop(heap)
-            if future.done():
-                continue
-            if epoch == leading:
-                future.set_result(None)
-            else:  # never: a lost leadership fails these first; but never acknowledge then
-                future.set_exception(
-                    NotLeader(f"{self.group}: leadership changed", leader_hint=self.leader_hint)
-                )
-
-    def _fail_acks(self, error: TidelogError) -> None:
-        for _, _, _, future in self._acks:
-            if not future.done():
-                future.set_exception(error)
-        self._acks.clear()
-        self._fail_durable(error)
-
-    def _fail_durable(self, error: TidelogError) -> None:
-        for _, _, _, future in self._durable:
-            if not future.done():
-                future.set_exception(error)
-        self._durable.clear()
-
     async def wait_for_change(self, timeout_s: float) -> None:
         """Until the HW, the role or the log's contents change, or timeout."""
         if timeout_s <= 0:
@@ -438,12 +400,6 @@ class PartitionHost:
         finally:
             if future in self._waiters:
                 self._waiters.remove(future)
-
-    def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for future in waiters:
-            if not future.done():
-                future.set_result(None)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -476,7 +432,7 @@ class PartitionHost:
     async def close(self) -> None:
         await self.wait_idle()
         self.closed = True
-        error = NotLeader(f"{self.group}: node shutting down")
-        self._fail_acks(error)
-        self._wake()
+        self.driver.stopped = True
+        self._fail(self.driver.owed.fail_all(), NotLeader(f"{self.group}: node shutting down"))
+        self.wake()
         self.log.close()

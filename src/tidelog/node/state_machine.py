@@ -12,11 +12,11 @@ from typing import Protocol
 
 from tidelog.errors import CorruptRecord
 from tidelog.record.batch import Record, decode_records, iter_headers
+from tidelog.replication.log_interface import ReplicaLog
 from tidelog.replication.metadata import MetadataState
 from tidelog.replication.table import TableState
-from tidelog.storage.log import SegmentedLog
 from tidelog.storage.scrub import InvalidBatch
-from tidelog.storage.snapshot import SnapshotMeta, SnapshotStore
+from tidelog.storage.snapshot import SnapshotMeta
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Machine(Protocol):
 
 
 def committed_batches(
-    slog: SegmentedLog,
+    slog: ReplicaLog,
     start: int,
     hw: int,
     on_invalid: Callable[[InvalidBatch], None] | None = None,
@@ -126,14 +126,32 @@ class MetadataMachine:
             self._on_topic(topic)
 
 
+class SnapshotFiles(Protocol):
+    """Where snapshots are kept: SnapshotStore's files, or the simulator's MemorySnapshotStore."""
+
+    def latest(self) -> SnapshotMeta | None: ...
+
+    def write(self, offset: int, payload: bytes) -> SnapshotMeta: ...
+
+    def load(self, meta: SnapshotMeta) -> bytes: ...
+
+    def read_chunk(self, offset: int, position: int, max_bytes: int) -> bytes: ...
+
+    def partial_size(self, offset: int) -> int: ...
+
+    def write_chunk(self, offset: int, position: int, data: bytes) -> int: ...
+
+    def finish(self, offset: int) -> SnapshotMeta: ...
+
+
 class StateMachineDriver:
     """Keeps a machine applied up to the HW, snapshots it, and is the core's SnapshotAccess."""
 
     def __init__(
         self,
         group: str,
-        slog: SegmentedLog,
-        store: SnapshotStore,
+        slog: ReplicaLog,
+        store: SnapshotFiles,
         machine: Machine,
         snapshot_entries: int,
         seed: int,

@@ -40,12 +40,7 @@ from tidelog.replication.directories import (
     encode_directories,
 )
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
-from tidelog.replication.low_watermark import (
-    KIND_REPLICA,
-    Hold,
-    LowWatermark,
-    compute_low_watermark,
-)
+from tidelog.replication.low_watermark import KIND_REPLICA, Hold
 from tidelog.replication.messages import (
     FETCH_FENCED,
     FETCH_NO_SNAPSHOT,
@@ -72,7 +67,19 @@ LEADER_CHANGE_CONTROL_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: v
 FAULT_COMMIT_OLD_EPOCH = "commit-old-epoch-by-counting"
 FAULT_TRUNCATE_TO_HW = "truncate-to-local-hw-on-follow"
 FAULT_IGNORE_DIRECTORIES = "votes-from-replaced-disks"  # before KIP-853: any directory counts
-FAULTS = frozenset({FAULT_COMMIT_OLD_EPOCH, FAULT_TRUNCATE_TO_HW, FAULT_IGNORE_DIRECTORIES})
+FAULT_DISCARD_PAST_SNAPSHOT = "follow-log-start-past-own-snapshot"
+# Not the core's: the simulator's producers wait from their first run, released by any HW
+# (before replication/acks.py: the hw.policy=isr loss).
+FAULT_ACKS_REGISTERED_LATE = "acks-registered-late"
+FAULTS = frozenset(
+    {
+        FAULT_ACKS_REGISTERED_LATE,
+        FAULT_COMMIT_OLD_EPOCH,
+        FAULT_TRUNCATE_TO_HW,
+        FAULT_IGNORE_DIRECTORIES,
+        FAULT_DISCARD_PAST_SNAPSHOT,
+    }
+)
 
 
 class RandomSource(Protocol):
@@ -187,6 +194,7 @@ class Replica:
         self.log = log
         self.snapshots = snapshots
         self.installing: int | None = None  # a snapshot being fetched (-1: offset not known yet)
+        self._chunk_asked = -1  # the position the outstanding snapshot request asked for
         self.rng = rng
         self.node_id = config.node_id
         self.epoch = state.epoch
@@ -468,26 +476,12 @@ class Replica:
 
     # -- the low-water mark ---------------------------------------------------------------------
 
-    def low_watermark(self, external: list[Hold]) -> LowWatermark:
-        """On the leader: min over the followers' needs and the holds the node knows of
-        (cursors, snapshots, retention). On a follower: the leader's log start is the floor."""
-        holds = list(external)
-        if self.role is Role.LEADER:
-            cap = self.config.replica_max_lag_ticks
-            for r, p in sorted(self.progress.items()):
-                idle = self.now - p.last_fetch_tick
-                holds.append(
-                    Hold(
-                        KIND_REPLICA,
-                        str(r),
-                        p.fetch_offset,
-                        f"last fetch {idle} ticks ago",
-                        live=idle <= cap,
-                        why_not="" if idle <= cap else f"out of touch for {idle} ticks > {cap}",
-                    )
-                )
-        else:
-            holds.append(
+    def replica_holds(self) -> list[Hold]:
+        """The replicas' part of the low-water mark (low_watermark.py decides the rest). On the
+        leader: what each follower still needs, until it has been out of touch too long. On a
+        follower: the leader's log start, reported (followers follow it, they do not decide)."""
+        if self.role is not Role.LEADER:
+            return [
                 Hold(
                     KIND_REPLICA,
                     "leader",
@@ -496,8 +490,22 @@ class Replica:
                     live=False,
                     why_not="followers follow the leader's log start",
                 )
+            ]
+        cap = self.config.replica_max_lag_ticks
+        holds = []
+        for r, p in sorted(self.progress.items()):
+            idle = self.now - p.last_fetch_tick
+            holds.append(
+                Hold(
+                    KIND_REPLICA,
+                    str(r),
+                    p.fetch_offset,
+                    f"last fetch {idle} ticks ago",
+                    live=idle <= cap,
+                    why_not="" if idle <= cap else f"out of touch for {idle} ticks > {cap}",
+                )
             )
-        return compute_low_watermark(holds, self.log.log_start_offset, self.log.high_watermark)
+        return holds
 
     def advance_log_start(self, offset: int) -> bool:
         """Leader only: discard the log below offset (never past the HW). Followers learn the
@@ -1015,6 +1023,7 @@ class Replica:
         )
         self.fetch_in_flight = True
         self.fetch_sent_tick = self.now
+        self._chunk_asked = position
         self._send(
             self.leader_id,
             FetchSnapshotRequest(
@@ -1038,7 +1047,9 @@ class Replica:
             return
         offset, size = latest
         if req.snapshot_offset != offset:
-            answer(snapshot_offset=offset, size=size, position=0)  # start (over) on the newest
+            # Start (over) on the newest. The answer echoes the position asked for, as every
+            # answer does: that is how the follower tells it from a late or duplicated one.
+            answer(snapshot_offset=offset, size=size)
             return
         chunk = self.snapshots.read_snapshot_chunk(offset, req.position, req.max_bytes)  # type: ignore[union-attr]
         answer(snapshot_offset=offset, size=size, records=SnapshotChunk(chunk, req.position))
@@ -1048,6 +1059,11 @@ class Replica:
             return
         if self.role is not Role.FOLLOWER or self.leader_id != sender:
             self._become_follower(resp.epoch, sender)
+            return
+        if not self.fetch_in_flight or resp.position != self._chunk_asked:
+            # A late or duplicated answer: each one answered with a request of its own would
+            # keep one more request chain alive for good (simulator seed 655: the messages
+            # doubled every few dozen ticks).
             return
         self.fetch_in_flight = False
         self.last_leader_contact = self.now
@@ -1087,8 +1103,20 @@ class Replica:
             self._ready.truncated = True
 
     def _follow_log_start(self, leader_log_start: int) -> None:
-        """Discard the prefix the leader discarded (only what is committed here, too)."""
+        """Discard the prefix the leader discarded: only what is committed here too and, for a
+        state-machine log, only what this replica's own newest snapshot covers (as in Raft,
+        each replica compacts behind its own snapshot). A restart rebuilds the machine from
+        that snapshot and the log after it; discarding past it strands the machine below the
+        log start with nothing to bring it forward (simulator seeds 6 and 91, found when the
+        simulator began to run the production state-machine driver)."""
         target = min(leader_log_start, self.log.high_watermark)
+        if (
+            self.config.state_machine
+            and self.snapshots is not None
+            and FAULT_DISCARD_PAST_SNAPSHOT not in self.config.faults
+        ):
+            latest = self.snapshots.latest_snapshot()
+            target = min(target, latest[0] if latest is not None else self.log.log_start_offset)
         if target > self.log.log_start_offset and self.log.advance_log_start(target):
             self._ready.log_start_changed = True
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from tidelog.errors import CorruptRecord
 from tidelog.record.batch import BatchHeader, Record, decode_records, rebuild_batch
+from tidelog.replication.low_watermark import retention_timestamp
 from tidelog.storage import faults
 from tidelog.storage.durable import write_file
 from tidelog.storage.log import SegmentedLog
-from tidelog.storage.retention import retention_timestamp
 from tidelog.storage.scrub import InvalidBatch
 from tidelog.storage.segment import LogSegment
 

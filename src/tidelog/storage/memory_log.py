@@ -21,6 +21,17 @@ from tidelog.storage.segment import BytesSlice
 
 
 @dataclass(frozen=True)
+class MemorySegment:
+    """A segment's shape, as retention sees it (batches are cut into segments as a SegmentedLog
+    cuts them, by segment.bytes)."""
+
+    base_offset: int
+    size_bytes: int
+    max_timestamp: int
+    last_append_ms: int
+
+
+@dataclass(frozen=True)
 class MemoryFlush:
     target: int
     generation: int
@@ -35,6 +46,9 @@ class MemoryLog:
         self._bases: list[int] = []
         self._headers: list[BatchHeader] = []
         self._data: list[bytes] = []
+        self._append_ms: list[int] = []  # when each batch was appended
+        self._segment_bases = [0]  # the last one is the active segment's
+        self._active_bytes = 0
         self.log_start_offset = 0
         self._end = 0  # log end when no batch is held (after truncate_fully_and_start_at)
         self.high_watermark = 0
@@ -66,7 +80,25 @@ class MemoryLog:
 
     @property
     def segment_count(self) -> int:
-        return 1
+        return len(self._segment_bases)
+
+    @property
+    def segments(self) -> list[MemorySegment]:
+        out = []
+        bases = self._segment_bases
+        i = 0
+        for k, base in enumerate(bases):
+            end = bases[k + 1] if k + 1 < len(bases) else None
+            size, newest, appended = 0, -1, -1
+            while i < len(self._headers) and (end is None or self._headers[i].base_offset < end):
+                size += len(self._data[i])
+                newest = max(newest, self._headers[i].max_timestamp)
+                appended = max(appended, self._append_ms[i])
+                i += 1
+            out.append(
+                MemorySegment(base, size, newest, self._clock_ms() if appended < 0 else appended)
+            )
+        return out
 
     def set_high_watermark(self, hw: int) -> None:
         assert self.log_start_offset <= hw <= self.log_end_offset
@@ -88,7 +120,14 @@ class MemoryLog:
         return self._append(bytes(data), headers)
 
     def _append(self, buf: bytes | bytearray, headers: list[tuple[int, BatchHeader]]) -> AppendInfo:
+        now = self._clock_ms()
         for pos, header in headers:
+            size = header.size_bytes
+            if self._active_bytes and self._active_bytes + size > self.config.segment_bytes:
+                self._segment_bases.append(header.base_offset)  # roll, as SegmentedLog does
+                self._active_bytes = 0
+            self._active_bytes += size
+            self._append_ms.append(now)
             self.producers.record(header)
             self._bases.append(header.base_offset)
             self._headers.append(header)
@@ -114,7 +153,15 @@ class MemoryLog:
             self._bases.pop()
             self._headers.pop()
             self._data.pop()
+            self._append_ms.pop()
         self._end = self._headers[-1].next_offset if self._headers else self.log_start_offset
+        while len(self._segment_bases) > 1 and self._segment_bases[-1] >= offset:
+            self._segment_bases.pop()
+        self._active_bytes = sum(
+            len(d)
+            for b, d in zip(self._bases, self._data, strict=True)
+            if b >= self._segment_bases[-1]
+        )
         self.producers.rebuild(self._headers)
         self.epochs.truncate_from_end(self.log_end_offset)
         self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
@@ -122,7 +169,8 @@ class MemoryLog:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self._generation += 1
-        self._bases, self._headers, self._data = [], [], []
+        self._bases, self._headers, self._data, self._append_ms = [], [], [], []
+        self._segment_bases, self._active_bytes = [offset], 0
         self.producers.rebuild([])
         self.log_start_offset = offset
         self._end = offset
@@ -223,11 +271,13 @@ class MemoryLog:
         return True
 
     def delete_segments_below_log_start(self) -> list[int]:
+        """Whole segments that lie entirely below the log start; never the active one."""
         deleted: list[int] = []
-        while self._headers and self._headers[0].next_offset <= self.log_start_offset:
-            deleted.append(self._bases.pop(0))
-            self._headers.pop(0)
-            self._data.pop(0)
+        bases = self._segment_bases
+        while len(bases) > 1 and bases[1] <= self.log_start_offset:
+            deleted.append(bases.pop(0))
+            n = bisect.bisect_left(self._bases, bases[0])
+            del self._bases[:n], self._headers[:n], self._data[:n], self._append_ms[:n]
         return deleted
 
     def batches(self) -> list[tuple[BatchHeader, bytes]]:

@@ -37,6 +37,23 @@ class SnapshotMeta:
     path: Path
 
 
+def encode_snapshot(offset: int, payload: bytes) -> bytes:
+    return HEADER.pack(MAGIC, offset, _crc32c.crc32c(payload), len(payload)) + payload
+
+
+def decode_snapshot(data: bytes, offset: int, name: str) -> bytes:
+    """The payload of a snapshot file's bytes, checked against its header and CRC."""
+    if len(data) < HEADER.size:
+        raise CorruptRecord(f"snapshot {name} is cut short")
+    magic, stored_offset, crc, length = HEADER.unpack_from(data)
+    payload = data[HEADER.size :]
+    if magic != MAGIC or stored_offset != offset or length != len(payload):
+        raise CorruptRecord(f"snapshot {name} has a bad header")
+    if _crc32c.crc32c(payload) != crc:
+        raise CorruptRecord(f"snapshot {name} fails its CRC")
+    return payload
+
+
 class SnapshotStore:
     def __init__(self, directory: Path, retain: int) -> None:
         self.directory = directory / "snapshots"
@@ -68,7 +85,7 @@ class SnapshotStore:
 
     def write(self, offset: int, payload: bytes) -> SnapshotMeta:
         path = self._path(offset)
-        data = HEADER.pack(MAGIC, offset, _crc32c.crc32c(payload), len(payload)) + payload
+        data = encode_snapshot(offset, payload)
         write_file(path, data)
         self.prune()
         return SnapshotMeta(offset, len(data), path)
@@ -79,16 +96,7 @@ class SnapshotStore:
 
     def load(self, meta: SnapshotMeta) -> bytes:
         """The payload, checked against its header and CRC."""
-        data = meta.path.read_bytes()
-        if len(data) < HEADER.size:
-            raise CorruptRecord(f"snapshot {meta.path.name} is cut short")
-        magic, offset, crc, length = HEADER.unpack_from(data)
-        payload = data[HEADER.size :]
-        if magic != MAGIC or offset != meta.offset or length != len(payload):
-            raise CorruptRecord(f"snapshot {meta.path.name} has a bad header")
-        if _crc32c.crc32c(payload) != crc:
-            raise CorruptRecord(f"snapshot {meta.path.name} fails its CRC")
-        return payload
+        return decode_snapshot(meta.path.read_bytes(), meta.offset, meta.path.name)
 
     # -- transfer -------------------------------------------------------------------------------
 

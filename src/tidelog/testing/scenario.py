@@ -53,7 +53,7 @@ from tidelog.replication.messages import (
     VoteRequest,
     VoteResponse,
 )
-from tidelog.replication.replica import LEADER_CHANGE_CONTROL_KEY, ReplicaConfig, Role
+from tidelog.replication.replica import LEADER_CHANGE_CONTROL_KEY, Ready, ReplicaConfig, Role
 from tidelog.testing.sim import SimNode, SimParams, Simulation, SimulationFailure, Waiter
 
 
@@ -111,10 +111,12 @@ class Scenario(Simulation):
     # -- hooks into the simulator ---------------------------------------------------------------
 
     def send(self, src: int, dst: int, message: Message, directory: str = "") -> None:
+        self._announce(self.nodes[src])
         self.queue.append(Queued(src, dst, message, directory if self.directories else ""))
         self.out.append(f"{src}->{dst} {format_message(message)}")
 
-    def process_ready(self, node: SimNode) -> None:
+    def _announce(self, node: SimNode) -> None:
+        """A new leader says so before its first message."""
         replica = node.replica
         if (
             replica is not None
@@ -123,7 +125,10 @@ class Scenario(Simulation):
         ):
             self.announced[node.node_id] = replica.epoch
             self.out.append(f"{node.node_id} is leader in epoch {replica.epoch}")
-        super().process_ready(node)
+
+    def after_ready(self, node: SimNode, ready: Ready) -> None:
+        self._announce(node)
+        super().after_ready(node, ready)
         node.log.write_state_checkpoint()  # scripts keep the HW checkpoint current
         if self.auto_flush:
             self.complete_flushes()
@@ -144,10 +149,9 @@ class Scenario(Simulation):
 
     def _deliver_one(self, q: Queued) -> None:
         node = self.nodes[q.dst]
-        if (q.src, q.dst) in self.blocked or node.replica is None:
+        if (q.src, q.dst) in self.blocked or node.driver is None:
             return
-        node.replica.step(q.src, q.message, q.directory)
-        self.process_ready(node)
+        node.driver.step(q.src, q.message, q.directory)
 
     def stabilize(self, among: set[int] | None) -> None:
         for _ in range(10_000):
@@ -285,13 +289,12 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             targets = {int(p) for p in plain} or set(sim.node_ids)
             for n in sorted(targets):
                 node = sim.nodes[n]
-                if node.flush is not None and node.replica is not None:
+                if node.flush is not None and node.driver is not None:
                     job, _ = node.flush
                     node.flush = None
                     node.log.complete_flush(job)
-                    node.replica.on_flushed()
                     sim.out.append(f"{n} flushed to {node.log.durable_end_offset}")
-                    sim.process_ready(node)
+                    node.driver.flushed()
         elif cmd == "tick":
             count = int(plain[0])
             ticked = [int(p) for p in plain[1:]] or sim.node_ids
@@ -299,9 +302,8 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
                 sim.now += 1
                 for n in ticked:
                     node = sim.nodes[n]
-                    if node.replica is not None:
-                        node.replica.tick()
-                        sim.process_ready(node)
+                    if node.driver is not None:
+                        node.driver.tick()
         elif cmd == "crash":
             sim.crash(int(plain[0]))
             sim.queue = [q for q in sim.queue if q.dst != int(plain[0])]

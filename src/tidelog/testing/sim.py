@@ -5,12 +5,17 @@ every random choice after that, so a failing seed replays exactly:
 
     python -m tidelog.testing --seed 1234
 
-The cluster is the production `Replica` class on `MemoryLog` disks that lose what was not
-flushed when a node crashes, a network that drops, delays, duplicates and reorders messages and
-can be partitioned (both ways or one way), nodes that crash, restart and pause, nodes that come
-back with an empty disk under their old id (a new directory id: they must rejoin as observers),
-producers with
-acks=1 and acks=all, and readers that read from any replica below its high-water mark.
+The cluster is the production partition driver (`replication/driver.py`: the Ready loop and
+the cleaner's pass, with the low-water mark decided by `replication/low_watermark.py` from
+facts) over the production `Replica`, on `MemoryLog` disks that lose what was not flushed when
+a node crashes and cut the log into segments as the node does; for state-machine logs (a
+quarter of the seeds) the production `StateMachineDriver` applies a table, snapshots it and
+installs snapshots on followers behind the log start. Around them: a network that drops,
+delays, duplicates and reorders messages and can be partitioned (both ways or one way), nodes
+that crash, restart and pause, nodes that come back with an empty disk under their old id (a
+new directory id: they must rejoin as observers), producers with acks=1 and acks=all, readers
+that read from any replica below its high-water mark, and cursors whose consumers commit, stall
+and fall past cursor.max.idle.ms or cursor.max.lag.bytes (one tick is one millisecond).
 
 A safety phase with faults is followed by a liveness phase with every fault healed, in which a
 leader must emerge and every replica must converge to the same committed log.
@@ -23,7 +28,10 @@ Checked all the time (Jepsen's queue properties as invariants):
   - the HW never moves backwards on a leader within its epoch, and no replica's HW exceeds the
     highest HW a leader has declared
   - two logs holding a batch with the same offset and epoch are identical up to it (log matching)
-Checked at the end: every acks=all record is in the log at the offset its ack named.
+  - no leader's log start passes a cursor that is within its caps (checked against the caps as
+    the issue states them, not through the LWM code), and only such cursors are invalidated
+Checked at the end: every acks=all record is in the log at the offset its ack named; for
+state-machine logs, every replica's table equals the table built from every committed batch.
 """
 
 from __future__ import annotations
@@ -37,11 +45,23 @@ from typing import Any
 
 from tidelog.config import TopicConfig
 from tidelog.errors import TidelogError
-from tidelog.record.batch import ProducerRecord, build_batch, read_header
-from tidelog.replication.low_watermark import KIND_CURSOR, KIND_RETENTION, Hold
+from tidelog.node.state_machine import StateMachineDriver, TableMachine
+from tidelog.record.batch import ProducerRecord, build_batch, decode_records, read_header
+from tidelog.replication.acks import ANY_EPOCH
+from tidelog.replication.driver import PartitionDriver
+from tidelog.replication.low_watermark import CursorFact, LowWatermarkFacts
 from tidelog.replication.messages import Message
-from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig, Role
+from tidelog.replication.replica import (
+    FAULT_ACKS_REGISTERED_LATE,
+    QuorumState,
+    Ready,
+    Replica,
+    ReplicaConfig,
+    Role,
+)
+from tidelog.replication.table import TableState
 from tidelog.storage.memory_log import MemoryFlush, MemoryLog
+from tidelog.storage.memory_snapshot import MemorySnapshotStore
 
 
 class SimulationFailure(AssertionError):
@@ -67,9 +87,16 @@ class SimParams:
     hw_policy: str = "quorum"
     fetch_max_bytes: int = 1 << 20
     clean_every: int = 0  # ticks between cleaner passes on the leader (0: no cleaning)
-    retention_keep: int = 100  # retention keeps the last this many offsets
-    cursor_cap_ticks: int = 300  # a cursor idle longer is invalidated
-    cursor_stall: float = 0.0  # chance per tick that the cursor's consumer stops committing
+    retention_bytes: int = 6000
+    retention_ms: int = -1
+    segment_bytes: int = 1000
+    cursors: int = 1
+    cursor_max_idle_ms: int = 300  # a cursor idle longer is invalidated
+    cursor_max_lag_bytes: int = -1
+    cursor_stall: float = 0.0  # chance per tick that a cursor's consumer stops committing
+    state_machine: bool = False  # a table: applied, snapshotted, snapshots installed
+    snapshot_entries: int = 20
+    snapshot_catchup_entries: int = 5
     replica_max_lag_ticks: int = 60
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
@@ -99,14 +126,33 @@ class SimParams:
             hw_policy=rng.choice(["quorum", "quorum", "isr"]),
             fetch_max_bytes=rng.choice([1, 1000, 4096, 1 << 20]),
             clean_every=rng.choice([0, 0, 5, 20, 50]),
-            retention_keep=rng.randint(3, 150),
-            cursor_cap_ticks=rng.choice([40, 300, 10**9]),
+            retention_bytes=rng.randint(3, 150) * 60,
+            cursor_max_idle_ms=rng.choice([40, 300, 10**9]),
             cursor_stall=rng.choice([0.0, 0.002, 0.01]),
             replica_max_lag_ticks=rng.choice([30, 60, 200]),
             safety_ticks=rng.randint(800, 1800),
             liveness_ticks=3000,
             faults=faults,
-            wipe_rate=maybe(0.4, rng.uniform(0.001, 0.006)),  # drawn last: older seeds keep theirs
+            wipe_rate=maybe(0.4, rng.uniform(0.001, 0.006)),
+            # drawn last: older seeds keep the draws above
+            retention_ms=rng.choice([-1, -1, 150, 600]),
+            segment_bytes=rng.choice([200, 700, 3000, 1 << 30]),
+            cursors=rng.choice([0, 1, 2, 3]),
+            cursor_max_lag_bytes=rng.choice([-1, -1, 1500, 6000]),
+            state_machine=rng.random() < 0.25,
+            snapshot_entries=rng.choice([3, 20, 100]),
+            snapshot_catchup_entries=rng.choice([0, 5, 50]),
+        )
+
+    def topic_config(self) -> TopicConfig:
+        return TopicConfig(
+            segment_bytes=self.segment_bytes,
+            retention_ms=self.retention_ms,
+            retention_bytes=self.retention_bytes,
+            cursor_max_idle_ms=self.cursor_max_idle_ms,
+            cursor_max_lag_bytes=self.cursor_max_lag_bytes,
+            snapshot_entries=self.snapshot_entries,
+            snapshot_catchup_entries=self.snapshot_catchup_entries,
         )
 
     def replay_command(self) -> str:
@@ -124,14 +170,27 @@ class Waiter:
 
 
 @dataclass
+class SimCursor:
+    """A cursor as the metadata log holds it, and its consumer."""
+
+    name: str
+    backup: bool
+    position: int = 0
+    committed_ms: int = 0
+    invalidated: str = ""
+    stalled_until: int = 0
+
+
+@dataclass
 class SimNode:
     node_id: int
     log: MemoryLog
+    snapshots: MemorySnapshotStore
     state: QuorumState = field(default_factory=QuorumState)
-    replica: Replica | None = None
+    driver: PartitionDriver[Waiter] | None = None
+    machine: StateMachineDriver | None = None
     flush: tuple[MemoryFlush, int] | None = None
     paused_until: int = 0
-    waiters: list[Waiter] = field(default_factory=list)
     checked_upto: int = 0
     led_epoch: int = -1  # the epoch this node last led
     directory: str = ""  # its data directory's id: a new one after its disk is replaced
@@ -140,8 +199,57 @@ class SimNode:
     known_directories: dict[int, str] = field(default_factory=dict)
 
     @property
+    def replica(self) -> Replica | None:
+        return self.driver.replica if self.driver is not None else None
+
+    @property
     def alive(self) -> bool:
-        return self.replica is not None
+        return self.driver is not None
+
+    @property
+    def table(self) -> TableState | None:
+        machine = self.machine.machine if self.machine is not None else None
+        return machine.state if isinstance(machine, TableMachine) else None
+
+
+class SimEffects:
+    """The partition driver's effects in the simulator: a model of the node's IO."""
+
+    def __init__(self, sim: Simulation, node: SimNode) -> None:
+        self.sim = sim
+        self.node = node
+
+    def persist(self, state: QuorumState) -> None:
+        self.node.state = state  # durable before any message leaves
+
+    def send(self, to: int, message: Message) -> None:
+        self.sim.send(self.node.node_id, to, message, self.node.directory)
+
+    def start_flush(self) -> None:
+        node = self.node
+        if node.flush is None:
+            job = node.log.begin_flush()
+            if job is not None:
+                delay = self.sim.rng.randint(0, self.sim.params.flush_delay_max)
+                node.flush = (job, self.sim.now + delay)
+
+    def acknowledge(self, acked: list[Waiter], failed: list[Waiter]) -> None:
+        self.sim.acknowledge(acked, failed)
+
+    def committed(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def rolled(self) -> None:
+        self.sim.stats.segments_rolled += 1
+
+    def invalidate_cursor(self, name: str, reason: str) -> None:
+        self.sim.invalidate_cursor(self.node, name, reason)
+
+    def handled(self, ready: Ready) -> None:
+        self.sim.after_ready(self.node, ready)
 
 
 @dataclass
@@ -159,6 +267,10 @@ class Stats:
     pauses: int = 0
     elections: int = 0
     cleanings: int = 0
+    segments_rolled: int = 0
+    invalidations: int = 0
+    snapshots_taken: int = 0
+    snapshots_installed: int = 0
     messages: int = 0
     dropped: int = 0
     converged_after: int = -1
@@ -170,13 +282,20 @@ class Simulation:
         self.rng = random.Random(params.seed ^ 0x5EED)
         self.now = 0
         self.node_ids = list(range(1, params.nodes + 1))
-        config = TopicConfig()
+        self.config = params.topic_config()
         initial = {n: f"d{n}.0" for n in self.node_ids}
         self.nodes = {
-            n: SimNode(n, MemoryLog(config), directory=initial[n], known_directories=dict(initial))
+            n: SimNode(
+                n,
+                self._new_log(),
+                MemorySnapshotStore(self.config.snapshot_retain),
+                directory=initial[n],
+                known_directories=dict(initial),
+            )
             for n in self.node_ids
         }
         self.replaced: set[int] = set()  # wiped, and not yet admitted again by a leader
+        self.late: list[tuple[int, Waiter]] = []  # acks-registered-late: (when, waiter)
         self.network: list[tuple[int, int, int, int, str, Message]] = []
         self._seq = 0
         self.blocked: set[tuple[int, int]] = set()
@@ -193,11 +312,8 @@ class Simulation:
         self.acked: dict[bytes, int] = {}
         self.acked_one: dict[bytes, int] = {}
         self.next_value = 0
-        # One durable cursor (as the metadata log would hold it) that the cleaner must respect.
-        self.cursor_position = 0
-        self.cursor_committed = 0
-        self.cursor_live = True
-        self.cursor_stalled_until = 0
+        # Durable cursors (as the metadata log holds them) that the cleaner must respect.
+        self.cursors = [SimCursor(f"c{i}", backup=i == 2) for i in range(params.cursors)]
         for n in self.node_ids:
             self._start(n)
 
@@ -218,17 +334,36 @@ class Simulation:
             replica_max_lag_ticks=self.params.replica_max_lag_ticks,
             directory_id=self.nodes[node_id].directory,
             faults=self.params.faults,
+            state_machine=self.params.state_machine,
         )
+
+    def _new_log(self) -> MemoryLog:
+        return MemoryLog(self.config, clock_ms=lambda: self.now)
 
     def _start(self, node_id: int) -> None:
         node = self.nodes[node_id]
-        node.replica = Replica(
+        seed = self.rng.getrandbits(32)
+        node.machine = None
+        if self.params.state_machine:
+            node.machine = StateMachineDriver(
+                f"sim/{node_id}",
+                node.log,
+                node.snapshots,
+                TableMachine(),
+                self.config.snapshot_entries,
+                seed,
+            )
+        replica = Replica(
             self.replica_config(node_id),
             node.log,
             node.state,
-            random.Random(self.rng.getrandbits(32)),
+            random.Random(seed),
+            node.machine,
             known_directories=node.known_directories,
         )
+        node.driver = PartitionDriver(replica, node.log, SimEffects(self, node), node.machine)
+        if node.machine is not None:
+            node.machine.catch_up()
         node.checked_upto = min(node.checked_upto, node.log.high_watermark)
         self._log(f"start {node_id} epoch={node.state.epoch} leo={node.log.log_end_offset}")
         self.process_ready(node)
@@ -237,13 +372,17 @@ class Simulation:
         node = self.nodes[node_id]
         if not node.alive:
             return
-        node.replica = None
+        assert node.driver is not None
+        node.driver.stopped = True
+        self.stats.failed += len(node.driver.owed.fail_all())
+        node.driver = None
+        if node.machine is not None:
+            self.stats.snapshots_taken += node.machine.snapshots_taken
         node.flush = None
         node.paused_until = 0
         node.log.crash()
+        node.snapshots.crash()
         node.checked_upto = min(node.checked_upto, node.log.high_watermark)
-        self.stats.failed += len(node.waiters)
-        node.waiters.clear()
         self.stats.crashes += 1
         self._log(f"crash {node_id} leo={node.log.log_end_offset} hw={node.log.high_watermark}")
 
@@ -253,7 +392,8 @@ class Simulation:
         minority may lose its disks; a majority losing them loses data by definition)."""
         node = self.nodes[node_id]
         self.crash(node_id)
-        node.log = MemoryLog(TopicConfig())
+        node.log = self._new_log()
+        node.snapshots = MemorySnapshotStore(self.config.snapshot_retain)
         node.state = QuorumState()
         node.known_directories = {}
         incarnation = int(node.directory.rpartition(".")[2]) + 1
@@ -279,27 +419,19 @@ class Simulation:
             self._start(node_id)
 
     def process_ready(self, node: SimNode) -> None:
+        assert node.driver is not None
+        node.driver.process_ready()
+
+    def after_ready(self, node: SimNode, ready: Ready) -> None:
+        """The driver handled a Ready: count, and check the invariants."""
         replica = node.replica
         assert replica is not None
-        ready = replica.ready()
-        if ready.state is not None:
-            node.state = ready.state  # durable before any message leaves
-        for out in ready.messages:
-            self.send(node.node_id, out.to, out.message, node.directory)
-        if ready.flush and node.flush is None:
-            job = node.log.begin_flush()
-            if job is not None:
-                node.flush = (job, self.now + self.rng.randint(0, self.params.flush_delay_max))
-        if ready.lost_leadership or ready.truncated:
-            self.stats.failed += len(node.waiters)
-            node.waiters.clear()
-        if ready.log_start_changed:
-            node.log.delete_segments_below_log_start()
         if ready.role_changed and replica.role is Role.LEADER:
             self.stats.elections += 1
             self._log(f"leader {node.node_id} epoch={replica.epoch}")
-        self._release_waiters(node)
-        replica.advance()
+        if ready.snapshot_installed >= 0:
+            self.stats.snapshots_installed += 1
+            self._log(f"snapshot {ready.snapshot_installed} installed on {node.node_id}")
         # A leader may advance its HW and step down in one step (a tick that also fails its
         # check-quorum): that HW was still declared by a leader.
         self._check_node(node, led=ready.lost_leadership)
@@ -331,9 +463,8 @@ class Simulation:
             self.digest.update(
                 f"{self.now}:{src}>{dst}:{type(message).__name__}:{message.epoch}".encode()
             )
-            assert node.replica is not None
-            node.replica.step(src, message, directory)
-            self.process_ready(node)
+            assert node.driver is not None
+            node.driver.step(src, message, directory)
         for item in deferred:
             heapq.heappush(self.network, item)
 
@@ -346,9 +477,8 @@ class Simulation:
                 continue
             node.flush = None
             node.log.complete_flush(job)
-            assert node.replica is not None
-            node.replica.on_flushed()
-            self.process_ready(node)
+            assert node.driver is not None
+            node.driver.flushed()
 
     # -- clients --------------------------------------------------------------------------------
 
@@ -371,33 +501,43 @@ class Simulation:
         replica = node.replica
         if replica is None:
             return None
+        # A table's records need keys; a few keys, so later values replace earlier ones.
+        key = b"k%d" % (self.next_value % 7) if self.params.state_machine else None
         try:
-            info = replica.propose(build_batch([ProducerRecord(None, value)], now_ms=self.now))
+            info = replica.propose(build_batch([ProducerRecord(key, value)], now_ms=self.now))
         except TidelogError:
             return None
         self.stats.proposed += 1
-        node.waiters.append(Waiter(node.node_id, replica.epoch, info.last_offset, value, acks))
         self.process_ready(node)
+        waiter = Waiter(node.node_id, replica.epoch, info.last_offset, value, acks)
+        if FAULT_ACKS_REGISTERED_LATE in self.params.faults:
+            # The producer's wait starts when its coroutine first runs, from whatever
+            # leadership there is then (the hw.policy=isr loss).
+            self.late.append((self.now + self.rng.randint(0, 30), waiter))
+        elif node.driver is not None and node.driver.owe(info.last_offset, acks == "1", waiter):
+            self.acknowledge([waiter], [])
         return info.last_offset
 
-    def _release_waiters(self, node: SimNode) -> None:
-        replica = node.replica
-        if replica is None or not node.waiters:
-            return
-        keep = []
-        for w in node.waiters:
-            if not replica.is_leader or replica.epoch != w.epoch:
+    def _register_late(self) -> None:
+        due = [(t, w) for t, w in self.late if t <= self.now]
+        self.late = [(t, w) for t, w in self.late if t > self.now]
+        for _, w in due:
+            driver = self.nodes[w.node].driver
+            if driver is None:
                 self.stats.failed += 1
-                continue
-            if w.acks == "all" and node.log.high_watermark > w.last_offset:
+            else:
+                driver.owed.register(w.last_offset, w.acks == "1", ANY_EPOCH, w)
+                driver.process_ready()
+
+    def acknowledge(self, acked: list[Waiter], failed: list[Waiter]) -> None:
+        self.stats.failed += len(failed)
+        for w in acked:
+            if w.acks == "all":
                 self._acknowledge(self.acked, w)
                 self.stats.acked_all += 1
-            elif w.acks == "1" and node.log.effective_durable_end > w.last_offset:
+            else:
                 self._acknowledge(self.acked_one, w)
                 self.stats.acked_one += 1
-            else:
-                keep.append(w)
-        node.waiters = keep
 
     def _acknowledge(self, into: dict[bytes, int], w: Waiter) -> None:
         into[w.value] = w.last_offset
@@ -448,41 +588,84 @@ class Simulation:
 
     # -- the low-water mark ---------------------------------------------------------------------
 
-    def commit_cursor(self) -> None:
-        """The cursor's consumer reads committed data and commits, unless it is stalled."""
-        if not self.cursor_live or self.now < self.cursor_stalled_until:
-            return
-        if self.rng.random() < self.params.cursor_stall:
-            self.cursor_stalled_until = self.now + self.rng.randint(10, 600)
-            return
-        hw = max(self.max_declared_hw, self.cursor_position)
-        self.cursor_position = min(hw, self.cursor_position + self.rng.randint(0, 30))
-        self.cursor_committed = self.now
+    def commit_cursors(self) -> None:
+        """Each cursor's consumer reads committed data and commits, unless it is stalled."""
+        for cursor in self.cursors:
+            if cursor.invalidated or self.now < cursor.stalled_until:
+                continue
+            if self.rng.random() < self.params.cursor_stall:
+                cursor.stalled_until = self.now + self.rng.randint(10, 600)
+                continue
+            hw = max(self.max_declared_hw, cursor.position)
+            cursor.position = min(hw, cursor.position + self.rng.randint(0, 30))
+            cursor.committed_ms = self.now
+
+    def facts(self, node: SimNode) -> LowWatermarkFacts:
+        log = node.log
+        machine = node.machine
+        return LowWatermarkFacts(
+            log.log_start_offset,
+            log.high_watermark,
+            log.segments,
+            self.config,
+            self.now,
+            cursors=tuple(
+                CursorFact(
+                    c.name,
+                    c.position,
+                    c.committed_ms,
+                    log.bytes_from(c.position),
+                    c.backup,
+                    c.invalidated,
+                )
+                for c in self.cursors
+            ),
+            snapshot_offset=machine.snapshot_offset if machine is not None else None,
+            state_machine=machine is not None,
+        )
 
     def clean(self) -> None:
-        """A cleaner pass on every live leader: holds in, low-water mark out, log start moved."""
+        """A cleaner pass on every live leader, as the node's cleaner runs it."""
         for node in self.nodes.values():
-            replica = node.replica
-            if replica is None or not replica.is_leader or node.paused_until > self.now:
+            if node.driver is None or node.paused_until > self.now:
                 continue
-            log = node.log
-            keep = max(log.log_start_offset, log.log_end_offset - self.params.retention_keep)
-            holds = [Hold(KIND_RETENTION, "keep-last", keep)]
-            if self.cursor_live and self.now - self.cursor_committed > self.params.cursor_cap_ticks:
-                self.cursor_live = False  # past its cap: invalidated, stops holding
-                self._log(f"cursor invalidated at {self.cursor_position}")
-            if self.cursor_live:
-                holds.append(Hold(KIND_CURSOR, "c", self.cursor_position))
-            lwm = replica.low_watermark(holds)
-            if lwm.offset > log.log_start_offset:
-                replica.advance_log_start(lwm.offset)
+            before = node.log.log_start_offset
+            node.driver.clean(self.facts(node))
+            if node.log.log_start_offset > before:
                 self.stats.cleanings += 1
-                self.process_ready(node)
-            if self.cursor_live and log.log_start_offset > self.cursor_position:
+                self._log(f"log start {before} -> {node.log.log_start_offset} on {node.node_id}")
+            node.log.delete_segments_below_log_start()
+            if node.log.log_start_offset > before:
+                self._check_cursors(node)
+
+    def _entitled(self, cursor: SimCursor, node: SimNode) -> bool:
+        """Whether the cursor may still hold the log, by the caps as users are told them
+        (cursor.max.idle.ms, cursor.max.lag.bytes), computed here, not by the code under test."""
+        if cursor.invalidated:
+            return False
+        idle = self.now - cursor.committed_ms
+        lag = sum(len(b) for h, b in node.log.batches() if h.last_offset >= cursor.position)
+        max_idle, max_lag = self.config.cursor_max_idle_ms, self.config.cursor_max_lag_bytes
+        return not (0 <= max_idle < idle) and not (0 <= max_lag < lag)
+
+    def _check_cursors(self, node: SimNode) -> None:
+        for cursor in self.cursors:
+            if node.log.log_start_offset > cursor.position and self._entitled(cursor, node):
                 self.fail(
-                    f"node {node.node_id} deleted below {log.log_start_offset} while a live cursor "
-                    f"still needs {self.cursor_position}"
+                    f"node {node.node_id} moved its log start to {node.log.log_start_offset} past "
+                    f"cursor {cursor.name} at {cursor.position}, which is within its caps"
                 )
+
+    def invalidate_cursor(self, node: SimNode, name: str, reason: str) -> None:
+        """The metadata log records the invalidation (at once, here)."""
+        cursor = next(c for c in self.cursors if c.name == name)
+        if cursor.invalidated:
+            return
+        if self._entitled(cursor, node) and cursor.position >= node.log.log_start_offset:
+            self.fail(f"cursor {name} invalidated within its caps: {reason}")
+        cursor.invalidated = reason
+        self.stats.invalidations += 1
+        self._log(f"cursor {name} invalidated at {cursor.position}: {reason}")
 
     def _check_node(self, node: SimNode, led: bool = False) -> None:
         replica = node.replica
@@ -543,6 +726,9 @@ class Simulation:
                         )
 
     def check_final(self) -> None:
+        self.stats.snapshots_taken += sum(
+            n.machine.snapshots_taken for n in self.nodes.values() if n.machine is not None
+        )
         leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
         if len(leaders) != 1:
             self.fail(f"liveness: {len(leaders)} leaders after healing")
@@ -570,6 +756,35 @@ class Simulation:
                     f"acknowledged (acks=all) record {value.decode()} is not at offset {offset}"
                 )
         self.check_log_matching()
+        if self.params.state_machine:
+            self.check_tables(leaders[0].log.high_watermark)
+
+    def check_tables(self, high_watermark: int) -> None:
+        """Every replica's table is the table of every committed batch, applied in order,
+        whether it got there by applying records or by installing its leader's snapshot."""
+        expected = TableState()
+        offset = 0
+        for base in sorted(self.committed):
+            if base != offset:
+                self.fail(f"the checker saw no committed batch at {offset} (next: {base})")
+            batch = self.committed[base]
+            header = read_header(batch)
+            if not header.is_control:
+                expected.apply(decode_records(batch))
+            offset = header.next_offset
+        if offset != high_watermark:
+            self.fail(
+                f"the checker saw committed batches up to {offset}, the HW is {high_watermark}"
+            )
+        for node in self.nodes.values():
+            table = node.table
+            assert table is not None
+            if table.applied_offset != offset or table.entries != expected.entries:
+                self.fail(
+                    f"node {node.node_id}'s table (applied to {table.applied_offset}, "
+                    f"{len(table.entries)} keys) is not the committed log's (to {offset}, "
+                    f"{len(expected.entries)} keys)"
+                )
 
     # -- running --------------------------------------------------------------------------------
 
@@ -632,23 +847,23 @@ class Simulation:
             self.nemesis()
         for n in self.node_ids:
             node = self.nodes[n]
-            if node.alive and node.paused_until <= self.now:
-                assert node.replica is not None
-                node.replica.tick()
-                self.process_ready(node)
+            if node.driver is not None and node.paused_until <= self.now:
+                node.driver.tick()
                 if self.now % 25 == 0:
                     node.log.write_state_checkpoint()
         self.deliver_due()
         self.complete_flushes()
         if self.replaced:
             self._readmitted()
+        if self.late:
+            self._register_late()
         if clients:
             if self.rng.random() < self.params.produce_rate:
                 self.produce()
             if self.rng.random() < self.params.read_rate:
                 self.read()
             if self.params.clean_every:
-                self.commit_cursor()
+                self.commit_cursors()
         if self.params.clean_every and self.now % self.params.clean_every == 0:
             self.clean()
 
@@ -657,7 +872,8 @@ class Simulation:
         if len(leaders) != 1:
             return False
         leader = leaders[0]
-        if any(w.acks == "all" for w in leader.waiters):
+        owed = leader.driver.owed.awaiting_commit if leader.driver is not None else 0
+        if owed and FAULT_ACKS_REGISTERED_LATE not in self.params.faults:
             return False
         leo = leader.log.log_end_offset
         # Log starts may differ: a follower that had to start over may have discarded more.
@@ -687,6 +903,12 @@ class Simulation:
             # One batch per round trip: catching up takes time proportional to the lag.
             longest = max(n.log.log_end_offset for n in self.nodes.values())
             budget += 2 * (self.params.delay_max + 2) * longest
+            # And a snapshot comes fetch_max_bytes at a time (one byte, in some seeds), each
+            # lost chunk asked again after a retry.
+            snapshot = max((n.snapshots.largest for n in self.nodes.values()), default=0)
+            budget += (
+                (2 * (self.params.delay_max + 2) + 15) * snapshot // self.params.fetch_max_bytes
+            )
         for i in range(budget):
             self.step(clients=False)
             if self.converged():

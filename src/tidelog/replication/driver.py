@@ -1,0 +1,213 @@
+"""The partition driver: the Ready loop and the cleaner's pass over one replica, with no IO.
+
+The asyncio node (node/partition.py) and the simulator (testing/sim.py) both run this class;
+each supplies the effects (`PartitionEffects`) -- files, sockets and threads in the node, a
+model of them in the simulator. So the order that keeps acknowledged records safe is written
+once:
+
+    1. persist the quorum state (epoch, vote, directories)   BEFORE any message leaves
+    2. send the messages
+    3. start a group commit if the log has unflushed appends
+    4. fail the acks a lost leadership or a truncation can no longer give
+    5. apply newly committed records to the state machine (snapshotting when due)
+    6. release the acks the HW now covers; tell who listens; wake long-polls
+    7. after a roll, ask for a cleaner pass; below a new log start, delete whole segments
+
+and a cleaner pass on the leader: the low-water mark from facts (low_watermark.py), the
+cursors past their caps invalidated, the log start moved up to the LWM (durably, before any
+file goes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Generic, Protocol, TypeVar
+
+from tidelog.errors import NotLeader, TidelogError
+from tidelog.replication.acks import OwedAcks
+from tidelog.replication.log_interface import ReplicaLog
+from tidelog.replication.low_watermark import LowWatermark, LowWatermarkFacts, decide_low_watermark
+from tidelog.replication.messages import Message
+from tidelog.replication.replica import QuorumState, Ready, Replica
+
+
+class DriverLog(ReplicaLog, Protocol):
+    @property
+    def segment_count(self) -> int: ...
+
+    def flush_due(self) -> bool: ...
+
+    def delete_segments_below_log_start(self) -> list[int]: ...
+
+
+class Applier(Protocol):
+    """A state machine kept applied up to the HW (node/state_machine.py)."""
+
+    def catch_up(self) -> None: ...
+
+
+W = TypeVar("W")  # whatever stands for a producer waiting for its ack
+
+
+class PartitionEffects(Protocol[W]):
+    def persist(self, state: QuorumState) -> None:
+        """Make the quorum state durable; returns only once it is."""
+        ...
+
+    def send(self, to: int, message: Message) -> None: ...
+
+    def start_flush(self) -> None:
+        """Start a group commit unless one is running; call PartitionDriver.flushed() after."""
+        ...
+
+    def acknowledge(self, acked: list[W], failed: list[W]) -> None:
+        """Answer these producers: acknowledged, or failed (their leadership ended)."""
+        ...
+
+    def committed(self) -> None:
+        """The HW moved or a snapshot was installed (the state machine has caught up)."""
+        ...
+
+    def wake(self) -> None:
+        """The HW, the role or the log's contents changed: wake long-polling readers."""
+        ...
+
+    def rolled(self) -> None:
+        """A new segment: retention gets a look now, not at the next interval."""
+        ...
+
+    def invalidate_cursor(self, name: str, reason: str) -> None:
+        """Record, once, that a cursor no longer holds (through the metadata log)."""
+        ...
+
+    def handled(self, ready: Ready) -> None:
+        """Called last, after every step above (the simulator checks its invariants here)."""
+        ...
+
+
+class PartitionDriver(Generic[W]):
+    def __init__(
+        self,
+        replica: Replica,
+        log: DriverLog,
+        effects: PartitionEffects[W],
+        machine: Applier | None = None,
+    ) -> None:
+        self.replica = replica
+        self.log = log
+        self.effects = effects
+        self.machine = machine
+        self.owed: OwedAcks[W] = OwedAcks()
+        self.stopped = False
+        self._segments_seen = log.segment_count
+
+    # -- acknowledgements (replication/acks.py) -------------------------------------------------
+
+    def owe(self, last_offset: int, durable_only: bool, waiter: W) -> bool:
+        """Right after this leader appended a batch ending at last_offset: owe its producer an
+        ack, from this leadership. True when it is due already (nothing is registered)."""
+        replica = self.replica
+        if not replica.is_leader:
+            leader = replica.leader_id
+            raise NotLeader("not the leader", leader_hint=leader if leader >= 0 else None)
+        mark = self.log.effective_durable_end if durable_only else self.log.high_watermark
+        if mark > last_offset:
+            return True
+        self.owed.register(last_offset, durable_only, replica.epoch, waiter)
+        return False
+
+    def _release(self) -> None:
+        if not len(self.owed):
+            return
+        leading = self.replica.epoch if self.replica.is_leader else None
+        acked, failed = self.owed.due(
+            self.log.high_watermark, self.log.effective_durable_end, leading
+        )
+        if acked or failed:
+            self.effects.acknowledge(acked, failed)
+
+    def fail_owed(self) -> None:
+        failed = self.owed.fail_all()
+        if failed:
+            self.effects.acknowledge([], failed)
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        if self.stopped:
+            return
+        self.replica.tick()
+        self.process_ready()
+        if self.log.flush_due():
+            self.effects.start_flush()  # flush.ms, for logs that do not fsync before acking
+
+    def step(self, sender: int, message: Message, directory: str = "") -> TidelogError | None:
+        """A message arrived. A follower that cannot append it (its disk is full, say) drops
+        it and fetches again on a later tick; the error is returned for the caller to report."""
+        error = None
+        try:
+            self.replica.step(sender, message, directory)
+        except TidelogError as exc:
+            error = exc
+        self.process_ready()
+        return error
+
+    def flushed(self) -> None:
+        """A group commit finished (the log's durable end already moved)."""
+        self.replica.on_flushed()
+        self._release()
+        self.process_ready()
+
+    # -- the Ready loop -------------------------------------------------------------------------
+
+    def process_ready(self) -> None:
+        if self.stopped:
+            return
+        ready = self.replica.ready()
+        fx = self.effects
+        if ready.state is not None:
+            fx.persist(ready.state)
+        for out in ready.messages:
+            fx.send(out.to, out.message)
+        if ready.flush:
+            fx.start_flush()
+        if ready.lost_leadership or ready.truncated:
+            self.fail_owed()
+        committed = ready.high_watermark_changed or ready.snapshot_installed >= 0
+        if self.machine is not None and committed:
+            self.machine.catch_up()
+        if ready.high_watermark_changed:
+            self._release()
+        if committed:
+            fx.committed()
+        if ready.high_watermark_changed or ready.role_changed or ready.truncated:
+            fx.wake()
+        if self.log.segment_count > self._segments_seen:
+            fx.rolled()
+        self._segments_seen = self.log.segment_count
+        if ready.log_start_changed:
+            # The new log start is durable (checkpointed) before any file goes.
+            self.log.delete_segments_below_log_start()
+        self.replica.advance()
+        fx.handled(ready)
+
+    # -- the cleaner's pass ---------------------------------------------------------------------
+
+    def low_watermark(self, facts: LowWatermarkFacts) -> LowWatermark:
+        """The LWM with this replica's view of the replicas added to the facts."""
+        return decide_low_watermark(
+            dataclasses.replace(facts, replicas=tuple(self.replica.replica_holds()))
+        )
+
+    def clean(self, facts: LowWatermarkFacts) -> LowWatermark | None:
+        """On the leader: decide the LWM, invalidate the cursors past their caps, move the log
+        start up to the LWM. Followers follow the leader's log start; they return None."""
+        if self.stopped or not self.replica.is_leader:
+            return None
+        lwm = self.low_watermark(facts)
+        for name, reason in lwm.to_invalidate:
+            self.effects.invalidate_cursor(name, reason)
+        if lwm.offset > self.log.log_start_offset:
+            self.replica.advance_log_start(lwm.offset)
+            self.process_ready()
+        return lwm
