@@ -52,6 +52,25 @@ def test_cli_round_trip(tmp_path: Path) -> None:
         assert "segment.bytes=2048" in described and "partition 0" in described
         dup = tidelog(b, "topics", "create", "events", check=False)
         assert dup.returncode == 1 and "TopicAlreadyExists" in dup.stderr
+        tidelog(b, "topics", "create", "scratch", "--config", "segment.bytes=4096")
+        altered = tidelog(
+            b,
+            "topics",
+            "alter",
+            "scratch",
+            "--config",
+            "retention.ms=60000",
+            "--delete-config",
+            "segment.bytes",
+        ).stdout
+        assert "retention.ms=60000" in altered and "segment.bytes" not in altered
+        bad = tidelog(b, "topics", "alter", "scratch", "--config", "retention.ms=soon", check=False)
+        assert bad.returncode == 1 and "InvalidConfig" in bad.stderr
+        grown = tidelog(b, "topics", "add-partitions", "scratch", "--partitions", "3").stdout
+        assert "now has 3 partitions" in grown
+        assert "deleted topic scratch" in tidelog(b, "topics", "delete", "scratch").stdout
+        gone = tidelog(b, "topics", "delete", "scratch", check=False)
+        assert gone.returncode == 1 and "UnknownTopicOrPartition" in gone.stderr
 
         out = tidelog(
             b, "produce", "events", "--partition", "1", "--print-offsets", stdin="a\nb\nc\n"

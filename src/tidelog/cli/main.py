@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cluster_commands(sub, with_bootstrap)
 
-    topics = sub.add_parser("topics", help="create, list and describe topics")
+    topics = sub.add_parser("topics", help="create, list, describe, alter, grow and delete topics")
     tsub = topics.add_subparsers(dest="topics_command")
     create = with_bootstrap(tsub.add_parser("create", help="create a topic"))
     create.add_argument("name")
@@ -124,6 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
     desc = with_bootstrap(tsub.add_parser("describe", help="describe a topic"))
     desc.add_argument("name")
     desc.set_defaults(func=cmd_topics_describe)
+    delete = with_bootstrap(
+        tsub.add_parser("delete", help="delete a topic: its data on every replica, its cursors")
+    )
+    delete.add_argument("name")
+    delete.add_argument(
+        "--force", action="store_true", help="delete even though backup cursors hold it"
+    )
+    delete.set_defaults(func=cmd_topics_delete)
+    alter = with_bootstrap(tsub.add_parser("alter", help="change a topic's configs, live"))
+    alter.add_argument("name")
+    alter.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    alter.add_argument(
+        "--delete-config", action="append", default=[], metavar="KEY", help="back to the default"
+    )
+    alter.set_defaults(func=cmd_topics_alter)
+    grow = with_bootstrap(
+        tsub.add_parser("add-partitions", help="grow a stream topic to N partitions")
+    )
+    grow.add_argument("name")
+    grow.add_argument("--partitions", type=int, required=True, help="the new total")
+    grow.set_defaults(func=cmd_topics_add_partitions)
 
     produce = with_bootstrap(sub.add_parser("produce", help="produce lines from stdin"))
     produce.add_argument("topic")
@@ -319,6 +340,42 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
                 print(
                     f"  partition {p}  leader {leader if leader >= 0 else 'unknown'}  replicas {replicas}"
                 )
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_topics_delete(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            resp = await client.delete_topic(args.name, args.force)
+            cursors = f" and its cursors {', '.join(resp.deleted_cursors)}"
+            print(f"deleted topic {resp.name}{cursors if resp.deleted_cursors else ''}")
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_topics_alter(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        if not args.config and not args.delete_config:
+            raise TidelogError("topics alter needs --config KEY=VALUE or --delete-config KEY")
+        async with AsyncClient(args.bootstrap) as client:
+            resp = await client.alter_topic(
+                args.name, _parse_kv(args.config), list(args.delete_config)
+            )
+            configs = " ".join(f"{k}={v}" for k, v in sorted(resp.configs.items()))
+            print(f"altered topic {resp.name}: configs {configs or '(defaults)'}")
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_topics_add_partitions(args: argparse.Namespace) -> int:
+    async def run() -> None:
+        async with AsyncClient(args.bootstrap) as client:
+            info = await client.add_partitions(args.name, args.partitions)
+            print(f"topic {info.name} now has {info.partitions} partitions")
 
     asyncio.run(run())
     return 0

@@ -374,6 +374,38 @@ class AsyncClient:
             await self.wait_for_leaders(name)
         return info
 
+    async def delete_topic(self, name: str, force: bool = False) -> api.DeleteTopicResponse:
+        """Delete a topic: every replica deletes its data, and its cursors are deleted. A topic
+        held by a backup cursor needs force."""
+        header = await self._to_metadata_leader(
+            ApiKey.DELETE_TOPIC, api.DeleteTopicRequest(name, force)
+        )
+        self._meta.topics.pop(name, None)
+        return api.decode(api.DeleteTopicResponse, header)
+
+    async def alter_topic(
+        self,
+        name: str,
+        configs: dict[str, str] | None = None,
+        delete_configs: list[str] | None = None,
+    ) -> api.AlterTopicResponse:
+        """Set (configs) or reset to the default (delete_configs) a topic's configs, live on
+        every replica; returns the topic's overrides after the change."""
+        request = api.AlterTopicRequest(name, dict(configs or {}), list(delete_configs or []))
+        header = await self._to_metadata_leader(ApiKey.ALTER_TOPIC, request)
+        return api.decode(api.AlterTopicResponse, header)
+
+    async def add_partitions(
+        self, name: str, partitions: int, wait_for_leaders: bool = True
+    ) -> TopicInfo:
+        """Grow a stream topic to `partitions` partitions (never fewer)."""
+        request = api.CreatePartitionsRequest(name, partitions)
+        await self._to_metadata_leader(ApiKey.CREATE_PARTITIONS, request)
+        info = await self.topic(name, refresh=True)
+        if wait_for_leaders:
+            await self.wait_for_leaders(name)
+        return info
+
     async def _to_metadata_leader(self, key: ApiKey, request: Any) -> dict[str, Any]:
         """Admin writes go through the metadata log's leader; follow its hints."""
         last: TidelogError | None = None

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from tidelog.client.async_client import AsyncClient, FetchResult, ProduceResult, TopicInfo
 from tidelog.client.producer import Producer, RecordMetadata
+from tidelog.protocol import api
 from tidelog.record.batch import ProducerRecord, Record
 
 T = TypeVar("T")
@@ -58,6 +59,20 @@ class Client:
         return self._run(
             self._async.create_topic(name, partitions, replication_factor, configs, kind)
         )
+
+    def delete_topic(self, name: str, force: bool = False) -> api.DeleteTopicResponse:
+        return self._run(self._async.delete_topic(name, force))
+
+    def alter_topic(
+        self,
+        name: str,
+        configs: dict[str, str] | None = None,
+        delete_configs: list[str] | None = None,
+    ) -> api.AlterTopicResponse:
+        return self._run(self._async.alter_topic(name, configs, delete_configs))
+
+    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
+        return self._run(self._async.add_partitions(name, partitions))
 
     def topic(self, name: str, refresh: bool = False) -> TopicInfo:
         return self._run(self._async.topic(name, refresh))

@@ -49,6 +49,7 @@ from tidelog.node.flusher import Flusher
 from tidelog.node.metrics import Counters
 from tidelog.node.partition import PartitionHost
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
+from tidelog.node.topics import TopicReplicas
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.replication_codec import decode_message, encode_message
@@ -60,9 +61,11 @@ from tidelog.replication.metadata import (
     CURSOR_NAME,
     METADATA_TOPIC,
     MetadataState,
-    TopicMeta,
     assign_replicas,
+    validate_add_partitions,
+    validate_alter,
     validate_create,
+    validate_delete,
 )
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
@@ -92,7 +95,8 @@ class NodeCore:
         self.access = Access()
         self.counters = Counters()
         self.hosts: dict[str, PartitionHost] = {}
-        self.metadata_machine = MetadataMachine(self._on_topic_applied, lambda state: None)
+        self.topics = TopicReplicas(self)
+        self.metadata_machine = MetadataMachine(self.topics.on_topic_changed, self.topics.on_reset)
         self.cleaner = Cleaner(self)
         self.peer_port = -1  # set by the node once its peer channel listens
         self._flusher: Flusher | None = None
@@ -115,6 +119,9 @@ class NodeCore:
             api.ListOffsetsRequest: (self._list_offsets, Operation.READ, "topic"),
             api.MetadataRequest: (self._metadata, Operation.DESCRIBE, ""),
             api.CreateTopicRequest: (self._create_topic, Operation.CREATE, "name"),
+            api.DeleteTopicRequest: (self._delete_topic, Operation.DELETE, "name"),
+            api.AlterTopicRequest: (self._alter_topic, Operation.ALTER, "name"),
+            api.CreatePartitionsRequest: (self._create_partitions, Operation.ALTER, "name"),
             api.StatusRequest: (self._status, Operation.DESCRIBE, ""),
             api.ApiVersionsRequest: (self._api_versions, Operation.DESCRIBE, ""),
             api.CursorRequest: (self._cursor, Operation.ALTER, "name"),
@@ -134,9 +141,10 @@ class NodeCore:
             snapshot_entries=self.config.metadata_snapshot_entries,
             snapshot_catchup_entries=max(1, self.config.metadata_snapshot_entries // 2),
         )
-        metadata = self._open_host(
+        metadata = self.open_host(
             METADATA_TOPIC, 0, self.config.voters, metadata_config, self.metadata_machine
         )
+        self.topics.sweep()
         if metadata.replica.epoch == 0 and self.node_id == min(self.config.voters):
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout
             metadata.process_ready()
@@ -210,13 +218,14 @@ class NodeCore:
 
     # -- replica groups -------------------------------------------------------------------------
 
-    def _open_host(
+    def open_host(
         self,
         topic: str,
         partition: int,
         voters: tuple[int, ...],
         config: TopicConfig,
         machine: Machine | None = None,
+        topic_id: int = -1,
     ) -> PartitionHost:
         directory = self.config.data_dir / f"{topic}-{partition}"
         host = PartitionHost(
@@ -234,6 +243,7 @@ class NodeCore:
             on_invalidate=self.cleaner.on_cursor_past_cap,
             directory_id=self.identity.directory_id,
             known_directories=self.peer_directories,
+            topic_id=topic_id,
         )
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
             log.warning("%s: recovered with truncation: %s", host.group, host.recovery)
@@ -290,6 +300,9 @@ class NodeCore:
 
     def _send_replication(self, to: int, group: str, message: Message) -> None:
         header, records = encode_message(group, message)
+        host = self.hosts.get(group)
+        if host is not None and host.topic_id >= 0:
+            header["topic_id"] = host.topic_id
         self.send_to_peer(to, ApiKey.REPLICATION, header, records)
 
     def on_peer_message(
@@ -303,7 +316,10 @@ class NodeCore:
         if key == ApiKey.REPLICATION:
             group, message = decode_message(header, payload)
             host = self.hosts.get(group)
-            if host is not None:  # not (yet) a replica of that group here: the sender retries
+            # Not (yet) a replica of that group here, or one of another incarnation of the
+            # topic's name (deleted and created again; one side has not applied it yet): the
+            # two must never count each other's votes or logs. The sender retries.
+            if host is not None and header.get("topic_id", host.topic_id) == host.topic_id:
                 host.step(sender, message, principal.directory_id)
         elif key == ApiKey.CURSOR:
             self.cleaner.on_invalidate_message(header, sender)
@@ -323,25 +339,6 @@ class NodeCore:
     @property
     def metadata_host(self) -> PartitionHost:
         return self.hosts[METADATA_GROUP]
-
-    def _on_topic_applied(self, meta: object) -> None:
-        assert isinstance(meta, TopicMeta)
-        config = self.config.topic_defaults.with_overrides(meta.configs)
-        for partition, replicas in enumerate(meta.assignments):
-            if self.node_id not in replicas:
-                continue
-            group = f"{meta.name}/{partition}"
-            if group in self.hosts:
-                continue
-            machine = TableMachine() if meta.kind == "table" else None
-            host = self._open_host(meta.name, partition, tuple(sorted(replicas)), config, machine)
-            if (
-                replicas[0] == self.node_id
-                and host.replica.epoch == 0
-                and host.replica.leader_id < 0
-            ):
-                host.replica.campaign()
-                host.process_ready()
 
     def _release_metadata_waiters(self) -> None:
         applied = self.metadata.applied_offset
@@ -638,6 +635,71 @@ class NodeCore:
         return api.CreateTopicResponse(
             req.name, meta.partitions, meta.replication_factor, meta.assignments
         )
+
+    def _require_metadata_leader(self) -> None:
+        """Admin changes are checked against the metadata leader's state, not a follower's
+        (which may not have applied the latest commands yet)."""
+        host = self.metadata_host
+        if not host.replica.is_leader:
+            raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
+
+    async def _delete_topic(
+        self, req: api.DeleteTopicRequest, payload: bytes
+    ) -> api.DeleteTopicResponse:
+        """Every replica of the topic deletes its data; its cursors are deleted with it."""
+        self._require_metadata_leader()
+        meta = validate_delete(self.metadata, req.name, req.force)
+        cursors = sorted(c.name for c in self.metadata.cursors.values() if c.topic == req.name)
+        command = {"type": "delete_topic", "name": req.name, "topic_id": meta.topic_id}
+        await self.propose_metadata(command, 30.0)
+        now = self.metadata.topics.get(req.name)
+        if now is not None and now.topic_id == meta.topic_id:
+            raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
+        log.warning("topic %s deleted (with cursors %s)", req.name, cursors or "none")
+        return api.DeleteTopicResponse(req.name, meta.topic_id, cursors)
+
+    async def _alter_topic(
+        self, req: api.AlterTopicRequest, payload: bytes
+    ) -> api.AlterTopicResponse:
+        """New config overrides, applied live by every replica (the cleaner at its next pass)."""
+        self._require_metadata_leader()
+        meta, configs = validate_alter(
+            self.metadata, req.name, dict(req.configs), list(req.delete_configs)
+        )
+        config = self.config.topic_defaults.with_overrides(configs)
+        self.config.check_batch_fits(config.max_message_bytes)
+        command = {
+            "type": "alter_topic",
+            "name": req.name,
+            "topic_id": meta.topic_id,
+            "configs": configs,
+        }
+        await self.propose_metadata(command, 30.0)
+        now = self.metadata.topics.get(req.name)
+        if now is None or now.topic_id != meta.topic_id:
+            raise UnknownTopicOrPartition(f"topic {req.name!r} was deleted meanwhile")
+        return api.AlterTopicResponse(req.name, dict(now.configs))
+
+    async def _create_partitions(
+        self, req: api.CreatePartitionsRequest, payload: bytes
+    ) -> api.CreatePartitionsResponse:
+        """More partitions for a stream, placed as creation places them."""
+        self._require_metadata_leader()
+        meta = validate_add_partitions(self.metadata, req.name, req.partitions)
+        nodes = list(self.config.voters)
+        start = zlib.crc32(req.name.encode()) % len(nodes)
+        placed = assign_replicas(nodes, req.partitions, meta.replication_factor, start)
+        command = {
+            "type": "add_partitions",
+            "name": req.name,
+            "topic_id": meta.topic_id,
+            "assignments": placed[meta.partitions :],
+        }
+        await self.propose_metadata(command, 30.0)
+        now = self.metadata.topics.get(req.name)
+        if now is None or now.topic_id != meta.topic_id or now.partitions != req.partitions:
+            raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
+        return api.CreatePartitionsResponse(req.name, now.partitions, now.assignments)
 
     def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
         wanted = set(req.topics) if req.topics is not None else None

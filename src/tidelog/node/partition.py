@@ -9,6 +9,7 @@ for the high-water mark.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -61,8 +62,10 @@ class PartitionHost:
         on_invalidate: Callable[[PartitionHost, str, str], None] | None = None,
         directory_id: str = "",
         known_directories: Mapping[int, str] | None = None,
+        topic_id: int = -1,
     ) -> None:
         self.topic = topic
+        self.topic_id = topic_id  # which incarnation of the topic's name (-1: the metadata log)
         self.partition = partition
         self.group = f"{topic}/{partition}"
         self.config = config
@@ -77,23 +80,22 @@ class PartitionHost:
         # opened), compaction or the state machine; reported in status, skipped by readers.
         self.invalid_batches: dict[int, InvalidBatch] = {}
         self.recovery = self.log.recovery
-        nc = node_config
-        replica_config = ReplicaConfig(
-            node_id=nc.node_id,
-            voters=voters,
-            election_timeout_ticks=nc.ticks(nc.election_timeout_ms),
-            election_jitter_ticks=nc.ticks(nc.election_jitter_ms),
-            fetch_max_wait_ticks=nc.ticks(nc.replica_fetch_wait_max_ms),
-            fetch_retry_ticks=nc.ticks(nc.replica_fetch_wait_max_ms)
-            + nc.ticks(nc.election_timeout_ms) // 2,
-            check_quorum_ticks=nc.ticks(nc.election_timeout_ms) * 3 // 2,
-            replica_lag_ticks=nc.ticks(config.replica_lag_time_max_ms),
-            fetch_max_bytes=nc.replica_fetch_max_bytes,
-            hw_policy=config.hw_policy,
-            min_insync_replicas=config.min_insync_replicas,
-            replica_max_lag_ticks=nc.ticks(config.replica_max_lag_ms),
-            state_machine=machine is not None,
-            directory_id=directory_id,
+        nc = self._node_config = node_config
+        replica_config = self._topic_rules(
+            ReplicaConfig(
+                node_id=nc.node_id,
+                voters=voters,
+                election_timeout_ticks=nc.ticks(nc.election_timeout_ms),
+                election_jitter_ticks=nc.ticks(nc.election_jitter_ms),
+                fetch_max_wait_ticks=nc.ticks(nc.replica_fetch_wait_max_ms),
+                fetch_retry_ticks=nc.ticks(nc.replica_fetch_wait_max_ms)
+                + nc.ticks(nc.election_timeout_ms) // 2,
+                check_quorum_ticks=nc.ticks(nc.election_timeout_ms) * 3 // 2,
+                fetch_max_bytes=nc.replica_fetch_max_bytes,
+                state_machine=machine is not None,
+                directory_id=directory_id,
+            ),
+            config,
         )
         seed = zlib.crc32(f"{nc.node_id}/{self.group}".encode())
         self.state_machine: StateMachineDriver | None = None
@@ -213,6 +215,29 @@ class PartitionHost:
 
     def handled(self, ready: Ready) -> None:
         pass
+
+    def _topic_rules(self, base: ReplicaConfig, config: TopicConfig) -> ReplicaConfig:
+        """The replica's settings that come from the topic's config."""
+        nc = self._node_config
+        return dataclasses.replace(
+            base,
+            replica_lag_ticks=nc.ticks(config.replica_lag_time_max_ms),
+            hw_policy=config.hw_policy,
+            min_insync_replicas=config.min_insync_replicas,
+            replica_max_lag_ticks=nc.ticks(config.replica_max_lag_ms),
+        )
+
+    def reconfigure(self, config: TopicConfig) -> None:
+        """The topic's config changed (topics alter): applied from now on by the log (rolls,
+        flushes), the replica (hw.policy, lag limits), producers' batch rules and the cleaner
+        (retention, cursor caps) at its next pass."""
+        if config == self.config:
+            return
+        self.config = config
+        self.log.config = config
+        self.replica.config = self._topic_rules(self.replica.config, config)
+        self.__dict__.pop("batch_rules", None)
+        log.info("%s: config now %s", self.group, config.overrides())
 
     @functools.cached_property
     def batch_rules(self) -> BatchRules:
@@ -428,6 +453,15 @@ class PartitionHost:
             },
         )
         return st
+
+    async def abandon(self) -> None:
+        """Stop for good without writing anything: the replica is being deleted."""
+        self.closed = True
+        self.driver.stopped = True
+        self._fail(self.driver.owed.fail_all(), NotLeader(f"{self.group}: replica deleted"))
+        self.wake()
+        await self.wait_idle()
+        self.log.abandon()
 
     async def close(self) -> None:
         await self.wait_idle()

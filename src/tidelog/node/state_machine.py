@@ -83,10 +83,12 @@ class TableMachine:
 
 
 class MetadataMachine:
-    """The cluster metadata; created topics are handed to the node as they are applied."""
+    """The cluster metadata; the name of each topic a command changed (created, deleted,
+    altered, grown) is handed to the node as it is applied, and a restored snapshot as a
+    whole."""
 
     def __init__(
-        self, on_topic: Callable[[object], None], on_reset: Callable[[MetadataState], None]
+        self, on_topic: Callable[[str], None], on_reset: Callable[[MetadataState], None]
     ) -> None:
         self.state = MetadataState()
         self._on_topic = on_topic
@@ -106,9 +108,9 @@ class MetadataMachine:
                 log.error("metadata offset %d: skipping unreadable command: %s", rec.offset, exc)
                 self.state.applied_offset = rec.offset + 1
                 continue
-            created = self.state.apply(rec.offset, command)
-            if created is not None:
-                self._on_topic(created)
+            changed = self.state.apply(rec.offset, command)
+            if changed is not None:
+                self._on_topic(changed)
         self.state.applied_offset = max(self.state.applied_offset, next_offset)
 
     def snapshot(self) -> bytes:
@@ -122,8 +124,6 @@ class MetadataMachine:
         state.applied_offset = offset
         self.state = state
         self._on_reset(state)
-        for topic in list(state.topics.values()):
-            self._on_topic(topic)
 
 
 class SnapshotFiles(Protocol):

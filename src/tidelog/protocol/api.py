@@ -26,7 +26,10 @@ class ApiKey(enum.IntEnum):
     METADATA = 3
     API_VERSIONS = 18
     CREATE_TOPIC = 19
+    DELETE_TOPIC = 20
     DELETE_RECORDS = 21
+    ALTER_TOPIC = 33  # Kafka's AlterConfigs, for a topic
+    CREATE_PARTITIONS = 37
     ELECT_LEADERS = 43
     STATUS = 100
     REPLICATION = 101  # one-way messages between replicas
@@ -134,6 +137,45 @@ class CreateTopicResponse:
 
 
 @dataclass(frozen=True)
+class DeleteTopicRequest:
+    name: str
+    force: bool = False  # delete even though backup cursors hold the topic
+
+
+@dataclass(frozen=True)
+class DeleteTopicResponse:
+    name: str
+    topic_id: int
+    deleted_cursors: list[str]
+
+
+@dataclass(frozen=True)
+class AlterTopicRequest:
+    name: str
+    configs: dict[str, str] = field(default_factory=dict)  # set these
+    delete_configs: list[str] = field(default_factory=list)  # back to the default
+
+
+@dataclass(frozen=True)
+class AlterTopicResponse:
+    name: str
+    configs: dict[str, str]  # the topic's overrides now
+
+
+@dataclass(frozen=True)
+class CreatePartitionsRequest:
+    name: str
+    partitions: int  # the new total
+
+
+@dataclass(frozen=True)
+class CreatePartitionsResponse:
+    name: str
+    partitions: int
+    assignments: list[list[int]]
+
+
+@dataclass(frozen=True)
 class StatusRequest:
     topics: list[str] | None = None
 
@@ -236,6 +278,9 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.LIST_OFFSETS: ListOffsetsRequest,
     ApiKey.METADATA: MetadataRequest,
     ApiKey.CREATE_TOPIC: CreateTopicRequest,
+    ApiKey.DELETE_TOPIC: DeleteTopicRequest,
+    ApiKey.ALTER_TOPIC: AlterTopicRequest,
+    ApiKey.CREATE_PARTITIONS: CreatePartitionsRequest,
     ApiKey.STATUS: StatusRequest,
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.CURSOR: CursorRequest,

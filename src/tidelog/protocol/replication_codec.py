@@ -59,7 +59,7 @@ def decode_message(header: dict[str, Any], payload: bytes) -> tuple[str, Message
     fields = {
         k: v
         for k, v in header.items()
-        if k not in ("group", "type", "records", "records_first_offset")
+        if k not in ("group", "type", "records", "records_first_offset", "topic_id")
     }
     records = BytesSlice(payload, int(header.get("records_first_offset", -1))) if payload else None
     if cls is FetchResponse:

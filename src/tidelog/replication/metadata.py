@@ -7,12 +7,14 @@ validated before it was proposed, so that only happens across versions).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from tidelog.config import TopicConfig
 from tidelog.errors import (
+    InvalidConfig,
     InvalidRequest,
     TopicAlreadyExists,
     UnknownCursor,
@@ -37,6 +39,12 @@ class TopicMeta:
         return len(self.assignments)
 
     @property
+    def topic_id(self) -> int:
+        """Which incarnation of the name: the metadata offset that created it. A topic deleted
+        and created again under the same name is another topic (Kafka's topic ids, KIP-516)."""
+        return self.created_offset
+
+    @property
     def replication_factor(self) -> int:
         return len(self.assignments[0]) if self.assignments else 0
 
@@ -52,6 +60,7 @@ class TopicMeta:
             "assignments": [list(a) for a in self.assignments],
             "partitions": self.partitions,
             "replication_factor": self.replication_factor,
+            "topic_id": self.topic_id,
         }
 
 
@@ -113,10 +122,12 @@ class MetadataState:
             raise UnknownCursor(f"unknown cursor {name!r}", cursor=name)
         return cursor
 
-    def apply(self, offset: int, command: dict[str, Any]) -> TopicMeta | None:
-        """Apply one committed command; returns the topic it created, if any. Commands that no
-        longer make sense (a race lost between proposal and commit) change nothing, on every
-        node alike."""
+    def apply(self, offset: int, command: dict[str, Any]) -> str | None:
+        """Apply one committed command; returns the name of the topic whose placement or
+        configuration it changed (created, deleted, altered, grown), if any. Commands that no
+        longer make sense (a race lost between proposal and commit, or a topic deleted and
+        created again meanwhile: each names the incarnation it meant by its topic id) change
+        nothing, on every node alike."""
         assert offset >= self.applied_offset, (offset, self.applied_offset)
         self.applied_offset = offset + 1
         kind = command.get("type")
@@ -125,15 +136,29 @@ class MetadataState:
         if kind == "create_topic":
             if name in self.topics:
                 return None  # a concurrent create lost the race; its proposer sees that
-            meta = TopicMeta(
+            self.topics[name] = TopicMeta(
                 name=name,
                 kind=str(command.get("kind", "stream")),
                 configs={str(k): str(v) for k, v in dict(command.get("configs", {})).items()},
                 assignments=[[int(r) for r in a] for a in command.get("assignments", [])],
                 created_offset=offset,
             )
-            self.topics[name] = meta
-            return meta
+            return name
+        meta = self.topics.get(name)
+        meant = meta is not None and meta.topic_id == int(command.get("topic_id", -1))
+        if kind == "delete_topic" and meant:
+            del self.topics[name]
+            for cursor in [c for c in self.cursors.values() if c.topic == name]:
+                del self.cursors[cursor.name]  # a cursor on a topic that is gone holds nothing
+            return name
+        if kind == "alter_topic" and meta is not None and meant:
+            configs = {str(k): str(v) for k, v in dict(command.get("configs", {})).items()}
+            self.topics[name] = dataclasses.replace(meta, configs=configs)
+            return name
+        if kind == "add_partitions" and meta is not None and meant:
+            added = [[int(r) for r in a] for a in command.get("assignments", [])]
+            self.topics[name] = dataclasses.replace(meta, assignments=meta.assignments + added)
+            return name
         if kind == "create_cursor" and name not in self.cursors:
             positions = {int(p): int(o) for p, o in dict(command.get("positions", {})).items()}
             self.cursors[name] = Cursor(
@@ -239,3 +264,56 @@ def assign_replicas(
     return [
         [nodes[(start + p + i) % n] for i in range(replication_factor)] for p in range(partitions)
     ]
+
+
+def validate_delete(state: MetadataState, name: str, force: bool) -> TopicMeta:
+    """The topic to delete. Its cursors go with it; a backup cursor is someone's promise that
+    the data is kept, so deleting under one needs force."""
+    meta = state.topic(name)
+    backups = sorted(c.name for c in state.cursors.values() if c.topic == name and c.backup)
+    if backups and not force:
+        raise InvalidRequest(
+            f"topic {name!r} is held by backup cursor(s) {', '.join(backups)}; "
+            "use --force to delete it anyway",
+            topic=name,
+            cursors=backups,
+        )
+    return meta
+
+
+def validate_alter(
+    state: MetadataState, name: str, configs: dict[str, str], delete: list[str]
+) -> tuple[TopicMeta, dict[str, str]]:
+    """The topic and its configs after the change (set configs, then deleted keys back to
+    their defaults), checked as a whole as creation checks them."""
+    meta = state.topic(name)
+    merged = {**meta.configs, **configs}
+    for key in delete:
+        if key not in TopicConfig().to_mapping():
+            raise InvalidConfig(f"unknown config {key!r}", key=key)
+        merged.pop(key, None)
+    config = TopicConfig.from_mapping(merged)
+    if config.min_insync_replicas > meta.replication_factor:
+        raise InvalidRequest(
+            f"min.insync.replicas {config.min_insync_replicas} exceeds the replication factor "
+            f"{meta.replication_factor} of {name!r}",
+            topic=name,
+        )
+    return meta, merged
+
+
+def validate_add_partitions(state: MetadataState, name: str, partitions: int) -> TopicMeta:
+    """Partitions can be added, never removed; a table's keys are placed by the partition
+    count, so a table keeps the count it was created with."""
+    meta = state.topic(name)
+    if meta.kind == "table":
+        raise InvalidRequest(
+            f"topic {name!r} is a table: adding partitions would move its keys", topic=name
+        )
+    if not meta.partitions < partitions <= PARTITIONS_MAX:
+        raise InvalidRequest(
+            f"topic {name!r} has {meta.partitions} partitions; the new count must be in "
+            f"[{meta.partitions + 1}, {PARTITIONS_MAX}], got {partitions}",
+            topic=name,
+        )
+    return meta

@@ -710,6 +710,15 @@ class SegmentedLog:
             for seg in self.segments:
                 seg.close()
 
+    def abandon(self) -> None:
+        """Close every descriptor and write nothing: the log is being deleted (its directory
+        may already be renamed away)."""
+        for _, seg in self._retired:
+            seg.close()
+        self._retired = []
+        for seg in self.segments:
+            seg.close()
+
 
 __all__ = [
     "AppendInfo",

@@ -1,0 +1,195 @@
+"""Topics that change after they are created: delete (and create again under the same name),
+alter configs live, add partitions; bad requests get named errors and change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from test_node import running_node
+from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.main import merge_status
+from tidelog.client.sync_client import Client
+from tidelog.config import InvalidConfig
+from tidelog.errors import InvalidRequest, UnknownTopicOrPartition
+from tidelog.node.access import Principal
+from tidelog.node.topics import TOPIC_ID_FILE
+from tidelog.protocol.api import ApiKey
+from tidelog.replication.messages import VoteRequest
+from wire import replication_frame
+
+
+def test_a_deleted_topic_takes_its_data_and_cursors_and_never_comes_back(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as (_, client):
+            await client.create_topic("t", partitions=2)
+            await client.produce("t", [b"old-0", b"old-1"], partition=0)
+            await client.create_cursor("etl", "t", "earliest")
+            await client.create_cursor("nightly", "t", "earliest", backup=True)
+            with pytest.raises(InvalidRequest, match="backup cursor"):
+                await client.delete_topic("t")
+            assert "t" in {t.name for t in await client.list_topics()}, "nothing changed"
+            resp = await client.delete_topic("t", force=True)
+            assert resp.deleted_cursors == ["etl", "nightly"]
+            assert "t" not in {t.name for t in await client.list_topics()}
+            assert await client.cursors() == []
+            await wait_until(lambda: not (tmp_path / "node" / "t-0").exists())
+            with pytest.raises(UnknownTopicOrPartition):
+                await client.fetch("t", 0, 0)
+            with pytest.raises(UnknownTopicOrPartition):
+                await client.delete_topic("t")
+
+            await client.create_topic("t", partitions=1)
+            await client.produce("t", [b"new"], partition=0)
+            marker = (tmp_path / "node" / "t-0" / TOPIC_ID_FILE).read_text()
+        async with running_node(tmp_path) as (_, client):
+            await client.wait_for_leaders("t")
+            records = (await client.fetch("t", 0, 0)).records
+            assert [r.value for r in records] == [b"new"], "no old data after a restart"
+            assert (tmp_path / "node" / "t-0" / TOPIC_ID_FILE).read_text() == marker
+            assert not (tmp_path / "node" / "t-1").exists()
+
+    asyncio.run(main())
+
+
+def test_alter_applies_configs_live_and_the_cleaner_follows(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as (node, client):
+            await client.create_topic(
+                "t",
+                configs={"segment.bytes": "1024", "retention.check.interval.ms": "100"},
+            )
+            for i in range(60):
+                await client.produce("t", [b"%03d" % i + b"." * 100], partition=0)
+            host = node.hosts["t/0"]
+            assert host.log.log_start_offset == 0 and host.log.segment_count > 5
+            resp = await client.alter_topic(
+                "t", {"retention.bytes": "2048", "file.delete.delay.ms": "0"}
+            )
+            assert resp.configs["retention.bytes"] == "2048"
+            assert resp.configs["segment.bytes"] == "1024", "other overrides are kept"
+            await wait_until(lambda: host.log.log_start_offset > 0)
+            assert host.config.retention_bytes == 2048
+            row = merge_status(await client.status(["t"]), "t")[0]
+            assert "retention.bytes" in row["low_watermark"]["set_by"]
+            info = await client.topic("t", refresh=True)
+            assert info.configs["retention.bytes"] == "2048"
+
+            resp = await client.alter_topic("t", delete_configs=["retention.bytes"])
+            assert "retention.bytes" not in resp.configs and host.config.retention_bytes == -1
+
+            with pytest.raises(InvalidConfig):
+                await client.alter_topic("t", {"retention.bytes": "lots"})
+            with pytest.raises(InvalidConfig):
+                await client.alter_topic("t", delete_configs=["no.such.config"])
+            with pytest.raises(InvalidRequest, match=r"min\.insync\.replicas"):
+                await client.alter_topic("t", {"min.insync.replicas": "2"})
+            with pytest.raises(UnknownTopicOrPartition):
+                await client.alter_topic("missing", {"retention.ms": "1"})
+            assert (await client.topic("t", refresh=True)).configs == resp.configs
+
+    asyncio.run(main())
+
+
+def test_add_partitions_grows_a_stream_and_refuses_bad_counts(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as (_, client):
+            await client.create_topic("t", partitions=1)
+            await client.create_topic("kv", kind="table")
+            info = await client.add_partitions("t", 3)
+            assert info.partitions == 3 and len(info.assignments) == 3
+            await client.produce("t", [b"in-two"], partition=2)
+            assert [r.value for r in (await client.fetch("t", 2, 0)).records] == [b"in-two"]
+            for bad in (3, 2, 0):
+                with pytest.raises(InvalidRequest, match="partitions"):
+                    await client.add_partitions("t", bad)
+            with pytest.raises(InvalidRequest, match="table"):
+                await client.add_partitions("kv", 2)
+            with pytest.raises(UnknownTopicOrPartition):
+                await client.add_partitions("missing", 2)
+            assert (await client.topic("t", refresh=True)).partitions == 3
+
+    asyncio.run(main())
+
+
+def test_a_node_down_while_its_topic_was_deleted_and_recreated_keeps_no_old_data(
+    tmp_path: Path,
+) -> None:
+    """Topic ids: node 3 holds a replica of t when it stops; t is deleted and created again
+    under the same name; node 3's old directory is another topic's and goes on its return."""
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic("t", replication_factor=3)
+        client.produce("t", [b"old"] * 5, partition=0)
+        wait_for_replicas(client, "t", 5)
+        marker = tmp_path / "node-3" / "t-0" / TOPIC_ID_FILE
+        old_id = marker.read_text()
+        cluster.stop(3)
+        client.delete_topic("t")
+        client.create_topic("t", replication_factor=3, configs={"min.insync.replicas": "2"})
+        client.produce("t", [b"new"], partition=0)
+        cluster.start(3)
+        cluster.wait_ready()
+        wait_for_replicas(client, "t", 1)
+        mine = [
+            r.value for r in client.consume("t", 0, "earliest", replica_read=True, prefer_node=3)
+        ]
+        assert mine == [b"new"]
+        assert marker.read_text() != old_id, "node 3's replica is the new topic's"
+        log = cluster.log_path(3).read_text()
+        assert "replica removed (its topic was deleted)" in log or "a deleted topic's" in log
+
+
+def wait_for_replicas(client: Client, topic: str, end: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = merge_status(client.status([topic]), topic)
+        replicas = rows[0]["replicas"] if rows else {}
+        if len(replicas) == 3 and all(
+            r.get("log_end_offset") == end and r.get("high_watermark") == end
+            for r in replicas.values()
+        ):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the replicas of {topic} did not all reach {end}")
+
+
+async def wait_until(check: object, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_replication_messages_of_another_incarnation_of_a_name_are_dropped(
+    tmp_path: Path,
+) -> None:
+    """A replica of a deleted topic (on a node that has not applied the delete yet) and one of
+    the topic created again under the same name share a group name; they must not count each
+    other's votes or logs. Each replication message carries its topic id."""
+
+    async def main() -> None:
+        async with running_node(tmp_path) as (node, client):
+            await client.create_topic("t")
+            host = node.hosts["t/0"]
+            heard: list[object] = []
+            step = host.step
+            host.step = lambda sender, message, directory="": (  # type: ignore[method-assign]
+                heard.append(message),
+                step(sender, message, directory),
+            )
+            peer = Principal.peer(2, "127.0.0.1:1")
+            vote = VoteRequest(host.replica.epoch + 5, 2, 99, 999, False)
+            header, payload = replication_frame("t/0", vote)
+            node.core.on_peer_message(
+                peer, ApiKey.REPLICATION, {**header, "topic_id": host.topic_id + 1}, payload
+            )
+            assert heard == [], "another incarnation's message is dropped"
+            node.core.on_peer_message(
+                peer, ApiKey.REPLICATION, {**header, "topic_id": host.topic_id}, payload
+            )
+            assert heard == [vote], "this incarnation's is heard"
+
+    asyncio.run(main())
