@@ -125,7 +125,7 @@ class Cleaner:
         """One pass over one partition."""
         self.passes += 1
         before = host.log.log_start_offset
-        lwm = host.driver.clean(self.facts(host))
+        lwm = host.driver.clean(lambda: self.facts(host))
         if lwm is not None and host.log.log_start_offset > before:
             log.info(
                 "%s: log start %d -> %d (low-water mark set by %s)",

@@ -21,6 +21,7 @@ file goes).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 from tidelog.errors import NotLeader, TidelogError
@@ -199,12 +200,13 @@ class PartitionDriver(Generic[W]):
             dataclasses.replace(facts, replicas=tuple(self.replica.replica_holds()))
         )
 
-    def clean(self, facts: LowWatermarkFacts) -> LowWatermark | None:
-        """On the leader: decide the LWM, invalidate the cursors past their caps, move the log
-        start up to the LWM. Followers follow the leader's log start; they return None."""
+    def clean(self, facts: Callable[[], LowWatermarkFacts]) -> LowWatermark | None:
+        """On the leader: decide the LWM from the facts (gathered only here, where they are
+        used), invalidate the cursors past their caps, move the log start up to the LWM.
+        Followers follow the leader's log start; they return None."""
         if self.stopped or not self.replica.is_leader:
             return None
-        lwm = self.low_watermark(facts)
+        lwm = self.low_watermark(facts())
         for name, reason in lwm.to_invalidate:
             self.effects.invalidate_cursor(name, reason)
         if lwm.offset > self.log.log_start_offset:

@@ -86,15 +86,13 @@ class MemoryLog:
     def segments(self) -> list[MemorySegment]:
         out = []
         bases = self._segment_bases
-        i = 0
         for k, base in enumerate(bases):
-            end = bases[k + 1] if k + 1 < len(bases) else None
-            size, newest, appended = 0, -1, -1
-            while i < len(self._headers) and (end is None or self._headers[i].base_offset < end):
-                size += len(self._data[i])
-                newest = max(newest, self._headers[i].max_timestamp)
-                appended = max(appended, self._append_ms[i])
-                i += 1
+            lo = bisect.bisect_left(self._bases, base)
+            hi = bisect.bisect_left(self._bases, bases[k + 1]) if k + 1 < len(bases) else None
+            headers = self._headers[lo:hi]
+            size = sum(map(len, self._data[lo:hi]))
+            newest = max((h.max_timestamp for h in headers), default=-1)
+            appended = max(self._append_ms[lo:hi], default=-1)
             out.append(
                 MemorySegment(base, size, newest, self._clock_ms() if appended < 0 else appended)
             )

@@ -36,6 +36,7 @@ state-machine logs, every replica's table equals the table built from every comm
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import random
@@ -630,7 +631,7 @@ class Simulation:
             if node.driver is None or node.paused_until > self.now:
                 continue
             before = node.log.log_start_offset
-            node.driver.clean(self.facts(node))
+            node.driver.clean(functools.partial(self.facts, node))
             if node.log.log_start_offset > before:
                 self.stats.cleanings += 1
                 self._log(f"log start {before} -> {node.log.log_start_offset} on {node.node_id}")
