@@ -213,14 +213,25 @@ def exchange(address: tuple[str, int], data: list[bytes], rnd: random.Random) ->
 def test_grammar_aware_fuzzing_never_breaks_a_live_node(tmp_path: Path) -> None:
     with serve(tmp_path, "request.receive.timeout.ms=2000") as (proc, address):
         bootstrap = "{}:{}".format(*address)
-        with Client(bootstrap) as client:
-            client.create_topic("t", partitions=2)
-            client.create_topic(
-                "cmp", configs={"cleanup.policy": "compact", "segment.bytes": "4096"}
-            )
-            client.create_topic("tbl", kind="table")
-            client.create_cursor("c1", "t")
-            client.produce("t", [b"before"], partition=0)
+        keeper = Client(bootstrap)
+        topics: dict[str, dict[str, Any]] = {
+            "t": {"partitions": 2},
+            "cmp": {"configs": {"cleanup.policy": "compact", "segment.bytes": "4096"}},
+            "tbl": {"kind": "table"},
+        }
+
+        def keep_topics() -> None:
+            """An anonymous client may delete topics (permissions come with principals and
+            ACLs) and the fuzzer sometimes does: put them back, so it keeps getting deep."""
+            present = {info.name for info in keeper.list_topics()}
+            for name, options in topics.items():
+                if name not in present:
+                    keeper.create_topic(name, **options)
+                    if name == "t":
+                        keeper.create_cursor("c1", "t", if_not_exists=True)
+                        keeper.produce("t", [b"before"], partition=0)
+
+        keep_topics()
         baseline_kb = rss_peak_kb(proc.pid)
         started = time.monotonic()
 
@@ -239,12 +250,16 @@ def test_grammar_aware_fuzzing_never_breaks_a_live_node(tmp_path: Path) -> None:
             Stats.frames += count
             Stats.examples += 1
             assert proc.poll() is None, "the node died"
+            keep_topics()
 
         while time.monotonic() - started < FUZZ_SECONDS:
             one()
         elapsed = time.monotonic() - started
         assert proc.poll() is None
         peak_kb = rss_peak_kb(proc.pid)
+        time.sleep(0.5)  # requests the fuzzer left in flight (a delete, say) finish
+        keep_topics()
+        keeper.close()
         with Client(bootstrap) as client:  # a well-formed client still works
             client.produce("t", [b"after"], partition=0)
             values = [r.value for r in client.consume("t", 0, "earliest", skip_invalid=False)]

@@ -233,6 +233,8 @@ class AsyncClient:
         resp = api.decode(api.MetadataResponse, header)
         self._meta.nodes = {int(n["node_id"]): (str(n["host"]), int(n["port"])) for n in resp.nodes}
         self._meta.metadata_leader = resp.metadata_leader
+        if topics is None:  # every topic there is: one deleted since is gone from the cache
+            self._meta.topics.clear()
         for t in resp.topics:
             if "error" in t:
                 self._meta.topics.pop(str(t["name"]), None)
