@@ -121,6 +121,7 @@ class QuorumState:
 class ReplicaConfig:
     node_id: int
     voters: tuple[int, ...]
+    learners: tuple[int, ...] = ()  # replicas that fetch but neither vote nor count (yet)
     election_timeout_ticks: int = 100
     election_jitter_ticks: int = 60
     fetch_max_wait_ticks: int = 50
@@ -136,7 +137,8 @@ class ReplicaConfig:
     faults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        assert self.node_id in self.voters, "a replica is one of its group's voters"
+        assert self.node_id in self.voters + self.learners, "a replica is one of its group's"
+        assert not set(self.voters) & set(self.learners), "a learner is not a voter"
         assert self.fetch_retry_ticks > self.fetch_max_wait_ticks
         assert self.faults <= FAULTS
 
@@ -244,8 +246,9 @@ class Replica:
         if self.role is Role.LEADER:
             self._leader_tick()
         elif self.role is Role.FOLLOWER:
-            if self.now >= self.election_deadline and self.is_observer:
-                self._reset_election_timer()  # a replaced disk catches up; it does not campaign
+            if self.now >= self.election_deadline and (self.is_observer or self.is_learner):
+                # A replaced disk or a learner catches up; it does not campaign.
+                self._reset_election_timer()
             elif self.now >= self.election_deadline:
                 self._start_prevote()
             elif (
@@ -256,7 +259,7 @@ class Replica:
                 self._maybe_send_fetch()
             elif not self.fetch_in_flight:
                 self._maybe_send_fetch()
-        elif self.now >= self.election_deadline and not self.is_observer:
+        elif self.now >= self.election_deadline and not (self.is_observer or self.is_learner):
             self._start_prevote()
 
     def step(self, sender: int, message: Message, directory: str = NO_DIRECTORY) -> None:
@@ -264,7 +267,11 @@ class Replica:
         A message that claims to come from another node (its replica, candidate, voter or
         leader field) is dropped: nobody may speak for a voter but that voter. A voter whose
         directory is not the admitted one (a replaced disk) is an observer: see below."""
-        if sender not in self.config.voters or sender == self.node_id:
+        if sender == self.node_id:
+            return
+        if sender not in self.config.voters and not (
+            sender in self.config.learners and self._learner_may(message)
+        ):
             return
         claimed = claimed_sender(message)
         if claimed is not None and claimed != sender:
@@ -315,6 +322,20 @@ class Replica:
             self._on_fetch_snapshot_response(sender, message)
 
     # -- replaced disks: observers --------------------------------------------------------------
+
+    @property
+    def is_learner(self) -> bool:
+        """Not (yet) a voter of this group: it fetches from the leader, and never votes,
+        counts toward the HW or the ISR, or leads (a replica being added)."""
+        return self.node_id not in self.config.voters
+
+    def _learner_may(self, message: Message) -> bool:
+        """All a learner may say: fetch from the leader, in the leader's own epoch."""
+        return (
+            isinstance(message, FetchRequest | FetchSnapshotRequest)
+            and self.role is Role.LEADER
+            and message.epoch == self.epoch
+        )
 
     def _own_admitted(self) -> str | None:
         return self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
@@ -526,7 +547,9 @@ class Replica:
         return {self.node_id} | {
             r
             for r, p in self.progress.items()
-            if self.now - p.last_caught_up_tick <= lag and r not in self.observers
+            if self.now - p.last_caught_up_tick <= lag
+            and r not in self.observers
+            and r not in self.config.learners
         }
 
     def status(self) -> dict[str, object]:
@@ -550,6 +573,8 @@ class Replica:
                 }
                 if r in self.observers:
                     replicas[r]["observer_until"] = self.observers[r][1]
+                if r in self.config.learners:
+                    replicas[r]["learner"] = True
         return {
             "role": self.role.value,
             "epoch": self.epoch,
@@ -648,7 +673,9 @@ class Replica:
                 and self.leader_id != NO_LEADER
                 and self.now - self.last_leader_contact < self.config.election_timeout_ticks
             )
-            granted = req.epoch > self.epoch and up_to_date and not leader_alive
+            granted = (
+                req.epoch > self.epoch and up_to_date and not leader_alive and not self.is_learner
+            )
             # A refusal carries our own epoch (etcd's rule): a prospective candidate behind it
             # moves up, or two nodes each refusing the other's pre-vote could wait forever.
             epoch = req.epoch if granted else self.epoch
@@ -662,6 +689,7 @@ class Replica:
             and self.voted_for in (NO_VOTE, req.candidate)
             and self.role is not Role.LEADER
             and up_to_date
+            and not self.is_learner  # one that thinks it votes while the leader says otherwise
         )
         if granted:
             self._set_state(self.epoch, req.candidate)
@@ -728,7 +756,8 @@ class Replica:
         self.leader_since_tick = self.now
         self.epoch_start_offset = self.log.log_end_offset
         self.progress = {
-            r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now) for r in self._others()
+            r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now)
+            for r in self._others() + list(self.config.learners)
         }
         self.observers = {}
         own = self.config.directory_id
@@ -742,7 +771,7 @@ class Replica:
             # quorum commits them (Raft section 5.4.2), so write one now rather than waiting
             # for a producer.
             self.log.append_as_leader(self._leader_change_marker(), self.epoch)
-        for v in self._others():
+        for v in self.progress:
             self._send(v, BeginEpoch(self.epoch, self.node_id))
         self._after_leader_append()
 
@@ -771,6 +800,7 @@ class Replica:
                 for r, p in self.progress.items()
                 if self.now - p.last_fetch_tick <= self.config.check_quorum_ticks
                 and r not in self.observers
+                and r not in self.config.learners
             )
             if recent + 1 < majority(len(self.config.voters)):
                 # Cut off from a quorum: stop taking writes that can never commit here.
@@ -923,7 +953,8 @@ class Replica:
     def _maybe_advance_high_watermark(self) -> None:
         if self.role is not Role.LEADER:
             return
-        match = {r: p.match_offset for r, p in self.progress.items()}
+        learners = self.config.learners
+        match = {r: p.match_offset for r, p in self.progress.items() if r not in learners}
         match[self.node_id] = self.log.effective_durable_end
         if self.config.hw_policy == "isr":
             candidate, _ = isr_offset(match, self.in_sync_replicas(), self.node_id)

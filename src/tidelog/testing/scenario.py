@@ -17,6 +17,7 @@ core on in-memory disks), so the same checkers run after every command.
 
 Commands:
     nodes N [fetch-max-bytes=B] [flush=auto|manual] [fault=NAME] [directories=on]
+          [learners=L]                 N voters, then L learners (ids N+1..)
     campaign N [prevote=false]       stand for election now
     propose N VALUE [acks=all|1]     a producer writes VALUE to node N
     deliver A->B [count=K]           deliver queued messages on one link (all, or the first K)
@@ -73,6 +74,7 @@ class Scenario(Simulation):
         auto_flush: bool,
         faults: frozenset[str],
         directories: bool = False,
+        learners: int = 0,
     ) -> None:
         self.directories = directories
         self.queue: list[Queued] = []
@@ -86,6 +88,7 @@ class Scenario(Simulation):
                 fetch_max_bytes=fetch_max_bytes,
                 flush_delay_max=0,
                 faults=faults,
+                learners=learners,
             )
         )
         self.faults_on = False
@@ -96,6 +99,7 @@ class Scenario(Simulation):
         return ReplicaConfig(
             node_id=base.node_id,
             voters=base.voters,
+            learners=base.learners,
             election_timeout_ticks=50,
             election_jitter_ticks=0,
             fetch_max_wait_ticks=1000,
@@ -180,6 +184,8 @@ class Scenario(Simulation):
                 head = f"{n}: {r.role.value} epoch={r.epoch}{leader}"
                 if r.is_observer:
                     head += " observer"
+                if r.is_learner:
+                    head += " learner"
             head += f" leo={log.log_end_offset} hw={log.high_watermark} durable={log.durable_end_offset}"
             lines.append(f"{head} log=[{format_log(log.batches())}]")
         return lines
@@ -255,6 +261,7 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             opts.get("flush", "auto") == "auto",
             faults,
             opts.get("directories", "off") == "on",
+            int(opts.get("learners", 0)),
         )
         return sim, ["ok"]
     assert sim is not None, "the first command must be `nodes`"

@@ -98,6 +98,7 @@ class SimParams:
     state_machine: bool = False  # a table: applied, snapshotted, snapshots installed
     snapshot_entries: int = 20
     snapshot_catchup_entries: int = 5
+    learners: int = 0  # replicas that fetch and never vote or count (a node being added)
     replica_max_lag_ticks: int = 60
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
@@ -143,6 +144,7 @@ class SimParams:
             state_machine=rng.random() < 0.25,
             snapshot_entries=rng.choice([3, 20, 100]),
             snapshot_catchup_entries=rng.choice([0, 5, 50]),
+            learners=rng.choice([0, 0, 0, 1]),
         )
 
     def topic_config(self) -> TopicConfig:
@@ -282,7 +284,9 @@ class Simulation:
         self.params = params
         self.rng = random.Random(params.seed ^ 0x5EED)
         self.now = 0
-        self.node_ids = list(range(1, params.nodes + 1))
+        self.voter_ids = list(range(1, params.nodes + 1))
+        self.learner_ids = list(range(params.nodes + 1, params.nodes + 1 + params.learners))
+        self.node_ids = self.voter_ids + self.learner_ids
         self.config = params.topic_config()
         initial = {n: f"d{n}.0" for n in self.node_ids}
         self.nodes = {
@@ -323,7 +327,8 @@ class Simulation:
     def replica_config(self, node_id: int) -> ReplicaConfig:
         return ReplicaConfig(
             node_id=node_id,
-            voters=tuple(self.node_ids),
+            voters=tuple(self.voter_ids),
+            learners=tuple(self.learner_ids),
             election_timeout_ticks=20,
             election_jitter_ticks=20,
             fetch_max_wait_ticks=5,
@@ -677,6 +682,8 @@ class Simulation:
             self.fail(
                 f"node {node.node_id}: log start {log.log_start_offset} <= HW {hw} <= LEO {log.log_end_offset} broken"
             )
+        if replica.is_leader and node.node_id in self.learner_ids:
+            self.fail(f"learner {node.node_id} leads epoch {replica.epoch}")
         if replica.is_leader:
             leader = self.leaders.setdefault(replica.epoch, node.node_id)
             if leader != node.node_id:
