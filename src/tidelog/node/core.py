@@ -619,8 +619,7 @@ class NodeCore:
             req.kind,
             nodes,
         )
-        start = zlib.crc32(req.name.encode()) % len(nodes)
-        assignments = assign_replicas(nodes, req.partitions, req.replication_factor, start)
+        assignments = self._placement(req.name, req.partitions, req.replication_factor)
         command = {
             "type": "create_topic",
             "name": req.name,
@@ -635,6 +634,13 @@ class NodeCore:
         return api.CreateTopicResponse(
             req.name, meta.partitions, meta.replication_factor, meta.assignments
         )
+
+    def _placement(self, name: str, partitions: int, replication_factor: int) -> list[list[int]]:
+        """Where a topic's partitions live: round-robin from a node its name picks, so that
+        added partitions continue the pattern."""
+        nodes = list(self.config.voters)
+        start = zlib.crc32(name.encode()) % len(nodes)
+        return assign_replicas(nodes, partitions, replication_factor, start)
 
     def _require_metadata_leader(self) -> None:
         """Admin changes are checked against the metadata leader's state, not a follower's
@@ -686,9 +692,7 @@ class NodeCore:
         """More partitions for a stream, placed as creation places them."""
         self._require_metadata_leader()
         meta = validate_add_partitions(self.metadata, req.name, req.partitions)
-        nodes = list(self.config.voters)
-        start = zlib.crc32(req.name.encode()) % len(nodes)
-        placed = assign_replicas(nodes, req.partitions, meta.replication_factor, start)
+        placed = self._placement(req.name, req.partitions, meta.replication_factor)
         command = {
             "type": "add_partitions",
             "name": req.name,
