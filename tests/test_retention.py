@@ -14,8 +14,8 @@ from tidelog.replication.low_watermark import (
     compute_low_watermark,
     decide_low_watermark,
     retention_keep_from,
-    retention_timestamp,
 )
+from tidelog.storage.segment import retention_timestamp
 
 
 @dataclass
@@ -24,6 +24,10 @@ class Seg:
     size_bytes: int
     max_timestamp: int
     last_append_ms: int
+
+    @property
+    def retention_timestamp(self) -> int:
+        return retention_timestamp(self.max_timestamp, self.last_append_ms)
 
 
 NOW = 10_000_000
@@ -43,7 +47,7 @@ def test_time_retention_deletes_old_closed_segments_only() -> None:
 
 def test_a_future_timestamp_cannot_pin_a_segment_forever() -> None:
     future = Seg(0, 100, NOW + 10**9, NOW - 5000)  # a record stamped far in the future
-    assert retention_timestamp(future) == NOW - 5000
+    assert future.retention_timestamp == NOW - 5000
     verdict = retention_keep_from(
         [future, Seg(10, 100, NOW, NOW)], 0, TopicConfig(retention_ms=1000), NOW
     )

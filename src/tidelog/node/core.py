@@ -61,6 +61,7 @@ from tidelog.replication.metadata import (
     CURSOR_NAME,
     METADATA_TOPIC,
     MetadataState,
+    TopicMeta,
     assign_replicas,
     validate_add_partitions,
     validate_alter,
@@ -157,7 +158,6 @@ class NodeCore:
         for task in [*self._tasks, *self._background]:
             task.cancel()
         for host in self.hosts.values():
-            host.closed = True
             host.driver.stopped = True
         if self._flusher is not None:
             self._flusher.shutdown()
@@ -649,6 +649,14 @@ class NodeCore:
         if not host.replica.is_leader:
             raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
 
+    async def _change_topic(self, meta: TopicMeta, kind: str, **fields: Any) -> TopicMeta | None:
+        """Propose a change to this incarnation of a topic; the topic after it is applied (None:
+        the name no longer holds this incarnation)."""
+        command = {"type": kind, "name": meta.name, "topic_id": meta.topic_id, **fields}
+        await self.propose_metadata(command, 30.0)
+        now = self.metadata.topics.get(meta.name)
+        return now if now is not None and now.topic_id == meta.topic_id else None
+
     async def _delete_topic(
         self, req: api.DeleteTopicRequest, payload: bytes
     ) -> api.DeleteTopicResponse:
@@ -656,10 +664,7 @@ class NodeCore:
         self._require_metadata_leader()
         meta = validate_delete(self.metadata, req.name, req.force)
         cursors = sorted(c.name for c in self.metadata.cursors.values() if c.topic == req.name)
-        command = {"type": "delete_topic", "name": req.name, "topic_id": meta.topic_id}
-        await self.propose_metadata(command, 30.0)
-        now = self.metadata.topics.get(req.name)
-        if now is not None and now.topic_id == meta.topic_id:
+        if await self._change_topic(meta, "delete_topic") is not None:
             raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
         log.warning("topic %s deleted (with cursors %s)", req.name, cursors or "none")
         return api.DeleteTopicResponse(req.name, meta.topic_id, cursors)
@@ -674,15 +679,8 @@ class NodeCore:
         )
         config = self.config.topic_defaults.with_overrides(configs)
         self.config.check_batch_fits(config.max_message_bytes)
-        command = {
-            "type": "alter_topic",
-            "name": req.name,
-            "topic_id": meta.topic_id,
-            "configs": configs,
-        }
-        await self.propose_metadata(command, 30.0)
-        now = self.metadata.topics.get(req.name)
-        if now is None or now.topic_id != meta.topic_id:
+        now = await self._change_topic(meta, "alter_topic", configs=configs)
+        if now is None:
             raise UnknownTopicOrPartition(f"topic {req.name!r} was deleted meanwhile")
         return api.AlterTopicResponse(req.name, dict(now.configs))
 
@@ -693,15 +691,10 @@ class NodeCore:
         self._require_metadata_leader()
         meta = validate_add_partitions(self.metadata, req.name, req.partitions)
         placed = self._placement(req.name, req.partitions, meta.replication_factor)
-        command = {
-            "type": "add_partitions",
-            "name": req.name,
-            "topic_id": meta.topic_id,
-            "assignments": placed[meta.partitions :],
-        }
-        await self.propose_metadata(command, 30.0)
-        now = self.metadata.topics.get(req.name)
-        if now is None or now.topic_id != meta.topic_id or now.partitions != req.partitions:
+        now = await self._change_topic(
+            meta, "add_partitions", assignments=placed[meta.partitions :]
+        )
+        if now is None or now.partitions != req.partitions:
             raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
         return api.CreatePartitionsResponse(req.name, now.partitions, now.assignments)
 

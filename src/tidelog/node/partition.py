@@ -132,7 +132,6 @@ class PartitionHost:
         self.compacting = False
         self._waiters: list[asyncio.Future[None]] = []
         self._checkpointed_hw = self.log.high_watermark
-        self.closed = False
         self.scrubbed_to = self.log.log_start_offset
         self.scrub_end = self.log.log_end_offset
         self.scrubbing = False
@@ -454,19 +453,24 @@ class PartitionHost:
         )
         return st
 
+    @property
+    def closed(self) -> bool:
+        return self.driver.stopped
+
+    def _stop(self, why: str) -> None:
+        """No more ticks, messages or flushes; every producer still waiting fails, every
+        long-polling reader wakes."""
+        self.driver.stopped = True
+        self._fail(self.driver.owed.fail_all(), NotLeader(f"{self.group}: {why}"))
+        self.wake()
+
     async def abandon(self) -> None:
         """Stop for good without writing anything: the replica is being deleted."""
-        self.closed = True
-        self.driver.stopped = True
-        self._fail(self.driver.owed.fail_all(), NotLeader(f"{self.group}: replica deleted"))
-        self.wake()
+        self._stop("replica deleted")
         await self.wait_idle()
         self.log.abandon()
 
     async def close(self) -> None:
         await self.wait_idle()
-        self.closed = True
-        self.driver.stopped = True
-        self._fail(self.driver.owed.fail_all(), NotLeader(f"{self.group}: node shutting down"))
-        self.wake()
+        self._stop("node shutting down")
         self.log.close()

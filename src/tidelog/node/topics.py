@@ -46,7 +46,6 @@ def read_topic_id(directory: Path) -> int | None:
 class TopicReplicas:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
-        self.removed = 0  # replicas removed because their topic was deleted
 
     # -- metadata callbacks ---------------------------------------------------------------------
 
@@ -127,8 +126,7 @@ class TopicReplicas:
         core = self.core
         core.hosts.pop(host.group, None)
         host.driver.stopped = True
-        host.closed = True
-        self.removed += 1
+        core.counters.inc("tidelog_replicas_removed_total")
         log.info("%s: replica removed (its topic was deleted)", host.group)
         gone = self._move_away(host.directory, host.topic_id)
 

@@ -64,10 +64,9 @@ class SegmentView(Protocol):
     def size_bytes(self) -> int: ...
 
     @property
-    def max_timestamp(self) -> int: ...
-
-    @property
-    def last_append_ms(self) -> int: ...
+    def retention_timestamp(self) -> int:
+        """Its age: the newest record's timestamp, never later than its last write."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -217,13 +216,6 @@ class RetentionVerdict:
     reason: str
 
 
-def retention_timestamp(segment: SegmentView) -> int:
-    """A segment's age for retention.ms: its newest record timestamp, but never later than when
-    it was last written, so a record stamped in the future cannot pin it forever."""
-    newest = segment.max_timestamp if segment.max_timestamp >= 0 else segment.last_append_ms
-    return min(newest, segment.last_append_ms)
-
-
 def retention_keep_from(
     segments: Sequence[SegmentView], log_start_offset: int, config: TopicConfig, now_ms: int
 ) -> RetentionVerdict:
@@ -235,7 +227,7 @@ def retention_keep_from(
     reason = "within-limits" if limited else "unlimited"
     if config.retention_ms >= 0:
         for i, seg in enumerate(closed):
-            if now_ms - retention_timestamp(seg) > config.retention_ms:
+            if now_ms - seg.retention_timestamp > config.retention_ms:
                 nxt = segments[i + 1].base_offset
                 if nxt > keep:
                     keep, reason = nxt, "retention.ms"

@@ -144,20 +144,20 @@ class MetadataState:
                 created_offset=offset,
             )
             return name
-        meta = self.topics.get(name)
-        meant = meta is not None and meta.topic_id == int(command.get("topic_id", -1))
-        if kind == "delete_topic" and meant:
-            del self.topics[name]
-            for cursor in [c for c in self.cursors.values() if c.topic == name]:
-                del self.cursors[cursor.name]  # a cursor on a topic that is gone holds nothing
-            return name
-        if kind == "alter_topic" and meta is not None and meant:
-            configs = {str(k): str(v) for k, v in dict(command.get("configs", {})).items()}
-            self.topics[name] = dataclasses.replace(meta, configs=configs)
-            return name
-        if kind == "add_partitions" and meta is not None and meant:
-            added = [[int(r) for r in a] for a in command.get("assignments", [])]
-            self.topics[name] = dataclasses.replace(meta, assignments=meta.assignments + added)
+        if kind in ("delete_topic", "alter_topic", "add_partitions"):
+            meta = self.topics.get(name)
+            if meta is None or meta.topic_id != int(command.get("topic_id", -1)):
+                return None  # not the incarnation the command meant
+            if kind == "delete_topic":
+                del self.topics[name]
+                for cursor in [c for c in self.cursors.values() if c.topic == name]:
+                    del self.cursors[cursor.name]  # a cursor on a topic gone holds nothing
+            elif kind == "alter_topic":
+                configs = {str(k): str(v) for k, v in dict(command.get("configs", {})).items()}
+                self.topics[name] = dataclasses.replace(meta, configs=configs)
+            else:
+                added = [[int(r) for r in a] for a in command.get("assignments", [])]
+                self.topics[name] = dataclasses.replace(meta, assignments=meta.assignments + added)
             return name
         if kind == "create_cursor" and name not in self.cursors:
             positions = {int(p): int(o) for p, o in dict(command.get("positions", {})).items()}
@@ -247,12 +247,18 @@ def validate_create(
         )
     if kind not in ("stream", "table"):
         raise InvalidRequest(f"topic kind must be stream or table, got {kind!r}")
+    checked_config(configs, replication_factor)
+
+
+def checked_config(configs: dict[str, str], replication_factor: int) -> TopicConfig:
+    """A topic's configs, parsed and checked against its replication factor."""
     config = TopicConfig.from_mapping(configs)
     if config.min_insync_replicas > replication_factor:
         raise InvalidRequest(
             f"min.insync.replicas {config.min_insync_replicas} exceeds the replication factor "
             f"{replication_factor}"
         )
+    return config
 
 
 def assign_replicas(
@@ -292,13 +298,7 @@ def validate_alter(
         if key not in TopicConfig().to_mapping():
             raise InvalidConfig(f"unknown config {key!r}", key=key)
         merged.pop(key, None)
-    config = TopicConfig.from_mapping(merged)
-    if config.min_insync_replicas > meta.replication_factor:
-        raise InvalidRequest(
-            f"min.insync.replicas {config.min_insync_replicas} exceeds the replication factor "
-            f"{meta.replication_factor} of {name!r}",
-            topic=name,
-        )
+    checked_config(merged, meta.replication_factor)
     return meta, merged
 
 

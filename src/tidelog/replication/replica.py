@@ -329,6 +329,11 @@ class Replica:
         counts toward the HW or the ISR, or leads (a replica being added)."""
         return self.node_id not in self.config.voters
 
+    def _counts(self, replica: int) -> bool:
+        """A follower whose liveness counts toward the ISR and check-quorum: a voter whose
+        directory is admitted (not an observer) and not a learner."""
+        return replica not in self.observers and replica not in self.config.learners
+
     def _learner_may(self, message: Message) -> bool:
         """All a learner may say: fetch from the leader, in the leader's own epoch."""
         return (
@@ -547,9 +552,7 @@ class Replica:
         return {self.node_id} | {
             r
             for r, p in self.progress.items()
-            if self.now - p.last_caught_up_tick <= lag
-            and r not in self.observers
-            and r not in self.config.learners
+            if self.now - p.last_caught_up_tick <= lag and self._counts(r)
         }
 
     def status(self) -> dict[str, object]:
@@ -799,8 +802,7 @@ class Replica:
                 1
                 for r, p in self.progress.items()
                 if self.now - p.last_fetch_tick <= self.config.check_quorum_ticks
-                and r not in self.observers
-                and r not in self.config.learners
+                and self._counts(r)
             )
             if recent + 1 < majority(len(self.config.voters)):
                 # Cut off from a quorum: stop taking writes that can never commit here.

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from tidelog.errors import CorruptRecord
 from tidelog.record.batch import BatchHeader, Record, decode_records, rebuild_batch
-from tidelog.replication.low_watermark import retention_timestamp
 from tidelog.storage import faults
 from tidelog.storage.durable import write_file
 from tidelog.storage.log import SegmentedLog
@@ -163,7 +162,7 @@ def _rewrite(
     report: CompactionReport,
 ) -> bytes | None:
     """The segment's new bytes, or None when nothing in it changes."""
-    tombstones_expire = now_ms - retention_timestamp(seg) > log.config.delete_retention_ms
+    tombstones_expire = now_ms - seg.retention_timestamp > log.config.delete_retention_ms
     out = bytearray()
     changed = False
     for pos, header in seg.scan():

@@ -17,7 +17,7 @@ from tidelog.storage.appending import check_follower_batches, stamp_leader_batch
 from tidelog.storage.epoch_history import EpochHistory
 from tidelog.storage.log import AppendInfo
 from tidelog.storage.producer_state import ProducerState
-from tidelog.storage.segment import BytesSlice
+from tidelog.storage.segment import BytesSlice, retention_timestamp
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class MemorySegment:
     size_bytes: int
     max_timestamp: int
     last_append_ms: int
+
+    @property
+    def retention_timestamp(self) -> int:
+        return retention_timestamp(self.max_timestamp, self.last_append_ms)
 
 
 @dataclass(frozen=True)

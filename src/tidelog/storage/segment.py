@@ -59,6 +59,14 @@ class BytesSlice:
         return self.data
 
 
+def retention_timestamp(max_timestamp: int, last_append_ms: int) -> int:
+    """A segment's age for retention.ms and delete.retention.ms: its newest record timestamp,
+    but never later than when it was last written, so a record stamped in the future cannot
+    pin it forever."""
+    newest = max_timestamp if max_timestamp >= 0 else last_append_ms
+    return min(newest, last_append_ms)
+
+
 class LogSegment:
     def __init__(
         self,
@@ -85,6 +93,10 @@ class LogSegment:
         self.last_append_ms = now_ms
         self._bytes_since_index_entry = 0
         self.closed = False
+
+    @property
+    def retention_timestamp(self) -> int:
+        return retention_timestamp(self.max_timestamp, self.last_append_ms)
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -637,11 +637,10 @@ class Simulation:
                 continue
             before = node.log.log_start_offset
             node.driver.clean(functools.partial(self.facts, node))
+            node.log.delete_segments_below_log_start()
             if node.log.log_start_offset > before:
                 self.stats.cleanings += 1
                 self._log(f"log start {before} -> {node.log.log_start_offset} on {node.node_id}")
-            node.log.delete_segments_below_log_start()
-            if node.log.log_start_offset > before:
                 self._check_cursors(node)
 
     def _entitled(self, cursor: SimCursor, node: SimNode) -> bool:
