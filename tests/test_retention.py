@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from tidelog.config import TopicConfig
@@ -15,19 +14,9 @@ from tidelog.replication.low_watermark import (
     decide_low_watermark,
     retention_keep_from,
 )
-from tidelog.storage.segment import retention_timestamp
+from tidelog.storage.memory_log import MemorySegment
 
-
-@dataclass
-class Seg:
-    base_offset: int
-    size_bytes: int
-    max_timestamp: int
-    last_append_ms: int
-
-    @property
-    def retention_timestamp(self) -> int:
-        return retention_timestamp(self.max_timestamp, self.last_append_ms)
+Seg = MemorySegment  # a segment's shape, as retention sees it
 
 
 NOW = 10_000_000
