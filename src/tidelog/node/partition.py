@@ -144,6 +144,7 @@ class PartitionHost:
             int(data.get("epoch", 0)),
             int(data.get("voted_for", -1)),
             str(data.get("directories", "")),
+            str(data.get("memberships", "")),
         )
 
     def process_ready(self) -> None:
@@ -170,7 +171,12 @@ class PartitionHost:
     def persist(self, state: QuorumState) -> None:
         write_checkpoint(
             self.directory / QUORUM_STATE_FILE,
-            {"epoch": state.epoch, "voted_for": state.voted_for, "directories": state.directories},
+            {
+                "epoch": state.epoch,
+                "voted_for": state.voted_for,
+                "directories": state.directories,
+                "memberships": state.memberships,
+            },
         )
 
     def send(self, to: int, message: Message) -> None:

@@ -16,6 +16,7 @@ from tidelog.replication.messages import (
     FetchSnapshotResponse,
     Message,
     RecordsSlice,
+    Resign,
     VoteRequest,
     VoteResponse,
 )
@@ -28,6 +29,7 @@ _TYPES: dict[str, type[Any]] = {
         VoteResponse,
         BeginEpoch,
         EpochNotice,
+        Resign,
         FetchRequest,
         FetchResponse,
         FetchSnapshotRequest,
@@ -87,6 +89,7 @@ class _FetchResponseWire:
     snapshot_required: bool = False
     last_fetched_epoch: int = -1
     directories: str = ""
+    memberships: str = ""
 
     def to_message(self, records: RecordsSlice | None) -> FetchResponse:
         return FetchResponse(records=records, **dataclasses.asdict(self))
@@ -100,3 +103,4 @@ class _FetchSnapshotResponseWire:
     size: int
     position: int
     error: str = ""
+    memberships: str = ""

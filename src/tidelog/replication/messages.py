@@ -61,6 +61,17 @@ class EpochNotice:
 
 
 @dataclass(frozen=True, slots=True)
+class Resign:
+    """A leader steps down for good (its own removal from the group committed): followers stop
+    waiting for it, and its successor stands at once (KRaft's EndQuorumEpoch, Raft's
+    TimeoutNow)."""
+
+    epoch: int
+    leader: int  # the sender
+    successor: int  # the most caught-up voter
+
+
+@dataclass(frozen=True, slots=True)
 class FetchRequest:
     epoch: int
     replica: int
@@ -96,6 +107,9 @@ class FetchResponse:
     snapshot_required: bool = False  # fetch_offset is below the leader's log start
     last_fetched_epoch: int = -1  # echoed with fetch_offset: the log state the answer is for
     directories: str = ""  # the leader's admitted directories, when the follower's differ
+    # Membership changes the follower does not hold yet (membership.py); with snapshot_required,
+    # first the membership in effect at the log start.
+    memberships: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +133,7 @@ class FetchSnapshotResponse:
     position: int
     error: str = FETCH_OK
     records: RecordsSlice | None = None  # the chunk
+    memberships: str = ""  # with a chunk: the membership in effect at the snapshot
 
 
 Message = (
@@ -126,6 +141,7 @@ Message = (
     | VoteResponse
     | BeginEpoch
     | EpochNotice
+    | Resign
     | FetchRequest
     | FetchResponse
     | FetchSnapshotRequest
@@ -142,7 +158,7 @@ def claimed_sender(message: Message) -> int | None:
         return message.candidate
     if isinstance(message, VoteResponse | EpochNotice):
         return message.voter
-    if isinstance(message, BeginEpoch):
+    if isinstance(message, BeginEpoch | Resign):
         return message.leader
     if isinstance(message, FetchRequest | FetchSnapshotRequest):
         return message.replica

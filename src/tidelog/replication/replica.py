@@ -41,6 +41,14 @@ from tidelog.replication.directories import (
 )
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
 from tidelog.replication.low_watermark import KIND_REPLICA, Hold
+from tidelog.replication.membership import (
+    INITIAL,
+    Membership,
+    MembershipHistory,
+    decode_memberships,
+    encode_memberships,
+    next_membership,
+)
 from tidelog.replication.messages import (
     FETCH_FENCED,
     FETCH_NO_SNAPSHOT,
@@ -53,6 +61,7 @@ from tidelog.replication.messages import (
     FetchSnapshotResponse,
     Message,
     Outgoing,
+    Resign,
     VoteRequest,
     VoteResponse,
     claimed_sender,
@@ -68,6 +77,8 @@ FAULT_COMMIT_OLD_EPOCH = "commit-old-epoch-by-counting"
 FAULT_TRUNCATE_TO_HW = "truncate-to-local-hw-on-follow"
 FAULT_IGNORE_DIRECTORIES = "votes-from-replaced-disks"  # before KIP-853: any directory counts
 FAULT_DISCARD_PAST_SNAPSHOT = "follow-log-start-past-own-snapshot"
+# Membership changes without waiting for the previous one (and the leader's own epoch) to commit.
+FAULT_UNCOMMITTED_CHANGES = "membership-changes-without-waiting"
 # Not the core's: the simulator's producers wait from their first run, released by any HW
 # (before replication/acks.py: the hw.policy=isr loss).
 FAULT_ACKS_REGISTERED_LATE = "acks-registered-late"
@@ -78,6 +89,7 @@ FAULTS = frozenset(
         FAULT_TRUNCATE_TO_HW,
         FAULT_IGNORE_DIRECTORIES,
         FAULT_DISCARD_PAST_SNAPSHOT,
+        FAULT_UNCOMMITTED_CHANGES,
     }
 )
 
@@ -115,12 +127,13 @@ class QuorumState:
     epoch: int = 0
     voted_for: int = NO_VOTE
     directories: str = ""  # the voters' admitted data directories (replication/directories.py)
+    memberships: str = ""  # the group's membership history (membership.py); "": the initial one
 
 
 @dataclass(frozen=True)
 class ReplicaConfig:
     node_id: int
-    voters: tuple[int, ...]
+    voters: tuple[int, ...]  # the group's initial membership (its log may have changed it since)
     learners: tuple[int, ...] = ()  # replicas that fetch but neither vote nor count (yet)
     election_timeout_ticks: int = 100
     election_jitter_ticks: int = 60
@@ -137,7 +150,6 @@ class ReplicaConfig:
     faults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        assert self.node_id in self.voters + self.learners, "a replica is one of its group's"
         assert not set(self.voters) & set(self.learners), "a learner is not a voter"
         assert self.fetch_retry_ticks > self.fetch_max_wait_ticks
         assert self.faults <= FAULTS
@@ -224,10 +236,19 @@ class Replica:
         self.known_directories: Mapping[int, str] = known_directories or {}
         self.observers: dict[int, tuple[str, int]] = {}  # leader: node -> (directory, target)
         self.replaced: dict[int, str] = {}  # voters seen with a directory not admitted here
+        self.history = MembershipHistory(
+            decode_memberships(state.memberships)
+            or [Membership(INITIAL, config.voters, config.learners)]
+        )
+        self.history.truncate(log.log_end_offset)  # changes in a tail the log lost in a crash
+        self.target: tuple[int, ...] | None = None  # voters the leader walks the group towards
+        self.learner_bytes_per_tick = 0  # catch-up throttle for learners (0: none)
+        self._learner_budget = 0
         self._ready = Ready()
         self._reset_election_timer()
         if FAULT_TRUNCATE_TO_HW in config.faults:
             log.truncate_to(log.high_watermark)  # the pre-KIP-101 restart
+            self.history.truncate(log.log_end_offset)
         if self._single_voter:
             self._start_prevote()
 
@@ -269,10 +290,11 @@ class Replica:
         directory is not the admitted one (a replaced disk) is an observer: see below."""
         if sender == self.node_id:
             return
-        if sender not in self.config.voters and not (
-            sender in self.config.learners and self._learner_may(message)
+        if isinstance(message, FetchRequest | FetchSnapshotRequest) and not (
+            sender in self.voters or (sender in self.learners and self._learner_may(message))
         ):
-            return
+            return  # only members fetch. Anything else is heard from anyone (Raft's 4.1): a
+            # replica whose membership is behind must follow a leader it does not know yet.
         claimed = claimed_sender(message)
         if claimed is not None and claimed != sender:
             self.forged_messages += 1
@@ -306,6 +328,8 @@ class Replica:
             return
         if isinstance(message, EpochNotice):
             self._on_epoch_notice(sender, message)
+        elif isinstance(message, Resign):
+            self._on_resign(sender, message)
         elif isinstance(message, VoteRequest):
             self._on_vote_request(sender, message)
         elif isinstance(message, VoteResponse):
@@ -324,15 +348,30 @@ class Replica:
     # -- replaced disks: observers --------------------------------------------------------------
 
     @property
+    def voters(self) -> tuple[int, ...]:
+        """The newest membership in this replica's log decides, committed or not."""
+        return self.history.current.voters
+
+    @property
+    def learners(self) -> tuple[int, ...]:
+        return self.history.current.learners
+
+    @property
     def is_learner(self) -> bool:
-        """Not (yet) a voter of this group: it fetches from the leader, and never votes,
-        counts toward the HW or the ISR, or leads (a replica being added)."""
-        return self.node_id not in self.config.voters
+        """Does not campaign: not a voter of this group (yet, or any more). Except a voter whose
+        own removal is not committed yet (a leader that removed itself, then lost leadership or
+        crashed): the remaining voters may lack that change, and need the one replica that has
+        it to lead long enough to commit it. That is safe: a candidate wins by a majority of its
+        newest membership's voters, not counting itself when it is not one (Raft's rule)."""
+        if self.node_id in self.voters:
+            return False
+        uncommitted = self.history.current.offset >= self.log.high_watermark
+        return not (uncommitted and self.node_id in self.committed_membership.voters)
 
     def _counts(self, replica: int) -> bool:
         """A follower whose liveness counts toward the ISR and check-quorum: a voter whose
-        directory is admitted (not an observer) and not a learner."""
-        return replica not in self.observers and replica not in self.config.learners
+        directory is admitted (not an observer)."""
+        return replica not in self.observers and replica in self.voters
 
     def _learner_may(self, message: Message) -> bool:
         """All a learner may say: fetch from the leader, in the leader's own epoch."""
@@ -408,7 +447,7 @@ class Replica:
         """An operator accepted loss (an unclean election): the directories voters present now
         (seen in this group, else on the peer channel) and this replica's own are admitted
         without catching up. Returns the voters whose admitted directory changed."""
-        merged = {n: d for n, d in presented.items() if n in self.config.voters and d}
+        merged = {n: d for n, d in presented.items() if n in self.voters and d}
         merged.update(self.replaced)
         if self.config.directory_id:
             merged[self.node_id] = self.config.directory_id
@@ -425,7 +464,9 @@ class Replica:
         before any message leaves, and the map's wire form and CRC are kept for fetches."""
         self._directories_encoded = encode_directories(self.directories)
         self._directories_crc = directories_digest(self._directories_encoded)
-        self._ready.state = QuorumState(self.epoch, self.voted_for, self._directories_encoded)
+        self._ready.state = QuorumState(
+            self.epoch, self.voted_for, self._directories_encoded, self.history.encode()
+        )
 
     def _adopt_directories(self, encoded: str) -> None:
         """The leader's admitted directories replace ours (it decides who is a replica)."""
@@ -541,6 +582,8 @@ class Replica:
         moved = self.log.advance_log_start(min(offset, self.log.high_watermark))
         if moved:
             self._ready.log_start_changed = True
+            if self.history.forget_below(self.log.log_start_offset):
+                self._persist_state()
         return moved
 
     # -- views ----------------------------------------------------------------------------------
@@ -576,7 +619,7 @@ class Replica:
                 }
                 if r in self.observers:
                     replicas[r]["observer_until"] = self.observers[r][1]
-                if r in self.config.learners:
+                if r in self.learners:
                     replicas[r]["learner"] = True
         return {
             "role": self.role.value,
@@ -588,6 +631,9 @@ class Replica:
             "log_start_offset": self.log.log_start_offset,
             "replicas": replicas,
             "directory_id": self.config.directory_id,
+            "voters": list(self.voters),
+            "learners": list(self.learners),
+            "committed_voters": list(self.history.at(self.log.high_watermark).voters),
             # A replaced disk: this replica catches up without voting (see is_observer).
             "observer": self.is_observer,
             # Voters seen with a directory this replica has not admitted (replaced disks).
@@ -598,10 +644,10 @@ class Replica:
 
     @property
     def _single_voter(self) -> bool:
-        return len(self.config.voters) == 1
+        return self.voters == (self.node_id,) and not self.is_learner
 
     def _others(self) -> list[int]:
-        return [v for v in self.config.voters if v != self.node_id]
+        return [v for v in self.voters if v != self.node_id]
 
     def _reset_election_timer(self) -> None:
         jitter = self.rng.randint(0, self.config.election_jitter_ticks)
@@ -676,9 +722,7 @@ class Replica:
                 and self.leader_id != NO_LEADER
                 and self.now - self.last_leader_contact < self.config.election_timeout_ticks
             )
-            granted = (
-                req.epoch > self.epoch and up_to_date and not leader_alive and not self.is_learner
-            )
+            granted = req.epoch > self.epoch and up_to_date and not leader_alive
             # A refusal carries our own epoch (etcd's rule): a prospective candidate behind it
             # moves up, or two nodes each refusing the other's pre-vote could wait forever.
             epoch = req.epoch if granted else self.epoch
@@ -692,7 +736,6 @@ class Replica:
             and self.voted_for in (NO_VOTE, req.candidate)
             and self.role is not Role.LEADER
             and up_to_date
-            and not self.is_learner  # one that thinks it votes while the leader says otherwise
         )
         if granted:
             self._set_state(self.epoch, req.candidate)
@@ -708,17 +751,38 @@ class Replica:
         if resp.pre_vote:
             if self.role is not Role.PROSPECTIVE or resp.epoch != self.epoch + 1:
                 return
-            if not resp.granted:
+            if not resp.granted or sender not in self.voters:
                 return
             self.votes.add(sender)
-            if len(self.votes) >= majority(len(self.config.voters)):
+            if self._won():
                 self._start_election()
             return
         if self.role is not Role.CANDIDATE or resp.epoch != self.epoch or not resp.granted:
             return
-        self.votes.add(sender)
-        if len(self.votes) >= majority(len(self.config.voters)):
+        if sender in self.voters:  # a vote counts only from a voter of our own membership
+            self.votes.add(sender)
+        if self._won():
             self._become_leader()
+
+    def _won(self) -> bool:
+        """A majority of our newest membership's voters (ourselves only if we are one)."""
+        return len(self.votes & set(self.voters)) >= majority(len(self.voters))
+
+    def _resign(self) -> None:
+        """Our own removal is committed: hand over to the most caught-up remaining voter."""
+        voters = self.voters
+        successor = max(voters, key=lambda v: (self.progress[v].match_offset, -v))
+        self._become_follower(self.epoch, NO_LEADER)
+        for v in voters:
+            self._send(v, Resign(self.epoch, self.node_id, successor))
+
+    def _on_resign(self, sender: int, msg: Resign) -> None:
+        if msg.epoch != self.epoch or self.leader_id != sender or self.role is not Role.FOLLOWER:
+            return
+        self.leader_id = NO_LEADER  # no longer alive, as far as pre-votes are concerned
+        self.last_leader_contact = -(10**12)
+        if msg.successor == self.node_id and not self.is_learner:
+            self._start_election()
 
     def _on_epoch_notice(self, sender: int, msg: EpochNotice) -> None:
         """(A later epoch was handled above, as for any message.) In our own epoch, a notice
@@ -750,7 +814,7 @@ class Replica:
         if FAULT_TRUNCATE_TO_HW in self.config.faults and leader != NO_LEADER:
             # The pre-KIP-101 bug: trusting the local HW as the end of the committed log.
             self.log.truncate_to(self.log.high_watermark)
-            self._ready.truncated = True
+            self._truncated()
         self._maybe_send_fetch()
 
     def _become_leader(self) -> None:
@@ -760,7 +824,7 @@ class Replica:
         self.epoch_start_offset = self.log.log_end_offset
         self.progress = {
             r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now)
-            for r in self._others() + list(self.config.learners)
+            for r in self._others() + list(self.learners)
         }
         self.observers = {}
         own = self.config.directory_id
@@ -779,14 +843,136 @@ class Replica:
         self._after_leader_append()
 
     def _leader_change_marker(self) -> bytes:
-        value = {"leader": self.node_id, "epoch": self.epoch, "voters": list(self.config.voters)}
+        value = {"leader": self.node_id, "epoch": self.epoch, "voters": list(self.voters)}
         record = ProducerRecord(LEADER_CHANGE_CONTROL_KEY, json.dumps(value).encode())
         return build_batch([record], control=True, now_ms=0)
+
+    # -- membership (membership.py) --------------------------------------------------------------
+
+    def set_target(self, voters: tuple[int, ...] | None, learner_bytes_per_tick: int = 0) -> None:
+        """The voters this group should have (the cluster's metadata says so): its leader walks
+        the group there one change at a time. None: no change wanted."""
+        assert voters is None or voters, "a group needs a voter"
+        self.target = tuple(sorted(voters)) if voters is not None else None
+        self.learner_bytes_per_tick = learner_bytes_per_tick
+
+    @property
+    def committed_membership(self) -> Membership:
+        return self.history.at(self.log.high_watermark)
+
+    def _may_change_membership(self) -> bool:
+        if FAULT_UNCOMMITTED_CHANGES in self.config.faults:
+            return True
+        hw = self.log.high_watermark
+        return self.history.current.offset < hw and self.epoch_start_offset < hw
+
+    def _maybe_change_membership(self) -> None:
+        if self.target is None or self.role is not Role.LEADER:
+            return
+        current = self.history.current
+        if not self._may_change_membership():
+            return
+        lag = self.config.replica_lag_ticks
+
+        def caught_up(n: int) -> bool:
+            if n == self.node_id:
+                return True
+            p = self.progress.get(n)
+            return (
+                p is not None
+                and self.now - p.last_caught_up_tick <= lag
+                and n not in self.observers
+            )
+
+        step = next_membership(
+            current,
+            self.target,
+            caught_up,
+            self.node_id,
+            at_once=FAULT_UNCOMMITTED_CHANGES in self.config.faults,
+        )
+        if step is None:
+            return
+        voters, learners = step
+        if sum(1 for v in voters if caught_up(v)) < majority(len(voters)):
+            # etcd's strict reconfiguration check: never leave a membership whose majority is
+            # not caught up now (a voter down, or a replaced disk not yet admitted), or the
+            # group may be unable to elect anyone until that voter is back.
+            return
+        proposal = Membership(self.log.log_end_offset, voters, learners)
+        info = self.log.append_as_leader(proposal.control_batch(), self.epoch)
+        self.history.append(Membership(info.first_offset, voters, learners))
+        self._persist_state()
+        self._on_membership_changed()
+        self._after_leader_append()
+
+    def _on_membership_changed(self) -> None:
+        """Leader: follow the members it now has (new ones hear of its epoch at once)."""
+        if self.role is not Role.LEADER:
+            return
+        members = set(self.voters) | set(self.learners)
+        for gone in [r for r in self.progress if r not in members]:
+            del self.progress[gone]
+            self.observers.pop(gone, None)
+        for new in sorted(members - set(self.progress) - {self.node_id}):
+            self.progress[new] = Progress(last_fetch_tick=self.now, begin_sent_tick=self.now)
+            self._send(new, BeginEpoch(self.epoch, self.node_id))
+
+    def _memberships_for(self, fetch_offset: int) -> str:
+        """The changes a follower at fetch_offset does not hold yet (it keeps those its log
+        then holds)."""
+        entries = self.history.since(fetch_offset)
+        return encode_memberships(entries) if entries else ""
+
+    def _adopt_memberships(self, encoded: str) -> None:
+        if not encoded:
+            return
+        end = self.log.log_end_offset
+        changed = False
+        for m in decode_memberships(encoded):
+            if self.history.current.offset < m.offset < end:
+                self.history.append(m)
+                changed = True
+        if changed:
+            self._persist_state()
+
+    def _truncated(self) -> None:
+        """The log lost its tail: so did the membership changes in it."""
+        self._ready.truncated = True
+        if self.history.truncate(self.log.log_end_offset):
+            self._persist_state()
+
+    def _start_over(self, offset: int, encoded: str) -> None:
+        """The log starts over at offset (a leader's log start or snapshot), with the membership
+        the leader had there."""
+        self.log.truncate_fully_and_start_at(offset)
+        self._ready.truncated = True
+        entries = decode_memberships(encoded)
+        if entries:
+            self.history.start_over(entries[0])
+        else:
+            self.history.truncate(offset)
+        self._persist_state()
+
+    def _learner_throttled(self, follower: int, req: FetchRequest) -> bool:
+        return (
+            self.learner_bytes_per_tick > 0
+            and follower in self.learners
+            and self._learner_budget <= 0
+            and req.fetch_offset < self.log.log_end_offset
+        )
 
     # -- leader side of replication -------------------------------------------------------------
 
     def _leader_tick(self) -> None:
         retry = self.config.fetch_retry_ticks
+        if self.learner_bytes_per_tick > 0:
+            self._learner_budget = min(
+                self._learner_budget + self.learner_bytes_per_tick, 10 * self.learner_bytes_per_tick
+            )
+        self._maybe_change_membership()
+        if self.role is not Role.LEADER:
+            return
         for r, p in self.progress.items():
             if p.pending is not None and self.now >= p.pending_deadline:
                 self._answer_fetch(r, p.pending)
@@ -804,7 +990,7 @@ class Replica:
                 if self.now - p.last_fetch_tick <= self.config.check_quorum_ticks
                 and self._counts(r)
             )
-            if recent + 1 < majority(len(self.config.voters)):
+            if recent + (self.node_id in self.voters) < majority(len(self.voters)):
                 # Cut off from a quorum: stop taking writes that can never commit here.
                 self._become_follower(self.epoch, NO_LEADER)
 
@@ -831,7 +1017,14 @@ class Replica:
         progress = self.progress[sender]
         progress.pending = None
         if req.fetch_offset < self.log.log_start_offset or self._history_too_short(req):
-            self._send(sender, self._empty_response(req, snapshot_required=True))
+            start = self.log.log_start_offset
+            at_start = [self.history.at(start), *self.history.since(start)]
+            self._send(
+                sender,
+                self._empty_response(
+                    req, snapshot_required=True, memberships=encode_memberships(at_start)
+                ),
+            )
             return
         diverging = self._divergence(req)
         if diverging is not None:
@@ -920,11 +1113,21 @@ class Replica:
         return self._directories_encoded
 
     def _answer_fetch(self, follower: int, req: FetchRequest) -> None:
-        self.progress[follower].pending = None
+        progress = self.progress[follower]
+        if self._learner_throttled(follower, req):
+            progress.pending = req  # answered once the catch-up budget allows
+            progress.pending_deadline = self.now + 1
+            return
+        progress.pending = None
         records = None
+        max_bytes = req.max_bytes
+        if self.learner_bytes_per_tick > 0 and follower in self.learners:
+            max_bytes = max(1, min(max_bytes, self._learner_budget))
         if req.fetch_offset < self.log.log_end_offset:
-            records = self.log.read(req.fetch_offset, req.max_bytes, self.log.log_end_offset)
-        self.progress[follower].known_hw = self.log.high_watermark
+            records = self.log.read(req.fetch_offset, max_bytes, self.log.log_end_offset)
+            if records is not None and max_bytes != req.max_bytes:
+                self._learner_budget -= records.size
+        progress.known_hw = self.log.high_watermark
         self._send(
             follower,
             FetchResponse(
@@ -936,6 +1139,7 @@ class Replica:
                 records=records,
                 last_fetched_epoch=req.last_fetched_epoch,
                 directories=self._directories_for(req),
+                memberships=self._memberships_for(req.fetch_offset),
             ),
         )
 
@@ -955,10 +1159,11 @@ class Replica:
     def _maybe_advance_high_watermark(self) -> None:
         if self.role is not Role.LEADER:
             return
-        learners = self.config.learners
-        match = {r: p.match_offset for r, p in self.progress.items() if r not in learners}
-        match[self.node_id] = self.log.effective_durable_end
-        if self.config.hw_policy == "isr":
+        voters = self.voters
+        match = {r: p.match_offset for r, p in self.progress.items() if r in voters}
+        if self.node_id in voters:
+            match[self.node_id] = self.log.effective_durable_end
+        if self.config.hw_policy == "isr" and self.node_id in voters:
             candidate, _ = isr_offset(match, self.in_sync_replicas(), self.node_id)
         else:
             candidate = quorum_offset(list(match.values()))
@@ -972,6 +1177,8 @@ class Replica:
             self.log.set_high_watermark(candidate)
             self._ready.high_watermark_changed = True
             self._complete_pending_fetches()
+            if self.node_id not in self.voters and self.history.current.offset < candidate:
+                self._resign()
 
     # -- follower side of replication -----------------------------------------------------------
 
@@ -1034,8 +1241,7 @@ class Replica:
             self.installing = -1
         elif resp.snapshot_required:
             # A stream has no state to rebuild: start over at the leader's log start.
-            self.log.truncate_fully_and_start_at(resp.log_start_offset)
-            self._ready.truncated = True
+            self._start_over(resp.log_start_offset, resp.memberships)
         elif resp.diverging:
             self._truncate_diverging(resp.diverging_epoch, resp.diverging_end_offset)
         else:
@@ -1043,6 +1249,7 @@ class Replica:
             # fetch offset, so only then may the leader's HW become ours (up to our log end).
             if resp.records is not None and resp.records.size > 0:
                 self.log.append_as_follower(resp.records.read())
+            self._adopt_memberships(resp.memberships)
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
         self._maybe_send_fetch()
@@ -1085,7 +1292,12 @@ class Replica:
             answer(snapshot_offset=offset, size=size)
             return
         chunk = self.snapshots.read_snapshot_chunk(offset, req.position, req.max_bytes)  # type: ignore[union-attr]
-        answer(snapshot_offset=offset, size=size, records=SnapshotChunk(chunk, req.position))
+        answer(
+            snapshot_offset=offset,
+            size=size,
+            records=SnapshotChunk(chunk, req.position),
+            memberships=encode_memberships([self.history.at(offset)]),
+        )
 
     def _on_fetch_snapshot_response(self, sender: int, resp: FetchSnapshotResponse) -> None:
         if resp.epoch < self.epoch or self.installing is None or self.snapshots is None:
@@ -1115,8 +1327,7 @@ class Replica:
             )
             if received >= resp.size:
                 if self.snapshots.finish_snapshot(offset):
-                    self.log.truncate_fully_and_start_at(offset)
-                    self._ready.truncated = True
+                    self._start_over(offset, resp.memberships)
                     self._ready.snapshot_installed = offset
                     self.installing = None
                     self._maybe_send_fetch()
@@ -1133,7 +1344,7 @@ class Replica:
                 target >= self.log.high_watermark or FAULT_TRUNCATE_TO_HW in self.config.faults
             ), "divergence never reaches below the committed prefix"
             self.log.truncate_to(target)
-            self._ready.truncated = True
+            self._truncated()
 
     def _follow_log_start(self, leader_log_start: int) -> None:
         """Discard the prefix the leader discarded: only what is committed here too and, for a
@@ -1152,6 +1363,8 @@ class Replica:
             target = min(target, latest[0] if latest is not None else self.log.log_start_offset)
         if target > self.log.log_start_offset and self.log.advance_log_start(target):
             self._ready.log_start_changed = True
+            if self.history.forget_below(self.log.log_start_offset):
+                self._persist_state()
 
     def _follow_high_watermark(self, leader_hw: int) -> None:
         hw = min(leader_hw, self.log.log_end_offset)

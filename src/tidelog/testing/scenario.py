@@ -17,7 +17,8 @@ core on in-memory disks), so the same checkers run after every command.
 
 Commands:
     nodes N [fetch-max-bytes=B] [flush=auto|manual] [fault=NAME] [directories=on]
-          [learners=L]                 N voters, then L learners (ids N+1..)
+          [learners=L] [spares=S]      N voters, then L learners (ids N+1..), then S nodes
+                                     outside the group that a reassignment may move it onto
     campaign N [prevote=false]       stand for election now
     propose N VALUE [acks=all|1]     a producer writes VALUE to node N
     deliver A->B [count=K]           deliver queued messages on one link (all, or the first K)
@@ -29,6 +30,7 @@ Commands:
     wipe N                           crash, and the disk is replaced: N restarts empty (with
                                      directories=on, under a new directory id)
     partition 1 2 | 3 / heal         cut links both ways / restore them
+    reassign N [N ...]               the metadata wants these voters: the leader walks there
     status                           every node's role, epoch, watermarks and log
     acks                             acknowledged writes so far
     check                            run the invariants now (also run after every command)
@@ -38,12 +40,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.record.batch import BatchHeader, decode_records, iter_headers
+from tidelog.replication.membership import MEMBERSHIP_CONTROL_KEY
 from tidelog.replication.messages import (
     BeginEpoch,
     EpochNotice,
@@ -51,6 +55,7 @@ from tidelog.replication.messages import (
     FetchSnapshotRequest,
     FetchSnapshotResponse,
     Message,
+    Resign,
     VoteRequest,
     VoteResponse,
 )
@@ -75,6 +80,7 @@ class Scenario(Simulation):
         faults: frozenset[str],
         directories: bool = False,
         learners: int = 0,
+        spares: int = 0,
     ) -> None:
         self.directories = directories
         self.queue: list[Queued] = []
@@ -89,6 +95,7 @@ class Scenario(Simulation):
                 flush_delay_max=0,
                 faults=faults,
                 learners=learners,
+                spares=spares,
             )
         )
         self.faults_on = False
@@ -186,6 +193,8 @@ class Scenario(Simulation):
                     head += " observer"
                 if r.is_learner:
                     head += " learner"
+                if r.history.current.offset >= 0:
+                    head += f" voters={','.join(map(str, r.voters))}"
             head += f" leo={log.log_end_offset} hw={log.high_watermark} durable={log.durable_end_offset}"
             lines.append(f"{head} log=[{format_log(log.batches())}]")
         return lines
@@ -200,6 +209,8 @@ def format_message(m: Message) -> str:
         return f"{kind} epoch={m.epoch} {'granted' if m.granted else 'rejected'}"
     if isinstance(m, BeginEpoch):
         return f"BeginEpoch epoch={m.epoch} leader={m.leader}"
+    if isinstance(m, Resign):
+        return f"Resign epoch={m.epoch} successor={m.successor}"
     if isinstance(m, EpochNotice):
         return f"EpochNotice epoch={m.epoch} leader={m.leader}"
     if isinstance(m, FetchRequest):
@@ -237,6 +248,10 @@ def format_log(batches: list[tuple[BatchHeader, bytes]]) -> str:
         for rec in decode_records(batch):
             if header.is_control and rec.key == LEADER_CHANGE_CONTROL_KEY:
                 value = "<leader-change>"
+            elif header.is_control and rec.key == MEMBERSHIP_CONTROL_KEY:
+                m = json.loads(rec.value or b"{}")
+                learners = "".join(f" +{n}" for n in m["learners"])
+                value = f"<voters {','.join(map(str, m['voters']))}{learners}>"
             else:
                 value = (rec.value or b"").decode("utf-8", "replace")
             items.append(f"{rec.offset}@e{header.partition_leader_epoch}:{value}")
@@ -262,6 +277,7 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             faults,
             opts.get("directories", "off") == "on",
             int(opts.get("learners", 0)),
+            int(opts.get("spares", 0)),
         )
         return sim, ["ok"]
     assert sim is not None, "the first command must be `nodes`"
@@ -328,6 +344,12 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
                 for y in b:
                     sim.blocked |= {(x, y), (y, x)}
             sim.out.append(f"partitioned {a} | {b}")
+        elif cmd == "reassign":
+            sim.target = tuple(sorted(int(p) for p in plain))
+            for node in sim.nodes.values():
+                if node.replica is not None:
+                    node.replica.set_target(sim.target)
+            sim.out.append(f"target voters {','.join(plain)}")
         elif cmd == "heal":
             sim.blocked.clear()
             sim.out.append("healed")

@@ -36,6 +36,7 @@ state-machine logs, every replica's table equals the table built from every comm
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import heapq
@@ -51,6 +52,7 @@ from tidelog.record.batch import ProducerRecord, build_batch, decode_records, re
 from tidelog.replication.acks import ANY_EPOCH
 from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.low_watermark import CursorFact, LowWatermarkFacts
+from tidelog.replication.membership import decode_memberships
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import (
     FAULT_ACKS_REGISTERED_LATE,
@@ -99,6 +101,8 @@ class SimParams:
     snapshot_entries: int = 20
     snapshot_catchup_entries: int = 5
     learners: int = 0  # replicas that fetch and never vote or count (a node being added)
+    spares: int = 0  # nodes outside the group at first, that reassignments may move it onto
+    reassign_rate: float = 0.0  # chance per tick that the group is given new target voters
     replica_max_lag_ticks: int = 60
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
@@ -111,7 +115,7 @@ class SimParams:
         def maybe(p: float, value: float) -> float:
             return value if rng.random() < p else 0.0
 
-        return SimParams(
+        params = SimParams(
             seed=seed,
             nodes=rng.choice([3, 3, 3, 5]),
             drop=maybe(0.6, rng.uniform(0.0, 0.3)),
@@ -145,7 +149,10 @@ class SimParams:
             snapshot_entries=rng.choice([3, 20, 100]),
             snapshot_catchup_entries=rng.choice([0, 5, 50]),
             learners=rng.choice([0, 0, 0, 1]),
+            spares=rng.choice([0, 1, 2]),
+            reassign_rate=maybe(0.4, rng.uniform(0.002, 0.02)),
         )
+        return params if params.reassign_rate else dataclasses.replace(params, spares=0)
 
     def topic_config(self) -> TopicConfig:
         return TopicConfig(
@@ -276,6 +283,8 @@ class Stats:
     snapshots_installed: int = 0
     messages: int = 0
     dropped: int = 0
+    reassignments: int = 0
+    membership_changes: int = 0
     converged_after: int = -1
 
 
@@ -286,7 +295,10 @@ class Simulation:
         self.now = 0
         self.voter_ids = list(range(1, params.nodes + 1))
         self.learner_ids = list(range(params.nodes + 1, params.nodes + 1 + params.learners))
-        self.node_ids = self.voter_ids + self.learner_ids
+        first_spare = params.nodes + params.learners + 1
+        self.spare_ids = list(range(first_spare, first_spare + params.spares))
+        self.node_ids = self.voter_ids + self.learner_ids + self.spare_ids
+        self.target: tuple[int, ...] | None = None  # the voters the metadata wants (reassigned)
         self.config = params.topic_config()
         initial = {n: f"d{n}.0" for n in self.node_ids}
         self.nodes = {
@@ -367,6 +379,7 @@ class Simulation:
             node.machine,
             known_directories=node.known_directories,
         )
+        replica.set_target(self.target)
         node.driver = PartitionDriver(replica, node.log, SimEffects(self, node), node.machine)
         if node.machine is not None:
             node.machine.catch_up()
@@ -409,6 +422,19 @@ class Simulation:
         self.stats.wipes += 1
         self._log(f"wipe {node_id} directory={node.directory}")
 
+    def _may_lose_disk(self, victim: int) -> bool:
+        """A minority may lose its disks; in a group of one or two voters (reassignments make
+        them) that minority is nobody, and losing a voter's disk loses the group by definition."""
+        for node in self.nodes.values():
+            if node.replica is not None:
+                voters = node.replica.voters
+            else:
+                entries = decode_memberships(node.state.memberships)
+                voters = entries[-1].voters if entries else tuple(self.voter_ids)
+            if victim in voters and len(voters) < 3:
+                return False
+        return True
+
     def _readmitted(self) -> None:
         for n in sorted(self.replaced):
             directory = self.nodes[n].directory
@@ -434,7 +460,9 @@ class Simulation:
         assert replica is not None
         if ready.role_changed and replica.role is Role.LEADER:
             self.stats.elections += 1
-            self._log(f"leader {node.node_id} epoch={replica.epoch}")
+            self._log(f"leader {node.node_id} epoch={replica.epoch} voters={replica.voters}")
+            if replica.is_learner:
+                self.fail(f"node {node.node_id} leads epoch {replica.epoch} but is no voter")
         if ready.snapshot_installed >= 0:
             self.stats.snapshots_installed += 1
             self._log(f"snapshot {ready.snapshot_installed} installed on {node.node_id}")
@@ -681,8 +709,6 @@ class Simulation:
             self.fail(
                 f"node {node.node_id}: log start {log.log_start_offset} <= HW {hw} <= LEO {log.log_end_offset} broken"
             )
-        if replica.is_leader and node.node_id in self.learner_ids:
-            self.fail(f"learner {node.node_id} leads epoch {replica.epoch}")
         if replica.is_leader:
             leader = self.leaders.setdefault(replica.epoch, node.node_id)
             if leader != node.node_id:
@@ -739,14 +765,18 @@ class Simulation:
         leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
         if len(leaders) != 1:
             self.fail(f"liveness: {len(leaders)} leaders after healing")
-        start = max(n.log.log_start_offset for n in self.nodes.values())
+        members = self.members(leaders[0])
+        self.stats.membership_changes = max(
+            len(n.replica.history.entries) for n in members if n.replica is not None
+        )
+        start = max(n.log.log_start_offset for n in members)
 
         def kept(node: SimNode) -> list[tuple[Any, bytes]]:
             # A follower that started over at the log start lacks a batch straddling it.
             return [(h, b) for h, b in node.log.batches() if h.base_offset >= start]
 
         reference = kept(leaders[0])
-        for node in self.nodes.values():
+        for node in members:
             if kept(node) != reference:
                 self.fail(f"liveness: node {node.node_id} did not converge to the leader's log")
             if node.log.high_watermark != node.log.log_end_offset:
@@ -783,7 +813,7 @@ class Simulation:
             self.fail(
                 f"the checker saw committed batches up to {offset}, the HW is {high_watermark}"
             )
-        for node in self.nodes.values():
+        for node in self.members_now():
             table = node.table
             assert table is not None
             if table.applied_offset != offset or table.entries != expected.entries:
@@ -816,13 +846,30 @@ class Simulation:
         # readmission, can leave no replica that all admitted voters trust (a liveness limit,
         # kept as a known case: seed 1020 with this guard removed).
         if p.wipe_rate and rng.random() < p.wipe_rate and not self.stats.wipes:
-            self.wipe(rng.choice(self.node_ids))
+            victim = rng.choice(self.node_ids)
+            if self._may_lose_disk(victim):
+                self.wipe(victim)
+        if p.reassign_rate and rng.random() < p.reassign_rate:
+            self.reassign()
         if rng.random() < p.pause_rate:
             paused = self.nodes[rng.choice(self.node_ids)]
             if paused.alive:
                 paused.paused_until = self.now + rng.randint(5, 80)
                 self.stats.pauses += 1
                 self._log(f"pause {paused.node_id} until {paused.paused_until}")
+
+    def reassign(self) -> None:
+        """The metadata gives the group new target voters (any nodes, one to all of them); the
+        leader walks there one change at a time. Every replica hears of it at once, as every
+        node applies the metadata log (when, does not matter for safety: the walk does)."""
+        rng = self.rng
+        size = rng.randint(1, min(len(self.node_ids), self.params.nodes + 1))
+        self.target = tuple(sorted(rng.sample(self.node_ids, size)))
+        self.stats.reassignments += 1
+        self._log(f"reassign to {list(self.target)}")
+        for node in self.nodes.values():
+            if node.replica is not None:
+                node.replica.set_target(self.target)
 
     def _partition(self) -> None:
         rng = self.rng
@@ -874,6 +921,16 @@ class Simulation:
         if self.params.clean_every and self.now % self.params.clean_every == 0:
             self.clean()
 
+    def members(self, leader: SimNode) -> list[SimNode]:
+        """The group as its leader has it (nodes moved off it hold whatever they held)."""
+        replica = leader.replica
+        assert replica is not None
+        return [self.nodes[n] for n in sorted(replica.voters + replica.learners)]
+
+    def members_now(self) -> list[SimNode]:
+        leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
+        return self.members(leaders[0]) if len(leaders) == 1 else list(self.nodes.values())
+
     def converged(self) -> bool:
         leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
         if len(leaders) != 1:
@@ -882,11 +939,19 @@ class Simulation:
         owed = leader.driver.owed.awaiting_commit if leader.driver is not None else 0
         if owed and FAULT_ACKS_REGISTERED_LATE not in self.params.faults:
             return False
+        replica = leader.replica
+        assert replica is not None
+        if replica.committed_membership != replica.history.current:
+            return False  # a membership change still under way
+        if self.target is not None and (
+            replica.learners or tuple(sorted(replica.voters)) != self.target
+        ):
+            return False
         leo = leader.log.log_end_offset
         # Log starts may differ: a follower that had to start over may have discarded more.
         return all(
             n.log.log_end_offset == leo and n.log.high_watermark == leo and n.alive
-            for n in self.nodes.values()
+            for n in self.members(leader)
         )
 
     def describe_node(self, node_id: int) -> str:
