@@ -19,6 +19,7 @@ from tidelog.replication.replica import (
     FAULT_DISCARD_PAST_SNAPSHOT,
     FAULT_IGNORE_DIRECTORIES,
     FAULT_TRUNCATE_TO_HW,
+    FAULT_UNCOMMITTED_CHANGES,
 )
 from tidelog.testing.scenario import run_script
 from tidelog.testing.sim import SimParams, Simulation, SimulationFailure, Stats, run_seed
@@ -111,6 +112,20 @@ def test_votes_from_replaced_disks_lose_acknowledged_records_and_are_caught() ->
     assert "VIOLATION: offset 1 was committed" in broken
     kept = run_script((scripts / "replaced_disk_rejoins_as_observer.txt").read_text())
     assert "VIOLATION" not in kept and "2@e2:m3" in kept
+
+
+def test_membership_changes_without_waiting_for_commit_are_caught() -> None:
+    """The one-change-at-a-time rule switched off (a leader appends the next membership change
+    before the previous one, and an entry of its own epoch, commit, and moves several voters at
+    once): the seeded reassignments soon elect two leaders in one epoch or lose committed
+    records, and the checkers say so. With the rule on, the same seeds pass."""
+    caught = seeds_caught(FAULT_UNCOMMITTED_CHANGES, 60, enough=3)
+    assert len(caught) >= 3, f"only seeds {caught} of 60 caught the broken rule"
+    for seed in caught:
+        run_seed(seed)
+    script = ROOT / "tests" / "scenarios" / "membership_moves_one_voter_at_a_time.txt"
+    walked = run_script(script.read_text())
+    assert "VIOLATION" not in walked and "4@e1:<voters 2,3,4>" in walked
 
 
 def test_committing_an_old_epoch_by_counting_is_caught() -> None:

@@ -11,6 +11,8 @@
     ├── InvalidRecord(rule)                 well-formed bytes breaking a rule (count, keys, bits)
     ├── RecordTooLarge
     ├── InvalidRequest                      malformed or out-of-contract request
+    │   ├── InvalidConfig(key)              a config name or value tidelog does not take
+    │   └── InvalidReplicaAssignment        no replicas, duplicates, or an unknown node
     ├── UnsupportedApi
     ├── Timeout                             retriable
     ├── FencedEpoch                         the sender's epoch is stale
@@ -191,6 +193,13 @@ class OutcomeUnknown(TidelogError):
 
 class InvalidConfig(InvalidRequest):
     code = 40
+
+
+class InvalidReplicaAssignment(InvalidRequest):
+    """A reassignment names no replicas, a node twice, or a node the cluster does not have
+    (Kafka's INVALID_REPLICA_ASSIGNMENT)."""
+
+    code = 39
 
 
 class StorageError(TidelogError):

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from tidelog.cli.main import answered_nodes, merge_status
+from tidelog.cli.reassign import add_reassign_command
 from tidelog.client.async_client import AsyncClient
 from tidelog.errors import InvalidRequest, NoEligibleLeader, TidelogError
 from tidelog.replication.metadata import METADATA_TOPIC
@@ -25,7 +26,7 @@ WAIT_S = 20.0
 
 
 def add_partitions_command(sub: Any, with_bootstrap: Any) -> None:
-    partitions = sub.add_parser("partitions", help="partition leadership")
+    partitions = sub.add_parser("partitions", help="partition leadership and placement")
     psub = partitions.add_subparsers(dest="partitions_command")
     elect = with_bootstrap(psub.add_parser("elect", help="elect a leader for a partition now"))
     elect.add_argument("partition", help="TOPIC/PARTITION, e.g. events/0")
@@ -36,6 +37,7 @@ def add_partitions_command(sub: Any, with_bootstrap: Any) -> None:
         "records (they are lost); for when no replica holding everything can come back",
     )
     elect.set_defaults(func=cmd_elect)
+    add_reassign_command(psub, with_bootstrap)
 
 
 def parse_partition(text: str) -> tuple[str, int]:

@@ -337,8 +337,10 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
                 print("configs " + " ".join(f"{k}={v}" for k, v in sorted(info.configs.items())))
             for p, replicas in enumerate(info.assignments):
                 leader = info.leaders[p] if p < len(info.leaders) else -1
+                moving = f"  moving off {info.reassigning[p]}" if p in info.reassigning else ""
                 print(
-                    f"  partition {p}  leader {leader if leader >= 0 else 'unknown'}  replicas {replicas}"
+                    f"  partition {p}  leader {leader if leader >= 0 else 'unknown'}  "
+                    f"replicas {replicas}{moving}"
                 )
 
     asyncio.run(run())

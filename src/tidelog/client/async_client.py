@@ -84,6 +84,8 @@ class TopicInfo:
     assignments: list[list[int]]
     configs: dict[str, str]
     leaders: list[int]
+    # partition -> nodes a move is leaving (they keep a copy until the move is done)
+    reassigning: dict[int, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,9 @@ class AsyncClient:
                 assignments=[[int(r) for r in a] for a in t["assignments"]],
                 configs={str(k): str(v) for k, v in dict(t.get("configs", {})).items()},
                 leaders=leaders,
+                reassigning={
+                    int(p): [int(r) for r in a] for p, a in dict(t.get("reassigning", {})).items()
+                },
             )
             self._meta.topics[info.name] = info
             for p, leader in enumerate(leaders):
@@ -408,6 +413,42 @@ class AsyncClient:
             await self.wait_for_leaders(name)
         return info
 
+    async def reassign_partition(
+        self,
+        topic: str,
+        partition: int,
+        replicas: list[int],
+        throttle_bytes: int = 0,
+        wait: bool = False,
+        timeout_s: float = 300.0,
+    ) -> api.ReassignPartitionResponse:
+        """Move a partition onto `replicas` (Kafka's kafka-reassign-partitions): new replicas
+        catch up (at throttle_bytes/s, 0: unthrottled) as learners, then the voters change one
+        at a time, then the nodes left delete their copy. wait: return once the move is done."""
+        request = api.ReassignPartitionRequest(topic, partition, list(replicas), throttle_bytes)
+        header = await self._to_metadata_leader(ApiKey.ALTER_PARTITION_REASSIGNMENTS, request)
+        response = api.decode(api.ReassignPartitionResponse, header)
+        if wait:
+            await self.wait_for_reassignment(topic, partition, timeout_s)
+        return response
+
+    async def wait_for_reassignment(
+        self, topic: str, partition: int, timeout_s: float = 300.0
+    ) -> TopicInfo:
+        """Until the partition's move (if any) is done."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            info = await self.topic(topic, refresh=True)
+            if partition not in info.reassigning:
+                return info
+            if loop.time() > deadline:
+                raise Timeout(
+                    f"{topic}/{partition} still moving off nodes {info.reassigning[partition]} "
+                    f"after {timeout_s}s"
+                )
+            await asyncio.sleep(0.2)
+
     async def _to_metadata_leader(self, key: ApiKey, request: Any) -> dict[str, Any]:
         """Admin writes go through the metadata log's leader; follow its hints."""
         last: TidelogError | None = None
@@ -540,9 +581,12 @@ class AsyncClient:
             missing = [p for p in range(info.partitions) if (topic, p) not in self._meta.leaders]
             if not missing:
                 return
-            for p in missing:
+            for p in list(missing):
                 with contextlib.suppress(TidelogError):
                     await self.list_offsets(topic, p, "latest")
+                    missing.remove(p)  # a leader answered (one the metadata node may not know)
+            if not missing:
+                return
             if loop.time() > deadline:
                 raise Timeout(f"no leader for {topic} partitions {missing} after {timeout_s}s")
             if any((topic, p) not in self._meta.leaders for p in missing):

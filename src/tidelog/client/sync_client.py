@@ -74,6 +74,26 @@ class Client:
     def add_partitions(self, name: str, partitions: int) -> TopicInfo:
         return self._run(self._async.add_partitions(name, partitions))
 
+    def reassign_partition(
+        self,
+        topic: str,
+        partition: int,
+        replicas: list[int],
+        throttle_bytes: int = 0,
+        wait: bool = False,
+        timeout_s: float = 300.0,
+    ) -> api.ReassignPartitionResponse:
+        return self._run(
+            self._async.reassign_partition(
+                topic, partition, replicas, throttle_bytes, wait, timeout_s
+            )
+        )
+
+    def wait_for_reassignment(
+        self, topic: str, partition: int, timeout_s: float = 300.0
+    ) -> TopicInfo:
+        return self._run(self._async.wait_for_reassignment(topic, partition, timeout_s))
+
     def topic(self, name: str, refresh: bool = False) -> TopicInfo:
         return self._run(self._async.topic(name, refresh))
 

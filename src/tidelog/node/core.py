@@ -67,6 +67,7 @@ from tidelog.replication.metadata import (
     validate_alter,
     validate_create,
     validate_delete,
+    validate_reassign,
 )
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
@@ -123,6 +124,7 @@ class NodeCore:
             api.DeleteTopicRequest: (self._delete_topic, Operation.DELETE, "name"),
             api.AlterTopicRequest: (self._alter_topic, Operation.ALTER, "name"),
             api.CreatePartitionsRequest: (self._create_partitions, Operation.ALTER, "name"),
+            api.ReassignPartitionRequest: (self._reassign_partition, Operation.ALTER, "topic"),
             api.StatusRequest: (self._status, Operation.DESCRIBE, ""),
             api.ApiVersionsRequest: (self._api_versions, Operation.DESCRIBE, ""),
             api.CursorRequest: (self._cursor, Operation.ALTER, "name"),
@@ -323,6 +325,8 @@ class NodeCore:
                 host.step(sender, message, principal.directory_id)
         elif key == ApiKey.CURSOR:
             self.cleaner.on_invalidate_message(header, sender)
+        elif key == ApiKey.REASSIGNMENT:
+            self.topics.on_moved_message(header, sender)
         else:
             raise InvalidRequest(f"unknown one-way message api {key}")
 
@@ -697,6 +701,37 @@ class NodeCore:
         if now is None or now.partitions != req.partitions:
             raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
         return api.CreatePartitionsResponse(req.name, now.partitions, now.assignments)
+
+    async def _reassign_partition(
+        self, req: api.ReassignPartitionRequest, payload: bytes
+    ) -> api.ReassignPartitionResponse:
+        """New replicas for a partition: its leader walks its group there (new replicas join
+        as learners and catch up, then voters change one at a time); the nodes it leaves keep
+        their copy until the leader reports the move done (node/topics.py)."""
+        self._require_metadata_leader()
+        if req.throttle_bytes < 0:
+            raise InvalidRequest(f"throttle must be >= 0 bytes/s, got {req.throttle_bytes}")
+        meta = validate_reassign(
+            self.metadata, req.topic, req.partition, list(req.replicas), list(self.config.voters)
+        )
+        now: TopicMeta | None = meta
+        if meta.assignments[req.partition] != list(req.replicas) or req.partition in meta.retiring:
+            now = await self._change_topic(
+                meta,
+                "reassign_partition",
+                partition=req.partition,
+                replicas=list(req.replicas),
+                throttle_bytes=req.throttle_bytes,
+            )
+        if now is None:
+            raise UnknownTopicOrPartition(f"topic {req.topic!r} was deleted meanwhile")
+        log.info("%s/%d: reassigning to %s", req.topic, req.partition, list(req.replicas))
+        return api.ReassignPartitionResponse(
+            req.topic,
+            req.partition,
+            now.assignments[req.partition],
+            now.retiring.get(req.partition, []),
+        )
 
     def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
         wanted = set(req.topics) if req.topics is not None else None

@@ -447,7 +447,6 @@ class PartitionHost:
             size_bytes=self.log.size_bytes,
             segment_count=self.log.segment_count,
             durable_end_offset=self.log.durable_end_offset,
-            voters=list(self.replica.config.voters),
             invalid_batches=self.invalid_batches_present(),
             metrics={
                 "compactions": self.compactions,

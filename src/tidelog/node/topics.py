@@ -1,9 +1,15 @@
 """The partitions a node hosts, kept in step with the metadata log.
 
-Each topic-changing command (create, delete, alter, add-partitions) names its topic; the node
-then makes its replicas of that topic match the metadata: opens the partitions assigned to it,
-applies a changed config to the open ones, and removes the replicas of a deleted topic (their
-directories go). A restored metadata snapshot does the same for every topic at once.
+Each topic-changing command (create, delete, alter, add-partitions, reassign) names its topic;
+the node then makes its replicas of that topic match the metadata: opens the partitions assigned
+to it, applies a changed config and target replicas to the open ones, and removes the replicas
+it no longer holds (their directories go). A restored metadata snapshot does the same for every
+topic at once.
+
+A partition being moved (reassigned) keeps a replica on the nodes it leaves until its leader has
+walked the replica group to the target (replication/membership.py) and committed that: the
+leader then reports the move done to the metadata leader, and only that command lets the
+leaving nodes delete their copy.
 
 A partition directory records the topic id (the incarnation of the name) it was created for, in
 `topic.id`. A directory left by a topic that was deleted while this node was down, then created
@@ -19,9 +25,11 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from tidelog.errors import TidelogError
 from tidelog.node.state_machine import TableMachine
+from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import METADATA_TOPIC, MetadataState
 from tidelog.storage.durable import fsync_dir, write_file
 
@@ -46,6 +54,7 @@ def read_topic_id(directory: Path) -> int | None:
 class TopicReplicas:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
+        self._reporting: set[str] = set()  # moves being recorded as done
 
     # -- metadata callbacks ---------------------------------------------------------------------
 
@@ -64,38 +73,112 @@ class TopicReplicas:
     def reconcile(self, name: str) -> None:
         core = self.core
         meta = core.metadata.topics.get(name)
-        for host in [h for h in core.hosts.values() if h.topic == name]:
+        for old in [h for h in core.hosts.values() if h.topic == name]:
             if (
                 meta is None
-                or host.topic_id != meta.topic_id
-                or host.partition >= meta.partitions
-                or core.node_id not in meta.assignments[host.partition]
+                or old.topic_id != meta.topic_id
+                or old.partition >= meta.partitions
+                or core.node_id not in meta.hosts(old.partition)
             ):
-                self.remove(host)
+                moved = meta is not None and meta.topic_id == old.topic_id
+                self.remove(old, "it moved off this node" if moved else "its topic was deleted")
         if meta is None:
             return
         config = core.config.topic_defaults.with_overrides(meta.configs)
         for partition, replicas in enumerate(meta.assignments):
-            if core.node_id not in replicas:
+            if core.node_id not in meta.hosts(partition):
                 continue
-            existing = core.hosts.get(f"{name}/{partition}")
-            if existing is not None:
-                existing.reconfigure(config)
-                continue
-            directory = core.config.data_dir / f"{name}-{partition}"
-            if not self.claim_directory(directory, meta.topic_id):
-                continue
-            machine = TableMachine() if meta.kind == "table" else None
-            host = core.open_host(
-                name, partition, tuple(sorted(replicas)), config, machine, meta.topic_id
-            )
-            if (
-                replicas[0] == core.node_id
-                and host.replica.epoch == 0
-                and host.replica.leader_id < 0
-            ):
-                host.replica.campaign()  # the preferred leader of a new partition stands at once
-                host.process_ready()
+            host = core.hosts.get(f"{name}/{partition}")
+            if host is not None:
+                host.reconfigure(config)
+            else:
+                directory = core.config.data_dir / f"{name}-{partition}"
+                if not self.claim_directory(directory, meta.topic_id):
+                    continue
+                machine = TableMachine() if meta.kind == "table" else None
+                initial = tuple(sorted(meta.initial[partition]))
+                host = core.open_host(name, partition, initial, config, machine, meta.topic_id)
+                if (
+                    meta.initial[partition][0] == core.node_id
+                    and host.replica.epoch == 0
+                    and host.replica.leader_id < 0
+                ):
+                    host.replica.campaign()  # a new partition's preferred leader stands at once
+            throttle = meta.throttles.get(partition, 0) * core.config.tick_ms // 1000
+            host.replica.set_target(tuple(replicas), max(throttle, 1) if throttle else 0)
+            host.process_ready()
+
+    # -- moves --------------------------------------------------------------------------------
+
+    def check_moves(self) -> None:
+        """Report every move whose group this node leads and has walked to its target (often:
+        a lost report is repeated on the next pass, until the metadata says done)."""
+        core = self.core
+        for meta in core.metadata.topics.values():
+            for partition in meta.retiring:
+                host = core.hosts.get(f"{meta.name}/{partition}")
+                if host is not None and self._moved(host, meta.assignments[partition]):
+                    self._report_moved(
+                        meta.name, meta.topic_id, partition, meta.assignments[partition]
+                    )
+
+    @staticmethod
+    def _moved(host: PartitionHost, target: list[int]) -> bool:
+        replica = host.replica
+        committed = replica.committed_membership
+        return (
+            replica.is_leader
+            and committed == replica.history.current
+            and not committed.learners
+            and sorted(committed.voters) == sorted(target)
+        )
+
+    def _report_moved(self, name: str, topic_id: int, partition: int, replicas: list[int]) -> None:
+        core = self.core
+        command = {
+            "type": "reassignment_done",
+            "name": name,
+            "topic_id": topic_id,
+            "partition": partition,
+            "replicas": replicas,
+        }
+        if not core.metadata_host.replica.is_leader:
+            leader = core.metadata_host.replica.leader_id
+            if leader >= 0:
+                core.send_to_peer(leader, ApiKey.REASSIGNMENT, command, None)
+            return
+        key = f"{name}/{partition}"
+        if key in self._reporting:
+            return
+        self._reporting.add(key)
+
+        async def propose() -> None:
+            try:
+                await core.propose_metadata(command, 30.0)
+                log.info("%s: moved to %s", key, replicas)
+            except TidelogError as exc:
+                log.warning("%s: could not record the move as done: %s", key, exc)
+            finally:
+                self._reporting.discard(key)
+
+        core.track(asyncio.get_running_loop().create_task(propose()))
+
+    def on_moved_message(self, header: dict[str, Any], sender: int) -> None:
+        """A partition leader (an authenticated peer) reports a move done; we record it if we
+        lead the metadata log and it is the move the metadata still wants."""
+        meta = self.core.metadata.topics.get(str(header.get("name")))
+        partition = int(header.get("partition", -1))
+        replicas = [int(r) for r in header.get("replicas", [])]
+        if (
+            meta is None
+            or meta.topic_id != int(header.get("topic_id", -1))
+            or partition not in meta.retiring
+            or meta.assignments[partition] != replicas
+            or not self.core.metadata_host.replica.is_leader
+        ):
+            return
+        log.info("%s/%d: node %d reports the move done", meta.name, partition, sender)
+        self._report_moved(meta.name, meta.topic_id, partition, replicas)
 
     def claim_directory(self, directory: Path, topic_id: int) -> bool:
         """Make directory this topic incarnation's: a directory an older incarnation left goes
@@ -119,7 +202,7 @@ class TopicReplicas:
         write_file(directory / TOPIC_ID_FILE, f"{topic_id}\n".encode())
         return True
 
-    def remove(self, host: PartitionHost) -> None:
+    def remove(self, host: PartitionHost, why: str) -> None:
         """Stop serving the replica now and move its directory out of the way at once (a new
         incarnation may claim the name next); close it and delete the files in the
         background."""
@@ -127,7 +210,7 @@ class TopicReplicas:
         core.hosts.pop(host.group, None)
         host.driver.stopped = True
         core.counters.inc("tidelog_replicas_removed_total")
-        log.info("%s: replica removed (its topic was deleted)", host.group)
+        log.info("%s: replica removed (%s)", host.group, why)
         gone = self._move_away(host.directory, host.topic_id)
 
         async def abandon_and_delete() -> None:

@@ -31,6 +31,7 @@ class ApiKey(enum.IntEnum):
     ALTER_TOPIC = 33  # Kafka's AlterConfigs, for a topic
     CREATE_PARTITIONS = 37
     ELECT_LEADERS = 43
+    ALTER_PARTITION_REASSIGNMENTS = 45
     STATUS = 100
     REPLICATION = 101  # one-way messages between replicas
     CURSOR = 102
@@ -38,11 +39,12 @@ class ApiKey(enum.IntEnum):
     FETCH_SNAPSHOT = 104
     PEER_HELLO = 105  # the peer channel's handshake (protocol/peer_handshake.py)
     PEER_AUTH = 106
+    REASSIGNMENT = 107  # a partition leader tells the metadata leader a move is done
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
 # is closed.
-PEER_ONLY_MESSAGES = frozenset({ApiKey.REPLICATION, ApiKey.CURSOR})
+PEER_ONLY_MESSAGES = frozenset({ApiKey.REPLICATION, ApiKey.CURSOR, ApiKey.REASSIGNMENT})
 
 
 ACKS_NONE = 0
@@ -160,6 +162,24 @@ class AlterTopicRequest:
 class AlterTopicResponse:
     name: str
     configs: dict[str, str]  # the topic's overrides now
+
+
+@dataclass(frozen=True)
+class ReassignPartitionRequest:
+    """Move a partition onto these replicas (Kafka's AlterPartitionReassignments)."""
+
+    topic: str
+    partition: int
+    replicas: list[int]
+    throttle_bytes: int = 0  # bytes/s a new replica catches up at (0: unthrottled)
+
+
+@dataclass(frozen=True)
+class ReassignPartitionResponse:
+    topic: str
+    partition: int
+    replicas: list[int]  # the target
+    leaving: list[int]  # nodes that keep their copy until the move is done
 
 
 @dataclass(frozen=True)
@@ -286,6 +306,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.CURSOR: CursorRequest,
     ApiKey.DELETE_RECORDS: DeleteRecordsRequest,
     ApiKey.ELECT_LEADERS: ElectLeadersRequest,
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: ReassignPartitionRequest,
     ApiKey.TABLE: TableRequest,
 }
 

@@ -15,6 +15,7 @@ from typing import Any
 from tidelog.config import TopicConfig
 from tidelog.errors import (
     InvalidConfig,
+    InvalidReplicaAssignment,
     InvalidRequest,
     TopicAlreadyExists,
     UnknownCursor,
@@ -33,6 +34,19 @@ class TopicMeta:
     configs: dict[str, str]
     assignments: list[list[int]]  # partition -> replica node ids (first = preferred leader)
     created_offset: int
+    # partition -> the voters its replica group was created with (its log's changes follow)
+    initial: list[list[int]] = field(default_factory=list)
+    # partition -> nodes that still hold a copy while the partition moves off them
+    retiring: dict[int, list[int]] = field(default_factory=dict)
+    throttles: dict[int, int] = field(default_factory=dict)  # partition -> catch-up bytes/s
+
+    def __post_init__(self) -> None:
+        if not self.initial:
+            object.__setattr__(self, "initial", [list(a) for a in self.assignments])
+
+    def hosts(self, partition: int) -> set[int]:
+        """The nodes that keep a replica of the partition now."""
+        return set(self.assignments[partition]) | set(self.retiring.get(partition, []))
 
     @property
     def partitions(self) -> int:
@@ -61,7 +75,24 @@ class TopicMeta:
             "partitions": self.partitions,
             "replication_factor": self.replication_factor,
             "topic_id": self.topic_id,
+            "initial_assignments": [list(a) for a in self.initial],
+            # A partition being moved: the nodes it is leaving (they hold a copy until done).
+            "reassigning": {str(p): list(r) for p, r in sorted(self.retiring.items())},
+            "throttles": {str(p): t for p, t in sorted(self.throttles.items())},
         }
+
+    @staticmethod
+    def from_wire(t: dict[str, Any]) -> TopicMeta:
+        return TopicMeta(
+            name=str(t["name"]),
+            kind=str(t.get("kind", "stream")),
+            configs={str(k): str(v) for k, v in dict(t.get("configs", {})).items()},
+            assignments=[[int(r) for r in a] for a in t["assignments"]],
+            created_offset=int(t.get("created_offset", t.get("topic_id", 0))),
+            initial=[[int(r) for r in a] for a in t.get("initial_assignments", [])],
+            retiring={int(p): [int(r) for r in a] for p, a in t.get("reassigning", {}).items()},
+            throttles={int(p): int(v) for p, v in t.get("throttles", {}).items()},
+        )
 
 
 @dataclass
@@ -144,7 +175,13 @@ class MetadataState:
                 created_offset=offset,
             )
             return name
-        if kind in ("delete_topic", "alter_topic", "add_partitions"):
+        if kind in (
+            "delete_topic",
+            "alter_topic",
+            "add_partitions",
+            "reassign_partition",
+            "reassignment_done",
+        ):
             meta = self.topics.get(name)
             if meta is None or meta.topic_id != int(command.get("topic_id", -1)):
                 return None  # not the incarnation the command meant
@@ -155,9 +192,13 @@ class MetadataState:
             elif kind == "alter_topic":
                 configs = {str(k): str(v) for k, v in dict(command.get("configs", {})).items()}
                 self.topics[name] = dataclasses.replace(meta, configs=configs)
-            else:
+            elif kind == "add_partitions":
                 added = [[int(r) for r in a] for a in command.get("assignments", [])]
-                self.topics[name] = dataclasses.replace(meta, assignments=meta.assignments + added)
+                self.topics[name] = dataclasses.replace(
+                    meta, assignments=meta.assignments + added, initial=meta.initial + added
+                )
+            else:
+                return self._move(meta, kind, command)
             return name
         if kind == "create_cursor" and name not in self.cursors:
             positions = {int(p): int(o) for p, o in dict(command.get("positions", {})).items()}
@@ -180,6 +221,31 @@ class MetadataState:
             self.cursors[name].invalidated = str(command.get("reason", "invalidated"))
         return None
 
+    def _move(self, meta: TopicMeta, kind: str, command: dict[str, Any]) -> str | None:
+        """A partition's target replicas change (the nodes it leaves keep their copy until its
+        leader reports the move done), or its move is done."""
+        partition = int(command.get("partition", -1))
+        replicas = [int(r) for r in command.get("replicas", [])]
+        if not 0 <= partition < meta.partitions or not replicas:
+            return None
+        assignments = [list(a) for a in meta.assignments]
+        retiring = {p: list(r) for p, r in meta.retiring.items()}
+        throttles = dict(meta.throttles)
+        if kind == "reassign_partition":
+            leaving = set(retiring.get(partition, [])) | set(assignments[partition])
+            assignments[partition] = replicas
+            retiring[partition] = sorted(leaving - set(replicas))
+            throttles[partition] = int(command.get("throttle_bytes", 0))
+        elif assignments[partition] == replicas:
+            retiring.pop(partition, None)
+            throttles.pop(partition, None)
+        else:
+            return None  # done with a move since replaced by another
+        self.topics[meta.name] = dataclasses.replace(
+            meta, assignments=assignments, retiring=retiring, throttles=throttles
+        )
+        return meta.name
+
     def to_snapshot(self) -> dict[str, Any]:
         return {
             "applied_offset": self.applied_offset,
@@ -193,13 +259,7 @@ class MetadataState:
     def from_snapshot(data: dict[str, Any]) -> MetadataState:
         state = MetadataState(applied_offset=int(data["applied_offset"]))
         for t in data.get("topics", []):
-            state.topics[str(t["name"])] = TopicMeta(
-                name=str(t["name"]),
-                kind=str(t.get("kind", "stream")),
-                configs={str(k): str(v) for k, v in dict(t.get("configs", {})).items()},
-                assignments=[[int(r) for r in a] for a in t["assignments"]],
-                created_offset=int(t.get("created_offset", 0)),
-            )
+            state.topics[str(t["name"])] = TopicMeta.from_wire(t)
         for c in data.get("cursors", []):
             cursor = Cursor.from_wire(c)
             state.cursors[cursor.name] = cursor
@@ -300,6 +360,38 @@ def validate_alter(
         merged.pop(key, None)
     checked_config(merged, meta.replication_factor)
     return meta, merged
+
+
+def validate_reassign(
+    state: MetadataState, name: str, partition: int, replicas: list[int], node_ids: list[int]
+) -> TopicMeta:
+    """Kafka's kafka-reassign-partitions checks: a known partition, one or more distinct known
+    nodes, and enough of them for the topic's min.insync.replicas."""
+    meta = state.topic(name)
+    if not 0 <= partition < meta.partitions:
+        raise UnknownTopicOrPartition(
+            f"topic {name!r} has no partition {partition}", topic=name, partition=partition
+        )
+    if not replicas:
+        raise InvalidReplicaAssignment("a partition needs at least one replica", topic=name)
+    if len(set(replicas)) != len(replicas):
+        raise InvalidReplicaAssignment(
+            f"duplicate node ids in {replicas}", topic=name, replicas=replicas
+        )
+    unknown = sorted(set(replicas) - set(node_ids))
+    if unknown:
+        raise InvalidReplicaAssignment(
+            f"unknown node(s) {unknown}; the cluster's nodes are {sorted(node_ids)}",
+            topic=name,
+            replicas=replicas,
+        )
+    if meta.config.min_insync_replicas > len(replicas):
+        raise InvalidReplicaAssignment(
+            f"{len(replicas)} replica(s) cannot satisfy min.insync.replicas "
+            f"{meta.config.min_insync_replicas}",
+            topic=name,
+        )
+    return meta
 
 
 def validate_add_partitions(state: MetadataState, name: str, partitions: int) -> TopicMeta:

@@ -507,8 +507,9 @@ class Replica:
 
     def campaign(self, pre_vote: bool = True) -> None:
         """Stand for election now instead of after a timeout (a new group's preferred leader,
-        or a scripted scenario). pre_vote=False skips straight to a real election."""
-        if self.role is Role.LEADER:
+        or a scripted scenario). pre_vote=False skips straight to a real election. A replica
+        that is no voter does not stand."""
+        if self.role is Role.LEADER or self.is_learner:
             return
         if pre_vote:
             self._start_prevote()
@@ -870,17 +871,20 @@ class Replica:
         if self.target is None or self.role is not Role.LEADER:
             return
         current = self.history.current
-        if not self._may_change_membership():
-            return
+        if self.target == tuple(sorted(current.voters)) and not current.learners:
+            return  # there already
         lag = self.config.replica_lag_ticks
 
         def caught_up(n: int) -> bool:
+            """In sync, and heard from just now (a long poll's age at most): a replica that
+            crashed, or lost its disk, a moment ago must not count."""
             if n == self.node_id:
                 return True
             p = self.progress.get(n)
             return (
                 p is not None
                 and self.now - p.last_caught_up_tick <= lag
+                and self.now - p.last_fetch_tick <= self.config.fetch_retry_ticks
                 and n not in self.observers
             )
 
@@ -892,6 +896,13 @@ class Replica:
             at_once=FAULT_UNCOMMITTED_CHANGES in self.config.faults,
         )
         if step is None:
+            return
+        if not self._may_change_membership():
+            if self.log.log_end_offset == self.epoch_start_offset:
+                # Elected with nothing uncommitted, so no entry of our epoch was written; a
+                # change may follow only one that commits (as KRaft writes one every election).
+                self.log.append_as_leader(self._leader_change_marker(), self.epoch)
+                self._after_leader_append()
             return
         voters, learners = step
         if sum(1 for v in voters if caught_up(v)) < majority(len(voters)):
@@ -915,7 +926,12 @@ class Replica:
             del self.progress[gone]
             self.observers.pop(gone, None)
         for new in sorted(members - set(self.progress) - {self.node_id}):
-            self.progress[new] = Progress(last_fetch_tick=self.now, begin_sent_tick=self.now)
+            # Caught up only once it has fetched what we hold now (not by its first fetch).
+            self.progress[new] = Progress(
+                last_fetch_tick=self.now,
+                begin_sent_tick=self.now,
+                leo_at_last_fetch=self.log.log_end_offset,
+            )
             self._send(new, BeginEpoch(self.epoch, self.node_id))
 
     def _memberships_for(self, fetch_offset: int) -> str:

@@ -433,7 +433,7 @@ class Simulation:
                 voters = entries[-1].voters if entries else tuple(self.voter_ids)
             if victim in voters and len(voters) < 3:
                 return False
-        return True
+        return not (self.target is not None and victim in self.target and len(self.target) < 3)
 
     def _readmitted(self) -> None:
         for n in sorted(self.replaced):
@@ -863,8 +863,11 @@ class Simulation:
         leader walks there one change at a time. Every replica hears of it at once, as every
         node applies the metadata log (when, does not matter for safety: the walk does)."""
         rng = self.rng
-        size = rng.randint(1, min(len(self.node_ids), self.params.nodes + 1))
-        self.target = tuple(sorted(rng.sample(self.node_ids, size)))
+        # A replaced disk not yet admitted again holds nothing: no group is moved onto it (in a
+        # group of two it would be half the voters, and that is a lost group, by definition).
+        nodes = [n for n in self.node_ids if n not in self.replaced]
+        size = rng.randint(1, min(len(nodes), self.params.nodes + 1))
+        self.target = tuple(sorted(rng.sample(nodes, size)))
         self.stats.reassignments += 1
         self._log(f"reassign to {list(self.target)}")
         for node in self.nodes.values():

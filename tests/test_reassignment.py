@@ -1,0 +1,148 @@
+"""Moving a partition onto other nodes, online (`tidelog partitions reassign`): new replicas
+catch up as learners, voters change one at a time through the group's own log, the nodes left
+delete their copy. Real processes, real sockets, real files."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.main import merge_status
+from tidelog.client.sync_client import Client
+from tidelog.errors import InvalidReplicaAssignment, TidelogError, UnknownTopicOrPartition
+
+
+def replicas_of(client: Client, topic: str, partition: int) -> dict[int, dict[str, object]]:
+    rows = merge_status(client.status([topic]), topic)
+    row = next((r for r in rows if r["partition"] == partition), None)
+    return {int(n): r for n, r in row["replicas"].items()} if row else {}
+
+
+def test_a_partition_moves_onto_another_node_under_acks_all_load_with_its_leader_killed(
+    tmp_path: Path,
+) -> None:
+    with LocalCluster(tmp_path, nodes=4) as cluster, Client(cluster.bootstrap) as client:
+        info = client.create_topic("t", replication_factor=3)
+        old = info.assignments[0]
+        (new_node,) = set(cluster.node_ids) - set(old)
+        target = sorted([*old[1:], new_node])  # the preferred leader (old[0]) leaves
+        acked: list[bytes] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            with Client(cluster.bootstrap) as producer:
+                i = 0
+                while not stop.is_set():
+                    value = b"v%06d" % i
+                    i += 1
+                    try:
+                        producer.produce("t", [value], partition=0)
+                        acked.append(value)
+                    except TidelogError:
+                        time.sleep(0.05)  # a leader change: try the next value
+
+        for i in range(200):
+            client.produce("t", [b"before-%03d" % i + b"." * 1000], partition=0)
+        writer = threading.Thread(target=produce)
+        writer.start()
+        try:
+            time.sleep(0.5)
+            leader = client.topic("t", refresh=True).leaders[0]
+            # 200 KB at 100 KB/s: the new replica is still catching up when the leader dies.
+            resp = client.reassign_partition("t", 0, target, throttle_bytes=100_000)
+            assert sorted(resp.replicas) == target and resp.leaving == [old[0]]
+            time.sleep(0.3)
+            assert 0 in client.topic("t", refresh=True).reassigning, "still moving"
+            cluster.kill(leader)  # SIGKILL mid-move
+            client.wait_for_reassignment("t", 0, timeout_s=120)
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            writer.join()
+        assert len(acked) > 20, "the producer kept writing through the move"
+        info = client.topic("t", refresh=True)
+        assert sorted(info.assignments[0]) == target and 0 not in info.reassigning
+
+        # Every replica of the target holds the same log, with every acknowledged record.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            reps = replicas_of(client, "t", 0)
+            ends = {n: r.get("log_end_offset") for n, r in reps.items() if n in target}
+            if len(ends) == 3 and len(set(ends.values())) == 1:
+                break
+            time.sleep(0.2)
+        logs = {
+            n: [
+                r.value
+                for r in client.consume("t", 0, "earliest", replica_read=True, prefer_node=n)
+            ]
+            for n in target
+            if cluster.alive(n)
+        }
+        first = next(iter(logs.values()))
+        assert all(log == first for log in logs.values()), "replicas converge to one log"
+        assert set(acked) <= set(first), "nothing acknowledged is lost"
+        assert first[:200] == [b"before-%03d" % i + b"." * 1000 for i in range(200)]
+
+        # The node the partition left deletes its copy (at its next start, if it was down).
+        if not cluster.alive(old[0]):
+            cluster.start(old[0])
+            cluster.wait_ready()
+        deadline = time.monotonic() + 30
+        while (tmp_path / f"node-{old[0]}" / "t-0").exists():
+            assert time.monotonic() < deadline, "the leaving node keeps its copy"
+            time.sleep(0.1)
+        assert (tmp_path / f"node-{new_node}" / "t-0").exists()
+
+
+def test_bad_reassignments_get_named_errors_and_change_nothing(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic("t", replication_factor=2, configs={"min.insync.replicas": "2"})
+        before = client.topic("t", refresh=True).assignments
+        with pytest.raises(InvalidReplicaAssignment, match="unknown node"):
+            client.reassign_partition("t", 0, [1, 9])
+        with pytest.raises(InvalidReplicaAssignment, match="duplicate"):
+            client.reassign_partition("t", 0, [1, 1])
+        with pytest.raises(InvalidReplicaAssignment, match="at least one"):
+            client.reassign_partition("t", 0, [])
+        with pytest.raises(InvalidReplicaAssignment, match=r"min\.insync\.replicas"):
+            client.reassign_partition("t", 0, [2])
+        with pytest.raises(UnknownTopicOrPartition):
+            client.reassign_partition("t", 5, [1, 2])
+        with pytest.raises(UnknownTopicOrPartition):
+            client.reassign_partition("nope", 0, [1, 2])
+        info = client.topic("t", refresh=True)
+        assert info.assignments == before and not info.reassigning
+
+
+def test_a_single_replica_partition_moves_between_nodes_with_the_cli(tmp_path: Path) -> None:
+    """RF 1: the only voter hands over to the new replica (it leaves last, then resigns)."""
+    import subprocess
+    import sys
+
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
+        info = client.create_topic("one", replication_factor=1)
+        (src,) = info.assignments[0]
+        dst = src % 3 + 1
+        client.produce("one", [b"r%d" % i for i in range(50)], partition=0)
+        out = subprocess.run(
+            [
+                sys.executable, "-m", "tidelog", "partitions", "reassign", "one/0",
+                "--replicas", str(dst), "--wait", "--bootstrap", cluster.bootstrap,
+            ],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert f"now on replicas [{dst}]" in out.stdout
+        records = client.consume("one", 0, "earliest")
+        assert [r.value for r in records] == [b"r%d" % i for i in range(50)]
+        assert merge_status(client.status(["one"]), "one")[0]["leader"] == dst
+        client.produce("one", [b"after"], partition=0)
+        deadline = time.monotonic() + 30
+        while (tmp_path / f"node-{src}" / "one-0").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
