@@ -146,3 +146,55 @@ def test_a_single_replica_partition_moves_between_nodes_with_the_cli(tmp_path: P
         while (tmp_path / f"node-{src}" / "one-0").exists():
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+def test_the_rebalance_plan_evens_out_replicas_and_leaders_and_is_then_done() -> None:
+    from collections import Counter
+
+    from tidelog.cli.rebalance import plan_rebalance
+
+    nodes = [1, 2, 3, 4, 5]
+    assignments = {("a", p): [1, 2, 3] for p in range(6)} | {("b", 0): [1, 2], ("b", 1): [2, 1]}
+    plan = plan_rebalance(assignments, nodes)
+    after = dict(assignments) | {(m.topic, m.partition): m.after for m in plan}
+    replicas = Counter(n for r in after.values() for n in r)
+    leaders = Counter(r[0] for r in after.values())
+    assert max(replicas.values()) - min(replicas[n] for n in nodes) <= 1
+    assert max(leaders.values()) - min(leaders[n] for n in nodes) <= 1
+    for key, r in after.items():
+        assert len(r) == len(assignments[key]) and len(set(r)) == len(r), "RF kept, no twins"
+    assert plan_rebalance(after, nodes) == [], "a balanced cluster has nothing to do"
+
+
+def test_rebalance_moves_replicas_onto_an_empty_node(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    with LocalCluster(tmp_path, nodes=4) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic("r", partitions=4, replication_factor=2)
+        for p in range(4):  # everything off node 4
+            client.reassign_partition("r", p, [1 + p % 3, 1 + (p + 1) % 3], wait=True)
+            client.produce("r", [b"p%d" % p], partition=p)
+        assert all(4 not in a for a in client.topic("r", refresh=True).assignments)
+
+        def rebalance(*extra: str) -> str:
+            out = subprocess.run(
+                [sys.executable, "-m", "tidelog", "cluster", "rebalance", *extra,
+                 "--bootstrap", cluster.bootstrap],
+                capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            return out.stdout
+
+        before = client.topic("r", refresh=True).assignments
+        planned = rebalance("--dry-run")
+        assert "move r/" in planned
+        assert client.topic("r", refresh=True).assignments == before, "a dry run changes nothing"
+        done = rebalance("--wait")
+        assert "rebalanced" in done
+        after = client.topic("r", refresh=True).assignments
+        per_node = [sum(n in a for a in after) for n in (1, 2, 3, 4)]
+        assert max(per_node) - min(per_node) <= 1 and per_node[3] >= 1, per_node
+        for p in range(4):
+            assert [r.value for r in client.consume("r", p, "earliest")] == [b"p%d" % p]
+        assert "nothing to do" in rebalance("--dry-run")

@@ -220,7 +220,7 @@ class LocalCluster:
 def add_cluster_commands(
     sub: Any, with_bootstrap: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 ) -> None:
-    cluster = sub.add_parser("cluster", help="run a local cluster of real processes")
+    cluster = sub.add_parser("cluster", help="run a local cluster; rebalance a cluster")
     csub = cluster.add_subparsers(dest="cluster_command")
     up = csub.add_parser("up", help="start N nodes on 127.0.0.1; Ctrl-C stops them all")
     up.add_argument("--nodes", type=int, default=3)
@@ -228,6 +228,9 @@ def add_cluster_commands(
     up.add_argument("--base-port", type=int, default=7101)
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=cmd_cluster_up)
+    from tidelog.cli.rebalance import add_rebalance_command
+
+    add_rebalance_command(csub, with_bootstrap)
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:

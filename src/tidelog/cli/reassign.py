@@ -32,7 +32,7 @@ def add_reassign_command(psub: Any, with_bootstrap: Any) -> None:
         type=int,
         default=0,
         metavar="BYTES",
-        help="bytes/s each new replica catches up at (default: unthrottled)",
+        help="bytes/s the partition's new replicas catch up at, together (default: no limit)",
     )
     reassign.add_argument("--wait", action="store_true", help="return once the move is done")
     reassign.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits")

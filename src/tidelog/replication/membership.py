@@ -149,7 +149,8 @@ def next_membership(
         return tuple(voters), ()
     leaving = [n for n in voters if n not in target]
     if leaving:
-        leaving.sort(key=lambda n: n == leader)  # the leader last
+        # The ones out of sync first (what they would take away is not there), the leader last.
+        leaving.sort(key=lambda n: (n == leader, caught_up(n)))
         gone = leaving if at_once else leaving[:1]
         return tuple(n for n in voters if n not in gone), ()
     return None

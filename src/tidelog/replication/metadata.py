@@ -233,9 +233,14 @@ class MetadataState:
         throttles = dict(meta.throttles)
         if kind == "reassign_partition":
             leaving = set(retiring.get(partition, [])) | set(assignments[partition])
+            leaving -= set(replicas)
             assignments[partition] = replicas
-            retiring[partition] = sorted(leaving - set(replicas))
-            throttles[partition] = int(command.get("throttle_bytes", 0))
+            if leaving:
+                retiring[partition] = sorted(leaving)
+                throttles[partition] = int(command.get("throttle_bytes", 0))
+            else:  # the same nodes (another preferred leader), or a move undone: no copy to drop
+                retiring.pop(partition, None)
+                throttles.pop(partition, None)
         elif assignments[partition] == replicas:
             retiring.pop(partition, None)
             throttles.pop(partition, None)
