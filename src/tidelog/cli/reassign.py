@@ -27,16 +27,21 @@ def add_reassign_command(psub: Any, with_bootstrap: Any) -> None:
     reassign.add_argument(
         "--replicas", required=True, help="the node ids it should live on, e.g. 2,3,4"
     )
-    reassign.add_argument(
+    add_move_options(reassign, timeout_s=600.0)
+    reassign.set_defaults(func=cmd_reassign)
+
+
+def add_move_options(parser: Any, timeout_s: float) -> None:
+    """--throttle, --wait and --timeout, as every command that moves partitions takes them."""
+    parser.add_argument(
         "--throttle",
         type=int,
         default=0,
         metavar="BYTES",
-        help="bytes/s the partition's new replicas catch up at, together (default: no limit)",
+        help="bytes/s a moving partition's new replicas catch up at, together (default: no limit)",
     )
-    reassign.add_argument("--wait", action="store_true", help="return once the move is done")
-    reassign.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits")
-    reassign.set_defaults(func=cmd_reassign)
+    parser.add_argument("--wait", action="store_true", help="return once the move is done")
+    parser.add_argument("--timeout", type=float, default=timeout_s, help="seconds --wait waits")
 
 
 def parse_replicas(text: str) -> list[int]:

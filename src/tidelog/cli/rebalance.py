@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tidelog.cli.reassign import add_move_options
 from tidelog.client.async_client import AsyncClient
 from tidelog.errors import TidelogError
 from tidelog.replication.metadata import METADATA_TOPIC
@@ -86,15 +87,7 @@ def add_rebalance_command(csub: Any, with_bootstrap: Any) -> None:
         csub.add_parser("rebalance", help="even out replicas and leaders across nodes")
     )
     rebalance.add_argument("--dry-run", action="store_true", help="print the plan only")
-    rebalance.add_argument(
-        "--throttle",
-        type=int,
-        default=0,
-        metavar="BYTES",
-        help="catch-up bytes/s per moving partition",
-    )
-    rebalance.add_argument("--wait", action="store_true", help="return once every move is done")
-    rebalance.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits")
+    add_move_options(rebalance, timeout_s=3600.0)
     rebalance.set_defaults(func=cmd_rebalance)
 
 
