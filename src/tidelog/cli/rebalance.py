@@ -43,32 +43,25 @@ def plan_rebalance(assignments: Mapping[Partition, list[int]], nodes: list[int])
     if not nodes:
         return []
 
-    def counts(position: int | None) -> Counter[int]:
+    def uneven(leaders_only: bool) -> tuple[int, int] | None:
+        """(the node holding the most, the one holding the fewest), while they differ by more
+        than one."""
         c: Counter[int] = Counter({n: 0 for n in nodes})
         for replicas in plan.values():
-            c.update(replicas if position is None else replicas[:1])
-        return c
-
-    while True:  # replicas
-        c = counts(None)
+            c.update(replicas[:1] if leaders_only else replicas)
         most = max(nodes, key=lambda n: (c[n], n))
         least = min(nodes, key=lambda n: (c[n], n))
-        if c[most] - c[least] <= 1:
-            break
-        key = next(
-            (k for k, r in plan.items() if most in r and least not in r),
-            None,
-        )
+        return (most, least) if c[most] - c[least] > 1 else None
+
+    while (pair := uneven(leaders_only=False)) is not None:  # replicas
+        most, least = pair
+        key = next((k for k, r in plan.items() if most in r and least not in r), None)
         if key is None:
             break
         replicas = plan[key]
         replicas[replicas.index(most)] = least
-    while True:  # preferred leaders: reorder within a partition, no data moves
-        c = counts(0)
-        most = max(nodes, key=lambda n: (c[n], n))
-        least = min(nodes, key=lambda n: (c[n], n))
-        if c[most] - c[least] <= 1:
-            break
+    while (pair := uneven(leaders_only=True)) is not None:  # preferred leaders: reorder only
+        most, least = pair
         key = next((k for k, r in plan.items() if r[0] == most and least in r), None)
         if key is None:
             break

@@ -55,6 +55,7 @@ class TopicReplicas:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
         self._reporting: set[str] = set()  # moves being recorded as done
+        self._moving: set[str] = set()  # groups hosted here whose partition is being moved
 
     # -- metadata callbacks ---------------------------------------------------------------------
 
@@ -107,6 +108,10 @@ class TopicReplicas:
             throttle = meta.throttles.get(partition, 0) * core.config.tick_ms // 1000
             host.replica.set_target(tuple(replicas), max(throttle, 1) if throttle else 0)
             host.process_ready()
+            if partition in meta.retiring:
+                self._moving.add(host.group)
+            else:
+                self._moving.discard(host.group)
 
     # -- moves --------------------------------------------------------------------------------
 
@@ -114,13 +119,15 @@ class TopicReplicas:
         """Report every move whose group this node leads and has walked to its target (often:
         a lost report is repeated on the next pass, until the metadata says done)."""
         core = self.core
-        for meta in core.metadata.topics.values():
-            for partition in meta.retiring:
-                host = core.hosts.get(f"{meta.name}/{partition}")
-                if host is not None and self._moved(host, meta.assignments[partition]):
-                    self._report_moved(
-                        meta.name, meta.topic_id, partition, meta.assignments[partition]
-                    )
+        for group in list(self._moving):
+            host = core.hosts.get(group)
+            meta = core.metadata.topics.get(host.topic) if host is not None else None
+            if host is None or meta is None or host.partition not in meta.retiring:
+                self._moving.discard(group)
+                continue
+            target = meta.assignments[host.partition]
+            if self._moved(host, target):
+                self._report_moved(meta.name, meta.topic_id, host.partition, target)
 
     @staticmethod
     def _moved(host: PartitionHost, target: list[int]) -> bool:

@@ -44,9 +44,6 @@ class Membership:
     def members(self) -> tuple[int, ...]:
         return self.voters + self.learners
 
-    def same_members(self, other: Membership) -> bool:
-        return set(self.voters) == set(other.voters) and set(self.learners) == set(other.learners)
-
     def to_wire(self) -> list[object]:
         return [self.offset, list(self.voters), list(self.learners)]
 

@@ -582,9 +582,7 @@ class Replica:
             raise NotLeader("only the leader moves the log start", leader_hint=self._leader_hint())
         moved = self.log.advance_log_start(min(offset, self.log.high_watermark))
         if moved:
-            self._ready.log_start_changed = True
-            if self.history.forget_below(self.log.log_start_offset):
-                self._persist_state()
+            self._log_start_moved()
         return moved
 
     # -- views ----------------------------------------------------------------------------------
@@ -912,7 +910,8 @@ class Replica:
             return
         proposal = Membership(self.log.log_end_offset, voters, learners)
         info = self.log.append_as_leader(proposal.control_batch(), self.epoch)
-        self.history.append(Membership(info.first_offset, voters, learners))
+        assert info.first_offset == proposal.offset
+        self.history.append(proposal)
         self._persist_state()
         self._on_membership_changed()
         self._after_leader_append()
@@ -921,7 +920,7 @@ class Replica:
         """Leader: follow the members it now has (new ones hear of its epoch at once)."""
         if self.role is not Role.LEADER:
             return
-        members = set(self.voters) | set(self.learners)
+        members = set(self.history.current.members)
         for gone in [r for r in self.progress if r not in members]:
             del self.progress[gone]
             self.observers.pop(gone, None)
@@ -970,13 +969,10 @@ class Replica:
             self.history.truncate(offset)
         self._persist_state()
 
-    def _learner_throttled(self, follower: int, req: FetchRequest) -> bool:
-        return (
-            self.learner_bytes_per_tick > 0
-            and follower in self.learners
-            and self._learner_budget <= 0
-            and req.fetch_offset < self.log.log_end_offset
-        )
+    def _log_start_moved(self) -> None:
+        self._ready.log_start_changed = True
+        if self.history.forget_below(self.log.log_start_offset):
+            self._persist_state()
 
     # -- leader side of replication -------------------------------------------------------------
 
@@ -1130,18 +1126,20 @@ class Replica:
 
     def _answer_fetch(self, follower: int, req: FetchRequest) -> None:
         progress = self.progress[follower]
-        if self._learner_throttled(follower, req):
+        has_data = req.fetch_offset < self.log.log_end_offset
+        throttled = self.learner_bytes_per_tick > 0 and follower in self.learners
+        if throttled and has_data and self._learner_budget <= 0:
             progress.pending = req  # answered once the catch-up budget allows
             progress.pending_deadline = self.now + 1
             return
         progress.pending = None
         records = None
-        max_bytes = req.max_bytes
-        if self.learner_bytes_per_tick > 0 and follower in self.learners:
-            max_bytes = max(1, min(max_bytes, self._learner_budget))
-        if req.fetch_offset < self.log.log_end_offset:
+        if has_data:
+            max_bytes = (
+                min(req.max_bytes, max(1, self._learner_budget)) if throttled else req.max_bytes
+            )
             records = self.log.read(req.fetch_offset, max_bytes, self.log.log_end_offset)
-            if records is not None and max_bytes != req.max_bytes:
+            if records is not None and throttled:
                 self._learner_budget -= records.size
         progress.known_hw = self.log.high_watermark
         self._send(
@@ -1378,9 +1376,7 @@ class Replica:
             latest = self.snapshots.latest_snapshot()
             target = min(target, latest[0] if latest is not None else self.log.log_start_offset)
         if target > self.log.log_start_offset and self.log.advance_log_start(target):
-            self._ready.log_start_changed = True
-            if self.history.forget_below(self.log.log_start_offset):
-                self._persist_state()
+            self._log_start_moved()
 
     def _follow_high_watermark(self, leader_hw: int) -> None:
         hw = min(leader_hw, self.log.log_end_offset)

@@ -767,7 +767,7 @@ class Simulation:
         self.stats.snapshots_taken += sum(
             n.machine.snapshots_taken for n in self.nodes.values() if n.machine is not None
         )
-        leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
+        leaders = self.leading()
         if len(leaders) != 1:
             self.fail(f"liveness: {len(leaders)} leaders after healing")
         members = self.members(leaders[0])
@@ -934,14 +934,17 @@ class Simulation:
         """The group as its leader has it (nodes moved off it hold whatever they held)."""
         replica = leader.replica
         assert replica is not None
-        return [self.nodes[n] for n in sorted(replica.voters + replica.learners)]
+        return [self.nodes[n] for n in sorted(replica.history.current.members)]
+
+    def leading(self) -> list[SimNode]:
+        return [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
 
     def members_now(self) -> list[SimNode]:
-        leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
+        leaders = self.leading()
         return self.members(leaders[0]) if len(leaders) == 1 else list(self.nodes.values())
 
     def converged(self) -> bool:
-        leaders = [n for n in self.nodes.values() if n.replica is not None and n.replica.is_leader]
+        leaders = self.leading()
         if len(leaders) != 1:
             return False
         leader = leaders[0]
