@@ -4,6 +4,8 @@ delete their copy. Real processes, real sockets, real files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,13 +24,37 @@ def replicas_of(client: Client, topic: str, partition: int) -> dict[int, dict[st
     return {int(n): r for n, r in row["replicas"].items()} if row else {}
 
 
-def test_a_partition_moves_onto_another_node_under_acks_all_load_with_its_leader_killed(
+def add_node(cluster: LocalCluster, client: Client) -> int:
+    """A fourth node, added to the running cluster as an operator would: `cluster add-node`,
+    then the node started with --join; it becomes a voter of the metadata log."""
+    new_node = cluster.new_node()
+    out = tidelog(
+        "cluster", "add-node", cluster.node_spec(new_node), "--bootstrap", cluster.bootstrap
+    )
+    assert f"node {new_node} added" in out and "--join" in out
+    cluster.start(new_node)
+    cluster.wait_ready(node_ids=[new_node])
+    node = client.wait_for_node(new_node, "voter", timeout_s=60)
+    assert node.metadata_role == "voter" and not node.draining
+    return new_node
+
+
+def tidelog(*args: str, ok: bool = True) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidelog", *args], capture_output=True, text=True, timeout=300
+    )
+    assert (proc.returncode == 0) == ok, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_a_partition_moves_onto_an_added_node_under_acks_all_load_with_its_leader_killed(
     tmp_path: Path,
 ) -> None:
-    with LocalCluster(tmp_path, nodes=4) as cluster, Client(cluster.bootstrap) as client:
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         info = client.create_topic("t", replication_factor=3)
         old = info.assignments[0]
-        (new_node,) = set(cluster.node_ids) - set(old)
+        new_node = add_node(cluster, client)
+        assert new_node not in old
         target = sorted([*old[1:], new_node])  # the preferred leader (old[0]) leaves
         acked: list[bytes] = []
         stop = threading.Event()
@@ -121,23 +147,16 @@ def test_bad_reassignments_get_named_errors_and_change_nothing(tmp_path: Path) -
 
 def test_a_single_replica_partition_moves_between_nodes_with_the_cli(tmp_path: Path) -> None:
     """RF 1: the only voter hands over to the new replica (it leaves last, then resigns)."""
-    import subprocess
-    import sys
-
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         info = client.create_topic("one", replication_factor=1)
         (src,) = info.assignments[0]
         dst = src % 3 + 1
         client.produce("one", [b"r%d" % i for i in range(50)], partition=0)
-        out = subprocess.run(
-            [
-                sys.executable, "-m", "tidelog", "partitions", "reassign", "one/0",
-                "--replicas", str(dst), "--wait", "--bootstrap", cluster.bootstrap,
-            ],
-            capture_output=True, text=True, timeout=120,
+        out = tidelog(
+            "partitions", "reassign", "one/0", "--replicas", str(dst), "--wait",
+            "--bootstrap", cluster.bootstrap,
         )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        assert f"now on replicas [{dst}]" in out.stdout
+        assert f"now on replicas [{dst}]" in out
         records = client.consume("one", 0, "earliest")
         assert [r.value for r in records] == [b"r%d" % i for i in range(50)]
         assert merge_status(client.status(["one"]), "one")[0]["leader"] == dst
@@ -166,25 +185,16 @@ def test_the_rebalance_plan_evens_out_replicas_and_leaders_and_is_then_done() ->
     assert plan_rebalance(after, nodes) == [], "a balanced cluster has nothing to do"
 
 
-def test_rebalance_moves_replicas_onto_an_empty_node(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    with LocalCluster(tmp_path, nodes=4) as cluster, Client(cluster.bootstrap) as client:
+def test_rebalance_moves_replicas_onto_an_added_node(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         client.create_topic("r", partitions=4, replication_factor=2)
-        for p in range(4):  # everything off node 4
-            client.reassign_partition("r", p, [1 + p % 3, 1 + (p + 1) % 3], wait=True)
+        for p in range(4):
             client.produce("r", [b"p%d" % p], partition=p)
-        assert all(4 not in a for a in client.topic("r", refresh=True).assignments)
+        new_node = add_node(cluster, client)
+        assert all(new_node not in a for a in client.topic("r", refresh=True).assignments)
 
         def rebalance(*extra: str) -> str:
-            out = subprocess.run(
-                [sys.executable, "-m", "tidelog", "cluster", "rebalance", *extra,
-                 "--bootstrap", cluster.bootstrap],
-                capture_output=True, text=True, timeout=180,
-            )  # fmt: skip
-            assert out.returncode == 0, out.stderr
-            return out.stdout
+            return tidelog("cluster", "rebalance", *extra, "--bootstrap", cluster.bootstrap)
 
         before = client.topic("r", refresh=True).assignments
         planned = rebalance("--dry-run")
@@ -193,7 +203,7 @@ def test_rebalance_moves_replicas_onto_an_empty_node(tmp_path: Path) -> None:
         done = rebalance("--wait")
         assert "rebalanced" in done
         after = client.topic("r", refresh=True).assignments
-        per_node = [sum(n in a for a in after) for n in (1, 2, 3, 4)]
+        per_node = [sum(n in a for a in after) for n in (1, 2, 3, new_node)]
         assert max(per_node) - min(per_node) <= 1 and per_node[3] >= 1, per_node
         for p in range(4):
             assert [r.value for r in client.consume("r", p, "earliest")] == [b"p%d" % p]

@@ -12,7 +12,10 @@
     ├── RecordTooLarge
     ├── InvalidRequest                      malformed or out-of-contract request
     │   ├── InvalidConfig(key)              a config name or value tidelog does not take
-    │   └── InvalidReplicaAssignment        no replicas, duplicates, or an unknown node
+    │   ├── InvalidReplicaAssignment        no replicas, duplicates, or an unknown node
+    │   ├── NodeAlreadyExists(node_id)      add-node: an id or address in use
+    │   ├── UnknownNode(node_id)            a node the cluster does not have
+    │   └── NotEnoughNodes(node_id)         remove-node would leave a partition short, or no node
     ├── UnsupportedApi
     ├── Timeout                             retriable
     ├── FencedEpoch                         the sender's epoch is stale
@@ -200,6 +203,25 @@ class InvalidReplicaAssignment(InvalidRequest):
     (Kafka's INVALID_REPLICA_ASSIGNMENT)."""
 
     code = 39
+
+
+class NodeAlreadyExists(InvalidRequest):
+    """add-node with a node id or an address the cluster already has (or an id it removed)."""
+
+    code = 107
+
+
+class UnknownNode(InvalidRequest):
+    """A node id the cluster does not have (or no longer has)."""
+
+    code = 108
+
+
+class NotEnoughNodes(InvalidRequest):
+    """Removing the node would leave the cluster without one, or a partition on it with no
+    other node to move to (fewer replicas than its replication factor)."""
+
+    code = 109
 
 
 class StorageError(TidelogError):

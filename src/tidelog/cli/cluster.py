@@ -62,6 +62,7 @@ class LocalCluster:
         self.data_dir = Path(data_dir)
         self.die_with_parent = die_with_parent
         self.node_ids = list(range(1, nodes + 1))
+        self.initial_ids = list(self.node_ids)  # started with --peers; later ones --join
         self.ports = dict(zip(self.node_ids, ports or free_ports(nodes), strict=True))
         # Fixed peer-channel ports, picked now with the client ports held apart: a port the
         # kernel picked for one node's peer channel could be the client port of a node that
@@ -104,7 +105,24 @@ class LocalCluster:
 
     @property
     def peers(self) -> str:
-        return ",".join(f"{n}=127.0.0.1:{p}/{self.peer_ports[n]}" for n, p in self.ports.items())
+        return ",".join(
+            f"{n}=127.0.0.1:{self.ports[n]}/{self.peer_ports[n]}" for n in self.initial_ids
+        )
+
+    def new_node(self, node_id: int | None = None) -> int:
+        """Pick an id and ports for a node to add to the running cluster (`cluster add-node`
+        it with `node_spec`, then `start` it: it joins). Not started here."""
+        n = node_id if node_id is not None else max(self.node_ids) + 1
+        taken = set(self.ports.values()) | set(self.peer_ports.values())
+        port, peer_port = [p for p in free_ports(2 + len(taken)) if p not in taken][:2]
+        self.node_ids.append(n)
+        self.ports[n] = port
+        self.peer_ports[n] = peer_port
+        return n
+
+    def node_spec(self, node_id: int) -> str:
+        """ID=HOST:PORT/PEER_PORT, as `cluster add-node` takes it."""
+        return f"{node_id}=127.0.0.1:{self.ports[node_id]}/{self.peer_ports[node_id]}"
 
     @property
     def bootstrap(self) -> str:
@@ -122,6 +140,11 @@ class LocalCluster:
                 continue
             data = self.data_dir / f"node-{n}"
             data.mkdir(parents=True, exist_ok=True)
+            if n in self.initial_ids:
+                membership = ["--peers", self.peers]
+            else:
+                seeds = [self.address(i) for i in self.node_ids if i != n]
+                membership = ["--join", ",".join(seeds)]
             cmd = [
                 sys.executable,
                 "-m",
@@ -131,8 +154,7 @@ class LocalCluster:
                 str(n),
                 "--listen",
                 self.address(n),
-                "--peers",
-                self.peers,
+                *membership,
                 "--cluster-secret-file",
                 str(self.secret_path),
                 "--cluster-id",
@@ -220,7 +242,9 @@ class LocalCluster:
 def add_cluster_commands(
     sub: Any, with_bootstrap: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 ) -> None:
-    cluster = sub.add_parser("cluster", help="run a local cluster; rebalance a cluster")
+    cluster = sub.add_parser(
+        "cluster", help="run a local cluster; describe, grow, shrink and rebalance a cluster"
+    )
     csub = cluster.add_subparsers(dest="cluster_command")
     up = csub.add_parser("up", help="start N nodes on 127.0.0.1; Ctrl-C stops them all")
     up.add_argument("--nodes", type=int, default=3)
@@ -228,9 +252,11 @@ def add_cluster_commands(
     up.add_argument("--base-port", type=int, default=7101)
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=cmd_cluster_up)
+    from tidelog.cli.nodes import add_node_commands
     from tidelog.cli.rebalance import add_rebalance_command
 
     add_rebalance_command(csub, with_bootstrap)
+    add_node_commands(csub, with_bootstrap)
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:

@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         "fixed peer-channel port after the slash)",
     )
     serve.add_argument(
+        "--join",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="join a running cluster (after `tidelog cluster add-node`) through any of its "
+        "nodes, instead of --peers; needed at the first start only",
+    )
+    serve.add_argument(
         "--cluster-id",
         help="the cluster this node belongs to: a data directory formatted for another is "
         "refused (default: the one in the data directory, or one derived from the secret)",
@@ -240,6 +246,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("peer_listen", args.peer_listen),
         ("node_id", args.node_id),
         ("peers", args.peers),
+        ("join", args.join),
         ("cluster_secret_file", args.cluster_secret_file),
         ("cluster_id", args.cluster_id),
         ("event_loop", args.event_loop),

@@ -91,7 +91,11 @@ def _describe(counts: Counter[int], nodes: list[int]) -> str:
 def cmd_rebalance(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with AsyncClient(args.bootstrap) as client:
-            nodes = sorted(await client.nodes())
+            cluster = await client.describe_cluster(leader_only=True)
+            # Where replicas may go: voters of the metadata log that are not being removed.
+            nodes = sorted(
+                n.node_id for n in cluster.nodes if n.metadata_role == "voter" and not n.draining
+            )
             assignments: dict[Partition, list[int]] = {}
             for info in await client.list_topics():
                 if info.name == METADATA_TOPIC:

@@ -34,6 +34,7 @@ from tidelog.errors import (
     OutcomeUnknown,
     TidelogError,
     Timeout,
+    UnknownNode,
     UnknownTopicOrPartition,
 )
 from tidelog.node.config import parse_address
@@ -86,6 +87,30 @@ class TopicInfo:
     leaders: list[int]
     # partition -> nodes a move is leaving (they keep a copy until the move is done)
     reassigning: dict[int, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: int
+    host: str
+    port: int
+    peer_port: int  # 0: learnt from its client listener
+    draining: bool  # being removed: its replicas move off
+    metadata_role: str  # in the metadata log: "voter", "learner" (catching up) or ""
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    cluster_id: str
+    metadata_leader: int
+    nodes: list[NodeInfo]
+    metadata_voters: list[int]
+    metadata_learners: list[int]
+    metadata_base_voters: list[int]  # the metadata log's membership at its log start
+    removed_nodes: list[int]
+
+    def node(self, node_id: int) -> NodeInfo | None:
+        return next((n for n in self.nodes if n.node_id == node_id), None)
 
 
 @dataclass(frozen=True)
@@ -449,6 +474,87 @@ class AsyncClient:
                 )
             await asyncio.sleep(0.2)
 
+    # -- the cluster's nodes ----------------------------------------------------------------------
+
+    async def describe_cluster(self, leader_only: bool = False) -> ClusterInfo:
+        """The cluster's nodes and its metadata log's voters, as any node (or with leader_only,
+        the metadata leader) knows them."""
+        request = api.DescribeClusterRequest(leader_only)
+        if leader_only:
+            header = await self._to_metadata_leader(ApiKey.DESCRIBE_CLUSTER, request)
+        else:
+            header, _ = await self._any_node(ApiKey.DESCRIBE_CLUSTER, request)
+        resp = api.decode(api.DescribeClusterResponse, header)
+        return ClusterInfo(
+            resp.cluster_id,
+            resp.metadata_leader,
+            [
+                NodeInfo(
+                    int(n["node_id"]),
+                    str(n["host"]),
+                    int(n["port"]),
+                    int(n.get("peer_port", 0)),
+                    bool(n.get("draining", False)),
+                    str(n.get("metadata_role", "")),
+                )
+                for n in resp.nodes
+            ],
+            list(resp.metadata_voters),
+            list(resp.metadata_learners),
+            list(resp.metadata_base_voters),
+            list(resp.removed_nodes),
+        )
+
+    async def add_node(
+        self,
+        node_id: int,
+        host: str,
+        port: int,
+        peer_port: int = 0,
+        wait: bool = False,
+        timeout_s: float = 120.0,
+    ) -> NodeInfo:
+        """Register a node (then start it with `tidelog serve --join`): it catches up on the
+        metadata log as a learner, then becomes a voter. wait: return once it is one."""
+        request = api.AddNodeRequest(node_id, host, port, peer_port)
+        await self._to_metadata_leader(ApiKey.ADD_NODE, request)
+        return await self.wait_for_node(node_id, "voter" if wait else "", timeout_s)
+
+    async def remove_node(
+        self, node_id: int, throttle_bytes: int = 0, wait: bool = False, timeout_s: float = 3600.0
+    ) -> int:
+        """Remove a node: every replica it holds moves to another node (at throttle_bytes/s,
+        0: unthrottled), then it leaves the metadata log's voters and the cluster. Returns how
+        many partitions move. wait: return once it is gone."""
+        request = api.RemoveNodeRequest(node_id, throttle_bytes)
+        header = await self._to_metadata_leader(ApiKey.REMOVE_NODE, request)
+        moves = int(api.decode(api.NodeChangeResponse, header).moves)
+        if wait:
+            await self.wait_for_node(node_id, "removed", timeout_s)
+        return moves
+
+    async def wait_for_node(self, node_id: int, state: str, timeout_s: float = 120.0) -> NodeInfo:
+        """Until the metadata leader says the node is a "voter" of the metadata log, or is
+        "removed" from the cluster ("": it is registered). Returns its entry (the last one,
+        once removed)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        last: NodeInfo | None = None
+        while True:
+            info = await self.describe_cluster(leader_only=True)
+            node = info.node(node_id)
+            last = node or last
+            if node is None and node_id in info.removed_nodes:
+                if state == "removed":
+                    return last or NodeInfo(node_id, "", 0, 0, True, "")
+                raise UnknownNode(f"node {node_id} was removed from the cluster", node_id=node_id)
+            if node is not None and state in ("", node.metadata_role):
+                return node
+            if loop.time() > deadline:
+                now = "gone" if node is None else node.metadata_role or "not a member"
+                raise Timeout(f"node {node_id} is {now}, not {state}, after {timeout_s}s")
+            await asyncio.sleep(0.2)
+
     async def _to_metadata_leader(self, key: ApiKey, request: Any) -> dict[str, Any]:
         """Admin writes go through the metadata log's leader; follow its hints."""
         last: TidelogError | None = None
@@ -461,6 +567,9 @@ class AsyncClient:
                 last = exc
                 if exc.leader_hint is not None and exc.leader_hint >= 0:
                     self._meta.metadata_leader = exc.leader_hint
+                    if exc.leader_hint not in self._meta.nodes:  # a node we have not heard of
+                        with contextlib.suppress(TidelogError):
+                            await self.refresh_metadata([])
                 else:
                     self._meta.metadata_leader = -1
                     await asyncio.sleep(self._backoff(attempt))

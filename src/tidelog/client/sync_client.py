@@ -8,7 +8,14 @@ from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from tidelog.client.async_client import AsyncClient, FetchResult, ProduceResult, TopicInfo
+from tidelog.client.async_client import (
+    AsyncClient,
+    ClusterInfo,
+    FetchResult,
+    NodeInfo,
+    ProduceResult,
+    TopicInfo,
+)
 from tidelog.client.producer import Producer, RecordMetadata
 from tidelog.protocol import api
 from tidelog.record.batch import ProducerRecord, Record
@@ -88,6 +95,32 @@ class Client:
                 topic, partition, replicas, throttle_bytes, wait, timeout_s
             )
         )
+
+    def describe_cluster(self, leader_only: bool = False) -> ClusterInfo:
+        return self._run(self._async.describe_cluster(leader_only))
+
+    def add_node(
+        self,
+        node_id: int,
+        host: str,
+        port: int,
+        peer_port: int = 0,
+        wait: bool = False,
+        timeout_s: float = 120.0,
+    ) -> NodeInfo:
+        return self._run(self._async.add_node(node_id, host, port, peer_port, wait, timeout_s))
+
+    def remove_node(
+        self, node_id: int, throttle_bytes: int = 0, wait: bool = False, timeout_s: float = 3600.0
+    ) -> int:
+        return self._run(self._async.remove_node(node_id, throttle_bytes, wait, timeout_s))
+
+    def wait_for_node(self, node_id: int, state: str, timeout_s: float = 120.0) -> NodeInfo:
+        return self._run(self._async.wait_for_node(node_id, state, timeout_s))
+
+    def wait_for_leaders(self, topic: str, timeout_s: float = 30.0) -> None:
+        """Until every partition of the topic has a leader that answers."""
+        self._run(self._async.wait_for_leaders(topic, timeout_s))
 
     def wait_for_reassignment(
         self, topic: str, partition: int, timeout_s: float = 300.0

@@ -65,6 +65,7 @@ class Cleaner:
             await asyncio.sleep(CLEANER_TICK_S)
             self._scrub()
             self.node.topics.check_moves()
+            self.node.registry.check()
             now = time.monotonic()
             for host in list(self.node.hosts.values()):
                 due = self._next_due.get(host.group, 0.0)

@@ -5,6 +5,7 @@ listen = "127.0.0.1:7101"          # the client listener
 peer_listen = "127.0.0.1:7201"     # the peer channel (default: the listen host, a port of its own)
 data = "/var/lib/tidelog"
 peers = "1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103"   # or a table {1 = "host:port"}
+# join = "127.0.0.1:7101"          # instead of peers: a node added to a running cluster
 cluster_secret_file = "/etc/tidelog/cluster.secret"
 "max.connections" = 1000           # listener limits, by the names Kafka gives them
 
@@ -88,6 +89,9 @@ class NodeConfig:
     cluster_secret: bytes = b""  # proves membership in the peer handshake
     cluster_id: str = ""  # checked against the data directory's identity (and peers') if given
     peer_handshake_timeout_ms: int = 5_000
+    # Client addresses of a running cluster this node joins (after `cluster add-node`): it
+    # learns the cluster's id, nodes and metadata voters from there, once.
+    join: tuple[tuple[str, int], ...] = ()
     # -- what a client connection may cost (each a limit with a named setting) --------------
     frame_bytes_max: int = 64 * MiB  # socket.request.max.bytes: checked before buffering
     queued_max_request_bytes: int = 64 * MiB  # node-wide bytes of large requests being read
@@ -102,6 +106,12 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.node_id < 0:
             raise InvalidConfig("node id must be >= 0", key="node_id")
+        if self.join and self.peers:
+            raise InvalidConfig(
+                "a node that joins a running cluster (--join) learns its peers there: "
+                "--peers is for the nodes a cluster starts with",
+                key="join",
+            )
         if self.peers and self.node_id not in self.peers:
             raise InvalidConfig(
                 f"node {self.node_id} is not among the peers {sorted(self.peers)}", key="peers"
@@ -239,6 +249,10 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
         kwargs["zero_copy"] = bool(values["zero_copy"])
     if values.get("peer_listen"):
         kwargs["peer_listen"] = parse_address(str(values["peer_listen"]))
+    join = values.get("join")
+    if join:
+        items = join if isinstance(join, list) else str(join).split(",")
+        kwargs["join"] = tuple(parse_address(str(a).strip()) for a in items if str(a).strip())
     if values.get("cluster_id"):
         kwargs["cluster_id"] = str(values["cluster_id"])
     secret_file = values.get("cluster_secret_file")

@@ -32,6 +32,8 @@ from tidelog.errors import (
     CursorInvalidated,
     DuplicateSequence,
     InvalidRequest,
+    NodeAlreadyExists,
+    NotEnoughNodes,
     NotLeader,
     OffsetOutOfRange,
     StorageFull,
@@ -48,6 +50,7 @@ from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
 from tidelog.node.metrics import Counters
 from tidelog.node.partition import PartitionHost
+from tidelog.node.registry import NodeRegistry
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
 from tidelog.protocol import api
@@ -61,13 +64,18 @@ from tidelog.replication.metadata import (
     CURSOR_NAME,
     METADATA_TOPIC,
     MetadataState,
+    NodeEntry,
     TopicMeta,
     assign_replicas,
+    node_conflict,
+    plan_drain,
+    validate_add_node,
     validate_add_partitions,
     validate_alter,
     validate_create,
     validate_delete,
     validate_reassign,
+    validate_remove_node,
 )
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
@@ -98,7 +106,14 @@ class NodeCore:
         self.counters = Counters()
         self.hosts: dict[str, PartitionHost] = {}
         self.topics = TopicReplicas(self)
-        self.metadata_machine = MetadataMachine(self.topics.on_topic_changed, self.topics.on_reset)
+        self.registry = NodeRegistry(self)
+        # The metadata log's first voters: --peers, or for a node that joined a running cluster
+        # what its metadata leader said (the Node sets it before start).
+        self.initial_voters = config.voters
+        self.on_nodes_changed: Callable[[], None] = lambda: None  # the peer channel follows
+        self.metadata_machine = MetadataMachine(
+            self.topics.on_topic_changed, self.topics.on_reset, lambda: self.on_nodes_changed()
+        )
         self.cleaner = Cleaner(self)
         self.peer_port = -1  # set by the node once its peer channel listens
         self._flusher: Flusher | None = None
@@ -131,6 +146,9 @@ class NodeCore:
             api.DeleteRecordsRequest: (self._delete_records, Operation.DELETE, "topic"),
             api.TableRequest: (self._table, Operation.READ, "topic"),
             api.ElectLeadersRequest: (self._elect_leaders, Operation.ALTER, "topic"),
+            api.DescribeClusterRequest: (self._describe_cluster, Operation.DESCRIBE, ""),
+            api.AddNodeRequest: (self._add_node, Operation.ALTER, ""),
+            api.RemoveNodeRequest: (self._remove_node, Operation.ALTER, ""),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -145,10 +163,10 @@ class NodeCore:
             snapshot_catchup_entries=max(1, self.config.metadata_snapshot_entries // 2),
         )
         metadata = self.open_host(
-            METADATA_TOPIC, 0, self.config.voters, metadata_config, self.metadata_machine
+            METADATA_TOPIC, 0, self.initial_voters, metadata_config, self.metadata_machine
         )
         self.topics.sweep()
-        if metadata.replica.epoch == 0 and self.node_id == min(self.config.voters):
+        if metadata.replica.epoch == 0 and self.node_id == min(self.initial_voters):
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout
             metadata.process_ready()
         self._tasks.append(loop.create_task(self._tick_loop()))
@@ -593,10 +611,8 @@ class NodeCore:
             entry["leaders"] = [self._known_leader(name, p) for p in range(meta.partitions)]
             topics.append(entry)
         nodes = [
-            {"node_id": nid, "host": host, "port": port}
-            for nid, (host, port) in sorted(
-                (self.config.peers or {self.node_id: self.config.listen}).items()
-            )
+            {"node_id": n, "host": e.host, "port": e.port}
+            for n, e in sorted(self.registry.nodes().items())
         ]
         return api.MetadataResponse(
             self.node_id, self.metadata_host.replica.leader_id, nodes, topics
@@ -611,7 +627,7 @@ class NodeCore:
     async def _create_topic(
         self, req: api.CreateTopicRequest, payload: bytes
     ) -> api.CreateTopicResponse:
-        nodes = list(self.config.voters)
+        nodes = self.registry.placeable()
         config = self.config.topic_defaults.with_overrides(req.configs)
         self.config.check_batch_fits(config.max_message_bytes)
         validate_create(
@@ -642,7 +658,9 @@ class NodeCore:
     def _placement(self, name: str, partitions: int, replication_factor: int) -> list[list[int]]:
         """Where a topic's partitions live: round-robin from a node its name picks, so that
         added partitions continue the pattern."""
-        nodes = list(self.config.voters)
+        nodes = self.registry.placeable()
+        if not nodes:
+            raise NotEnoughNodes("no node can take new replicas (every node is draining)")
         start = zlib.crc32(name.encode()) % len(nodes)
         return assign_replicas(nodes, partitions, replication_factor, start)
 
@@ -712,7 +730,11 @@ class NodeCore:
         if req.throttle_bytes < 0:
             raise InvalidRequest(f"throttle must be >= 0 bytes/s, got {req.throttle_bytes}")
         meta = validate_reassign(
-            self.metadata, req.topic, req.partition, list(req.replicas), list(self.config.voters)
+            self.metadata,
+            req.topic,
+            req.partition,
+            list(req.replicas),
+            self.registry.reassignable(),
         )
         now: TopicMeta | None = meta
         if meta.assignments[req.partition] != list(req.replicas) or req.partition in meta.retiring:
@@ -733,6 +755,67 @@ class NodeCore:
             now.retiring.get(req.partition, []),
         )
 
+    # -- the cluster's nodes (node/registry.py) --------------------------------------------------
+
+    def _describe_cluster(
+        self, req: api.DescribeClusterRequest, payload: bytes
+    ) -> api.DescribeClusterResponse:
+        replica = self.metadata_host.replica
+        if req.leader_only and not replica.is_leader:
+            raise NotLeader("not the metadata leader", leader_hint=self.metadata_host.leader_hint)
+        current = replica.history.current
+        nodes = []
+        for n, entry in sorted(self.registry.nodes().items()):
+            role = "voter" if n in current.voters else "learner" if n in current.learners else ""
+            nodes.append({**entry.to_wire(), "metadata_role": role})
+        return api.DescribeClusterResponse(
+            self.identity.cluster_id,
+            self.node_id,
+            replica.leader_id,
+            nodes,
+            list(current.voters),
+            list(current.learners),
+            list(replica.history.entries[0].voters),
+            sorted(self.metadata.removed_nodes),
+        )
+
+    async def _add_node(self, req: api.AddNodeRequest, payload: bytes) -> api.NodeChangeResponse:
+        """Register a node; the metadata log's leader then adds it to the log's group as a
+        learner, and makes it a voter once it has caught up."""
+        self._require_metadata_leader()
+        entry = NodeEntry(req.node_id, req.host, req.port, req.peer_port)
+        await self.registry.ensure_registered()
+        validate_add_node(self.metadata, entry)
+        await self.propose_metadata({"type": "add_node", "node": entry.to_wire()}, 30.0)
+        if self.metadata.nodes.get(entry.node_id) != entry:
+            raise NodeAlreadyExists(
+                node_conflict(self.metadata, entry) or "changed meanwhile", node_id=req.node_id
+            )
+        log.warning("cluster: node %d added at %s:%d", req.node_id, req.host, req.port)
+        return api.NodeChangeResponse(entry.to_wire())
+
+    async def _remove_node(
+        self, req: api.RemoveNodeRequest, payload: bytes
+    ) -> api.NodeChangeResponse:
+        """Mark a node draining: the metadata leader moves its replicas off, then takes it out
+        of the metadata log's voters, then out of the registry (node/registry.py)."""
+        self._require_metadata_leader()
+        if req.throttle_bytes < 0:
+            raise InvalidRequest(f"throttle must be >= 0 bytes/s, got {req.throttle_bytes}")
+        await self.registry.ensure_registered()
+        entry = validate_remove_node(self.metadata, req.node_id)
+        if not entry.draining or entry.drain_throttle_bytes != req.throttle_bytes:
+            command = {
+                "type": "drain_node",
+                "node_id": req.node_id,
+                "throttle_bytes": req.throttle_bytes,
+            }
+            await self.propose_metadata(command, 30.0)
+            log.warning("cluster: node %d is being removed", req.node_id)
+        now = self.metadata.nodes.get(req.node_id, entry)
+        moves = len(plan_drain(self.metadata, req.node_id))
+        return api.NodeChangeResponse(now.to_wire(), moves)
+
     def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
         wanted = set(req.topics) if req.topics is not None else None
         partitions = []
@@ -749,6 +832,8 @@ class NodeCore:
         metadata = {
             "leader": mh.replica.leader_id,
             "epoch": mh.replica.epoch,
+            "voters": list(mh.replica.voters),
+            "learners": list(mh.replica.learners),
             "applied_offset": self.metadata.applied_offset,
             "topics": len(self.metadata.topics),
             "cursors": len(self.metadata.cursors),

@@ -20,6 +20,7 @@ from typing import Any
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
 from tidelog.node.core import METADATA_GROUP, NodeCore
+from tidelog.node.join import join_cluster, load_joined
 from tidelog.node.listeners.base import ConnectionLimits, Listener
 from tidelog.node.listeners.client import client_listener
 from tidelog.node.listeners.peer import PeerChannel, PeerListener
@@ -47,6 +48,7 @@ class Node:
         self._stopped: asyncio.Event | None = None
         self.started_at = time.time()
         self.core.fail_stop.on_trip = self._fail_stop
+        self.core.on_nodes_changed = self._nodes_changed
 
     # -- what tests and tools look at ------------------------------------------------------------
 
@@ -77,6 +79,12 @@ class Node:
         self._watch_background_failures(asyncio.get_running_loop())
         data = self.config.data_dir
         data.mkdir(parents=True, exist_ok=True)
+        joined = load_joined(data)
+        if joined is None and self.config.join:
+            joined = await join_cluster(self.config)
+        if joined is not None:
+            self.config = self.core.config = joined.config(self.config)
+            self.core.initial_voters = joined.metadata_voters
         self._check_identity(data)
         config = self.config
         _, port = await self.client_listener.start(*config.listen)
@@ -96,14 +104,15 @@ class Node:
         self.peer_channel = PeerChannel(self.core, config.cluster_secret)
         self.peer_listener.on_bound = self.peer_channel.peer_is_up
         self.peer_channel.connect()
+        self._nodes_changed()
         await self.core.start()
         log.info(
-            "node %d serving clients on %s:%d, peers on %s:%d (data %s, voters %s)",
+            "node %d serving clients on %s:%d, peers on %s:%d (data %s, metadata voters %s)",
             self.node_id,
             *config.listen,
             *self.peer_address,
             data,
-            list(config.voters),
+            list(self.core.metadata_host.replica.voters),
         )
 
     def _check_identity(self, data: Path) -> None:
@@ -126,6 +135,13 @@ class Node:
                 self.identity.cluster_id,
                 self.identity.directory_id,
             )
+
+    def _nodes_changed(self) -> None:
+        """The metadata log changed the cluster's nodes: dial the new, drop the removed."""
+        nodes = self.core.registry.nodes()
+        self.peer_listener.fit(len(nodes))
+        if self.peer_channel is not None:
+            self.peer_channel.update(nodes)
 
     def _send_to_peer(self, to: int, key: int, header: dict[str, Any], payload: Any) -> None:
         if self.peer_channel is not None:

@@ -13,7 +13,7 @@ from typing import Protocol
 from tidelog.errors import CorruptRecord
 from tidelog.record.batch import Record, decode_records, iter_headers
 from tidelog.replication.log_interface import ReplicaLog
-from tidelog.replication.metadata import MetadataState
+from tidelog.replication.metadata import NODE_COMMANDS, MetadataState
 from tidelog.replication.table import TableState
 from tidelog.storage.scrub import InvalidBatch
 from tidelog.storage.snapshot import SnapshotMeta
@@ -88,11 +88,15 @@ class MetadataMachine:
     whole."""
 
     def __init__(
-        self, on_topic: Callable[[str], None], on_reset: Callable[[MetadataState], None]
+        self,
+        on_topic: Callable[[str], None],
+        on_reset: Callable[[MetadataState], None],
+        on_nodes: Callable[[], None] = lambda: None,
     ) -> None:
         self.state = MetadataState()
         self._on_topic = on_topic
         self._on_reset = on_reset
+        self._on_nodes = on_nodes
 
     @property
     def applied_offset(self) -> int:
@@ -111,6 +115,8 @@ class MetadataMachine:
             changed = self.state.apply(rec.offset, command)
             if changed is not None:
                 self._on_topic(changed)
+            if command.get("type") in NODE_COMMANDS:
+                self._on_nodes()
         self.state.applied_offset = max(self.state.applied_offset, next_offset)
 
     def snapshot(self) -> bytes:
@@ -124,6 +130,7 @@ class MetadataMachine:
         state.applied_offset = offset
         self.state = state
         self._on_reset(state)
+        self._on_nodes()
 
 
 class SnapshotFiles(Protocol):

@@ -32,6 +32,9 @@ class ApiKey(enum.IntEnum):
     CREATE_PARTITIONS = 37
     ELECT_LEADERS = 43
     ALTER_PARTITION_REASSIGNMENTS = 45
+    DESCRIBE_CLUSTER = 60
+    ADD_NODE = 80  # Kafka's AddRaftVoter (KIP-853), for a whole node
+    REMOVE_NODE = 81  # Kafka's RemoveRaftVoter, after the node's replicas moved off
     STATUS = 100
     REPLICATION = 101  # one-way messages between replicas
     CURSOR = 102
@@ -183,6 +186,47 @@ class ReassignPartitionResponse:
 
 
 @dataclass(frozen=True)
+class DescribeClusterRequest:
+    leader_only: bool = False  # NotLeader unless the metadata leader answers
+
+
+@dataclass(frozen=True)
+class DescribeClusterResponse:
+    cluster_id: str
+    node_id: int  # who answered
+    metadata_leader: int
+    # node_id, host, port, peer_port, draining, and its part in the metadata log: "voter",
+    # "learner" (catching up) or "" (not yet a member, or no longer)
+    nodes: list[dict[str, Any]]
+    metadata_voters: list[int]
+    metadata_learners: list[int]
+    # The metadata log's membership at its log start (its initial voters while that is 0): a
+    # joining node opens its replica of the metadata log with it.
+    metadata_base_voters: list[int]
+    removed_nodes: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AddNodeRequest:
+    node_id: int
+    host: str
+    port: int
+    peer_port: int = 0  # 0: learnt from the node's client listener
+
+
+@dataclass(frozen=True)
+class RemoveNodeRequest:
+    node_id: int
+    throttle_bytes: int = 0  # catch-up bytes/s for the replicas moved off it (0: unthrottled)
+
+
+@dataclass(frozen=True)
+class NodeChangeResponse:
+    node: dict[str, Any]  # the node's registry entry after the change
+    moves: int = 0  # remove: partitions being moved off it
+
+
+@dataclass(frozen=True)
 class CreatePartitionsRequest:
     name: str
     partitions: int  # the new total
@@ -307,6 +351,9 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.DELETE_RECORDS: DeleteRecordsRequest,
     ApiKey.ELECT_LEADERS: ElectLeadersRequest,
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: ReassignPartitionRequest,
+    ApiKey.DESCRIBE_CLUSTER: DescribeClusterRequest,
+    ApiKey.ADD_NODE: AddNodeRequest,
+    ApiKey.REMOVE_NODE: RemoveNodeRequest,
     ApiKey.TABLE: TableRequest,
 }
 

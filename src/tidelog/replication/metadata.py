@@ -17,12 +17,16 @@ from tidelog.errors import (
     InvalidConfig,
     InvalidReplicaAssignment,
     InvalidRequest,
+    NodeAlreadyExists,
+    NotEnoughNodes,
     TopicAlreadyExists,
     UnknownCursor,
+    UnknownNode,
     UnknownTopicOrPartition,
 )
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule; matched with fullmatch
+NODE_ID_MAX = 2**31 - 1
 METADATA_TOPIC = "__metadata"
 PARTITIONS_MAX = 10_000
 
@@ -95,6 +99,45 @@ class TopicMeta:
         )
 
 
+@dataclass(frozen=True)
+class NodeEntry:
+    """A node of the cluster: where clients and peers reach it. draining: `cluster remove-node`
+    asked for it to go; its replicas move off, then it leaves the metadata log's voters, then
+    the registry."""
+
+    node_id: int
+    host: str
+    port: int
+    peer_port: int = 0  # 0: learnt from the client listener's ApiVersions answer
+    draining: bool = False
+    drain_throttle_bytes: int = 0  # catch-up bytes/s for the moves off a draining node
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "host": self.host,
+            "port": self.port,
+            "peer_port": self.peer_port,
+            "draining": self.draining,
+            "drain_throttle_bytes": self.drain_throttle_bytes,
+        }
+
+    @staticmethod
+    def from_wire(data: dict[str, Any]) -> NodeEntry:
+        return NodeEntry(
+            int(data["node_id"]),
+            str(data["host"]),
+            int(data["port"]),
+            int(data.get("peer_port", 0)),
+            bool(data.get("draining", False)),
+            int(data.get("drain_throttle_bytes", 0)),
+        )
+
+
 @dataclass
 class Cursor:
     """A named, durable consumer position that holds the log (a replication slot)."""
@@ -140,6 +183,10 @@ class MetadataState:
     topics: dict[str, TopicMeta] = field(default_factory=dict)
     cursors: dict[str, Cursor] = field(default_factory=dict)
     applied_offset: int = 0  # exclusive: everything below has been applied
+    # The cluster's nodes, once registered: a cluster's first change of nodes registers the
+    # initial ones (its --peers); until then the nodes are those every node was started with.
+    nodes: dict[int, NodeEntry] = field(default_factory=dict)
+    removed_nodes: set[int] = field(default_factory=set)  # ids are never reused
 
     def topic(self, name: str) -> TopicMeta:
         meta = self.topics.get(name)
@@ -200,7 +247,9 @@ class MetadataState:
             else:
                 return self._move(meta, kind, command)
             return name
-        if kind == "create_cursor" and name not in self.cursors:
+        if kind in NODE_COMMANDS:
+            self._change_nodes(kind, command)
+        elif kind == "create_cursor" and name not in self.cursors:
             positions = {int(p): int(o) for p, o in dict(command.get("positions", {})).items()}
             self.cursors[name] = Cursor(
                 name,
@@ -220,6 +269,41 @@ class MetadataState:
         elif kind == "invalidate_cursor" and name in self.cursors:
             self.cursors[name].invalidated = str(command.get("reason", "invalidated"))
         return None
+
+    def _change_nodes(self, kind: str, command: dict[str, Any]) -> None:
+        """Register, add, drain or remove a node. A command the registry no longer agrees with
+        (a race lost between proposal and commit) changes nothing, on every node alike."""
+        if kind == "register_nodes":
+            if not self.nodes:
+                for data in command.get("nodes", []):
+                    entry = NodeEntry.from_wire(data)
+                    self.nodes[entry.node_id] = entry
+            return
+        if kind == "add_node":
+            entry = NodeEntry.from_wire(dict(command.get("node", {})))
+            if self.nodes and not node_conflict(self, entry):
+                self.nodes[entry.node_id] = entry
+            return
+        node = self.nodes.get(int(command.get("node_id", -1)))
+        if node is None:
+            return
+        if kind == "drain_node":
+            throttle = int(command.get("throttle_bytes", 0))
+            self.nodes[node.node_id] = dataclasses.replace(
+                node, draining=True, drain_throttle_bytes=throttle
+            )
+        elif kind == "remove_node" and node.draining and not self.hosted_on(node.node_id):
+            del self.nodes[node.node_id]
+            self.removed_nodes.add(node.node_id)
+
+    def hosted_on(self, node_id: int) -> list[tuple[str, int]]:
+        """The partitions that keep a replica on a node (assigned there, or moving off it)."""
+        return [
+            (meta.name, p)
+            for meta in self.topics.values()
+            for p in range(meta.partitions)
+            if node_id in meta.hosts(p)
+        ]
 
     def _move(self, meta: TopicMeta, kind: str, command: dict[str, Any]) -> str | None:
         """A partition's target replicas change (the nodes it leaves keep their copy until its
@@ -258,6 +342,8 @@ class MetadataState:
                 {**t.to_wire(), "created_offset": t.created_offset} for t in self.topics.values()
             ],
             "cursors": [c.to_wire() for c in self.cursors.values()],
+            "nodes": [n.to_wire() for n in self.nodes.values()],
+            "removed_nodes": sorted(self.removed_nodes),
         }
 
     @staticmethod
@@ -268,10 +354,29 @@ class MetadataState:
         for c in data.get("cursors", []):
             cursor = Cursor.from_wire(c)
             state.cursors[cursor.name] = cursor
+        for n in data.get("nodes", []):
+            entry = NodeEntry.from_wire(n)
+            state.nodes[entry.node_id] = entry
+        state.removed_nodes = {int(n) for n in data.get("removed_nodes", [])}
         return state
 
 
 CURSOR_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # matched with fullmatch
+NODE_COMMANDS = frozenset({"register_nodes", "add_node", "drain_node", "remove_node"})
+
+
+def node_conflict(state: MetadataState, entry: NodeEntry) -> str:
+    """Why a node cannot be added ("" if it can): its id or an address already in use."""
+    if entry.node_id in state.nodes:
+        return f"node id {entry.node_id} is in use (by {entry.host}:{entry.port})"
+    if entry.node_id in state.removed_nodes:
+        return f"node id {entry.node_id} was removed from this cluster; ids are not reused"
+    for other in state.nodes.values():
+        if other.address == entry.address:
+            return f"address {entry.host}:{entry.port} is node {other.node_id}'s"
+        if entry.peer_port and (other.host, other.peer_port) == (entry.host, entry.peer_port):
+            return f"peer address {entry.host}:{entry.peer_port} is node {other.node_id}'s"
+    return ""
 
 
 def check_topic_name(name: str) -> None:
@@ -414,3 +519,80 @@ def validate_add_partitions(state: MetadataState, name: str, partitions: int) ->
             topic=name,
         )
     return meta
+
+
+def validate_add_node(state: MetadataState, entry: NodeEntry) -> None:
+    """An id from 0 to 2^31-1 and an address no other node has (etcd's member add checks)."""
+    if not 0 <= entry.node_id <= NODE_ID_MAX:
+        raise InvalidRequest(f"node ids are 0..{NODE_ID_MAX}, got {entry.node_id}")
+    if not entry.host or not 0 < entry.port < 65536 or not 0 <= entry.peer_port < 65536:
+        raise InvalidRequest(f"bad address {entry.host}:{entry.port}/{entry.peer_port}")
+    why = node_conflict(state, entry)
+    if why:
+        raise NodeAlreadyExists(why, node_id=entry.node_id)
+
+
+def validate_remove_node(state: MetadataState, node_id: int) -> NodeEntry:
+    """The node to drain. Refused for the last node, and where a partition on it has no other
+    node to move to (it would keep fewer replicas than its replication factor)."""
+    entry = state.nodes.get(node_id)
+    if entry is None:
+        gone = " (it was removed)" if node_id in state.removed_nodes else ""
+        raise UnknownNode(
+            f"node {node_id} is not in the cluster{gone}; its nodes are {sorted(state.nodes)}",
+            node_id=node_id,
+        )
+    staying = [n for n, e in state.nodes.items() if n != node_id and not e.draining]
+    if not staying:
+        raise NotEnoughNodes(
+            f"node {node_id} is the cluster's last voter: removing it would leave no one",
+            node_id=node_id,
+        )
+    load = dict.fromkeys(staying, 0)
+    for name, partition in state.hosted_on(node_id):
+        meta = state.topics[name]
+        if node_id in meta.assignments[partition] and not drain_targets(
+            load, meta.assignments[partition]
+        ):
+            raise NotEnoughNodes(
+                f"{name}/{partition} has replication factor {meta.replication_factor} and no "
+                f"other node to move to (nodes staying: {sorted(staying)})",
+                node_id=node_id,
+                topic=name,
+                partition=partition,
+            )
+    return entry
+
+
+def replica_load(state: MetadataState, nodes: list[int]) -> dict[int, int]:
+    """How many partition replicas are assigned to each of nodes."""
+    load = dict.fromkeys(nodes, 0)
+    for meta in state.topics.values():
+        for assigned in meta.assignments:
+            for n in assigned:
+                if n in load:
+                    load[n] += 1
+    return load
+
+
+def drain_targets(load: dict[int, int], replicas: list[int]) -> list[int]:
+    """The nodes (of load's) a replica leaving `replicas` may move to, the least loaded first."""
+    return sorted((n for n in load if n not in replicas), key=lambda n: (load[n], n))
+
+
+def plan_drain(state: MetadataState, node_id: int) -> list[tuple[TopicMeta, int, list[int]]]:
+    """For each partition assigned to a draining node: the replicas it moves to (the node
+    goes, the least loaded node that holds no replica of it comes; the preferred leader
+    becomes the next replica when the draining node was it)."""
+    load = replica_load(state, [n for n, e in state.nodes.items() if not e.draining])
+    moves = []
+    for name, partition in state.hosted_on(node_id):
+        meta = state.topics[name]
+        replicas = meta.assignments[partition]
+        if node_id not in replicas:
+            continue  # moving off already; its leader will report the move done
+        targets = drain_targets(load, replicas)
+        if targets:
+            load[targets[0]] += 1
+            moves.append((meta, partition, [n for n in replicas if n != node_id] + targets[:1]))
+    return moves

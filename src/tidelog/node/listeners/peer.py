@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import time
@@ -43,6 +44,7 @@ from tidelog.protocol.peer_handshake import (
     PeerHello,
     PeerHelloResponse,
 )
+from tidelog.replication.metadata import NodeEntry
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ class PeerConnection(FrameConnection):
         self.peer_id: int | None = None
         super().__init__(listener)
         self.core = core
-        peers = frozenset(core.config.voters)
+        peers = frozenset(core.registry.nodes())
         self.handshake = ListenerHandshake(secret, core.node_id, peers, core.identity.cluster_id)
         self.principal: Principal | None = None
 
@@ -113,13 +115,13 @@ class PeerListener(Listener):
     def __init__(
         self, core: NodeCore, limits: ConnectionLimits, secret: bytes, handshake_timeout_s: float
     ) -> None:
-        voters = len(core.config.voters)
+        nodes = len(core.config.voters)
         peer_limits = ConnectionLimits(
             limits.frame_bytes_max + BATCH_FRAME_MARGIN_BYTES,
             limits.queued_max_request_bytes + BATCH_FRAME_MARGIN_BYTES,
             limits.max_inflight_requests,
-            max_connections=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
-            max_connections_per_ip=2 * voters + UNBOUND_PEER_CONNECTIONS_MAX,
+            max_connections=2 * nodes + UNBOUND_PEER_CONNECTIONS_MAX,
+            max_connections_per_ip=2 * nodes + UNBOUND_PEER_CONNECTIONS_MAX,
             idle_timeout_s=limits.idle_timeout_s,
             request_receive_timeout_s=limits.request_receive_timeout_s,
             fd_reserve=0,
@@ -135,6 +137,13 @@ class PeerListener(Listener):
         )
         self.handshake_timeout_s = handshake_timeout_s
         self.on_bound: Callable[[int], None] = lambda peer_id: None
+
+    def fit(self, nodes: int) -> None:
+        """Room for two connections per node (one each way) and some strangers."""
+        most = 2 * nodes + UNBOUND_PEER_CONNECTIONS_MAX
+        self.limits = dataclasses.replace(
+            self.limits, max_connections=most, max_connections_per_ip=most
+        )
 
     def bound(self, conn: PeerConnection) -> None:
         """conn proved it is node conn.peer_id: an older connection from that node is gone
@@ -392,22 +401,41 @@ class PeerChannel:
     """Our links to every peer (by node id), and sending on them."""
 
     def __init__(self, core: NodeCore, secret: bytes) -> None:
+        self.core = core
+        self.secret = secret
+        self.links: dict[int, PeerLink] = {}
         config = core.config
-        self.links: dict[int, PeerLink] = {
-            peer_id: PeerLink(
-                config.node_id,
-                peer_id,
-                address,
-                config.peer_ports.get(peer_id),
-                secret,
-                config.zero_copy,
-                core.counters,
-                config.peer_handshake_timeout_ms / 1000,
-                (core.identity.cluster_id, core.identity.directory_id),
-            )
-            for peer_id, address in config.peers.items()
-            if peer_id != config.node_id
-        }
+        for peer_id, address in config.peers.items():
+            if peer_id != config.node_id:
+                self.links[peer_id] = self._link(peer_id, address, config.peer_ports.get(peer_id))
+
+    def _link(self, peer_id: int, address: tuple[str, int], peer_port: int | None) -> PeerLink:
+        core = self.core
+        config = core.config
+        return PeerLink(
+            config.node_id,
+            peer_id,
+            address,
+            peer_port,
+            self.secret,
+            config.zero_copy,
+            core.counters,
+            config.peer_handshake_timeout_ms / 1000,
+            (core.identity.cluster_id, core.identity.directory_id),
+        )
+
+    def update(self, nodes: dict[int, NodeEntry]) -> None:
+        """Links to the cluster's nodes as the metadata log now has them: new ones dialled,
+        removed ones closed."""
+        for peer_id, entry in nodes.items():
+            if peer_id != self.core.node_id and peer_id not in self.links:
+                link = self._link(peer_id, entry.address, entry.peer_port or None)
+                self.links[peer_id] = link
+                link.connect()
+                log.info("peer channel: node %d joined, at %s:%d", peer_id, *entry.address)
+        for peer_id in [p for p in self.links if p not in nodes]:
+            self.links.pop(peer_id).close()
+            log.info("peer channel: node %d left the cluster", peer_id)
 
     def send(self, to: int, key: int, header: dict[str, Any], payload: Any) -> None:
         link = self.links.get(to)

@@ -1,0 +1,226 @@
+"""The cluster's nodes: `cluster add-node`, `cluster remove-node`, `cluster describe`, and nodes
+that join a running cluster (`serve --join`). The registry's rules as pure functions, then real
+processes, real sockets, real files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+from tidelog.errors import NodeAlreadyExists, NotEnoughNodes, UnknownNode
+from tidelog.replication.metadata import (
+    MetadataState,
+    NodeEntry,
+    plan_drain,
+    validate_add_node,
+    validate_remove_node,
+)
+
+
+def tidelog(*args: str, ok: bool = True) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidelog", *args], capture_output=True, text=True, timeout=600
+    )
+    assert (proc.returncode == 0) == ok, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def registered(*ids: int) -> MetadataState:
+    state = MetadataState()
+    nodes = [NodeEntry(n, "127.0.0.1", 7100 + n).to_wire() for n in ids]
+    state.apply(0, {"type": "register_nodes", "nodes": nodes})
+    return state
+
+
+def test_the_registry_adds_drains_and_removes_nodes_the_same_on_every_node() -> None:
+    state = registered(1, 2, 3)
+    state.apply(1, {"type": "register_nodes", "nodes": []})  # a second registration: no-op
+    assert sorted(state.nodes) == [1, 2, 3]
+    state.apply(2, {"type": "add_node", "node": NodeEntry(4, "h", 1).to_wire()})
+    state.apply(3, {"type": "add_node", "node": NodeEntry(5, "h", 1).to_wire()})  # address taken
+    assert sorted(state.nodes) == [1, 2, 3, 4]
+    state.apply(
+        4,
+        {
+            "type": "create_topic",
+            "name": "t",
+            "assignments": [[1, 2], [2, 3], [3, 4], [4, 1]],
+        },
+    )
+    state.apply(5, {"type": "drain_node", "node_id": 4, "throttle_bytes": 1000})
+    assert state.nodes[4].draining and state.nodes[4].drain_throttle_bytes == 1000
+    state.apply(6, {"type": "remove_node", "node_id": 4})
+    assert 4 in state.nodes, "a node that still holds replicas is not removed"
+    moves = plan_drain(state, 4)
+    assert [(m.name, p) for m, p, _ in moves] == [("t", 2), ("t", 3)]
+    for _, _, replicas in moves:
+        assert 4 not in replicas and len(replicas) == 2 and len(set(replicas)) == 2
+    targets = [replicas[-1] for _, _, replicas in moves]
+    assert len(set(targets)) == 2, "the moves spread over the least loaded nodes"
+    for offset, (meta, p, replicas) in zip(range(7, 20, 2), moves, strict=False):
+        state.apply(
+            offset,
+            {
+                "type": "reassign_partition",
+                "name": "t",
+                "topic_id": meta.topic_id,
+                "partition": p,
+                "replicas": replicas,
+            },
+        )
+        state.apply(
+            offset + 1,
+            {
+                "type": "reassignment_done",
+                "name": "t",
+                "topic_id": meta.topic_id,
+                "partition": p,
+                "replicas": replicas,
+            },
+        )
+    assert state.hosted_on(4) == []
+    state.apply(30, {"type": "remove_node", "node_id": 4})
+    assert 4 not in state.nodes and state.removed_nodes == {4}
+    again = MetadataState.from_snapshot(state.to_snapshot())
+    assert again.nodes == state.nodes and again.removed_nodes == {4}
+    with pytest.raises(NodeAlreadyExists, match="not reused"):
+        validate_add_node(state, NodeEntry(4, "other", 9))
+
+
+def test_bad_node_changes_are_refused_with_named_errors() -> None:
+    state = registered(1, 2, 3)
+    with pytest.raises(NodeAlreadyExists, match="in use"):
+        validate_add_node(state, NodeEntry(2, "elsewhere", 9000))
+    with pytest.raises(NodeAlreadyExists, match="node 1's"):
+        validate_add_node(state, NodeEntry(7, "127.0.0.1", 7101))
+    with pytest.raises(UnknownNode):
+        validate_remove_node(state, 9)
+    state.apply(1, {"type": "create_topic", "name": "t", "assignments": [[1, 2, 3]]})
+    with pytest.raises(NotEnoughNodes, match="t/0 has replication factor 3"):
+        validate_remove_node(state, 2)
+    assert validate_remove_node(registered(1, 2), 2).node_id == 2
+    with pytest.raises(NotEnoughNodes, match="last voter"):
+        validate_remove_node(registered(5), 5)
+
+
+def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, nodes=4) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic("t", partitions=4, replication_factor=3)
+        client.create_topic("u", partitions=2, replication_factor=2)
+        for p in range(4):
+            client.produce("t", [b"t%d-%d" % (p, i) for i in range(20)], partition=p)
+        before = client.describe_cluster(leader_only=True)
+        assert [n.node_id for n in before.nodes] == [1, 2, 3, 4]
+
+        # Bad input: named errors, and the cluster is as it was.
+        with pytest.raises(NodeAlreadyExists, match="in use"):
+            client.add_node(2, "127.0.0.1", 1)
+        with pytest.raises(NodeAlreadyExists, match="node 1's"):
+            client.add_node(9, "127.0.0.1", cluster.ports[1])
+        with pytest.raises(UnknownNode):
+            client.remove_node(9)
+        out = tidelog("cluster", "remove-node", "9", "--bootstrap", cluster.bootstrap, ok=False)
+        assert "UnknownNode" in out
+        assert client.describe_cluster(leader_only=True).nodes == before.nodes
+
+        # A machine lost for good: its node is dead when it is removed. Its replicas are made
+        # again on the other nodes from the replicas that are left (t has three of them).
+        dead = next(n for n in (4, 3, 2) if n != before.metadata_leader)
+        client.delete_topic("u")  # two replicas: one dead and the partition stands still
+        cluster.kill(dead)
+        on_dead = sum(dead in a for a in client.topic("t", refresh=True).assignments)
+        out = tidelog(
+            "cluster", "remove-node", str(dead), "--wait", "--timeout", "120",
+            "--bootstrap", cluster.bootstrap,
+        )  # fmt: skip
+        assert f"{on_dead} partition(s) move off it" in out and f"node {dead} removed" in out
+        staying = sorted(n for n in cluster.node_ids if n != dead)
+        after = client.describe_cluster(leader_only=True)
+        assert [n.node_id for n in after.nodes] == staying and after.removed_nodes == [dead]
+        assert sorted(after.metadata_voters) == staying
+        info = client.topic("t", refresh=True)
+        assert all(dead not in a and len(a) == 3 for a in info.assignments)
+        assert not info.reassigning
+        for p in range(4):
+            values = [r.value for r in client.consume("t", p, "earliest")]
+            assert values == [b"t%d-%d" % (p, i) for i in range(20)]
+        assert "removed: " in tidelog("cluster", "describe", "--bootstrap", cluster.bootstrap)
+
+        # Three nodes left and t has three replicas: no node to move them to.
+        with pytest.raises(NotEnoughNodes, match="replication factor 3"):
+            client.remove_node(staying[0])
+        with pytest.raises(UnknownNode):
+            client.remove_node(dead)
+        assert client.describe_cluster(leader_only=True).nodes == after.nodes
+
+        # The metadata leader itself leaves, alive: its replicas move off, it hands the
+        # metadata log over, its copies are deleted.
+        client.delete_topic("t")
+        client.create_topic("v", partitions=3, replication_factor=2)
+        for p in range(3):
+            client.produce("v", [b"v%d" % p], partition=p)
+        gone = client.describe_cluster(leader_only=True).metadata_leader
+        assert client.remove_node(gone, wait=True, timeout_s=120) >= 1
+        left = [n for n in staying if n != gone]
+        final = client.describe_cluster(leader_only=True)
+        assert [n.node_id for n in final.nodes] == left and final.metadata_leader in left
+        assert sorted(final.metadata_voters) == left
+        assert final.removed_nodes == sorted([gone, dead])
+        assert all(sorted(a) == left for a in client.topic("v", refresh=True).assignments)
+        deadline = time.monotonic() + 30
+        while any((tmp_path / f"node-{gone}").glob("v-*")):
+            assert time.monotonic() < deadline, "the removed node keeps its copies"
+            time.sleep(0.1)
+        client.produce("v", [b"after"], partition=0)
+
+        # The nodes left restart and still agree on who they are.
+        for n in left:
+            cluster.stop(n)
+        for n in left:
+            cluster.start(n)
+        cluster.wait_ready(node_ids=left)
+        client.wait_for_leaders("v", timeout_s=60)
+        restarted = client.describe_cluster(leader_only=True)
+        assert [n.node_id for n in restarted.nodes] == left
+        assert restarted.removed_nodes == sorted([gone, dead])
+        assert [r.value for r in client.consume("v", 0, "earliest")] == [b"v0", b"after"]
+
+
+def test_the_last_node_cannot_be_removed(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, nodes=1) as cluster, Client(cluster.bootstrap) as client:
+        with pytest.raises(NotEnoughNodes, match="last voter"):
+            client.remove_node(1)
+        assert [n.node_id for n in client.describe_cluster().nodes] == [1]
+
+
+def test_a_node_started_to_join_waits_until_it_is_added_and_must_listen_where_added(
+    tmp_path: Path,
+) -> None:
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
+        n = cluster.new_node()
+        cluster.start(n)  # not added yet: it waits, and says so
+        deadline = time.monotonic() + 30
+        while "not a node of cluster" not in cluster.log_path(n).read_text():
+            assert time.monotonic() < deadline and cluster.alive(n)
+            time.sleep(0.1)
+        client.add_node(n, "127.0.0.1", cluster.ports[n], cluster.peer_ports[n])
+        assert client.wait_for_node(n, "voter", timeout_s=60).metadata_role == "voter"
+        client.create_topic("v", partitions=4, replication_factor=1)
+        placed = {a[0] for a in client.topic("v", refresh=True).assignments}
+        assert n in placed, "new replicas are placed on the added node"
+
+        # A node added at one address but started at another is refused with a named error.
+        m = cluster.new_node()
+        client.add_node(m, "127.0.0.1", cluster.ports[m])
+        wrong = tidelog(
+            "serve", "--node-id", str(m), "--listen", "127.0.0.1:1", "--join",
+            cluster.address(1), "--data", str(tmp_path / "wrong"),
+            "--cluster-secret-file", str(cluster.secret_path), ok=False,
+        )  # fmt: skip
+        assert "InvalidConfig" in wrong and f"--listen 127.0.0.1:{cluster.ports[m]}" in wrong
