@@ -337,3 +337,35 @@ def install_snapshot(
     reps[2] = partitioned
     run(2000, faults=True)
     return snaps, logs, counts
+
+
+def test_a_follower_that_lost_its_membership_history_gets_it_back_from_the_leader() -> None:
+    """A follower that crashed while starting over at the leader's log start kept the log's
+    new start but not the membership that came with it. Its fetches say which membership it
+    holds; the leader sends the one in effect at the fetch offset when that is newer."""
+    from tidelog.testing.scenario import run_command
+
+    sim = None
+    for command in [
+        "nodes 3 spares=1",
+        "campaign 1",
+        "stabilize",
+        "propose 1 a",
+        "stabilize",
+        "reassign 1 2 3 4",
+        *["tick 1", "stabilize"] * 20,
+    ]:
+        sim, _ = run_command(sim, command)
+    assert sim is not None
+    leader = sim.nodes[1].replica
+    assert leader is not None and sorted(leader.voters) == [1, 2, 3, 4]
+    sim, _ = run_command(sim, "crash 2")
+    node = sim.nodes[2]
+    node.state = dataclasses.replace(node.state, memberships="")  # the crash window
+    sim, _ = run_command(sim, "restart 2")
+    follower = sim.nodes[2].replica
+    assert follower is not None and sorted(follower.voters) == [1, 2, 3], "stale after restart"
+    for command in ["tick 1", "stabilize"] * 5 + ["propose 1 b", "stabilize"]:
+        sim, _ = run_command(sim, command)
+    follower = sim.nodes[2].replica
+    assert follower is not None and sorted(follower.voters) == [1, 2, 3, 4]

@@ -83,6 +83,10 @@ class FetchRequest:
     # follower fetches ahead of its fsyncs and reports durability with its next request.
     durable_offset: int = -1  # -1: the same as fetch_offset
     directories_crc: int = 0  # of the admitted-directories map the follower holds
+    # The offset of the follower's newest membership entry: the leader sends the membership in
+    # effect at fetch_offset if it is newer (a follower that crashed while starting over at
+    # the leader's log start kept its log's new start but not the membership that came with it)
+    membership_offset: int = -1
 
 
 # FetchResponse.error values

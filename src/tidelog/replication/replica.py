@@ -933,10 +933,13 @@ class Replica:
             )
             self._send(new, BeginEpoch(self.epoch, self.node_id))
 
-    def _memberships_for(self, fetch_offset: int) -> str:
+    def _memberships_for(self, fetch_offset: int, newest: int | None = None) -> str:
         """The changes a follower at fetch_offset does not hold yet (it keeps those its log
-        then holds)."""
+        then holds), and the one in effect there if the follower's newest is older."""
         entries = self.history.since(fetch_offset)
+        base = self.history.at(fetch_offset)
+        if newest is not None and base.offset > newest:
+            entries.insert(0, base)
         return encode_memberships(entries) if entries else ""
 
     def _adopt_memberships(self, encoded: str) -> None:
@@ -1153,7 +1156,7 @@ class Replica:
                 records=records,
                 last_fetched_epoch=req.last_fetched_epoch,
                 directories=self._directories_for(req),
-                memberships=self._memberships_for(req.fetch_offset),
+                memberships=self._memberships_for(req.fetch_offset, req.membership_offset),
             ),
         )
 
@@ -1222,6 +1225,7 @@ class Replica:
                 self.config.fetch_max_bytes,
                 durable,
                 self._directories_crc,
+                self.history.current.offset,
             ),
         )
 
