@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
-from tidelog.errors import NodeAlreadyExists, NotEnoughNodes, UnknownNode
+from tidelog.errors import InvalidRequest, NodeAlreadyExists, NotEnoughNodes, UnknownNode
 from tidelog.replication.metadata import (
     MetadataState,
     NodeEntry,
@@ -57,7 +58,7 @@ def test_the_registry_adds_drains_and_removes_nodes_the_same_on_every_node() -> 
     assert state.nodes[4].draining and state.nodes[4].drain_throttle_bytes == 1000
     state.apply(6, {"type": "remove_node", "node_id": 4})
     assert 4 in state.nodes, "a node that still holds replicas is not removed"
-    moves = plan_drain(state, 4)
+    moves = plan_drain(state, 4, [1, 2, 3])
     assert [(m.name, p) for m, p, _ in moves] == [("t", 2), ("t", 3)]
     for _, _, replicas in moves:
         assert 4 not in replicas and len(replicas) == 2 and len(set(replicas)) == 2
@@ -99,14 +100,30 @@ def test_bad_node_changes_are_refused_with_named_errors() -> None:
         validate_add_node(state, NodeEntry(2, "elsewhere", 9000))
     with pytest.raises(NodeAlreadyExists, match="node 1's"):
         validate_add_node(state, NodeEntry(7, "127.0.0.1", 7101))
+    with pytest.raises(NodeAlreadyExists, match="node 1's"):
+        validate_add_node(state, NodeEntry(7, "127.0.0.1", 9000, 7101))  # its peer port
+    with pytest.raises(NodeAlreadyExists, match="both"):
+        validate_add_node(state, NodeEntry(7, "127.0.0.1", 9000, 9000))
     with pytest.raises(UnknownNode):
-        validate_remove_node(state, 9)
+        validate_remove_node(state, 9, [1, 2, 3])
     state.apply(1, {"type": "create_topic", "name": "t", "assignments": [[1, 2, 3]]})
     with pytest.raises(NotEnoughNodes, match="t/0 has replication factor 3"):
-        validate_remove_node(state, 2)
-    assert validate_remove_node(registered(1, 2), 2).node_id == 2
+        validate_remove_node(state, 2, [1, 2, 3])
+    assert validate_remove_node(registered(1, 2), 2, [1, 2]).node_id == 2
     with pytest.raises(NotEnoughNodes, match="last voter"):
-        validate_remove_node(registered(5), 5)
+        validate_remove_node(registered(5), 5, [5])
+
+    # Two drains that each fit alone but not together: the second is refused, and a second
+    # drain command that raced the first changes nothing where it is applied.
+    state = registered(1, 2, 3, 4)
+    state.apply(1, {"type": "create_topic", "name": "t", "assignments": [[1, 2, 3]]})
+    validate_remove_node(state, 2, [1, 2, 3, 4])
+    validate_remove_node(state, 3, [1, 2, 3, 4])
+    state.apply(2, {"type": "drain_node", "node_id": 2})
+    with pytest.raises(NotEnoughNodes, match="only 2 node"):
+        validate_remove_node(state, 3, [1, 3, 4])
+    state.apply(3, {"type": "drain_node", "node_id": 3})
+    assert state.nodes[2].draining and not state.nodes[3].draining
 
 
 def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path: Path) -> None:
@@ -165,6 +182,13 @@ def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path
         client.create_topic("v", partitions=3, replication_factor=2)
         for p in range(3):
             client.produce("v", [b"v%d" % p], partition=p)
+        # Leadership handed to the other replica while the first leads (preferred leader).
+        second = client.topic("v", refresh=True).assignments[0][1]
+        out = tidelog(
+            "partitions", "elect", "v/0", "--node", str(second), "--bootstrap", cluster.bootstrap
+        )
+        assert f"v/0: {second} leads" in out
+        assert merge_status(client.status(["v"]), "v")[0]["leader"] == second
         gone = client.describe_cluster(leader_only=True).metadata_leader
         assert client.remove_node(gone, wait=True, timeout_s=120) >= 1
         left = [n for n in staying if n != gone]
@@ -224,3 +248,46 @@ def test_a_node_started_to_join_waits_until_it_is_added_and_must_listen_where_ad
             "--cluster-secret-file", str(cluster.secret_path), ok=False,
         )  # fmt: skip
         assert "InvalidConfig" in wrong and f"--listen 127.0.0.1:{cluster.ports[m]}" in wrong
+
+
+def test_a_node_that_was_down_while_nodes_came_and_went_finds_its_way_back(
+    tmp_path: Path,
+) -> None:
+    """Node 3 is down while node 4 is added and takes the metadata log's lead: node 3's own
+    metadata knows nothing of node 4, so it asks the nodes it knows and lets node 4 in. Then a
+    node added but never started does not hold back the removal of another."""
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic("t", partitions=2, replication_factor=2)
+        cluster.stop(3)
+        four = cluster.new_node()
+        client.add_node(four, "127.0.0.1", cluster.ports[four], cluster.peer_ports[four])
+        cluster.start(four)
+        client.wait_for_node(four, "voter", timeout_s=60)
+
+        client.elect_preferred_leader("__metadata", 0, four)  # the leader hands over
+        assert client.describe_cluster(leader_only=True).metadata_leader == four
+        client.create_topic("later", partitions=1, replication_factor=1)
+
+        cluster.start(3)
+        cluster.wait_ready(node_ids=[3])
+        with Client(cluster.address(3)) as on_three:
+            deadline = time.monotonic() + 60
+            while True:
+                seen = on_three.describe_cluster()
+                if seen.metadata_leader == four and four in [n.node_id for n in seen.nodes]:
+                    break
+                assert time.monotonic() < deadline, f"node 3 is stuck: {seen}"
+                time.sleep(0.2)
+            assert "later" in [t.name for t in on_three.list_topics()]
+        assert "letting them in" in cluster.log_path(3).read_text()
+
+        # Node 5 is added and never started: the removal of node 1 still completes.
+        five = cluster.new_node()
+        client.add_node(five, "127.0.0.1", cluster.ports[five])
+        assert client.remove_node(1, wait=True, timeout_s=120) >= 0
+        info = client.describe_cluster(leader_only=True)
+        assert [n.node_id for n in info.nodes] == [2, 3, four, five] and info.removed_nodes == [1]
+        assert sorted(info.metadata_voters) == [2, 3, four]
+        assert all(1 not in a for a in client.topic("t", refresh=True).assignments)
+        with pytest.raises(InvalidRequest, match="needs that many nodes"):
+            client.create_topic("wide", replication_factor=4)  # node 5 never caught up

@@ -36,6 +36,12 @@ def add_partitions_command(sub: Any, with_bootstrap: Any) -> None:
         help="elect the reachable replica with the longest log even if it lacks committed "
         "records (they are lost); for when no replica holding everything can come back",
     )
+    elect.add_argument(
+        "--node",
+        type=int,
+        help="hand leadership to this replica, even while another leads (preferred leader "
+        "election: the leader hands over once the node holds everything it holds)",
+    )
     elect.set_defaults(func=cmd_elect)
     add_reassign_command(psub, with_bootstrap)
 
@@ -52,6 +58,12 @@ def cmd_elect(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with AsyncClient(args.bootstrap, retries=1) as client:
+            if args.node is not None:
+                if args.unclean:
+                    raise InvalidRequest("--node and --unclean do not go together")
+                await client.elect_preferred_leader(topic, partition, args.node, WAIT_S)
+                print(f"{topic}/{partition}: {args.node} leads")
+                return
             if args.unclean and topic != METADATA_TOPIC:
                 metadata, _, _ = await replicas_of(client, METADATA_TOPIC, 0)
                 if not any(rep["role"] == "leader" for rep in metadata.values()):

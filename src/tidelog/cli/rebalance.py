@@ -128,8 +128,8 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
                 return
             for m in plan:
                 await client.wait_for_reassignment(m.topic, m.partition, args.timeout)
-                try:  # the preferred leader stands now that the move is done
-                    await client.elect_leaders(m.after[0], m.topic, m.partition)
+                try:  # the preferred leader takes over now that the move is done
+                    await client.elect_preferred_leader(m.topic, m.partition, m.after[0])
                 except TidelogError as exc:
                     print(f"  {m.topic}/{m.partition}: preferred leader not elected: {exc}")
             print("rebalanced")

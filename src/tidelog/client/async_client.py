@@ -640,11 +640,33 @@ class AsyncClient:
         """Ask one node's replica of topic/partition to admit every voter's present directory
         (unclean) and/or to stand for election now."""
         address = (await self.nodes()).get(node_id)
+        if address is None:  # a node added since we last asked?
+            await self.refresh_metadata([])
+            address = self._meta.nodes.get(node_id)
         if address is None:
-            raise UnknownTopicOrPartition(f"no node {node_id} in this cluster", node=node_id)
+            raise UnknownNode(f"no node {node_id} in this cluster", node_id=node_id)
         request = api.ElectLeadersRequest(topic, partition, unclean, campaign)
         header, _ = await self.call(address, ApiKey.ELECT_LEADERS, request, timeout_s=10.0)
         return api.decode(api.ElectLeadersResponse, header)
+
+    async def elect_preferred_leader(
+        self, topic: str, partition: int, node_id: int, timeout_s: float = 20.0
+    ) -> None:
+        """Until node_id leads the partition: it asks a live leader to hand over (which happens
+        once it holds everything the leader holds), or campaigns (Kafka's preferred leader
+        election)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            resp = await self.elect_leaders(node_id, topic, partition)
+            if resp.role == "leader":
+                return
+            if loop.time() > deadline:
+                raise Timeout(
+                    f"node {node_id} does not lead {topic}/{partition} after {timeout_s}s "
+                    f"(leader {resp.leader})"
+                )
+            await asyncio.sleep(0.2)
 
     # -- tables -------------------------------------------------------------------------------
 

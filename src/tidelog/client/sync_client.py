@@ -118,6 +118,11 @@ class Client:
     def wait_for_node(self, node_id: int, state: str, timeout_s: float = 120.0) -> NodeInfo:
         return self._run(self._async.wait_for_node(node_id, state, timeout_s))
 
+    def elect_preferred_leader(
+        self, topic: str, partition: int, node_id: int, timeout_s: float = 20.0
+    ) -> None:
+        self._run(self._async.elect_preferred_leader(topic, partition, node_id, timeout_s))
+
     def wait_for_leaders(self, topic: str, timeout_s: float = 30.0) -> None:
         """Until every partition of the topic has a leader that answers."""
         self._run(self._async.wait_for_leaders(topic, timeout_s))

@@ -734,7 +734,7 @@ class NodeCore:
             req.topic,
             req.partition,
             list(req.replicas),
-            self.registry.reassignable(),
+            self.registry.placeable(),
         )
         now: TopicMeta | None = meta
         if meta.assignments[req.partition] != list(req.replicas) or req.partition in meta.retiring:
@@ -785,6 +785,8 @@ class NodeCore:
         self._require_metadata_leader()
         entry = NodeEntry(req.node_id, req.host, req.port, req.peer_port)
         await self.registry.ensure_registered()
+        if self.metadata.nodes.get(entry.node_id) == entry:
+            return api.NodeChangeResponse(entry.to_wire())  # asked again (a retry)
         validate_add_node(self.metadata, entry)
         await self.propose_metadata({"type": "add_node", "node": entry.to_wire()}, 30.0)
         if self.metadata.nodes.get(entry.node_id) != entry:
@@ -803,7 +805,8 @@ class NodeCore:
         if req.throttle_bytes < 0:
             raise InvalidRequest(f"throttle must be >= 0 bytes/s, got {req.throttle_bytes}")
         await self.registry.ensure_registered()
-        entry = validate_remove_node(self.metadata, req.node_id)
+        placeable = self.registry.placeable()
+        entry = validate_remove_node(self.metadata, req.node_id, placeable)
         if not entry.draining or entry.drain_throttle_bytes != req.throttle_bytes:
             command = {
                 "type": "drain_node",
@@ -813,7 +816,10 @@ class NodeCore:
             await self.propose_metadata(command, 30.0)
             log.warning("cluster: node %d is being removed", req.node_id)
         now = self.metadata.nodes.get(req.node_id, entry)
-        moves = len(plan_drain(self.metadata, req.node_id))
+        if not now.draining:  # another drain took the nodes this one needed meanwhile
+            validate_remove_node(self.metadata, req.node_id, self.registry.placeable())
+            raise NotEnoughNodes(f"node {req.node_id}: try again", node_id=req.node_id)
+        moves = len(plan_drain(self.metadata, req.node_id, placeable))
         return api.NodeChangeResponse(now.to_wire(), moves)
 
     def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
@@ -871,7 +877,7 @@ class NodeCore:
                     admitted,
                 )
         if req.campaign:
-            host.replica.campaign()
+            host.replica.stand()
         host.process_ready()
         r = host.replica
         return api.ElectLeadersResponse(

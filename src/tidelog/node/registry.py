@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from tidelog.errors import TidelogError
@@ -29,11 +30,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+DISCOVER_AFTER_S = 2.0  # without a metadata leader this long, ask the nodes we know of
+
 
 class NodeRegistry:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
         self._proposing: set[str] = set()  # changes proposed and not yet applied or failed
+        # Nodes other nodes told us of that our metadata does not hold yet: a node that was
+        # down while nodes were added must let them in to hear from them at all.
+        self.learned: dict[int, NodeEntry] = {}
+        self._leaderless_since: float | None = None
+        self._discovered_at = 0.0
+        self._discovering = False
 
     def nodes(self) -> dict[int, NodeEntry]:
         """Every node of the cluster (draining ones too): the registry, or before the first
@@ -48,15 +57,19 @@ class NodeRegistry:
             for n, (host, port) in peers.items()
         }
 
+    def peer_nodes(self) -> dict[int, NodeEntry]:
+        """Who the peer channel dials and its handshake lets in: the cluster's nodes, and those
+        learnt from other nodes while our metadata log is behind (never a removed one)."""
+        nodes = self.nodes()
+        removed = self.core.metadata.removed_nodes
+        learned = {n: e for n, e in self.learned.items() if n not in removed and n not in nodes}
+        return {**learned, **nodes}
+
     def placeable(self) -> list[int]:
         """Nodes new replicas may be placed on: not draining, and voters of the metadata log (a
         node added but not yet caught up, or not yet started, is not one)."""
         voters = set(self.core.metadata_host.replica.voters)
         return sorted(n for n, e in self.nodes().items() if not e.draining and n in voters)
-
-    def reassignable(self) -> list[int]:
-        """Nodes an operator may move replicas onto: any node that is not draining."""
-        return sorted(n for n, e in self.nodes().items() if not e.draining)
 
     async def ensure_registered(self) -> None:
         """Before the first change of nodes: the nodes this cluster started with go into the
@@ -68,20 +81,29 @@ class NodeRegistry:
 
     def metadata_target(self) -> tuple[int, ...] | None:
         """The voters the metadata log's group should have: every registered node but the
-        draining ones that hold no replica any more."""
+        draining ones that hold no replica any more. While such a node is still a member, no
+        new one joins: a learner that is not caught up (or not even started) would hold the
+        removal back (members are added before any is removed)."""
         state = self.core.metadata
         if not state.nodes:
             return None
-        target = tuple(
-            sorted(n for n, e in state.nodes.items() if not e.draining or state.hosted_on(n))
-        )
-        return target or None
+        members = set(self.core.metadata_host.replica.history.current.members)
+        leaving = {n for n, e in state.nodes.items() if e.draining and not state.hosted_on(n)}
+        if leaving & members:
+            voters = set(self.core.metadata_host.replica.voters)
+            target = sorted(n for n in state.nodes if n in voters and n not in leaving)
+        else:
+            target = sorted(n for n in state.nodes if n not in leaving)
+        return tuple(target) or None
 
     def check(self) -> None:
         """Often (the cleaner's tick): the metadata log's group walks towards its target; its
         leader moves replicas off draining nodes and removes those that are done."""
         core = self.core
         replica = core.metadata_host.replica
+        self._discover_if_leaderless(replica.leader_id >= 0)
+        if core.metadata.applied_offset < replica.high_watermark:
+            return  # a new leader acts on the registry once it has applied what is committed
         target = self.metadata_target()
         if target is None:
             return
@@ -89,9 +111,11 @@ class NodeRegistry:
         if not replica.is_leader:
             return
         state = core.metadata
-        for entry in [e for e in state.nodes.values() if e.draining]:
+        draining = [e for e in state.nodes.values() if e.draining]
+        placeable = self.placeable() if draining else []
+        for entry in draining:
             if entry.node_id in target:
-                for meta, partition, replicas in plan_drain(state, entry.node_id):
+                for meta, partition, replicas in plan_drain(state, entry.node_id, placeable):
                     self._propose(
                         f"move {meta.name}/{partition}",
                         {
@@ -109,6 +133,56 @@ class NodeRegistry:
                 self._propose(
                     f"remove {entry.node_id}", {"type": "remove_node", "node_id": entry.node_id}
                 )
+
+    def _discover_if_leaderless(self, has_leader: bool) -> None:
+        now = time.monotonic()
+        if has_leader:
+            self._leaderless_since = None
+            return
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        if (
+            self._discovering
+            or now - self._leaderless_since < DISCOVER_AFTER_S
+            or now - self._discovered_at < DISCOVER_AFTER_S
+        ):
+            return
+        self._discovering = True
+        self.core.track(asyncio.get_running_loop().create_task(self._discover()))
+
+    async def _discover(self) -> None:
+        """Ask the nodes we know of (their client listeners) which nodes the cluster has."""
+        from tidelog.client.async_client import AsyncClient
+
+        core = self.core
+        try:
+            known = self.peer_nodes()
+            for node_id, entry in known.items():
+                if node_id == core.node_id:
+                    continue
+                try:
+                    async with AsyncClient([f"{entry.host}:{entry.port}"], retries=1) as client:
+                        info = await asyncio.wait_for(client.describe_cluster(), 2.0)
+                except (TidelogError, OSError, TimeoutError):
+                    continue
+                new = {
+                    n.node_id: NodeEntry(n.node_id, n.host, n.port, n.peer_port, n.draining)
+                    for n in info.nodes
+                    if n.node_id not in known and n.node_id not in info.removed_nodes
+                }
+                if new:
+                    log.warning(
+                        "cluster: node %d tells of nodes %s that our metadata log does not "
+                        "hold yet: letting them in",
+                        node_id,
+                        sorted(new),
+                    )
+                    self.learned.update(new)
+                    core.on_nodes_changed()
+                    return
+        finally:
+            self._discovering = False
+            self._discovered_at = time.monotonic()
 
     def _propose(self, key: str, command: dict[str, Any]) -> None:
         if key in self._proposing:

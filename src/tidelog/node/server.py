@@ -138,10 +138,10 @@ class Node:
 
     def _nodes_changed(self) -> None:
         """The metadata log changed the cluster's nodes: dial the new, drop the removed."""
-        nodes = self.core.registry.nodes()
+        nodes = self.core.registry.peer_nodes()
         self.peer_listener.fit(len(nodes))
         if self.peer_channel is not None:
-            self.peer_channel.update(nodes)
+            self.peer_channel.update(nodes, self.core.metadata.removed_nodes)
 
     def _send_to_peer(self, to: int, key: int, header: dict[str, Any], payload: Any) -> None:
         if self.peer_channel is not None:

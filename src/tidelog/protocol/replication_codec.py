@@ -17,6 +17,7 @@ from tidelog.replication.messages import (
     Message,
     RecordsSlice,
     Resign,
+    TransferLeadership,
     VoteRequest,
     VoteResponse,
 )
@@ -30,6 +31,7 @@ _TYPES: dict[str, type[Any]] = {
         BeginEpoch,
         EpochNotice,
         Resign,
+        TransferLeadership,
         FetchRequest,
         FetchResponse,
         FetchSnapshotRequest,

@@ -21,7 +21,9 @@ removed, one voter per step.
 
 from __future__ import annotations
 
+import functools
 import json
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -44,6 +46,11 @@ class Membership:
     def members(self) -> tuple[int, ...]:
         return self.voters + self.learners
 
+    @property
+    def digest(self) -> int:
+        """Which membership this is, in a fetch (never 0, the digest of none)."""
+        return _digest(self.offset, self.voters, self.learners)
+
     def to_wire(self) -> list[object]:
         return [self.offset, list(self.voters), list(self.learners)]
 
@@ -61,6 +68,11 @@ class Membership:
         value = {"voters": list(self.voters), "learners": list(self.learners)}
         record = ProducerRecord(MEMBERSHIP_CONTROL_KEY, json.dumps(value).encode())
         return build_batch([record], control=True, now_ms=0)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(offset: int, voters: tuple[int, ...], learners: tuple[int, ...]) -> int:
+    return zlib.crc32(repr((offset, voters, learners)).encode()) or 1
 
 
 def encode_memberships(entries: Iterable[Membership]) -> str:

@@ -83,10 +83,11 @@ class FetchRequest:
     # follower fetches ahead of its fsyncs and reports durability with its next request.
     durable_offset: int = -1  # -1: the same as fetch_offset
     directories_crc: int = 0  # of the admitted-directories map the follower holds
-    # The offset of the follower's newest membership entry: the leader sends the membership in
-    # effect at fetch_offset if it is newer (a follower that crashed while starting over at
-    # the leader's log start kept its log's new start but not the membership that came with it)
-    membership_offset: int = -1
+    # A digest of the membership in effect at the follower's log end: the leader sends its own
+    # for fetch_offset when they differ (a follower that crashed while starting over at the
+    # leader's log start kept its log's new start but not the membership that came with it; a
+    # joining node knows the group's first membership only as another node told it)
+    membership_digest: int = 0
 
 
 # FetchResponse.error values
@@ -140,12 +141,23 @@ class FetchSnapshotResponse:
     memberships: str = ""  # with a chunk: the membership in effect at the snapshot
 
 
+@dataclass(frozen=True, slots=True)
+class TransferLeadership:
+    """A voter asks the leader of its epoch to hand over to it (a preferred leader, or an
+    operator's election while a leader is alive: Kafka's preferred leader election). The leader
+    resigns in its favour once it has everything the leader has (Raft's leadership transfer)."""
+
+    epoch: int
+    candidate: int  # the sender
+
+
 Message = (
     VoteRequest
     | VoteResponse
     | BeginEpoch
     | EpochNotice
     | Resign
+    | TransferLeadership
     | FetchRequest
     | FetchResponse
     | FetchSnapshotRequest
@@ -158,7 +170,7 @@ def claimed_sender(message: Message) -> int | None:
     or leader field. A receiver drops a message whose claim is not the sender it came from
     (the peer channel's authenticated node id), so no node can speak for another. Error
     answers name a leader only as a hint, and claim nothing."""
-    if isinstance(message, VoteRequest):
+    if isinstance(message, VoteRequest | TransferLeadership):
         return message.candidate
     if isinstance(message, VoteResponse | EpochNotice):
         return message.voter

@@ -288,6 +288,9 @@ class MetadataState:
         if node is None:
             return
         if kind == "drain_node":
+            staying = [n for n, e in self.nodes.items() if n != node.node_id and not e.draining]
+            if not node.draining and drain_shortfall(self, node.node_id, staying):
+                return  # another drain won the race for the nodes this one needs
             throttle = int(command.get("throttle_bytes", 0))
             self.nodes[node.node_id] = dataclasses.replace(
                 node, draining=True, drain_throttle_bytes=throttle
@@ -371,11 +374,13 @@ def node_conflict(state: MetadataState, entry: NodeEntry) -> str:
         return f"node id {entry.node_id} is in use (by {entry.host}:{entry.port})"
     if entry.node_id in state.removed_nodes:
         return f"node id {entry.node_id} was removed from this cluster; ids are not reused"
+    if entry.port == entry.peer_port:
+        return f"its client and peer ports are both {entry.port}"
+    mine = {entry.port, entry.peer_port} - {0}
     for other in state.nodes.values():
-        if other.address == entry.address:
-            return f"address {entry.host}:{entry.port} is node {other.node_id}'s"
-        if entry.peer_port and (other.host, other.peer_port) == (entry.host, entry.peer_port):
-            return f"peer address {entry.host}:{entry.peer_port} is node {other.node_id}'s"
+        clash = mine & ({other.port, other.peer_port} - {0})
+        if other.host == entry.host and clash:
+            return f"address {entry.host}:{min(clash)} is node {other.node_id}'s"
     return ""
 
 
@@ -532,9 +537,10 @@ def validate_add_node(state: MetadataState, entry: NodeEntry) -> None:
         raise NodeAlreadyExists(why, node_id=entry.node_id)
 
 
-def validate_remove_node(state: MetadataState, node_id: int) -> NodeEntry:
-    """The node to drain. Refused for the last node, and where a partition on it has no other
-    node to move to (it would keep fewer replicas than its replication factor)."""
+def validate_remove_node(state: MetadataState, node_id: int, placeable: list[int]) -> NodeEntry:
+    """The node to drain. Refused for the last node, and where a partition on it (or on a node
+    already draining) would have too few nodes left to keep its replication factor; only
+    placeable nodes (voters of the metadata log, not draining) count as staying."""
     entry = state.nodes.get(node_id)
     if entry is None:
         gone = " (it was removed)" if node_id in state.removed_nodes else ""
@@ -542,26 +548,32 @@ def validate_remove_node(state: MetadataState, node_id: int) -> NodeEntry:
             f"node {node_id} is not in the cluster{gone}; its nodes are {sorted(state.nodes)}",
             node_id=node_id,
         )
-    staying = [n for n, e in state.nodes.items() if n != node_id and not e.draining]
+    if entry.draining:
+        return entry  # asked again: the drain goes on
+    staying = [n for n in placeable if n != node_id]
     if not staying:
         raise NotEnoughNodes(
             f"node {node_id} is the cluster's last voter: removing it would leave no one",
             node_id=node_id,
         )
-    load = dict.fromkeys(staying, 0)
-    for name, partition in state.hosted_on(node_id):
-        meta = state.topics[name]
-        if node_id in meta.assignments[partition] and not drain_targets(
-            load, meta.assignments[partition]
-        ):
-            raise NotEnoughNodes(
-                f"{name}/{partition} has replication factor {meta.replication_factor} and no "
-                f"other node to move to (nodes staying: {sorted(staying)})",
-                node_id=node_id,
-                topic=name,
-                partition=partition,
-            )
+    short = drain_shortfall(state, node_id, staying)
+    if short:
+        raise NotEnoughNodes(short, node_id=node_id)
     return entry
+
+
+def drain_shortfall(state: MetadataState, node_id: int, staying: list[int]) -> str:
+    """Why the partitions on node_id and on the nodes already draining could not all keep
+    their replication factor on the staying nodes ("" if they can)."""
+    leaving = {node_id} | {n for n, e in state.nodes.items() if e.draining}
+    for meta in state.topics.values():
+        for partition, replicas in enumerate(meta.assignments):
+            if leaving & set(replicas) and len(replicas) > len(staying):
+                return (
+                    f"{meta.name}/{partition} has replication factor {len(replicas)} and "
+                    f"only {len(staying)} node(s) would stay to hold it: {sorted(staying)}"
+                )
+    return ""
 
 
 def replica_load(state: MetadataState, nodes: list[int]) -> dict[int, int]:
@@ -580,11 +592,13 @@ def drain_targets(load: dict[int, int], replicas: list[int]) -> list[int]:
     return sorted((n for n in load if n not in replicas), key=lambda n: (load[n], n))
 
 
-def plan_drain(state: MetadataState, node_id: int) -> list[tuple[TopicMeta, int, list[int]]]:
+def plan_drain(
+    state: MetadataState, node_id: int, placeable: list[int]
+) -> list[tuple[TopicMeta, int, list[int]]]:
     """For each partition assigned to a draining node: the replicas it moves to (the node
-    goes, the least loaded node that holds no replica of it comes; the preferred leader
-    becomes the next replica when the draining node was it)."""
-    load = replica_load(state, [n for n, e in state.nodes.items() if not e.draining])
+    goes, the least loaded placeable node that holds no replica of it comes; the preferred
+    leader becomes the next replica when the draining node was it)."""
+    load = replica_load(state, [n for n in placeable if n != node_id])
     moves = []
     for name, partition in state.hosted_on(node_id):
         meta = state.topics[name]

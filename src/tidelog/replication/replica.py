@@ -62,6 +62,7 @@ from tidelog.replication.messages import (
     Message,
     Outgoing,
     Resign,
+    TransferLeadership,
     VoteRequest,
     VoteResponse,
     claimed_sender,
@@ -330,6 +331,8 @@ class Replica:
             self._on_epoch_notice(sender, message)
         elif isinstance(message, Resign):
             self._on_resign(sender, message)
+        elif isinstance(message, TransferLeadership):
+            self._on_transfer_leadership(sender, message)
         elif isinstance(message, VoteRequest):
             self._on_vote_request(sender, message)
         elif isinstance(message, VoteResponse):
@@ -515,6 +518,22 @@ class Replica:
             self._start_prevote()
         else:
             self._start_election()
+
+    def stand(self) -> None:
+        """Lead now, as an operator or a preferred leader asks: a live leader is asked to hand
+        over (it does once we hold all it holds; a pre-vote would be refused while it lives),
+        otherwise we campaign."""
+        if self.role is Role.LEADER or self.is_learner:
+            return
+        leader_alive = (
+            self.role is Role.FOLLOWER
+            and self.leader_id != NO_LEADER
+            and self.now - self.last_leader_contact < self.config.election_timeout_ticks
+        )
+        if leader_alive:
+            self._send(self.leader_id, TransferLeadership(self.epoch, self.node_id))
+        else:
+            self.campaign()
 
     def check_min_insync(self, min_insync: int) -> None:
         """acks=all fails fast when fewer replicas than min.insync.replicas are in sync."""
@@ -767,13 +786,27 @@ class Replica:
         """A majority of our newest membership's voters (ourselves only if we are one)."""
         return len(self.votes & set(self.voters)) >= majority(len(self.voters))
 
-    def _resign(self) -> None:
-        """Our own removal is committed: hand over to the most caught-up remaining voter."""
-        voters = self.voters
-        successor = max(voters, key=lambda v: (self.progress[v].match_offset, -v))
+    def _resign(self, successor: int | None = None) -> None:
+        """Hand over (our own removal is committed, or a voter asked): to successor, or to the
+        most caught-up remaining voter."""
+        voters = [v for v in self.voters if v != self.node_id]
+        if successor is None:
+            successor = max(voters, key=lambda v: (self.progress[v].match_offset, -v))
         self._become_follower(self.epoch, NO_LEADER)
         for v in voters:
             self._send(v, Resign(self.epoch, self.node_id, successor))
+
+    def _on_transfer_leadership(self, sender: int, msg: TransferLeadership) -> None:
+        """A voter that holds everything we hold may take over; one that does not yet asks
+        again (the operator's command waits and retries)."""
+        if (
+            self.role is not Role.LEADER
+            or msg.epoch != self.epoch
+            or sender not in self.voters
+            or self.progress[sender].match_offset < self.log.log_end_offset
+        ):
+            return
+        self._resign(successor=sender)
 
     def _on_resign(self, sender: int, msg: Resign) -> None:
         if msg.epoch != self.epoch or self.leader_id != sender or self.role is not Role.FOLLOWER:
@@ -933,22 +966,28 @@ class Replica:
             )
             self._send(new, BeginEpoch(self.epoch, self.node_id))
 
-    def _memberships_for(self, fetch_offset: int, newest: int | None = None) -> str:
+    def _memberships_for(self, fetch_offset: int, digest: int | None = None) -> str:
         """The changes a follower at fetch_offset does not hold yet (it keeps those its log
-        then holds), and the one in effect there if the follower's newest is older."""
+        then holds), and the one in effect there if the follower's differs."""
         entries = self.history.since(fetch_offset)
         base = self.history.at(fetch_offset)
-        if newest is not None and base.offset > newest:
+        if digest is not None and base.digest != digest:
             entries.insert(0, base)
         return encode_memberships(entries) if entries else ""
 
-    def _adopt_memberships(self, encoded: str) -> None:
+    def _adopt_memberships(self, encoded: str, fetch_offset: int) -> None:
         if not encoded:
             return
         end = self.log.log_end_offset
         changed = False
         for m in decode_memberships(encoded):
-            if self.history.current.offset < m.offset < end:
+            if m.offset < fetch_offset:
+                # The leader's membership at the fetch offset, sent because ours differs. Our
+                # logs match up to there, so ours is the one that is wrong: take it.
+                if self.history.at(fetch_offset) != m:
+                    self.history.start_over(m)
+                    changed = True
+            elif self.history.current.offset < m.offset < end:
                 self.history.append(m)
                 changed = True
         if changed:
@@ -1156,7 +1195,7 @@ class Replica:
                 records=records,
                 last_fetched_epoch=req.last_fetched_epoch,
                 directories=self._directories_for(req),
-                memberships=self._memberships_for(req.fetch_offset, req.membership_offset),
+                memberships=self._memberships_for(req.fetch_offset, req.membership_digest),
             ),
         )
 
@@ -1225,7 +1264,7 @@ class Replica:
                 self.config.fetch_max_bytes,
                 durable,
                 self._directories_crc,
-                self.history.current.offset,
+                self.history.current.digest,
             ),
         )
 
@@ -1267,7 +1306,7 @@ class Replica:
             # fetch offset, so only then may the leader's HW become ours (up to our log end).
             if resp.records is not None and resp.records.size > 0:
                 self.log.append_as_follower(resp.records.read())
-            self._adopt_memberships(resp.memberships)
+            self._adopt_memberships(resp.memberships, resp.fetch_offset)
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
         self._maybe_send_fetch()

@@ -20,6 +20,7 @@ Commands:
           [learners=L] [spares=S]      N voters, then L learners (ids N+1..), then S nodes
                                      outside the group that a reassignment may move it onto
     campaign N [prevote=false]       stand for election now
+    stand N                          lead now: ask a live leader to hand over, else campaign
     propose N VALUE [acks=all|1]     a producer writes VALUE to node N
     deliver A->B [count=K]           deliver queued messages on one link (all, or the first K)
     drop A->B | drop all             lose queued messages
@@ -56,6 +57,7 @@ from tidelog.replication.messages import (
     FetchSnapshotResponse,
     Message,
     Resign,
+    TransferLeadership,
     VoteRequest,
     VoteResponse,
 )
@@ -211,6 +213,8 @@ def format_message(m: Message) -> str:
         return f"BeginEpoch epoch={m.epoch} leader={m.leader}"
     if isinstance(m, Resign):
         return f"Resign epoch={m.epoch} successor={m.successor}"
+    if isinstance(m, TransferLeadership):
+        return f"TransferLeadership epoch={m.epoch}"
     if isinstance(m, EpochNotice):
         return f"EpochNotice epoch={m.epoch} leader={m.leader}"
     if isinstance(m, FetchRequest):
@@ -287,6 +291,11 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             node = sim.nodes[int(plain[0])]
             assert node.replica is not None
             node.replica.campaign(pre_vote=opts.get("prevote", "true") != "false")
+            sim.process_ready(node)
+        elif cmd == "stand":
+            node = sim.nodes[int(plain[0])]
+            assert node.replica is not None
+            node.replica.stand()
             sim.process_ready(node)
         elif cmd == "propose":
             offset = sim.propose(int(plain[0]), plain[1].encode(), opts.get("acks", "all"))

@@ -107,6 +107,7 @@ class SimParams:
     learners: int = 0  # replicas that fetch and never vote or count (a node being added)
     spares: int = 0  # nodes outside the group at first, that reassignments may move it onto
     reassign_rate: float = 0.0  # chance per tick that the group is given new target voters
+    transfer_rate: float = 0.0  # chance per tick that a replica asks to lead (an operator)
     replica_max_lag_ticks: int = 60
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
@@ -155,6 +156,7 @@ class SimParams:
             learners=rng.choice([0, 0, 0, 1]),
             spares=rng.choice([0, 1, 2]),
             reassign_rate=maybe(0.4, rng.uniform(0.002, 0.02)),
+            transfer_rate=maybe(0.3, rng.uniform(0.002, 0.01)),
         )
         return params if params.reassign_rate else dataclasses.replace(params, spares=0)
 
@@ -289,6 +291,7 @@ class Stats:
     dropped: int = 0
     reassignments: int = 0
     membership_changes: int = 0
+    transfers: int = 0  # times a replica asked to lead (not all are granted)
     converged_after: int = -1
 
 
@@ -856,6 +859,13 @@ class Simulation:
                 self.wipe(victim)
         if p.reassign_rate and rng.random() < p.reassign_rate:
             self.reassign()
+        if p.transfer_rate and rng.random() < p.transfer_rate:
+            asker = self.nodes[rng.choice(self.node_ids)]
+            if asker.alive and asker.replica is not None:
+                self._log(f"{asker.node_id} asks to lead")
+                asker.replica.stand()
+                self.process_ready(asker)
+                self.stats.transfers += 1
         if rng.random() < p.pause_rate:
             paused = self.nodes[rng.choice(self.node_ids)]
             if paused.alive:

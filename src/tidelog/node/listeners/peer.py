@@ -60,7 +60,7 @@ class PeerConnection(FrameConnection):
         self.peer_id: int | None = None
         super().__init__(listener)
         self.core = core
-        peers = frozenset(core.registry.nodes())
+        peers = frozenset(core.registry.peer_nodes())
         self.handshake = ListenerHandshake(secret, core.node_id, peers, core.identity.cluster_id)
         self.principal: Principal | None = None
 
@@ -424,16 +424,17 @@ class PeerChannel:
             (core.identity.cluster_id, core.identity.directory_id),
         )
 
-    def update(self, nodes: dict[int, NodeEntry]) -> None:
+    def update(self, nodes: dict[int, NodeEntry], removed: set[int]) -> None:
         """Links to the cluster's nodes as the metadata log now has them: new ones dialled,
-        removed ones closed."""
+        removed ones closed. (A link to a node the metadata does not list is kept: while a
+        restarted node replays an old metadata log, nodes added since are not in it yet.)"""
         for peer_id, entry in nodes.items():
             if peer_id != self.core.node_id and peer_id not in self.links:
                 link = self._link(peer_id, entry.address, entry.peer_port or None)
                 self.links[peer_id] = link
                 link.connect()
                 log.info("peer channel: node %d joined, at %s:%d", peer_id, *entry.address)
-        for peer_id in [p for p in self.links if p not in nodes]:
+        for peer_id in [p for p in self.links if p in removed]:
             self.links.pop(peer_id).close()
             log.info("peer channel: node %d left the cluster", peer_id)
 
