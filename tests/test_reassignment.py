@@ -160,6 +160,9 @@ def test_a_single_replica_partition_moves_between_nodes_with_the_cli(tmp_path: P
         records = client.consume("one", 0, "earliest")
         assert [r.value for r in records] == [b"r%d" % i for i in range(50)]
         assert merge_status(client.status(["one"]), "one")[0]["leader"] == dst
+        for node in (src, dst):  # asked of a node that holds it no more, or of its new home
+            out = tidelog("topics", "describe", "one", "--bootstrap", cluster.address(node))
+            assert f"partition 0  leader {dst}  replicas [{dst}]" in out, out
         client.produce("one", [b"after"], partition=0)
         deadline = time.monotonic() + 30
         while (tmp_path / f"node-{src}" / "one-0").exists():

@@ -342,8 +342,14 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
             )
             if info.configs:
                 print("configs " + " ".join(f"{k}={v}" for k, v in sorted(info.configs.items())))
+            leaders = list(info.leaders) + [-1] * (info.partitions - len(info.leaders))
+            if -1 in leaders:  # the node that answered hosts no replica of some partitions
+                for row in merge_status(await client.status([info.name]), info.name):
+                    p, found = int(row["partition"]), row.get("leader")
+                    if 0 <= p < info.partitions and leaders[p] < 0 and isinstance(found, int):
+                        leaders[p] = found
             for p, replicas in enumerate(info.assignments):
-                leader = info.leaders[p] if p < len(info.leaders) else -1
+                leader = leaders[p]
                 moving = f"  moving off {info.reassigning[p]}" if p in info.reassigning else ""
                 print(
                     f"  partition {p}  leader {leader if leader >= 0 else 'unknown'}  "
