@@ -69,6 +69,7 @@ from tidelog.replication.metadata import (
     assign_replicas,
     node_conflict,
     plan_drain,
+    topic_command,
     validate_add_node,
     validate_add_partitions,
     validate_alter,
@@ -127,6 +128,7 @@ class NodeCore:
         self.peer_current_directories: dict[int, str] = {}  # as their last handshake said
         self._background: set[asyncio.Task[Any]] = set()
         self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._background_proposals: set[str] = set()
         self._storage_bytes = 0
         self._storage_checked = 0.0
         # request type -> (handler, operation, which request field names the resource)
@@ -386,6 +388,24 @@ class NodeCore:
             self._metadata_waiters.append((info.last_offset, future))
             await asyncio.wait_for(future, timeout_s)
         return info.last_offset
+
+    def propose_in_background(self, key: str, command: dict[str, Any]) -> None:
+        """Propose a command a periodic check found due, one at a time per key: a failure is
+        logged and the next check proposes it again (if it is still due)."""
+        if key in self._background_proposals:
+            return
+        self._background_proposals.add(key)
+
+        async def propose() -> None:
+            try:
+                await self.propose_metadata(command, 30.0)
+                log.info("metadata: %s", key)
+            except TidelogError as exc:
+                log.warning("metadata: %s failed, to be proposed again: %s", key, exc)
+            finally:
+                self._background_proposals.discard(key)
+
+        self.track(asyncio.get_running_loop().create_task(propose()))
 
     # -- the client entry -----------------------------------------------------------------------
 
@@ -674,8 +694,7 @@ class NodeCore:
     async def _change_topic(self, meta: TopicMeta, kind: str, **fields: Any) -> TopicMeta | None:
         """Propose a change to this incarnation of a topic; the topic after it is applied (None:
         the name no longer holds this incarnation)."""
-        command = {"type": kind, "name": meta.name, "topic_id": meta.topic_id, **fields}
-        await self.propose_metadata(command, 30.0)
+        await self.propose_metadata(topic_command(meta, kind, **fields), 30.0)
         now = self.metadata.topics.get(meta.name)
         return now if now is not None and now.topic_id == meta.topic_id else None
 

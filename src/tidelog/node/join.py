@@ -20,6 +20,7 @@ from typing import Any
 from tidelog.config import InvalidConfig
 from tidelog.errors import TidelogError
 from tidelog.node.config import NodeConfig
+from tidelog.node.registry import node_entries
 from tidelog.replication.metadata import NodeEntry
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 
@@ -114,14 +115,7 @@ async def join_cluster(config: NodeConfig) -> Joined:
                 f"--listen {me.host}:{me.port}",
                 key="listen",
             )
-        joined = Joined(
-            info.cluster_id,
-            tuple(info.metadata_base_voters),
-            {
-                n.node_id: NodeEntry(n.node_id, n.host, n.port, n.peer_port, n.draining)
-                for n in info.nodes
-            },
-        )
+        joined = Joined(info.cluster_id, tuple(info.metadata_base_voters), node_entries(info))
         config.data_dir.mkdir(parents=True, exist_ok=True)
         write_checkpoint(config.data_dir / JOINED_FILE, joined.to_wire())
         log.info(

@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tidelog.errors import TidelogError
-from tidelog.replication.metadata import NodeEntry, plan_drain
+from tidelog.replication.metadata import NodeEntry, plan_drain, topic_command
 
 if TYPE_CHECKING:
+    from tidelog.client.async_client import ClusterInfo
     from tidelog.node.core import NodeCore
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,16 @@ log = logging.getLogger(__name__)
 DISCOVER_AFTER_S = 2.0  # without a metadata leader this long, ask the nodes we know of
 
 
+def node_entries(info: ClusterInfo) -> dict[int, NodeEntry]:
+    """The registry's entries as a node's DescribeCluster answer gave them."""
+    return {
+        n.node_id: NodeEntry(n.node_id, n.host, n.port, n.peer_port, n.draining) for n in info.nodes
+    }
+
+
 class NodeRegistry:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
-        self._proposing: set[str] = set()  # changes proposed and not yet applied or failed
         # Nodes other nodes told us of that our metadata does not hold yet: a node that was
         # down while nodes were added must let them in to hear from them at all.
         self.learned: dict[int, NodeEntry] = {}
@@ -116,23 +123,21 @@ class NodeRegistry:
         for entry in draining:
             if entry.node_id in target:
                 for meta, partition, replicas in plan_drain(state, entry.node_id, placeable):
-                    self._propose(
-                        f"move {meta.name}/{partition}",
-                        {
-                            "type": "reassign_partition",
-                            "name": meta.name,
-                            "topic_id": meta.topic_id,
-                            "partition": partition,
-                            "replicas": replicas,
-                            "throttle_bytes": entry.drain_throttle_bytes,
-                        },
+                    command = topic_command(
+                        meta,
+                        "reassign_partition",
+                        partition=partition,
+                        replicas=replicas,
+                        throttle_bytes=entry.drain_throttle_bytes,
+                    )
+                    core.propose_in_background(
+                        f"{meta.name}/{partition} moves off node {entry.node_id}", command
                     )
                 continue
             committed = replica.committed_membership
             if entry.node_id not in committed.members and committed == replica.history.current:
-                self._propose(
-                    f"remove {entry.node_id}", {"type": "remove_node", "node_id": entry.node_id}
-                )
+                command = {"type": "remove_node", "node_id": entry.node_id}
+                core.propose_in_background(f"node {entry.node_id} removed", command)
 
     def _discover_if_leaderless(self, has_leader: bool) -> None:
         now = time.monotonic()
@@ -166,9 +171,9 @@ class NodeRegistry:
                 except (TidelogError, OSError, TimeoutError):
                     continue
                 new = {
-                    n.node_id: NodeEntry(n.node_id, n.host, n.port, n.peer_port, n.draining)
-                    for n in info.nodes
-                    if n.node_id not in known and n.node_id not in info.removed_nodes
+                    n: e
+                    for n, e in node_entries(info).items()
+                    if n not in known and n not in info.removed_nodes
                 }
                 if new:
                     log.warning(
@@ -183,20 +188,3 @@ class NodeRegistry:
         finally:
             self._discovering = False
             self._discovered_at = time.monotonic()
-
-    def _propose(self, key: str, command: dict[str, Any]) -> None:
-        if key in self._proposing:
-            return
-        self._proposing.add(key)
-        core = self.core
-
-        async def propose() -> None:
-            try:
-                await core.propose_metadata(command, 30.0)
-                log.info("cluster: %s (%s)", key, command.get("replicas", "done"))
-            except TidelogError as exc:
-                log.warning("cluster: %s failed, will retry: %s", key, exc)
-            finally:
-                self._proposing.discard(key)
-
-        core.track(asyncio.get_running_loop().create_task(propose()))

@@ -103,8 +103,7 @@ class Node:
             )
         self.peer_channel = PeerChannel(self.core, config.cluster_secret)
         self.peer_listener.on_bound = self.peer_channel.peer_is_up
-        self.peer_channel.connect()
-        self._nodes_changed()
+        self._nodes_changed()  # dials every node this node knows of
         await self.core.start()
         log.info(
             "node %d serving clients on %s:%d, peers on %s:%d (data %s, metadata voters %s)",

@@ -27,10 +27,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidelog.errors import TidelogError
 from tidelog.node.state_machine import TableMachine
 from tidelog.protocol.api import ApiKey
-from tidelog.replication.metadata import METADATA_TOPIC, MetadataState
+from tidelog.replication.metadata import METADATA_TOPIC, MetadataState, TopicMeta, topic_command
 from tidelog.storage.durable import fsync_dir, write_file
 
 if TYPE_CHECKING:
@@ -54,7 +53,6 @@ def read_topic_id(directory: Path) -> int | None:
 class TopicReplicas:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
-        self._reporting: set[str] = set()  # moves being recorded as done
         self._moving: set[str] = set()  # groups hosted here whose partition is being moved
 
     # -- metadata callbacks ---------------------------------------------------------------------
@@ -127,7 +125,7 @@ class TopicReplicas:
                 continue
             target = meta.assignments[host.partition]
             if self._moved(host, target):
-                self._report_moved(meta.name, meta.topic_id, host.partition, target)
+                self._report_moved(meta, host.partition, target)
 
     @staticmethod
     def _moved(host: PartitionHost, target: list[int]) -> bool:
@@ -140,35 +138,15 @@ class TopicReplicas:
             and sorted(committed.voters) == sorted(target)
         )
 
-    def _report_moved(self, name: str, topic_id: int, partition: int, replicas: list[int]) -> None:
+    def _report_moved(self, meta: TopicMeta, partition: int, replicas: list[int]) -> None:
         core = self.core
-        command = {
-            "type": "reassignment_done",
-            "name": name,
-            "topic_id": topic_id,
-            "partition": partition,
-            "replicas": replicas,
-        }
-        if not core.metadata_host.replica.is_leader:
-            leader = core.metadata_host.replica.leader_id
-            if leader >= 0:
-                core.send_to_peer(leader, ApiKey.REASSIGNMENT, command, None)
+        command = topic_command(meta, "reassignment_done", partition=partition, replicas=replicas)
+        if core.metadata_host.replica.is_leader:
+            core.propose_in_background(f"{meta.name}/{partition} moved", command)
             return
-        key = f"{name}/{partition}"
-        if key in self._reporting:
-            return
-        self._reporting.add(key)
-
-        async def propose() -> None:
-            try:
-                await core.propose_metadata(command, 30.0)
-                log.info("%s: moved to %s", key, replicas)
-            except TidelogError as exc:
-                log.warning("%s: could not record the move as done: %s", key, exc)
-            finally:
-                self._reporting.discard(key)
-
-        core.track(asyncio.get_running_loop().create_task(propose()))
+        leader = core.metadata_host.replica.leader_id
+        if leader >= 0:
+            core.send_to_peer(leader, ApiKey.REASSIGNMENT, command, None)
 
     def on_moved_message(self, header: dict[str, Any], sender: int) -> None:
         """A partition leader (an authenticated peer) reports a move done; we record it if we
@@ -185,7 +163,7 @@ class TopicReplicas:
         ):
             return
         log.info("%s/%d: node %d reports the move done", meta.name, partition, sender)
-        self._report_moved(meta.name, meta.topic_id, partition, replicas)
+        self._report_moved(meta, partition, replicas)
 
     def claim_directory(self, directory: Path, topic_id: int) -> bool:
         """Make directory this topic incarnation's: a directory an older incarnation left goes

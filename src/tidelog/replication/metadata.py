@@ -365,6 +365,14 @@ class MetadataState:
 
 
 CURSOR_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # matched with fullmatch
+
+
+def topic_command(meta: TopicMeta, kind: str, **fields: Any) -> dict[str, Any]:
+    """A command on this incarnation of a topic (it changes nothing if the name holds another
+    one by the time it is applied)."""
+    return {"type": kind, "name": meta.name, "topic_id": meta.topic_id, **fields}
+
+
 NODE_COMMANDS = frozenset({"register_nodes", "add_node", "drain_node", "remove_node"})
 
 

@@ -519,18 +519,22 @@ class Replica:
         else:
             self._start_election()
 
+    @property
+    def _hears_leader(self) -> bool:
+        """A follower that heard from its leader within an election timeout."""
+        return (
+            self.role is Role.FOLLOWER
+            and self.leader_id != NO_LEADER
+            and self.now - self.last_leader_contact < self.config.election_timeout_ticks
+        )
+
     def stand(self) -> None:
         """Lead now, as an operator or a preferred leader asks: a live leader is asked to hand
         over (it does once we hold all it holds; a pre-vote would be refused while it lives),
         otherwise we campaign."""
         if self.role is Role.LEADER or self.is_learner:
             return
-        leader_alive = (
-            self.role is Role.FOLLOWER
-            and self.leader_id != NO_LEADER
-            and self.now - self.last_leader_contact < self.config.election_timeout_ticks
-        )
-        if leader_alive:
+        if self._hears_leader:
             self._send(self.leader_id, TransferLeadership(self.epoch, self.node_id))
         else:
             self.campaign()
@@ -735,11 +739,7 @@ class Replica:
     def _on_vote_request(self, sender: int, req: VoteRequest) -> None:
         up_to_date = self._log_is_up_to_date(req.last_epoch, req.log_end_offset)
         if req.pre_vote:
-            leader_alive = self.role is Role.LEADER or (
-                self.role is Role.FOLLOWER
-                and self.leader_id != NO_LEADER
-                and self.now - self.last_leader_contact < self.config.election_timeout_ticks
-            )
+            leader_alive = self.role is Role.LEADER or self._hears_leader
             granted = req.epoch > self.epoch and up_to_date and not leader_alive
             # A refusal carries our own epoch (etcd's rule): a prospective candidate behind it
             # moves up, or two nodes each refusing the other's pre-vote could wait forever.

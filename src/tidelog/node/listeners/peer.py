@@ -403,11 +403,7 @@ class PeerChannel:
     def __init__(self, core: NodeCore, secret: bytes) -> None:
         self.core = core
         self.secret = secret
-        self.links: dict[int, PeerLink] = {}
-        config = core.config
-        for peer_id, address in config.peers.items():
-            if peer_id != config.node_id:
-                self.links[peer_id] = self._link(peer_id, address, config.peer_ports.get(peer_id))
+        self.links: dict[int, PeerLink] = {}  # by update(), from the cluster's nodes
 
     def _link(self, peer_id: int, address: tuple[str, int], peer_port: int | None) -> PeerLink:
         core = self.core
@@ -425,8 +421,9 @@ class PeerChannel:
         )
 
     def update(self, nodes: dict[int, NodeEntry], removed: set[int]) -> None:
-        """Links to the cluster's nodes as the metadata log now has them: new ones dialled,
-        removed ones closed. (A link to a node the metadata does not list is kept: while a
+        """Links to the cluster's nodes as the metadata log now has them: new ones dialled now,
+        not at their first message (a peer we reach learns that we are up and dials us back at
+        once), removed ones closed. (A link to a node the metadata does not list is kept: while a
         restarted node replays an old metadata log, nodes added since are not in it yet.)"""
         for peer_id, entry in nodes.items():
             if peer_id != self.core.node_id and peer_id not in self.links:
@@ -442,12 +439,6 @@ class PeerChannel:
         link = self.links.get(to)
         if link is not None:
             link.send(key, header, payload)
-
-    def connect(self) -> None:
-        """Dial every peer now, not at the first message: a peer we reach learns that we are
-        up (and dials us back at once)."""
-        for link in self.links.values():
-            link.connect()
 
     def peer_is_up(self, peer_id: int) -> None:
         link = self.links.get(peer_id)
