@@ -4,11 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean java
+.PHONY: setup demo test lint typecheck unit bench clean java kcat
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml src/tidelog/record/_scan.c | java
+$(STAMP): pyproject.toml src/tidelog/record/_scan.c | java kcat
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/python -m pip install --quiet -e '.[spark,dev]'
@@ -20,6 +20,13 @@ java:
 	  echo "java not found: installing openjdk-17-jre-headless"; \
 	  (sudo -n true 2>/dev/null && SUDO=sudo || SUDO=); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openjdk-17-jre-headless; }
+
+# kcat (Debian's package) is one of the Kafka clients the Kafka listener's tests use.
+kcat:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "kcat not found: installing it"; \
+	  (sudo -n true 2>/dev/null && SUDO=sudo || SUDO=); \
+	  $$SUDO apt-get install -y -qq kcat || { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }; }
 
 demo: setup
 	$(BIN)/tidelog demo

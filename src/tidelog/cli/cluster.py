@@ -58,6 +58,8 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         log_level: str = "INFO",
         die_with_parent: bool = False,
+        kafka: bool = False,
+        kafka_ports: list[int] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.die_with_parent = die_with_parent
@@ -71,6 +73,13 @@ class LocalCluster:
             taken = set(self.ports.values())
             peer_ports = [p for p in free_ports(2 * nodes) if p not in taken][:nodes]
         self.peer_ports = dict(zip(self.node_ids, peer_ports, strict=True))
+        # Each node's Kafka listener (--kafka-listen), when the cluster has them.
+        self.kafka_ports: dict[int, int] = {}
+        if kafka or kafka_ports:
+            if kafka_ports is None:
+                taken = set(self.ports.values()) | set(self.peer_ports.values())
+                kafka_ports = [p for p in free_ports(3 * nodes) if p not in taken][:nodes]
+            self.kafka_ports = dict(zip(self.node_ids, kafka_ports, strict=True))
         self.serve_args = list(serve_args or [])
         self.env = dict(os.environ, **(env or {}))
         self.log_level = log_level
@@ -114,10 +123,13 @@ class LocalCluster:
         it with `node_spec`, then `start` it: it joins). Not started here."""
         n = node_id if node_id is not None else max(self.node_ids) + 1
         taken = set(self.ports.values()) | set(self.peer_ports.values())
-        port, peer_port = [p for p in free_ports(2 + len(taken)) if p not in taken][:2]
+        taken |= set(self.kafka_ports.values())
+        port, peer_port, kafka_port = [p for p in free_ports(3 + len(taken)) if p not in taken][:3]
         self.node_ids.append(n)
         self.ports[n] = port
         self.peer_ports[n] = peer_port
+        if self.kafka_ports:
+            self.kafka_ports[n] = kafka_port
         return n
 
     def node_spec(self, node_id: int) -> str:
@@ -127,6 +139,11 @@ class LocalCluster:
     @property
     def bootstrap(self) -> str:
         return ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """bootstrap.servers for Kafka clients ("" when the nodes have no Kafka listener)."""
+        return ",".join(f"127.0.0.1:{p}" for p in self.kafka_ports.values())
 
     def address(self, node_id: int) -> str:
         return f"127.0.0.1:{self.ports[node_id]}"
@@ -155,6 +172,11 @@ class LocalCluster:
                 "--listen",
                 self.address(n),
                 *membership,
+                *(
+                    ["--kafka-listen", f"127.0.0.1:{self.kafka_ports[n]}"]
+                    if n in self.kafka_ports
+                    else []
+                ),
                 "--cluster-secret-file",
                 str(self.secret_path),
                 "--cluster-id",
@@ -251,6 +273,12 @@ def add_cluster_commands(
     up.add_argument("--data", type=Path, required=True)
     up.add_argument("--base-port", type=int, default=7101)
     up.add_argument("--log-level", default="INFO")
+    up.add_argument(
+        "--kafka-base-port",
+        type=int,
+        default=0,
+        help="give node N a Kafka listener on this port + N - 1 (default: none)",
+    )
     up.set_defaults(func=cmd_cluster_up)
     from tidelog.cli.nodes import add_node_commands
     from tidelog.cli.rebalance import add_rebalance_command
@@ -261,8 +289,16 @@ def add_cluster_commands(
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     ports = [args.base_port + i for i in range(args.nodes)]
+    kafka_ports = (
+        [args.kafka_base_port + i for i in range(args.nodes)] if args.kafka_base_port else None
+    )
     cluster = LocalCluster(
-        args.data, args.nodes, ports=ports, log_level=args.log_level, die_with_parent=True
+        args.data,
+        args.nodes,
+        ports=ports,
+        log_level=args.log_level,
+        die_with_parent=True,
+        kafka_ports=kafka_ports,
     )
     cluster.start()
     stopping = False
@@ -276,9 +312,12 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     try:
         cluster.wait_ready()
         print(f"cluster of {args.nodes} nodes up; bootstrap {cluster.bootstrap}", flush=True)
+        if cluster.kafka_bootstrap:
+            print(f"Kafka bootstrap.servers {cluster.kafka_bootstrap}", flush=True)
         for n in cluster.node_ids:
+            kafka = f", Kafka on {cluster.kafka_ports[n]}" if n in cluster.kafka_ports else ""
             print(
-                f"  node {n}: {cluster.address(n)} (peers on {cluster.peer_ports[n]})  "
+                f"  node {n}: {cluster.address(n)} (peers on {cluster.peer_ports[n]}{kafka})  "
                 f"data {args.data / f'node-{n}'}  log {cluster.log_path(n)}"
             )
         print(f"cluster secret: {cluster.secret_path}", flush=True)

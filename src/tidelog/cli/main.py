@@ -68,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data", help="data directory")
     serve.add_argument("--listen", help="HOST:PORT for clients (default 127.0.0.1:7100)")
     serve.add_argument(
+        "--kafka-listen",
+        help="HOST:PORT where the node also speaks the Kafka protocol, for Kafka clients and "
+        "tools (default: no Kafka listener)",
+    )
+    serve.add_argument(
+        "--kafka-advertised",
+        help="HOST:PORT Kafka clients are told to connect to (default: the --kafka-listen address)",
+    )
+    serve.add_argument(
         "--peer-listen",
         help="HOST:PORT of the peer channel, where nodes replicate (default: the --listen host, "
         "a port of its own)",
@@ -244,6 +253,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("data", args.data),
         ("listen", args.listen),
         ("peer_listen", args.peer_listen),
+        ("kafka_listen", args.kafka_listen),
+        ("kafka_advertised", args.kafka_advertised),
         ("node_id", args.node_id),
         ("peers", args.peers),
         ("join", args.join),
@@ -263,7 +274,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
         print(
             f"tidelog node {node.node_id} listening on {node.address[0]}:{node.address[1]} "
-            f"(peers on {node.peer_address[0]}:{node.peer_address[1]})",
+            f"(peers on {node.peer_address[0]}:{node.peer_address[1]}"
+            + (f", Kafka on {node.core.kafka_address}" if node.core.kafka_address else "")
+            + ")",
             flush=True,
         )
         await node.serve_forever()

@@ -20,6 +20,10 @@ from tidelog.errors import NotAuthorized
 class Listener(enum.Enum):
     CLIENT = "client"
     PEER = "peer"
+    KAFKA = "kafka"  # the Kafka-protocol listener (tidelog.kafka): a client like any other
+
+
+CLIENT_LISTENERS = frozenset({Listener.CLIENT, Listener.KAFKA})
 
 
 class Operation(enum.Enum):
@@ -41,8 +45,8 @@ class Principal:
     directory_id: str = ""  # the peer's data directory, as its handshake stated it
 
     @staticmethod
-    def anonymous(address: str) -> Principal:
-        return Principal("anonymous", Listener.CLIENT, address)
+    def anonymous(address: str, listener: Listener = Listener.CLIENT) -> Principal:
+        return Principal("anonymous", listener, address)
 
     @staticmethod
     def peer(node_id: int, address: str, directory_id: str = "") -> Principal:
@@ -57,7 +61,7 @@ class Access:
         allowed = (
             principal.peer_id is not None
             if operation is Operation.REPLICATE
-            else principal.listener is Listener.CLIENT
+            else principal.listener in CLIENT_LISTENERS
         )
         if not allowed:
             self.denied += 1

@@ -92,6 +92,11 @@ class NodeConfig:
     # Client addresses of a running cluster this node joins (after `cluster add-node`): it
     # learns the cluster's id, nodes and metadata voters from there, once.
     join: tuple[tuple[str, int], ...] = ()
+    # The Kafka-protocol listener (tidelog.kafka): None for none. Its advertised address is
+    # what Kafka clients are told to connect to (default: the bound address, with the client
+    # listener's host when bound to every interface).
+    kafka_listen: tuple[str, int] | None = None
+    kafka_advertised: tuple[str, int] | None = None
     # -- what a client connection may cost (each a limit with a named setting) --------------
     frame_bytes_max: int = 64 * MiB  # socket.request.max.bytes: checked before buffering
     queued_max_request_bytes: int = 64 * MiB  # node-wide bytes of large requests being read
@@ -247,8 +252,9 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
                 raise InvalidConfig(f"{key}: {values[key]!r} is not an integer", key=key) from None
     if "zero_copy" in values:
         kwargs["zero_copy"] = bool(values["zero_copy"])
-    if values.get("peer_listen"):
-        kwargs["peer_listen"] = parse_address(str(values["peer_listen"]))
+    for key in ("peer_listen", "kafka_listen", "kafka_advertised"):
+        if values.get(key):
+            kwargs[key] = parse_address(str(values[key]))
     join = values.get("join")
     if join:
         items = join if isinstance(join, list) else str(join).split(",")

@@ -117,6 +117,7 @@ class NodeCore:
         )
         self.cleaner = Cleaner(self)
         self.peer_port = -1  # set by the node once its peer channel listens
+        self.kafka_address = ""  # HOST:PORT its Kafka listener advertises, once it listens
         self._flusher: Flusher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.fail_stop = FailStop(config.node_id)
@@ -421,13 +422,19 @@ class NodeCore:
         return request_type
 
     def handle(self, principal: Principal, request: Any, payload: bytes) -> Result:
+        handler = self.authorize(principal, request)
+        return handler(request, payload)
+
+    def authorize(self, principal: Principal, request: Any) -> Handler:
+        """May principal make this request? (A listener that forwards a request to another
+        node asks here first.) Its handler if so."""
         entry = self._handlers.get(type(request))
         if entry is None:
             raise UnsupportedApi(f"{type(request).__name__} is not a request the core serves")
         handler, operation, field = entry
         resource = str(getattr(request, field, "")) if field else "cluster"
         self.access.authorize(principal, operation, resource)
-        return handler(request, payload)
+        return handler
 
     @property
     def api_keys(self) -> list[int]:
@@ -957,9 +964,17 @@ class NodeCore:
             raise InvalidRequest(f"cursor {req.name!r} already exists (on topic {existing.topic})")
         meta = self.metadata.topic(req.topic)
         positions = {int(p): o for p, o in req.positions.items()}
-        if set(positions) != set(range(meta.partitions)) or any(o < 0 for o in positions.values()):
+        partitions = set(range(meta.partitions))
+        covered = (
+            bool(positions) and set(positions) <= partitions
+            if req.partial
+            else set(positions) == partitions
+        )
+        if not covered or any(o < 0 for o in positions.values()):
             raise InvalidRequest(
-                f"a cursor on {req.topic!r} needs a position for each of its {meta.partitions} partitions"
+                f"a cursor on {req.topic!r} needs a position for "
+                + ("some of" if req.partial else "each of")
+                + f" its {meta.partitions} partitions (and none other)"
             )
         command = {
             "type": "create_cursor",
@@ -1054,4 +1069,6 @@ class NodeCore:
         )
 
     def _api_versions(self, req: api.ApiVersionsRequest, payload: bytes) -> api.ApiVersionsResponse:
-        return api.ApiVersionsResponse(self.node_id, __version__, self.api_keys, self.peer_port)
+        return api.ApiVersionsResponse(
+            self.node_id, __version__, self.api_keys, self.peer_port, self.kafka_address
+        )

@@ -3,6 +3,8 @@
     client listener (node/listeners/client.py)   tidelog's protocol, for clients
     peer channel (node/listeners/peer.py)        other nodes, after a handshake that proves
                                                  membership; replication happens only here
+    Kafka listener (tidelog/kafka/)               the Kafka protocol, for Kafka clients and
+                                                 tools (--kafka-listen)
 
 A single node is a cluster of one: the metadata log and every partition are replica groups;
 with one voter each, every group elects this node at start.
@@ -17,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidelog.kafka.broker import KafkaBroker
+from tidelog.kafka.listener import kafka_listener
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
 from tidelog.node.core import METADATA_GROUP, NodeCore
@@ -44,6 +48,11 @@ class Node:
             self.core, limits, config.cluster_secret, config.peer_handshake_timeout_ms / 1000
         )
         self.peer_channel: PeerChannel | None = None
+        self.kafka: KafkaBroker | None = None
+        self.kafka_listener: Listener | None = None
+        if config.kafka_listen is not None:
+            self.kafka = KafkaBroker(self.core, config.kafka_listen)
+            self.kafka_listener = kafka_listener(self.kafka, limits)
         self.peer_address: tuple[str, int] = ("", -1)
         self._stopped: asyncio.Event | None = None
         self.started_at = time.time()
@@ -93,6 +102,13 @@ class Node:
             self.core.config = config
         self.peer_address = await self.peer_listener.start(*config.peer_bind)
         self.core.peer_port = self.peer_address[1]
+        if self.kafka is not None and self.kafka_listener is not None:
+            assert config.kafka_listen is not None
+            bound = await self.kafka_listener.start(*config.kafka_listen)
+            host = bound[0] if bound[0] not in ("0.0.0.0", "::", "") else config.advertised[0]
+            advertised = config.kafka_advertised or (host, bound[1])
+            self.kafka.view.own_address = advertised
+            self.core.kafka_address = "{}:{}".format(*advertised)
         if len(config.voters) > 1 and not config.cluster_secret:
             log.warning(
                 "node %d: no cluster secret (--cluster-secret-file or %s): any process that "
@@ -105,6 +121,8 @@ class Node:
         self.peer_listener.on_bound = self.peer_channel.peer_is_up
         self._nodes_changed()  # dials every node this node knows of
         await self.core.start()
+        if self.kafka is not None:
+            self.kafka.start()
         log.info(
             "node %d serving clients on %s:%d, peers on %s:%d (data %s, metadata voters %s)",
             self.node_id,
@@ -157,6 +175,11 @@ class Node:
                     "address": "{}:{}".format(*self.peer_address),
                     **self.peer_listener.stats(),
                 },
+                **(
+                    {"kafka": {"address": self.core.kafka_address, **self.kafka_listener.stats()}}
+                    if self.kafka_listener is not None
+                    else {}
+                ),
             },
             "peers": self.peer_channel.stats() if self.peer_channel is not None else {},
         }
@@ -188,6 +211,7 @@ class Node:
 
     def _fail_stop(self, exc: BaseException) -> None:
         # No graceful anything: no checkpoint, no flush, no answer; peers see a dead node.
+        self._close_kafka()
         self.client_listener.close()
         self.peer_listener.close()
         if self.peer_channel is not None:
@@ -196,10 +220,17 @@ class Node:
         if self._stopped is not None:
             self._stopped.set()
 
+    def _close_kafka(self) -> None:
+        if self.kafka_listener is not None:
+            self.kafka_listener.close()
+        if self.kafka is not None:
+            self.kafka.close()
+
     async def stop(self) -> None:
         if self._stopped is None or self._stopped.is_set():
             return
         log.info("node %d stopping", self.node_id)
+        self._close_kafka()
         self.client_listener.close()
         self.peer_listener.close()
         if self.peer_channel is not None:

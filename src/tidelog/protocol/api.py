@@ -263,6 +263,7 @@ class ApiVersionsResponse:
     version: str
     apis: list[int]
     peer_port: int = -1  # where this node's peer channel listens (peers discover it here)
+    kafka_address: str = ""  # HOST:PORT of its Kafka listener ("" if it has none)
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,9 @@ class CursorRequest:
     backup: bool = False
     if_not_exists: bool = False
     reason: str = ""
+    # create: positions for some partitions only; the others hold nothing until committed
+    # (a Kafka group commits the partitions it was assigned)
+    partial: bool = False
 
 
 @dataclass(frozen=True)

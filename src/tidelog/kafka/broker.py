@@ -1,0 +1,966 @@
+"""Kafka's requests as the node core's operations.
+
+Every request a Kafka client sends becomes one or more of tidelog's typed requests
+(protocol/api.py) passed to `NodeCore.handle` with the connection's principal, so the Kafka port
+passes the same authorization and the same validation as tidelog's own protocol; nothing here
+touches a log directly. Answers are plain mappings that `codec.build` fits to the version asked.
+
+Where Kafka and tidelog differ:
+- A consumer group's committed offsets are the cursor named after the group on each topic
+  (`<group>`, or `<group>:<topic>` when the group's name is already a cursor on another
+  topic): they hold the low-water mark as every tidelog cursor does, within
+  cursor.max.lag.bytes and cursor.max.idle.ms. Committed metadata strings are not kept.
+- The group coordinator and the controller are the metadata log's leader.
+- last_stable_offset is the high-water mark (no transactions); transactional requests are
+  refused with UNSUPPORTED_VERSION.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from tidelog.errors import (
+    CursorInvalidated,
+    InvalidRequest,
+    NetworkError,
+    NotLeader,
+    TidelogError,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from tidelog.kafka import errors as kerr
+from tidelog.kafka.cluster_view import ClusterView
+from tidelog.kafka.codec import KafkaRequest, api_version_list, millis
+from tidelog.kafka.errors import kafka_code
+from tidelog.kafka.groups import GroupCoordinator, GroupError
+from tidelog.node.access import Operation, Principal
+from tidelog.node.core import NodeCore
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.replication.metadata import CURSOR_NAME, Cursor, MetadataState
+
+log = logging.getLogger(__name__)
+
+EARLIEST = -2
+LATEST = -1
+CONFIG_SOURCE_TOPIC = 1  # DYNAMIC_TOPIC_CONFIG
+CONFIG_SOURCE_DEFAULT = 5  # DEFAULT_CONFIG
+TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
+NO_AUTHORIZED_OPERATIONS = -(2**31)
+FETCH_WAIT_MAX_MS = 30_000
+ADMIN_TIMEOUT_S = 30.0
+FORWARDED = {
+    api.CreateTopicRequest: ApiKey.CREATE_TOPIC,
+    api.DeleteTopicRequest: ApiKey.DELETE_TOPIC,
+    api.AlterTopicRequest: ApiKey.ALTER_TOPIC,
+    api.CreatePartitionsRequest: ApiKey.CREATE_PARTITIONS,
+}
+
+Answer = Mapping[str, Any] | None
+Handler = Callable[[Principal, KafkaRequest], Awaitable[Answer]]
+
+
+def topic_uuid(cluster_id: str, name: str, topic_id: int) -> uuid.UUID:
+    """A topic's Kafka id: stable for this incarnation of the name in this cluster."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"tidelog:{cluster_id}/{name}/{topic_id}")
+
+
+def group_cursor(state: MetadataState, group: str, topic: str) -> str:
+    """The cursor that keeps a group's offsets on a topic."""
+    own = state.cursors.get(group)
+    if own is not None and own.topic == topic:
+        return group
+    qualified = f"{group}:{topic}"
+    if qualified in state.cursors or own is not None:
+        return qualified
+    return group
+
+
+def group_cursors(state: MetadataState, group: str) -> list[Cursor]:
+    """Every cursor that keeps a group's offsets."""
+    found = []
+    for cursor in state.cursors.values():
+        if cursor.name == group or cursor.name == f"{group}:{cursor.topic}":
+            found.append(cursor)
+    return sorted(found, key=lambda c: c.topic)
+
+
+class KafkaBroker:
+    """One node's Kafka face: request handlers over the node core."""
+
+    def __init__(self, core: NodeCore, advertised: tuple[str, int]) -> None:
+        self.core = core
+        self.view = ClusterView(core, advertised)
+        self.groups = GroupCoordinator()
+        self._coordinator_epoch = -1
+        self.handlers: dict[int, Handler] = {
+            0: self.produce,
+            1: self.fetch,
+            2: self.list_offsets,
+            3: self.metadata,
+            8: self.offset_commit,
+            9: self.offset_fetch,
+            10: self.find_coordinator,
+            11: self.join_group,
+            12: self.heartbeat,
+            13: self.leave_group,
+            14: self.sync_group,
+            15: self.describe_groups,
+            16: self.list_groups,
+            18: self.api_versions,
+            19: self.create_topics,
+            20: self.delete_topics,
+            21: self.delete_records,
+            22: self.init_producer_id,
+            32: self.describe_configs,
+            37: self.create_partitions,
+            42: self.delete_groups,
+            44: self.incremental_alter_configs,
+            60: self.describe_cluster,
+        }
+
+    def start(self) -> None:
+        self.groups.start()
+
+    def close(self) -> None:
+        self.groups.close()
+        self.view.close()
+
+    async def handle(self, principal: Principal, request: KafkaRequest) -> Answer:
+        return await self.handlers[request.api_key](principal, request)
+
+    async def _call(self, principal: Principal, request: Any, payload: bytes = b"") -> Any:
+        result = self.core.handle(principal, request, payload)
+        if isinstance(result, Awaitable):
+            result = await result
+        return result
+
+    async def _admin(self, principal: Principal, request: Any) -> None:
+        """An admin change, made by the metadata leader: here if this node leads the metadata
+        log, else forwarded to it (as a KRaft broker forwards to its controller: clients may
+        send admin requests to any node). Waits out an election of the metadata leader."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ADMIN_TIMEOUT_S
+        while True:
+            leader = self.metadata_leader
+            try:
+                if leader == self.core.node_id or leader < 0:
+                    await self._call(principal, request)
+                else:
+                    self.core.authorize(principal, request)  # here, before it leaves
+                    key = FORWARDED[type(request)]
+                    await self.view.ask(leader, key, request, timeout_s=ADMIN_TIMEOUT_S)
+                return
+            except (NotLeader, NetworkError):
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+    # -- cluster ------------------------------------------------------------------------------
+
+    async def api_versions(self, principal: Principal, req: KafkaRequest) -> Answer:
+        return {"error_code": kerr.NONE, "api_keys": api_version_list(), "throttle_time_ms": 0}
+
+    @property
+    def metadata_leader(self) -> int:
+        return self.core.metadata_host.replica.leader_id
+
+    @property
+    def controller(self) -> int:
+        """The node admin requests go to: the metadata leader, or while none is known this
+        node (a KRaft broker names some broker too; a client told NOT_CONTROLLER asks again,
+        where one told "no controller" may wait minutes before it refreshes)."""
+        leader = self.metadata_leader
+        return leader if leader >= 0 else self.core.node_id
+
+    async def _brokers(self) -> list[dict[str, Any]]:
+        addresses = await self.view.kafka_addresses()
+        return [
+            {"node_id": n, "broker_id": n, "host": h, "port": p, "rack": None}
+            for n, (h, p) in sorted(addresses.items())
+        ]
+
+    async def metadata(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        state = self.core.metadata
+        requested = getattr(body, "topics", None)
+        if requested is None or (req.api_version == 0 and not requested):
+            names = sorted(state.topics)
+        else:
+            names = [t.name for t in requested if t.name is not None]
+        allow_create = bool(getattr(body, "allow_auto_topic_creation", True))
+        missing = [n for n in names if n not in state.topics]
+        if missing and allow_create and requested is not None:
+            await self._auto_create(principal, missing)
+        await self.view.refresh_leaders([n for n in names if n in state.topics])
+        brokers = await self._brokers()
+        known = {b["node_id"] for b in brokers}
+        topics = [self._topic_metadata(name, known) for name in names]
+        return {
+            "throttle_time_ms": 0,
+            "brokers": brokers,
+            "cluster_id": self.core.identity.cluster_id or None,
+            "controller_id": self.controller,
+            "topics": topics,
+            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+
+    def _topic_metadata(self, name: str, brokers: set[int]) -> dict[str, Any]:
+        meta = self.core.metadata.topics.get(name)
+        if meta is None:
+            return {
+                "error_code": kerr.UNKNOWN_TOPIC_OR_PARTITION,
+                "name": name,
+                "topic_id": uuid.UUID(int=0),
+                "is_internal": False,
+                "partitions": [],
+                "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+            }
+        partitions = []
+        for p in range(meta.partitions):
+            leader, epoch = self.view.leader(name, p)
+            replicas = list(meta.assignments[p])
+            host = self.core.hosts.get(f"{name}/{p}")
+            isr = (
+                sorted(host.replica.in_sync_replicas())
+                if host is not None and host.replica.is_leader
+                else replicas
+            )
+            available = leader >= 0 and leader in brokers
+            partitions.append(
+                {
+                    "error_code": kerr.NONE if available else kerr.LEADER_NOT_AVAILABLE,
+                    "partition_index": p,
+                    "leader_id": leader if available else -1,
+                    "leader_epoch": max(epoch, 0),
+                    "replica_nodes": replicas,
+                    "isr_nodes": isr,
+                    "offline_replicas": [],
+                }
+            )
+        return {
+            "error_code": kerr.NONE,
+            "name": name,
+            "topic_id": topic_uuid(self.core.identity.cluster_id, name, meta.topic_id),
+            "is_internal": False,
+            "partitions": partitions,
+            "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+
+    async def _auto_create(self, principal: Principal, names: list[str]) -> None:
+        """auto.create.topics.enable, as Kafka's default: a topic a producer or consumer names
+        is created with one partition and min(3, nodes) replicas, on the metadata leader."""
+        factor = min(3, max(1, len(self.core.registry.placeable())))
+        for name in names:
+            try:
+                await self._admin(principal, api.CreateTopicRequest(name, 1, factor))
+                log.info("kafka: topic %s created on first use", name)
+            except TidelogError as exc:
+                log.info("kafka: topic %s not created on first use: %s", name, exc)
+
+    async def describe_cluster(self, principal: Principal, req: KafkaRequest) -> Answer:
+        return {
+            "throttle_time_ms": 0,
+            "error_code": kerr.NONE,
+            "endpoint_type": 1,
+            "cluster_id": self.core.identity.cluster_id,
+            "controller_id": self.controller,
+            "brokers": await self._brokers(),
+            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+
+    # -- produce -----------------------------------------------------------------------------------
+
+    async def produce(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        acks, timeout_ms = int(body.acks), millis(body.timeout)
+        pending: list[tuple[str, int, Any]] = []
+        for topic in body.topic_data:
+            for part in topic.partition_data:
+                pending.append((topic.name, part.index, part.records))
+        if body.transactional_id is not None:
+            outcomes: list[Any] = [TidelogError("transactions are not supported") for _ in pending]
+        else:
+            outcomes = await asyncio.gather(
+                *(self._produce_one(principal, t, p, r, acks, timeout_ms) for t, p, r in pending)
+            )
+        if acks == 0:
+            return None
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (topic, p, _), outcome in zip(pending, outcomes, strict=True):
+            entry: dict[str, Any] = {
+                "index": p,
+                "error_code": kerr.NONE,
+                "base_offset": -1,
+                "log_append_time_ms": -1,
+                "log_start_offset": -1,
+                "record_errors": [],
+                "error_message": None,
+            }
+            if isinstance(outcome, TidelogError):
+                code = kafka_code(outcome)
+                if body.transactional_id is not None:
+                    code = kerr.UNSUPPORTED_VERSION
+                entry["error_code"] = code
+                entry["error_message"] = outcome.message[:1000]
+            elif outcome is not None:
+                entry["base_offset"] = outcome.base_offset
+                entry["log_start_offset"] = outcome.log_start_offset
+            by_topic.setdefault(topic, []).append(entry)
+        return {
+            "responses": [{"name": t, "partition_responses": ps} for t, ps in by_topic.items()],
+            "throttle_time_ms": 0,
+        }
+
+    async def _produce_one(
+        self,
+        principal: Principal,
+        topic: str,
+        partition: int,
+        records: bytes | None,
+        acks: int,
+        timeout_ms: int,
+    ) -> Any:
+        try:
+            if not records:
+                raise InvalidRequest("a produce request with no records")
+            request = api.ProduceRequest(topic, partition, acks, min(timeout_ms, 300_000))
+            return await self._call(principal, request, records)
+        except TidelogError as exc:
+            return exc
+
+    async def init_producer_id(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """An idempotent producer's id: drawn at random from 63 bits, as tidelog's own client
+        draws its ids (the partition leaders keep each id's sequence state; KIP-360's epoch
+        bump is answered with a fresh id, which the producer takes as it takes a new epoch)."""
+        if req.body.transactional_id is not None:
+            return {
+                "throttle_time_ms": 0,
+                "error_code": kerr.UNSUPPORTED_VERSION,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
+        self.core.access.authorize(principal, Operation.WRITE, "cluster")
+        return {
+            "throttle_time_ms": 0,
+            "error_code": kerr.NONE,
+            "producer_id": random.SystemRandom().getrandbits(62) + 1,
+            "producer_epoch": 0,
+        }
+
+    # -- fetch -------------------------------------------------------------------------------------
+
+    async def fetch(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """Kafka's fetch over the core's per-partition fetch: answer at once when min_bytes
+        are there (or an error), else wait for the first partition with news, up to max_wait."""
+        body = req.body
+        wanted = [
+            (topic.topic, part.partition, int(part.fetch_offset), int(part.partition_max_bytes))
+            for topic in body.topics
+            for part in topic.partitions
+        ]
+        max_wait_ms = min(max(millis(body.max_wait), 0), FETCH_WAIT_MAX_MS)
+        replica_read = req.api_version >= 11  # KIP-392: a follower serves what it has committed
+        results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+        size = sum(len(r[1] or b"") for r in results if not isinstance(r, TidelogError))
+        errors = any(isinstance(r, TidelogError) for r in results)
+        if not errors and size < max(int(body.min_bytes), 1) and max_wait_ms > 0 and wanted:
+            waits = [
+                asyncio.ensure_future(
+                    self._call(
+                        principal,
+                        api.FetchRequest(t, p, o, 1, max_wait_ms, 1, replica_read),
+                    )
+                )
+                for t, p, o, _ in wanted
+            ]
+            try:
+                await asyncio.wait(
+                    waits, timeout=max_wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (topic, p, _, _), result in zip(wanted, results, strict=True):
+            entry: dict[str, Any] = {
+                "partition_index": p,
+                "error_code": kerr.NONE,
+                "high_watermark": -1,
+                "last_stable_offset": -1,
+                "log_start_offset": -1,
+                "aborted_transactions": [],
+                "preferred_read_replica": -1,
+                "records": b"",
+            }
+            if isinstance(result, TidelogError):
+                entry["error_code"] = kafka_code(result)
+                if "high_watermark" in result.details:
+                    entry["high_watermark"] = int(result.details["high_watermark"])
+                    entry["log_start_offset"] = int(result.details.get("log_start", -1))
+            else:
+                response, records = result
+                entry["high_watermark"] = response.high_watermark
+                entry["last_stable_offset"] = response.high_watermark
+                entry["log_start_offset"] = response.log_start_offset
+                entry["records"] = records or b""
+            by_topic.setdefault(topic, []).append(entry)
+        return {
+            "throttle_time_ms": 0,
+            "error_code": kerr.NONE,
+            "session_id": 0,  # no incremental fetch session: every fetch names its partitions
+            "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+        }
+
+    async def _fetch_round(
+        self,
+        principal: Principal,
+        wanted: list[tuple[str, int, int, int]],
+        max_bytes: int,
+        replica_read: bool,
+    ) -> list[Any]:
+        """One pass over the partitions without waiting, within the response's byte budget
+        (the first partition's first batch comes whole even if larger, as in Kafka)."""
+        out: list[Any] = []
+        budget = max(max_bytes, 1)
+        for topic, p, offset, partition_max in wanted:
+            if budget <= 0:
+                out.append((None, b""))
+                continue
+            request = api.FetchRequest(
+                topic, p, offset, max(1, min(partition_max, budget)), 0, 0, replica_read
+            )
+            try:
+                response, payload = await self._call(principal, request)
+            except TidelogError as exc:
+                out.append(exc)
+                continue
+            data = payload.read() if payload is not None else b""
+            budget -= len(data)
+            out.append((response, data))
+        return [
+            (_empty_fetch(self, t, p), b"")
+            if not isinstance(r, TidelogError) and r[0] is None
+            else r
+            for (t, p, _, _), r in zip(wanted, out, strict=True)
+        ]
+
+    async def list_offsets(self, principal: Principal, req: KafkaRequest) -> Answer:
+        topics = []
+        for topic in req.body.topics:
+            partitions = []
+            for part in topic.partitions:
+                ts = int(part.timestamp)
+                spec = "earliest" if ts == EARLIEST else "latest" if ts == LATEST else "timestamp"
+                entry: dict[str, Any] = {
+                    "partition_index": part.partition_index,
+                    "error_code": kerr.NONE,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
+                if ts < EARLIEST:
+                    entry["error_code"] = kerr.UNSUPPORTED_VERSION  # max-timestamp (-3) and others
+                else:
+                    try:
+                        found = await self._call(
+                            principal,
+                            api.ListOffsetsRequest(topic.name, part.partition_index, spec, ts),
+                        )
+                        entry["offset"] = found.offset
+                        if spec == "timestamp":
+                            entry["timestamp"] = ts
+                        _, epoch = self.view.leader(topic.name, part.partition_index)
+                        entry["leader_epoch"] = epoch
+                    except TidelogError as exc:
+                        entry["error_code"] = kafka_code(exc)
+                partitions.append(entry)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def delete_records(self, principal: Principal, req: KafkaRequest) -> Answer:
+        topics = []
+        for topic in req.body.topics:
+            partitions = []
+            for part in topic.partitions:
+                entry: dict[str, Any] = {
+                    "partition_index": part.partition_index,
+                    "low_watermark": -1,
+                    "error_code": kerr.NONE,
+                }
+                try:
+                    done = await self._call(
+                        principal,
+                        api.DeleteRecordsRequest(
+                            topic.name, part.partition_index, int(part.offset)
+                        ),
+                    )
+                    entry["low_watermark"] = done.log_start_offset
+                except TidelogError as exc:
+                    entry["error_code"] = kafka_code(exc)
+                partitions.append(entry)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    # -- admin -------------------------------------------------------------------------------------
+
+    async def create_topics(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        results = []
+        placeable = max(1, len(self.core.registry.placeable()))
+        for topic in body.topics:
+            partitions = int(topic.num_partitions)
+            factor = int(topic.replication_factor)
+            partitions = 1 if partitions == -1 else partitions
+            factor = min(3, placeable) if factor == -1 else factor
+            configs = {c.name: c.value for c in topic.configs if c.value is not None}
+            entry: dict[str, Any] = {
+                "name": topic.name,
+                "topic_id": uuid.UUID(int=0),
+                "error_code": kerr.NONE,
+                "error_message": None,
+                "num_partitions": partitions,
+                "replication_factor": factor,
+                "configs": [],
+            }
+            try:
+                if topic.assignments:
+                    raise InvalidRequest(
+                        "explicit replica assignments are not taken here: tidelog places "
+                        "replicas itself (move them with `tidelog partitions reassign`)"
+                    )
+                if getattr(body, "validate_only", False):
+                    if topic.name in self.core.metadata.topics:
+                        raise TopicAlreadyExists(
+                            f"topic {topic.name!r} already exists", topic=topic.name
+                        )
+                else:
+                    await self._admin(
+                        principal, api.CreateTopicRequest(topic.name, partitions, factor, configs)
+                    )
+                    meta = self.core.metadata.topics.get(topic.name)
+                    if meta is not None:
+                        entry["topic_id"] = topic_uuid(
+                            self.core.identity.cluster_id, topic.name, meta.topic_id
+                        )
+            except TidelogError as exc:
+                entry["error_code"] = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
+                entry["error_message"] = exc.message[:1000]
+                entry["num_partitions"] = entry["replication_factor"] = -1
+            results.append(entry)
+        return {"throttle_time_ms": 0, "topics": results}
+
+    async def delete_topics(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        names = [t.name for t in body.topics] if req.api_version >= 6 else list(body.topic_names)
+        results = []
+        for name in names:
+            entry: dict[str, Any] = {
+                "name": name,
+                "topic_id": uuid.UUID(int=0),
+                "error_code": kerr.NONE,
+                "error_message": None,
+            }
+            try:
+                if name is None:
+                    raise UnknownTopicOrPartition("topics are deleted by name here")
+                await self._admin(principal, api.DeleteTopicRequest(name))
+            except TidelogError as exc:
+                entry["error_code"] = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
+                entry["error_message"] = exc.message[:1000]
+            results.append(entry)
+        return {"throttle_time_ms": 0, "responses": results}
+
+    async def create_partitions(self, principal: Principal, req: KafkaRequest) -> Answer:
+        results = []
+        for topic in req.body.topics:
+            entry: dict[str, Any] = {
+                "name": topic.name,
+                "error_code": kerr.NONE,
+                "error_message": None,
+            }
+            try:
+                if topic.assignments:
+                    raise InvalidRequest("explicit replica assignments are not taken here")
+                if not req.body.validate_only:
+                    await self._admin(
+                        principal, api.CreatePartitionsRequest(topic.name, int(topic.count))
+                    )
+            except TidelogError as exc:
+                code = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
+                entry["error_code"] = (
+                    kerr.INVALID_PARTITIONS if code == kerr.INVALID_REQUEST else code
+                )
+                entry["error_message"] = exc.message[:1000]
+            results.append(entry)
+        return {"throttle_time_ms": 0, "results": results}
+
+    async def describe_configs(self, principal: Principal, req: KafkaRequest) -> Answer:
+        results = []
+        for resource in req.body.resources:
+            entry: dict[str, Any] = {
+                "error_code": kerr.NONE,
+                "error_message": None,
+                "resource_type": resource.resource_type,
+                "resource_name": resource.resource_name,
+                "configs": [],
+            }
+            keys = resource.configuration_keys
+            if resource.resource_type == TOPIC_RESOURCE:
+                try:
+                    await self._call(principal, api.MetadataRequest([resource.resource_name]))
+                    meta = self.core.metadata.topic(resource.resource_name)
+                    effective = self.core.config.topic_defaults.with_overrides(meta.configs)
+                    for name, value in sorted(effective.to_mapping().items()):
+                        if keys is not None and name not in keys:
+                            continue
+                        entry["configs"].append(
+                            {
+                                "name": name,
+                                "value": value,
+                                "read_only": False,
+                                "is_default": name not in meta.configs,
+                                "config_source": (
+                                    CONFIG_SOURCE_TOPIC
+                                    if name in meta.configs
+                                    else CONFIG_SOURCE_DEFAULT
+                                ),
+                                "is_sensitive": False,
+                                "synonyms": [],
+                                "config_type": 0,
+                                "documentation": None,
+                            }
+                        )
+                except TidelogError as exc:
+                    entry["error_code"] = kafka_code(exc)
+                    entry["error_message"] = exc.message[:1000]
+            elif resource.resource_type != BROKER_RESOURCE:
+                entry["error_code"] = kerr.INVALID_REQUEST
+                entry["error_message"] = "only topic and broker configs are described"
+            results.append(entry)
+        return {"throttle_time_ms": 0, "results": results}
+
+    async def incremental_alter_configs(self, principal: Principal, req: KafkaRequest) -> Answer:
+        responses = []
+        for resource in req.body.resources:
+            entry: dict[str, Any] = {
+                "error_code": kerr.NONE,
+                "error_message": None,
+                "resource_type": resource.resource_type,
+                "resource_name": resource.resource_name,
+            }
+            try:
+                if resource.resource_type != TOPIC_RESOURCE:
+                    raise InvalidRequest("only topic configs are altered here")
+                sets = {c.name: c.value or "" for c in resource.configs if c.config_operation == 0}
+                deletes = [c.name for c in resource.configs if c.config_operation == 1]
+                if any(c.config_operation not in (0, 1) for c in resource.configs):
+                    raise InvalidRequest(
+                        "APPEND and SUBTRACT apply to list configs: tidelog has none"
+                    )
+                if not req.body.validate_only:
+                    await self._admin(
+                        principal, api.AlterTopicRequest(resource.resource_name, sets, deletes)
+                    )
+            except TidelogError as exc:
+                entry["error_code"] = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
+                entry["error_message"] = exc.message[:1000]
+            responses.append(entry)
+        return {"throttle_time_ms": 0, "responses": responses}
+
+    # -- groups ------------------------------------------------------------------------------------
+
+    async def _coordinator(self) -> tuple[int, str, int] | None:
+        leader = self.metadata_leader
+        if leader < 0:
+            return None
+        address = (await self.view.kafka_addresses()).get(leader)
+        return (leader, *address) if address is not None else None
+
+    async def find_coordinator(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        keys = list(body.coordinator_keys) if req.api_version >= 4 else [body.key]
+        key_type = int(getattr(body, "key_type", 0))
+        found = await self._coordinator()
+        coordinators = []
+        for key in keys:
+            entry: dict[str, Any] = {
+                "key": key,
+                "node_id": -1,
+                "host": "",
+                "port": -1,
+                "error_code": kerr.NONE,
+                "error_message": None,
+            }
+            if key_type != 0:
+                entry["error_code"] = kerr.UNSUPPORTED_VERSION  # transaction coordinators
+                entry["error_message"] = "transactions are not supported"
+            elif found is None:
+                entry["error_code"] = kerr.COORDINATOR_NOT_AVAILABLE
+            else:
+                entry["node_id"], entry["host"], entry["port"] = found
+            coordinators.append(entry)
+        first = coordinators[0] if coordinators else {}
+        return {"throttle_time_ms": 0, "coordinators": coordinators, **first}
+
+    def _check_coordinator(self) -> None:
+        """Group requests are served by the metadata leader; a change of leader resets the
+        membership this node held."""
+        replica = self.core.metadata_host.replica
+        if not replica.is_leader:
+            if self._coordinator_epoch >= 0:
+                self.groups.reset()
+                self._coordinator_epoch = -1
+            raise GroupError(kerr.NOT_COORDINATOR, "not the group coordinator")
+        if self._coordinator_epoch != replica.epoch:
+            self.groups.reset()
+            self._coordinator_epoch = replica.epoch
+
+    async def join_group(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        try:
+            self._check_group_id(body.group_id)
+            self._check_coordinator()
+            return await self.groups.join(
+                body.group_id,
+                body.member_id,
+                getattr(body, "group_instance_id", None),
+                req.client_id,
+                principal.address.rpartition(":")[0],
+                millis(body.session_timeout),
+                millis(getattr(body, "rebalance_timeout", body.session_timeout)),
+                body.protocol_type,
+                [(p.name, bytes(p.metadata)) for p in body.protocols],
+            )
+        except GroupError as exc:
+            return {
+                "error_code": exc.code,
+                "generation_id": -1,
+                "protocol_name": None,
+                "protocol_type": None,
+                "leader": "",
+                "member_id": body.member_id,
+                "members": [],
+                "throttle_time_ms": 0,
+            }
+
+    async def sync_group(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        try:
+            self._check_coordinator()
+            assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
+            return await self.groups.sync(
+                body.group_id, body.member_id, int(body.generation_id), assignments
+            )
+        except GroupError as exc:
+            return {"error_code": exc.code, "assignment": b"", "throttle_time_ms": 0}
+
+    async def heartbeat(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        try:
+            self._check_coordinator()
+            self.groups.heartbeat(body.group_id, body.member_id, int(body.generation_id))
+            return {"error_code": kerr.NONE, "throttle_time_ms": 0}
+        except GroupError as exc:
+            return {"error_code": exc.code, "throttle_time_ms": 0}
+
+    async def leave_group(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        try:
+            self._check_coordinator()
+        except GroupError as exc:
+            return {"error_code": exc.code, "members": [], "throttle_time_ms": 0}
+        if req.api_version >= 3:
+            members = [(m.member_id, m.group_instance_id) for m in body.members]
+        else:
+            members = [(body.member_id, None)]
+        answers = [
+            {
+                "member_id": member_id,
+                "group_instance_id": instance,
+                "error_code": self.groups.leave(body.group_id, member_id),
+            }
+            for member_id, instance in members
+        ]
+        return {"error_code": kerr.NONE, "members": answers, "throttle_time_ms": 0}
+
+    async def describe_groups(self, principal: Principal, req: KafkaRequest) -> Answer:
+        groups = []
+        for group_id in req.body.groups:
+            entry: dict[str, Any] = {
+                "error_code": kerr.NONE,
+                "authorized_operations": NO_AUTHORIZED_OPERATIONS,
+            }
+            try:
+                self._check_coordinator()
+                entry.update(self.groups.describe(group_id))
+                if entry["group_state"] == "Dead" and group_cursors(self.core.metadata, group_id):
+                    entry["group_state"] = "Empty"  # offsets kept, no member
+                    entry["protocol_type"] = "consumer"
+            except GroupError as exc:
+                entry.update(
+                    {"group_id": group_id, "error_code": exc.code, "group_state": "", "members": []}
+                )
+            groups.append(entry)
+        return {"throttle_time_ms": 0, "groups": groups}
+
+    async def list_groups(self, principal: Principal, req: KafkaRequest) -> Answer:
+        try:
+            self._check_coordinator()
+        except GroupError as exc:
+            return {"error_code": exc.code, "groups": [], "throttle_time_ms": 0}
+        found: dict[str, dict[str, Any]] = {}
+        for cursor in self.core.metadata.cursors.values():
+            name = cursor.name
+            if name.endswith(f":{cursor.topic}"):
+                name = name[: -len(cursor.topic) - 1]
+            found[name] = {"group_id": name, "protocol_type": "consumer", "group_state": "Empty"}
+        for group_id, group in self.groups.groups.items():
+            found[group_id] = {
+                "group_id": group_id,
+                "protocol_type": group.protocol_type or "consumer",
+                "group_state": group.state.value,
+            }
+        states = set(getattr(req.body, "states_filter", ()) or ())
+        groups = [g for _, g in sorted(found.items()) if not states or g["group_state"] in states]
+        return {"error_code": kerr.NONE, "groups": groups, "throttle_time_ms": 0}
+
+    async def delete_groups(self, principal: Principal, req: KafkaRequest) -> Answer:
+        results = []
+        for group_id in req.body.groups_names:
+            entry: dict[str, Any] = {"group_id": group_id, "error_code": kerr.NONE}
+            try:
+                self._check_coordinator()
+                cursors = group_cursors(self.core.metadata, group_id)
+                if not cursors and group_id not in self.groups.groups:
+                    raise GroupError(kerr.GROUP_ID_NOT_FOUND, f"no group {group_id}")
+                self.groups.delete(group_id)
+                for cursor in cursors:
+                    await self._call(principal, api.CursorRequest("delete", cursor.name))
+            except GroupError as exc:
+                entry["error_code"] = exc.code
+            except TidelogError as exc:
+                entry["error_code"] = kafka_code(exc, not_leader=kerr.NOT_COORDINATOR)
+            results.append(entry)
+        return {"throttle_time_ms": 0, "results": results}
+
+    @staticmethod
+    def _check_group_id(group_id: str) -> None:
+        if not CURSOR_NAME.fullmatch(group_id):
+            raise GroupError(
+                kerr.INVALID_GROUP_ID,
+                f"group id {group_id!r}: tidelog keeps a group's offsets in a cursor of that "
+                "name (letters, digits, '.', '_', ':' and '-', at most 200)",
+            )
+
+    # -- offsets -----------------------------------------------------------------------------------
+
+    async def offset_commit(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        code = kerr.NONE
+        try:
+            self._check_group_id(body.group_id)
+            self._check_coordinator()
+            generation = int(
+                getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
+            )
+            group = self.groups.groups.get(body.group_id)
+            if generation >= 0 or (group is not None and group.members):
+                self.groups.check_member(body.group_id, body.member_id, generation)
+        except GroupError as exc:
+            code = exc.code
+        topics = []
+        for topic in body.topics:
+            positions = {int(p.partition_index): int(p.committed_offset) for p in topic.partitions}
+            topic_code = code
+            if topic_code == kerr.NONE:
+                try:
+                    await self._commit(principal, body.group_id, topic.name, positions)
+                except TidelogError as exc:
+                    topic_code = kafka_code(exc, not_leader=kerr.NOT_COORDINATOR)
+            topics.append(
+                {
+                    "name": topic.name,
+                    "partitions": [
+                        {"partition_index": p, "error_code": topic_code} for p in positions
+                    ],
+                }
+            )
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _commit(
+        self, principal: Principal, group: str, topic: str, positions: dict[int, int]
+    ) -> None:
+        """Commit into the group's cursor on the topic: created at the first commit with the
+        partitions committed (the others hold nothing until they are); one that the cleaner
+        invalidated is created again, as the group is reading again."""
+        state = self.core.metadata
+        name = group_cursor(state, group, topic)
+        wire = {str(p): o for p, o in positions.items()}
+        cursor = state.cursors.get(name)
+        if cursor is not None and not cursor.live:
+            log.info("kafka: group %s commits again: cursor %s is created anew", group, name)
+            await self._call(principal, api.CursorRequest("delete", name))
+            cursor = None
+        if cursor is None:
+            try:
+                await self._call(
+                    principal,
+                    api.CursorRequest(
+                        "create", name, topic, wire, partial=True, if_not_exists=True
+                    ),
+                )
+                return
+            except CursorInvalidated:
+                pass
+        await self._call(principal, api.CursorRequest("commit", name, topic, wire))
+
+    async def offset_fetch(self, principal: Principal, req: KafkaRequest) -> Answer:
+        body = req.body
+        try:
+            self._check_coordinator()
+        except GroupError as exc:
+            return {"throttle_time_ms": 0, "topics": [], "error_code": exc.code}
+        state = self.core.metadata
+        wanted: list[tuple[str, list[int] | None]]
+        if body.topics is None:
+            wanted = [(c.topic, None) for c in group_cursors(state, body.group_id)]
+        else:
+            wanted = [(t.name, list(t.partition_indexes)) for t in body.topics]
+        topics = []
+        for name, partitions in wanted:
+            cursor = state.cursors.get(group_cursor(state, body.group_id, name))
+            positions = cursor.positions if cursor is not None and cursor.topic == name else {}
+            listed = sorted(positions) if partitions is None else partitions
+            topics.append(
+                {
+                    "name": name,
+                    "partitions": [
+                        {
+                            "partition_index": p,
+                            "committed_offset": positions.get(p, -1),
+                            "committed_leader_epoch": -1,
+                            "metadata": "",
+                            "error_code": kerr.NONE,
+                        }
+                        for p in listed
+                    ],
+                }
+            )
+        return {"throttle_time_ms": 0, "topics": topics, "error_code": kerr.NONE}
+
+
+def _empty_fetch(broker: KafkaBroker, topic: str, partition: int) -> api.FetchResponse:
+    """What a partition the byte budget did not reach answers: nothing, with its marks."""
+    host = broker.core.hosts.get(f"{topic}/{partition}")
+    hw = host.log.high_watermark if host is not None else -1
+    start = host.log.log_start_offset if host is not None else -1
+    return api.FetchResponse(hw, start, hw, -1, broker.core.node_id)

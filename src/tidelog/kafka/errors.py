@@ -1,0 +1,129 @@
+"""tidelog's errors as Kafka error codes, mapped on this listener only.
+
+tidelog's own codes (100-109: CursorInvalidated, UnknownCursor, StorageFull, ...) are Kafka's
+UNKNOWN_TOPIC_ID, DUPLICATE_BROKER_REGISTRATION and so on; a Kafka client must see the code a
+Kafka broker would send in the same situation, so that it retries, refreshes its metadata or
+resets its offsets as it does against Kafka. Every error class has its code here (a test walks
+the whole tree); where the same error means different things to different requests (a node that
+is not the metadata leader is NOT_CONTROLLER to an admin request and NOT_COORDINATOR to a group
+request), the caller says which.
+"""
+
+from __future__ import annotations
+
+from tidelog.errors import (
+    CorruptRecord,
+    CursorInvalidated,
+    DataLoss,
+    DuplicateSequence,
+    FencedEpoch,
+    InconsistentClusterId,
+    InvalidConfig,
+    InvalidRecord,
+    InvalidReplicaAssignment,
+    InvalidRequest,
+    NetworkError,
+    NodeAlreadyExists,
+    NodeIdentityError,
+    NoEligibleLeader,
+    NotAuthorized,
+    NotEnoughNodes,
+    NotEnoughReplicas,
+    NotLeader,
+    OffsetOutOfRange,
+    OutcomeUnknown,
+    OutOfOrderSequence,
+    RecordTooLarge,
+    StorageError,
+    StorageFull,
+    TidelogError,
+    Timeout,
+    TopicAlreadyExists,
+    UnknownCursor,
+    UnknownEpoch,
+    UnknownNode,
+    UnknownTopicOrPartition,
+    UnsupportedApi,
+    UnsupportedCompression,
+)
+
+NONE = 0
+UNKNOWN_SERVER_ERROR = -1
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_NOT_AVAILABLE = 5
+NOT_LEADER_OR_FOLLOWER = 6
+REQUEST_TIMED_OUT = 7
+COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
+UNKNOWN_MEMBER_ID = 25
+INVALID_SESSION_TIMEOUT = 26
+REBALANCE_IN_PROGRESS = 27
+TOPIC_AUTHORIZATION_FAILED = 29
+UNSUPPORTED_VERSION = 35
+INVALID_PARTITIONS = 37
+INVALID_REPLICATION_FACTOR = 38
+INVALID_REQUEST = 42
+NOT_CONTROLLER = 41
+INVALID_CONFIG = 40
+GROUP_ID_NOT_FOUND = 69
+NON_EMPTY_GROUP = 68
+MEMBER_ID_REQUIRED = 79
+
+# Most specific class first is not needed: kafka_code walks each error's class hierarchy.
+KAFKA_CODES: dict[type[TidelogError], int] = {
+    TidelogError: UNKNOWN_SERVER_ERROR,
+    NotLeader: NOT_LEADER_OR_FOLLOWER,
+    NotEnoughReplicas: 19,  # NOT_ENOUGH_REPLICAS (after an append: 20)
+    OffsetOutOfRange: OFFSET_OUT_OF_RANGE,
+    UnknownTopicOrPartition: UNKNOWN_TOPIC_OR_PARTITION,
+    TopicAlreadyExists: 36,  # TOPIC_ALREADY_EXISTS
+    CorruptRecord: 2,  # CORRUPT_MESSAGE
+    UnsupportedCompression: 76,  # UNSUPPORTED_COMPRESSION_TYPE
+    InvalidRecord: 87,  # INVALID_RECORD
+    RecordTooLarge: 10,  # MESSAGE_TOO_LARGE
+    InvalidRequest: INVALID_REQUEST,
+    InvalidConfig: INVALID_CONFIG,
+    InvalidReplicaAssignment: 39,  # INVALID_REPLICA_ASSIGNMENT
+    NodeAlreadyExists: INVALID_REQUEST,
+    UnknownNode: 8,  # BROKER_NOT_AVAILABLE
+    NotEnoughNodes: INVALID_REPLICATION_FACTOR,
+    UnsupportedApi: UNSUPPORTED_VERSION,
+    Timeout: REQUEST_TIMED_OUT,
+    FencedEpoch: 74,  # FENCED_LEADER_EPOCH
+    UnknownEpoch: 75,  # UNKNOWN_LEADER_EPOCH
+    # A group whose cursor was invalidated reads from a position the log no longer has: the
+    # consumer resets by its auto.offset.reset, as after Kafka's retention passed it.
+    CursorInvalidated: OFFSET_OUT_OF_RANGE,
+    UnknownCursor: GROUP_ID_NOT_FOUND,
+    StorageFull: 56,  # KAFKA_STORAGE_ERROR: retriable, as writes resume when space returns
+    StorageError: 56,
+    DuplicateSequence: 46,  # DUPLICATE_SEQUENCE_NUMBER
+    OutOfOrderSequence: 45,  # OUT_OF_ORDER_SEQUENCE_NUMBER
+    NetworkError: 13,  # NETWORK_EXCEPTION
+    NotAuthorized: TOPIC_AUTHORIZATION_FAILED,
+    OutcomeUnknown: REQUEST_TIMED_OUT,
+    DataLoss: OFFSET_OUT_OF_RANGE,
+    NodeIdentityError: UNKNOWN_SERVER_ERROR,
+    InconsistentClusterId: 104,  # INCONSISTENT_CLUSTER_ID
+    NoEligibleLeader: LEADER_NOT_AVAILABLE,
+}
+
+
+def kafka_code(error: TidelogError, not_leader: int = NOT_LEADER_OR_FOLLOWER) -> int:
+    """The Kafka error code for a tidelog error. not_leader: what "this node is not the
+    leader" means to the request at hand (NOT_CONTROLLER for admin requests, NOT_COORDINATOR
+    for group requests)."""
+    if isinstance(error, NotLeader):
+        return not_leader
+    if isinstance(error, NotEnoughReplicas) and error.details.get("appended"):
+        return NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    for cls in type(error).__mro__:
+        code = KAFKA_CODES.get(cls)
+        if code is not None:
+            return code
+    return UNKNOWN_SERVER_ERROR

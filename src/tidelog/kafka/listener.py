@@ -1,0 +1,133 @@
+"""The Kafka port: a thin asyncio layer between sockets and the broker's handlers.
+
+Connections are held to the same limits as tidelog's own client listener (node/listeners/
+base.py: frame size checked before buffering, the node-wide receive budget, in-flight requests,
+connection counts, slow and idle clients). Requests on one connection may be answered
+concurrently, but their answers leave in the order the requests came, as Kafka requires.
+A request this listener cannot parse, or for an api or version it does not serve, closes the
+connection (Kafka's behaviour); ApiVersions of an unknown version is answered with
+UNSUPPORTED_VERSION and the versions served, so the client can retry with one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+from tidelog.errors import InvalidRequest, TidelogError
+from tidelog.kafka.broker import KafkaBroker
+from tidelog.kafka.codec import (
+    API_VERSIONS,
+    KafkaFrameDecoder,
+    KafkaRequest,
+    UnsupportedVersion,
+    encode_response,
+    parse_request,
+    unsupported_api_versions,
+)
+from tidelog.node.access import Listener as Origin
+from tidelog.node.access import Principal
+from tidelog.node.listeners.base import ConnectionLimits, FrameConnection, Listener
+from tidelog.node.transport import tune_socket
+
+log = logging.getLogger(__name__)
+
+
+class _Slot:
+    __slots__ = ("data", "ready", "task")
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.data = b""
+        self.task: asyncio.Task[None] | None = None
+
+
+class KafkaConnection(FrameConnection):
+    def __init__(self, listener: Listener, broker: KafkaBroker) -> None:
+        super().__init__(listener)
+        self.decoder = KafkaFrameDecoder(self.frame_bytes_max)  # type: ignore[assignment]
+        self.broker = broker
+        self.principal = Principal.anonymous("", Origin.KAFKA)
+        self._slots: collections.deque[_Slot] = collections.deque()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.principal = Principal.anonymous(self.address, Origin.KAFKA)
+
+    def tune(self, transport: asyncio.Transport) -> None:
+        tune_socket(transport, receive_buffer=False)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._slots)
+
+    def on_frame(self, frame: Any) -> None:
+        assert isinstance(frame, bytes)
+        try:
+            request = parse_request(frame)
+        except UnsupportedVersion as exc:
+            self.listener.counters.inc("tidelog_kafka_unsupported_requests_total")
+            if exc.api_key == API_VERSIONS:
+                slot = _Slot()
+                self._slots.append(slot)
+                self._answer(slot, unsupported_api_versions(exc.correlation_id))
+                return
+            raise InvalidRequest(str(exc)) from None
+        self.listener.counters.inc("tidelog_kafka_requests_total", api=str(request.api_key))
+        slot = _Slot()
+        self._slots.append(slot)
+        if len(self._slots) >= self.listener.limits.max_inflight_requests:
+            self.pause("inflight")
+        slot.task = asyncio.get_running_loop().create_task(self._serve(slot, request))
+
+    async def _serve(self, slot: _Slot, request: KafkaRequest) -> None:
+        try:
+            values = await self.broker.handle(self.principal, request)
+        except asyncio.CancelledError:
+            raise
+        except TidelogError as exc:
+            # Handlers turn per-partition errors into codes; one that escapes is about the
+            # whole request (not authorized, malformed): the connection ends, as in Kafka.
+            log.warning("kafka request %s from %s refused: %s", request.api_key, self.address, exc)
+            self.drop("refused")
+            return
+        except Exception as exc:
+            self.broker.core.fail_stop.check(exc, f"kafka api {request.api_key}")
+            log.exception("kafka request %s failed", request.api_key)
+            self.drop("error")
+            return
+        if values is None:  # acks=0: no answer, and so no place in the queue
+            self._answer(slot, None)
+            return
+        data = encode_response(request.api_key, request.api_version, request.correlation_id, values)
+        self._answer(slot, data)
+
+    def _answer(self, slot: _Slot, data: bytes | None) -> None:
+        slot.ready, slot.task = True, None
+        slot.data = data or b""
+        slots = self._slots
+        while slots and slots[0].ready:
+            done = slots.popleft()
+            if done.data and self.open and self.transport is not None:
+                self.transport.write(done.data)
+        if len(slots) < self.listener.limits.max_inflight_requests:
+            self.resume("inflight")
+
+    def on_closed(self) -> None:
+        for slot in self._slots:
+            if slot.task is not None:
+                slot.task.cancel()
+        self._slots.clear()
+
+
+def kafka_listener(broker: KafkaBroker, limits: ConnectionLimits) -> Listener:
+    return Listener(
+        "kafka",
+        limits,
+        broker.core.counters,
+        lambda listener: KafkaConnection(listener, broker),
+        zero_copy=False,
+        fail_stop=broker.core.fail_stop,
+    )
