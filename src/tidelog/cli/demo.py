@@ -50,7 +50,7 @@ def say(message: str) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     data = args.data or Path(tempfile.mkdtemp(prefix="tidelog-demo-"))
-    cluster = LocalCluster(data / "cluster", args.nodes, log_level="WARNING")
+    cluster = LocalCluster(data / "cluster", args.nodes, log_level="WARNING", kafka=True)
     say(f"starting a {args.nodes}-node cluster in {data}")
     started = time.monotonic()
     try:
@@ -83,6 +83,10 @@ class Demo:
             "page_counts", partitions=3, replication_factor=self.rf, kind="table"
         )
         say(f"created topics events (3 partitions, RF {self.rf}) and page_counts (a table)")
+        say(
+            f"tidelog clients connect to {bootstrap}; Kafka clients and tools (kcat, "
+            f"kafka-console-consumer, librdkafka) to {self.cluster.kafka_bootstrap}"
+        )
         say("starting Spark (local[2]) and the page_counts streaming queries")
         spark = local_spark("tidelog-demo")
         clicks = Clickstream(bootstrap, "events", 3, self.args.rate, self.args.duration)
