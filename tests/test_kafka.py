@@ -379,3 +379,52 @@ def test_records_cross_between_the_kafka_port_and_tidelogs_client(cluster: Local
             values.append(m.value())
     consumer.close()
     assert values == [b"v%d" % i for i in range(20)] + [b"from-tidelog"]
+
+
+def test_a_group_outlives_its_coordinator_without_a_rebalance(cluster: LocalCluster) -> None:
+    """The group's membership is in the metadata log: when the coordinator (the metadata
+    leader) is SIGKILLed, the new one carries the group on in the same generation."""
+    topic = "coordinated"
+    create_topic(cluster, topic, 3)
+    assignments: list[list[int]] = []
+    consumer = Consumer(
+        kafka_config(
+            cluster,
+            **{
+                "group.id": "survivors",
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 300,
+            },
+        )
+    )
+    consumer.subscribe(
+        [topic], on_assign=lambda c, ps: assignments.append(sorted(p.partition for p in ps))
+    )
+    producer = Producer(kafka_config(cluster))
+
+    def read(n: int) -> int:
+        for i in range(n):
+            producer.produce(topic, value=b"%d" % i, partition=i % 3)
+        assert producer.flush(60) == 0
+        got = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and got < n:
+            m = consumer.poll(0.2)
+            got += m is not None and not m.error()
+        return got
+
+    try:
+        assert read(30) == 30 and assignments == [[0, 1, 2]]
+        with Client(cluster.bootstrap) as client:
+            coordinator = client.describe_cluster().metadata_leader
+        cluster.kill(coordinator)
+        try:
+            assert read(30) == 30
+            time.sleep(2.0)  # heartbeats to the new coordinator, in the old generation
+            assert assignments == [[0, 1, 2]], "the group rebalanced"
+        finally:
+            cluster.start(coordinator)
+            cluster.wait_ready()
+    finally:
+        consumer.close()

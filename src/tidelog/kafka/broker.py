@@ -97,7 +97,7 @@ class KafkaBroker:
     def __init__(self, core: NodeCore, advertised: tuple[str, int]) -> None:
         self.core = core
         self.view = ClusterView(core, advertised)
-        self.groups = GroupCoordinator()
+        self.groups = GroupCoordinator(self._keep_group)
         self._coordinator_epoch = -1
         self.handlers: dict[int, Handler] = {
             0: self.produce,
@@ -711,6 +711,15 @@ class KafkaBroker:
         first = coordinators[0] if coordinators else {}
         return {"throttle_time_ms": 0, "coordinators": coordinators, **first}
 
+    async def _keep_group(self, group_id: str, record: dict[str, Any] | None) -> None:
+        command = {"type": "group", "name": group_id, "record": record}
+        try:
+            await self.core.propose_metadata(command, ADMIN_TIMEOUT_S)
+        except NotLeader as exc:
+            raise GroupError(kerr.NOT_COORDINATOR, str(exc)) from None
+        except TidelogError as exc:
+            raise GroupError(kafka_code(exc), str(exc)) from None
+
     def _check_coordinator(self) -> None:
         """Group requests are served by the metadata leader; a change of leader resets the
         membership this node held."""
@@ -722,6 +731,7 @@ class KafkaBroker:
             raise GroupError(kerr.NOT_COORDINATOR, "not the group coordinator")
         if self._coordinator_epoch != replica.epoch:
             self.groups.reset()
+            self.groups.load(self.core.metadata.groups)
             self._coordinator_epoch = replica.epoch
 
     async def join_group(self, principal: Principal, req: KafkaRequest) -> Answer:

@@ -4,10 +4,12 @@ member's subscription, and passes the leader's assignment on to each member.
 
 The coordinator is the metadata log's leader (FindCoordinator names it), because a group's
 committed offsets are tidelog cursors kept in the metadata log (kafka/offsets.py): committing
-is a metadata proposal, which only the metadata leader makes. Membership itself (who is in the
-group, its generation) is soft state, as in a Kafka coordinator that has just loaded its
-partition: when the metadata leader changes, members are told NOT_COORDINATOR, find the new one
-and join again; their committed offsets are where they left them.
+is a metadata proposal, which only the metadata leader makes. A group's settled membership (its
+generation, members, assignor and assignments) is kept in the metadata log too, before the
+leader's SyncGroup is answered (as Kafka writes it to __consumer_offsets): when the metadata
+leader changes, members find the new coordinator, which has loaded every group as it was, and
+their heartbeats carry on in the same generation; a member that died with the old coordinator
+expires as usual. A rebalance under way when the coordinator fails starts again.
 
 Rebalance rules, as Kafka's: a join (new member, changed subscription) or a leave or a missed
 session moves a stable group to PreparingRebalance; it completes when every known member has
@@ -18,10 +20,12 @@ the generation then grows by one and the group waits for the leader's SyncGroup.
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,10 +99,22 @@ class Group:
     initial_delay: bool = False  # a new group's first rebalance waits out its short delay
 
 
+Persist = Callable[[str, dict[str, Any] | None], Awaitable[None]]
+
+
+async def _forget(group_id: str, record: dict[str, Any] | None) -> None:
+    return None
+
+
 class GroupCoordinator:
-    def __init__(self) -> None:
+    """persist(group_id, record) keeps a group's settled membership (None: it has none) where
+    the next coordinator finds it (the metadata log); load() takes those records back."""
+
+    def __init__(self, persist: Persist = _forget) -> None:
         self.groups: dict[str, Group] = {}
+        self.persist = persist
         self._sweeper: asyncio.Task[None] | None = None
+        self._persisting: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -107,6 +123,8 @@ class GroupCoordinator:
         """This node stops being the coordinator (or stops): members will find the new one."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for task in self._persisting:
+            task.cancel()
         for group in self.groups.values():
             self._fail_waiters(group)
         self.groups.clear()
@@ -311,6 +329,12 @@ class GroupCoordinator:
         if member_id == group.leader:
             for m in group.members.values():
                 m.assignment = assignments.get(m.member_id, b"")
+            generation = group.generation
+            # Kept before anyone is answered, as Kafka writes the group to __consumer_offsets
+            # before answering SyncGroup: a coordinator that fails now loses no assignment.
+            await self.persist(group.group_id, record_of(group))
+            if group.generation != generation or group.state is not State.COMPLETING_REBALANCE:
+                raise GroupError(REBALANCE_IN_PROGRESS)  # changed while it was being kept
             group.state = State.STABLE
             for m in group.members.values():
                 if m.syncing is not None and not m.syncing.done():
@@ -355,9 +379,51 @@ class GroupCoordinator:
                 group.rebalance = None
             group.state = State.EMPTY
             group.generation += 1
+            task = asyncio.get_running_loop().create_task(self._forget(group.group_id))
+            self._persisting.add(task)
+            task.add_done_callback(self._persisting.discard)
             return
         self._prepare_rebalance(group, f"member {member_id} {why}")
         self._maybe_complete_join(group)
+
+    async def _forget(self, group_id: str) -> None:
+        try:
+            await self.persist(group_id, None)
+        except Exception as exc:  # the next coordinator loads members that will not come back
+            log.info("group %s: its empty state was not kept: %s", group_id, exc)
+
+    def load(self, records: dict[str, dict[str, Any]]) -> None:
+        """Become the coordinator of the groups kept by the one before: each is Stable in its
+        generation, its members' sessions restarted now (a member that is gone expires)."""
+        now = time.monotonic()
+        for group_id, record in records.items():
+            if group_id in self.groups:
+                continue
+            group = Group(
+                group_id,
+                State.STABLE,
+                int(record["generation"]),
+                str(record["protocol_type"]),
+                str(record["protocol"]),
+                str(record["leader"]),
+            )
+            for m in record["members"]:
+                member = Member(
+                    str(m["member_id"]),
+                    m.get("group_instance_id"),
+                    str(m["client_id"]),
+                    str(m["client_host"]),
+                    float(m["session_timeout_s"]),
+                    float(m["rebalance_timeout_s"]),
+                    group.protocol_type,
+                    [(str(n), base64.b64decode(d)) for n, d in m["protocols"]],
+                    now,
+                    base64.b64decode(m["assignment"]),
+                )
+                group.members[member.member_id] = member
+            self.groups[group_id] = group
+        if records:
+            log.info("coordinator: loaded %d group(s) from the metadata log", len(records))
 
     async def _sweep(self) -> None:
         while True:
@@ -403,3 +469,26 @@ class GroupCoordinator:
         if group is not None and group.members:
             raise GroupError(68, f"group {group_id} has members")  # NON_EMPTY_GROUP
         self.groups.pop(group_id, None)
+
+
+def record_of(group: Group) -> dict[str, Any]:
+    """A settled group as the metadata log keeps it (JSON)."""
+    return {
+        "generation": group.generation,
+        "protocol_type": group.protocol_type,
+        "protocol": group.protocol,
+        "leader": group.leader,
+        "members": [
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "session_timeout_s": m.session_timeout_s,
+                "rebalance_timeout_s": m.rebalance_timeout_s,
+                "protocols": [[n, base64.b64encode(d).decode()] for n, d in m.protocols],
+                "assignment": base64.b64encode(m.assignment).decode(),
+            }
+            for m in group.members.values()
+        ],
+    }

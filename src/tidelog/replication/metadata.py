@@ -187,6 +187,9 @@ class MetadataState:
     # initial ones (its --peers); until then the nodes are those every node was started with.
     nodes: dict[int, NodeEntry] = field(default_factory=dict)
     removed_nodes: set[int] = field(default_factory=set)  # ids are never reused
+    # Kafka consumer groups' membership as their coordinator last settled it (kafka/groups.py
+    # reads and writes the records; here they are opaque), so a new coordinator carries on.
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicMeta:
         meta = self.topics.get(name)
@@ -268,6 +271,12 @@ class MetadataState:
             self.cursors.pop(name, None)
         elif kind == "invalidate_cursor" and name in self.cursors:
             self.cursors[name].invalidated = str(command.get("reason", "invalidated"))
+        elif kind == "group":
+            record = command.get("record")
+            if isinstance(record, dict) and record.get("members"):
+                self.groups[name] = record
+            else:
+                self.groups.pop(name, None)  # an empty group keeps only its cursors
         return None
 
     def _change_nodes(self, kind: str, command: dict[str, Any]) -> None:
@@ -347,6 +356,7 @@ class MetadataState:
             "cursors": [c.to_wire() for c in self.cursors.values()],
             "nodes": [n.to_wire() for n in self.nodes.values()],
             "removed_nodes": sorted(self.removed_nodes),
+            "groups": self.groups,
         }
 
     @staticmethod
@@ -361,6 +371,7 @@ class MetadataState:
             entry = NodeEntry.from_wire(n)
             state.nodes[entry.node_id] = entry
         state.removed_nodes = {int(n) for n in data.get("removed_nodes", [])}
+        state.groups = {str(k): dict(v) for k, v in dict(data.get("groups", {})).items()}
         return state
 
 
