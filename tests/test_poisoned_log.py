@@ -55,9 +55,9 @@ def test_a_stream_with_an_old_invalid_batch_is_reported_and_readable_past_it(
             await client.produce("s", [b"a", b"b"], partition=0)
 
     asyncio.run(first())
-    zstd = POISON["zstd_bit_on_plain_data"].make()
+    unreadable = POISON["codec_5_does_not_exist"].make()
     lengths = POISON["record_length_disagrees_with_fields"].make()
-    append_as_an_old_version(tmp_path / "node" / "s-0", zstd, good(2), lengths, good(1))
+    append_as_an_old_version(tmp_path / "node" / "s-0", unreadable, good(2), lengths, good(1))
 
     async def second() -> None:
         async with running_node(tmp_path) as (node, client):
@@ -101,8 +101,9 @@ def test_a_stream_with_an_old_invalid_batch_is_reported_and_readable_past_it(
 def test_a_table_with_an_old_invalid_batch_starts_applies_past_it_and_takes_writes(
     tmp_path: Path,
 ) -> None:
-    """The failure the issue found: one zstd-bit batch in a table topic left every node unable
-    to start. Now the state machine passes over it (every replica alike) and says so."""
+    """The failure the issue found: one unreadable batch (then: the zstd bit, which tidelog did
+    not read; now: a codec that does not exist) in a table topic left every node unable to
+    start. Now the state machine passes over it (every replica alike) and says so."""
 
     async def first() -> None:
         async with running_node(tmp_path) as (_node, client):
@@ -110,9 +111,9 @@ def test_a_table_with_an_old_invalid_batch_starts_applies_past_it_and_takes_writ
             await client.produce("kv", [ProducerRecord(b"a", b"1")])
 
     asyncio.run(first())
-    zstd = POISON["zstd_bit_on_plain_data"].make()
+    unreadable = POISON["codec_5_does_not_exist"].make()
     later = build_batch([ProducerRecord(b"b", b"2")])
-    append_as_an_old_version(tmp_path / "node" / "kv-0", zstd, later)
+    append_as_an_old_version(tmp_path / "node" / "kv-0", unreadable, later)
 
     async def second() -> None:
         async with running_node(tmp_path) as (_node, client):

@@ -21,7 +21,6 @@ No Python object is built per record either way.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -35,7 +34,6 @@ from tidelog.errors import (
     UnsupportedCompression,
 )
 from tidelog.record.batch import (
-    COMPRESSION_GZIP,
     COMPRESSION_MASK,
     COMPRESSION_NONE,
     CONTROL_BIT,
@@ -47,13 +45,13 @@ from tidelog.record.batch import (
     BatchHeader,
     validate,
 )
+from tidelog.record.compression import CODEC_NAMES, decompress
 
 # A batch may inflate to at most this many times max.message.bytes: beyond it, it is a
 # compression bomb (RecordTooLarge), refused before more than that is in memory.
 DECOMPRESSION_RATIO_MAX = 4
 KNOWN_ATTRIBUTE_BITS = COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT
-CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
-SUPPORTED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})
+SUPPORTED_CODECS = frozenset(CODEC_NAMES)
 
 # Scan result codes (shared with _scan.c).
 SCAN_OK = 0
@@ -156,12 +154,7 @@ def check_header(header: BatchHeader, batch: int, rules: BatchRules) -> None:
         )
     codec = attributes & COMPRESSION_MASK
     if codec not in SUPPORTED_CODECS:
-        name = CODEC_NAMES.get(codec)
-        why = (
-            f"compression codec {codec} ({name}) is not one tidelog reads (none, gzip)"
-            if name
-            else f"compression codec {codec} does not exist"
-        )
+        why = f"compression codec {codec} does not exist (none, gzip, snappy, lz4, zstd do)"
         raise _refuse(UnsupportedCompression, "compression", why, batch, codec=codec)
     if attributes & CONTROL_BIT:
         raise _refuse(InvalidRecord, "control", "control batches are written by the log", batch)
@@ -251,8 +244,7 @@ def check_readable(
         raise _refuse(
             UnsupportedCompression,
             "compression",
-            f"compression codec {codec} ({CODEC_NAMES.get(codec, 'none such')}) is not one "
-            "tidelog reads",
+            f"compression codec {codec} does not exist",
             batch,
             codec=codec,
         )
@@ -274,23 +266,17 @@ def inflate(
     raw = memoryview(buf)[pos + HEADER_SIZE : pos + header.size_bytes]
     if header.compression == COMPRESSION_NONE:
         return raw
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing
     try:
-        data = inflater.decompress(raw, limit + 1)
-    except zlib.error as exc:
-        raise _refuse(CorruptRecord, "compression", f"gzip data is corrupt: {exc}", batch) from None
-    if len(data) > limit or inflater.unconsumed_tail:
+        return decompress(header.compression, raw, limit)
+    except RecordTooLarge:
         raise _refuse(
             RecordTooLarge,
             "inflated_size",
             f"the batch inflates past {limit} bytes ({DECOMPRESSION_RATIO_MAX} x max.message.bytes)",
             batch,
-        )
-    if not inflater.eof:
-        raise _refuse(CorruptRecord, "compression", "gzip data is cut short", batch)
-    if inflater.unused_data:
-        raise _refuse(CorruptRecord, "compression", "bytes follow the gzip data", batch)
-    return data
+        ) from None
+    except CorruptRecord as exc:
+        raise _refuse(CorruptRecord, "compression", exc.message, batch) from None
 
 
 def _varint(
