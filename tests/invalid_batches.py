@@ -210,12 +210,6 @@ INVALID: list[Invalid] = [
         "timestamp",
     ),
     Invalid(
-        "sequence_without_a_producer_id",
-        lambda: set_field(good(1), BASE_SEQUENCE_AT, ">i", 7),
-        InvalidRecord,
-        "producer",
-    ),
-    Invalid(
         "negative_producer_id",
         lambda: set_field(good(1), PRODUCER_ID_AT, ">q", -5),
         InvalidRecord,

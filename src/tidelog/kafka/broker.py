@@ -333,6 +333,9 @@ class KafkaBroker:
             request = api.ProduceRequest(topic, partition, acks, min(timeout_ms, 300_000))
             return await self._call(principal, request, records)
         except TidelogError as exc:
+            log.info(
+                "kafka: produce to %s/%d from %s: %s", topic, partition, principal.address, exc
+            )
             return exc
 
     async def init_producer_id(self, principal: Principal, req: KafkaRequest) -> Answer:

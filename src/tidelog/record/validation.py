@@ -39,7 +39,6 @@ from tidelog.record.batch import (
     CONTROL_BIT,
     HEADER_SIZE,
     NO_PRODUCER_ID,
-    NO_SEQUENCE,
     TIMESTAMP_TYPE_BIT,
     TRANSACTIONAL_BIT,
     BatchHeader,
@@ -179,8 +178,9 @@ def check_header(header: BatchHeader, batch: int, rules: BatchRules) -> None:
         )
     if header.producer_id < NO_PRODUCER_ID:
         raise _refuse(InvalidRecord, "producer", f"producer id {header.producer_id}", batch)
-    if header.producer_id == NO_PRODUCER_ID and header.base_sequence != NO_SEQUENCE:
-        raise _refuse(InvalidRecord, "producer", "a sequence without a producer id", batch)
+    # A sequence without a producer id is ignored, not refused: Kafka takes such batches
+    # (aiokafka's producer sends sequence 0 when it is not idempotent), and the log keeps
+    # producer state only for ids >= 0.
     if header.producer_id >= 0 and (header.producer_epoch < 0 or header.base_sequence < 0):
         raise _refuse(
             InvalidRecord, "producer", "an idempotent batch needs an epoch and sequence >= 0", batch
