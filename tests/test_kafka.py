@@ -152,6 +152,19 @@ def test_bad_input_on_the_kafka_port_gets_an_error_or_a_closed_connection(
     assert cluster.alive(1)
 
 
+def group_member(cluster: LocalCluster, group: str, **extra: Any) -> Any:
+    """A consumer in a group that commits only when told, with a short session."""
+    settings = {
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+        **extra,
+    }
+    return Consumer(kafka_config(cluster, **settings))
+
+
 def committed(consumer: Any, topic: str, partitions: int) -> dict[int, int]:
     tps = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
     return {tp.partition: tp.offset for tp in tps}
@@ -183,18 +196,7 @@ def test_a_group_shares_partitions_takes_over_and_its_commits_hold_retention(
     assert producer.flush(30) == 0
 
     def member() -> Any:
-        c = Consumer(
-            kafka_config(
-                cluster,
-                **{
-                    "group.id": "sharers",
-                    "auto.offset.reset": "earliest",
-                    "enable.auto.commit": False,
-                    "session.timeout.ms": 6000,
-                    "heartbeat.interval.ms": 500,
-                },
-            )
-        )
+        c = group_member(cluster, "sharers")
         c.subscribe([topic])
         return c
 
@@ -298,18 +300,7 @@ def test_a_leader_killed_under_an_idempotent_producer_and_a_group_loses_and_repe
         producer.flush(150)
 
     def consume() -> None:
-        consumer = Consumer(
-            kafka_config(
-                cluster,
-                **{
-                    "group.id": "exactly-once",
-                    "auto.offset.reset": "earliest",
-                    "enable.auto.commit": False,
-                    "session.timeout.ms": 6000,
-                    "heartbeat.interval.ms": 500,
-                },
-            )
-        )
+        consumer = group_member(cluster, "exactly-once")
         consumer.subscribe([topic])
         try:
             while not stop.is_set():

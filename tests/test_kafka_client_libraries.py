@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,13 @@ class Plan:
                 self.first.append((codec, row))
         self.second = [self.row(f"late-{i}", "none") for i in range(6)]
         self.third = [self.row(f"after-restart-{i}", "none") for i in range(6)]
+
+    def produce_bursts(self, produce: Callable[[list[tuple[str, Row]]], None]) -> int:
+        """The first burst (every codec), then the second; the time between them."""
+        produce(self.first)
+        mark = mark_between_bursts()
+        produce([("none", r) for r in self.second])
+        return mark
 
     def row(self, tag: str, codec: str) -> Row:
         return (
@@ -134,9 +141,7 @@ def test_kafka_python(cluster: LocalCluster) -> None:
         consumer.close()
         return got
 
-    produce(plan.first)
-    mark = mark_between_bursts()
-    produce([("none", r) for r in plan.second])
+    mark = plan.produce_bursts(produce)
     check_first_read(plan, consume(len(plan.first) + len(plan.second)))
 
     reader = KafkaConsumer(bootstrap_servers=boot, enable_auto_commit=False)
@@ -293,9 +298,7 @@ def test_confluent_kafka(cluster: LocalCluster) -> None:
             consumer.close()
         return got
 
-    produce(plan.first)
-    mark = mark_between_bursts()
-    produce([("none", r) for r in plan.second])
+    mark = plan.produce_bursts(produce)
     check_first_read(plan, consume(len(plan.first) + len(plan.second)))
 
     reader = Consumer({**config, "group.id": "confluent-by-time", "enable.auto.commit": False})
@@ -357,9 +360,7 @@ def test_kcat(cluster: LocalCluster) -> None:
         return got
 
     fmt = "%p|%o|%k|%s|%h\\n"
-    produce(plan.first)
-    mark = mark_between_bursts()
-    produce([("none", r) for r in plan.second])
+    mark = plan.produce_bursts(produce)
     everything = parse(kcat("-C", "-b", boot, "-t", topic, "-o", "beginning", "-e", "-f", fmt))
     check_first_read(plan, everything)
     since = parse(kcat("-C", "-b", boot, "-t", topic, "-o", f"s@{mark}", "-e", "-f", fmt))

@@ -66,6 +66,24 @@ Answer = Mapping[str, Any] | None
 Handler = Callable[[Principal, KafkaRequest], Awaitable[Answer]]
 
 
+def refuse(
+    entry: dict[str, Any], error: TidelogError, not_leader: int = kerr.NOT_LEADER_OR_FOLLOWER
+) -> None:
+    """Mark one entry of an answer with the error's Kafka code and message."""
+    entry["error_code"] = kafka_code(error, not_leader)
+    entry["error_message"] = error.message[:1000]
+
+
+def resource_entry(resource: Any) -> dict[str, Any]:
+    """One resource's entry in a configs answer, before its outcome."""
+    return {
+        "error_code": kerr.NONE,
+        "error_message": None,
+        "resource_type": resource.resource_type,
+        "resource_name": resource.resource_name,
+    }
+
+
 def topic_uuid(cluster_id: str, name: str, topic_id: int) -> uuid.UUID:
     """A topic's Kafka id: stable for this incarnation of the name in this cluster."""
     return uuid.uuid5(uuid.NAMESPACE_URL, f"tidelog:{cluster_id}/{name}/{topic_id}")
@@ -555,8 +573,7 @@ class KafkaBroker:
                             self.core.identity.cluster_id, topic.name, meta.topic_id
                         )
             except TidelogError as exc:
-                entry["error_code"] = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
-                entry["error_message"] = exc.message[:1000]
+                refuse(entry, exc, kerr.NOT_CONTROLLER)
                 entry["num_partitions"] = entry["replication_factor"] = -1
             results.append(entry)
         return {"throttle_time_ms": 0, "topics": results}
@@ -577,8 +594,7 @@ class KafkaBroker:
                     raise UnknownTopicOrPartition("topics are deleted by name here")
                 await self._admin(principal, api.DeleteTopicRequest(name))
             except TidelogError as exc:
-                entry["error_code"] = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
-                entry["error_message"] = exc.message[:1000]
+                refuse(entry, exc, kerr.NOT_CONTROLLER)
             results.append(entry)
         return {"throttle_time_ms": 0, "responses": results}
 
@@ -598,24 +614,16 @@ class KafkaBroker:
                         principal, api.CreatePartitionsRequest(topic.name, int(topic.count))
                     )
             except TidelogError as exc:
-                code = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
-                entry["error_code"] = (
-                    kerr.INVALID_PARTITIONS if code == kerr.INVALID_REQUEST else code
-                )
-                entry["error_message"] = exc.message[:1000]
+                refuse(entry, exc, kerr.NOT_CONTROLLER)
+                if entry["error_code"] == kerr.INVALID_REQUEST:
+                    entry["error_code"] = kerr.INVALID_PARTITIONS
             results.append(entry)
         return {"throttle_time_ms": 0, "results": results}
 
     async def describe_configs(self, principal: Principal, req: KafkaRequest) -> Answer:
         results = []
         for resource in req.body.resources:
-            entry: dict[str, Any] = {
-                "error_code": kerr.NONE,
-                "error_message": None,
-                "resource_type": resource.resource_type,
-                "resource_name": resource.resource_name,
-                "configs": [],
-            }
+            entry = {**resource_entry(resource), "configs": []}
             keys = resource.configuration_keys
             if resource.resource_type == TOPIC_RESOURCE:
                 try:
@@ -643,8 +651,7 @@ class KafkaBroker:
                             }
                         )
                 except TidelogError as exc:
-                    entry["error_code"] = kafka_code(exc)
-                    entry["error_message"] = exc.message[:1000]
+                    refuse(entry, exc)
             elif resource.resource_type != BROKER_RESOURCE:
                 entry["error_code"] = kerr.INVALID_REQUEST
                 entry["error_message"] = "only topic and broker configs are described"
@@ -654,12 +661,7 @@ class KafkaBroker:
     async def incremental_alter_configs(self, principal: Principal, req: KafkaRequest) -> Answer:
         responses = []
         for resource in req.body.resources:
-            entry: dict[str, Any] = {
-                "error_code": kerr.NONE,
-                "error_message": None,
-                "resource_type": resource.resource_type,
-                "resource_name": resource.resource_name,
-            }
+            entry = resource_entry(resource)
             try:
                 if resource.resource_type != TOPIC_RESOURCE:
                     raise InvalidRequest("only topic configs are altered here")
@@ -674,8 +676,7 @@ class KafkaBroker:
                         principal, api.AlterTopicRequest(resource.resource_name, sets, deletes)
                     )
             except TidelogError as exc:
-                entry["error_code"] = kafka_code(exc, not_leader=kerr.NOT_CONTROLLER)
-                entry["error_message"] = exc.message[:1000]
+                refuse(entry, exc, kerr.NOT_CONTROLLER)
             responses.append(entry)
         return {"throttle_time_ms": 0, "responses": responses}
 

@@ -47,7 +47,7 @@ class _Slot:
 class KafkaConnection(FrameConnection):
     def __init__(self, listener: Listener, broker: KafkaBroker) -> None:
         super().__init__(listener)
-        self.decoder = KafkaFrameDecoder(self.frame_bytes_max)  # type: ignore[assignment]
+        self.decoder = KafkaFrameDecoder(self.frame_bytes_max)
         self.broker = broker
         self.principal = Principal.anonymous("", Origin.KAFKA)
         self._slots: collections.deque[_Slot] = collections.deque()
