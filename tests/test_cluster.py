@@ -171,7 +171,11 @@ def test_leader_killed_and_frozen_under_load(tmp_path: Path) -> None:
 def test_min_insync_follower_reads_and_status(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         client.create_topic(
-            "t", partitions=3, replication_factor=3, configs={"min.insync.replicas": "3"}
+            "t",
+            partitions=3,
+            replication_factor=3,
+            # a dead follower leaves the in-sync set after 3 s, not Kafka's 30 s
+            configs={"min.insync.replicas": "3", "replica.lag.time.max.ms": "3000"},
         )
         client.create_topic("isr", replication_factor=3, configs={"hw.policy": "isr"})
         for p in range(3):

@@ -195,8 +195,10 @@ def test_a_group_shares_partitions_takes_over_and_its_commits_hold_retention(
             producer.flush(10)  # small batches: many segments
     assert producer.flush(30) == 0
 
-    def member() -> Any:
-        c = group_member(cluster, "sharers")
+    def member() -> Any:  # incremental rebalancing (KIP-429) over the classic protocol
+        c = group_member(
+            cluster, "sharers", **{"partition.assignment.strategy": "cooperative-sticky"}
+        )
         c.subscribe([topic])
         return c
 

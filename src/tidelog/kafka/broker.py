@@ -42,6 +42,7 @@ from tidelog.node.access import Operation, Principal
 from tidelog.node.core import NodeCore
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
+from tidelog.record import decode_records
 from tidelog.replication.metadata import CURSOR_NAME, Cursor, MetadataState
 
 log = logging.getLogger(__name__)
@@ -497,8 +498,12 @@ class KafkaBroker:
                             api.ListOffsetsRequest(topic.name, part.partition_index, spec, ts),
                         )
                         entry["offset"] = found.offset
-                        if spec == "timestamp":
-                            entry["timestamp"] = ts
+                        if spec == "timestamp" and found.offset >= found.high_watermark:
+                            entry["offset"] = -1  # no committed record that late, as Kafka says
+                        elif spec == "timestamp":
+                            entry["timestamp"] = await self._timestamp_at(
+                                principal, topic.name, part.partition_index, found.offset, ts
+                            )
                         _, epoch = self.view.leader(topic.name, part.partition_index)
                         entry["leader_epoch"] = epoch
                     except TidelogError as exc:
@@ -506,6 +511,18 @@ class KafkaBroker:
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _timestamp_at(
+        self, principal: Principal, topic: str, partition: int, offset: int, asked: int
+    ) -> int:
+        """The timestamp of the record at offset (ListOffsets answers the one it found)."""
+        request = api.FetchRequest(topic, partition, offset, 1, 0, 0, True)
+        try:
+            _, payload = await self._call(principal, request)
+            records = decode_records(payload.read()) if payload is not None else []
+        except TidelogError:
+            return asked
+        return next((r.timestamp for r in records if r.offset == offset), asked)
 
     async def delete_records(self, principal: Principal, req: KafkaRequest) -> Answer:
         topics = []

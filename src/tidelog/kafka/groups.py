@@ -431,7 +431,9 @@ class GroupCoordinator:
             now = time.monotonic()
             for group in list(self.groups.values()):
                 for member in list(group.members.values()):
-                    waiting = member.joining is not None and not member.joining.done()
+                    waiting = any(
+                        f is not None and not f.done() for f in (member.joining, member.syncing)
+                    )
                     if not waiting and now - member.last_seen > member.session_timeout_s:
                         log.info(
                             "group %s: member %s's session expired",
