@@ -279,6 +279,11 @@ def add_cluster_commands(
         default=0,
         help="give node N a Kafka listener on this port + N - 1 (default: none)",
     )
+    up.add_argument(
+        "--kafka-listen",
+        metavar="HOST:PORT",
+        help="the same as --kafka-base-port PORT (the nodes listen on 127.0.0.1)",
+    )
     up.set_defaults(func=cmd_cluster_up)
     from tidelog.cli.nodes import add_node_commands
     from tidelog.cli.rebalance import add_rebalance_command
@@ -289,9 +294,12 @@ def add_cluster_commands(
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     ports = [args.base_port + i for i in range(args.nodes)]
-    kafka_ports = (
-        [args.kafka_base_port + i for i in range(args.nodes)] if args.kafka_base_port else None
-    )
+    base = args.kafka_base_port
+    if args.kafka_listen:
+        from tidelog.node.config import parse_address
+
+        base = parse_address(args.kafka_listen)[1]
+    kafka_ports = [base + i for i in range(args.nodes)] if base else None
     cluster = LocalCluster(
         args.data,
         args.nodes,
