@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -221,10 +223,20 @@ def test_serve_from_a_toml_file_and_stop_on_sigterm(tmp_path: Path) -> None:
     time.sleep(0)
 
 
+def ports_free(base: int, count: int) -> bool:
+    for port in range(base, base + count):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
 def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) -> None:
-    base = free_ports(1)[0]
-    while not all(p >= 1024 for p in (base, base + 1, base + 2)):
-        base = free_ports(1)[0]
+    # Below the kernel's ephemeral range: the nodes' own outbound connections take ports from
+    # that range, and one could take base + 2 before node 3 binds it.
+    base = next(b for b in random.sample(range(20_000, 30_000, 3), 200) if ports_free(b, 3))
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -246,8 +258,10 @@ def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) 
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
+        printed = ""
         while "cluster of 3 nodes up" not in line:
-            assert line, "cluster up exited early"
+            assert line or proc.poll() is None, f"cluster up exited early:\n{printed}"
+            printed += line
             line = proc.stdout.readline()
         bootstrap = line.rsplit(" ", 1)[-1].strip()
         tidelog(
