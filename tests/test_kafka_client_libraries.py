@@ -87,6 +87,22 @@ def check_first_read(plan: Plan, got: list[tuple[int, int, Row]]) -> None:
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
 
 
+def check_resume(
+    cluster: LocalCluster,
+    plan: Plan,
+    group: str,
+    topic: str,
+    produce: Callable[[list[tuple[str, Row]]], None],
+    consume: Callable[[int], list[tuple[int, int, Row]]],
+) -> None:
+    """The group's cursor holds what it read; a new member ("restarted") gets only what came
+    after."""
+    positions = check_cursor(cluster, group, topic)
+    assert sum(positions.values()) == len(plan.first) + len(plan.second)
+    produce([("none", r) for r in plan.third])
+    assert sorted(r for _, _, r in consume(len(plan.third))) == sorted(plan.third)
+
+
 def mark_between_bursts() -> int:
     time.sleep(0.05)
     mark = int(time.time() * 1000)
@@ -160,10 +176,7 @@ def test_kafka_python(cluster: LocalCluster) -> None:
     reader.close()
     assert sorted(since) == sorted(plan.second)
 
-    positions = check_cursor(cluster, group, topic)
-    assert sum(positions.values()) == len(plan.first) + len(plan.second)
-    produce([("none", r) for r in plan.third])
-    assert sorted(r for _, _, r in consume(len(plan.third))) == sorted(plan.third)
+    check_resume(cluster, plan, group, topic, produce, consume)
 
 
 # -- aiokafka --------------------------------------------------------------------------------------
@@ -315,10 +328,7 @@ def test_confluent_kafka(cluster: LocalCluster) -> None:
     reader.close()
     assert sorted(since) == sorted(plan.second)
 
-    positions = check_cursor(cluster, group, topic)
-    assert sum(positions.values()) == len(plan.first) + len(plan.second)
-    produce([("none", r) for r in plan.third])
-    assert sorted(r for _, _, r in consume(len(plan.third))) == sorted(plan.third)
+    check_resume(cluster, plan, group, topic, produce, consume)
 
 
 # -- kcat --------------------------------------------------------------------------------------
