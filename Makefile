@@ -4,11 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean java kcat
+.PHONY: setup demo test lint typecheck unit bench clean java kcat cc
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml src/tidelog/record/_scan.c | java kcat
+$(STAMP): pyproject.toml $(wildcard src/tidelog/record/*.c src/tidelog/record/*.h) | java kcat cc
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/python -m pip install --quiet -e '.[spark,dev]'
@@ -20,6 +20,14 @@ java:
 	  echo "java not found: installing openjdk-17-jre-headless"; \
 	  (sudo -n true 2>/dev/null && SUDO=sudo || SUDO=); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openjdk-17-jre-headless; }
+
+# The record scan and decoder are C extensions: gcc and the Python headers (python3-dev) are
+# expected on the machine, installed with apt if the compiler is missing.
+cc:
+	@command -v gcc >/dev/null 2>&1 || { \
+	  echo "gcc not found: installing it"; \
+	  (sudo -n true 2>/dev/null && SUDO=sudo || SUDO=); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq gcc python3-dev; }
 
 # kcat (Debian's package) is one of the Kafka clients the Kafka listener's tests use.
 kcat:

@@ -25,6 +25,7 @@ from tidelog.client.producer import Producer
 from tidelog.client.sync_client import Client
 from tidelog.errors import (
     OutcomeUnknown,
+    OutOfOrderSequence,
     RecordTooLarge,
     TidelogError,
     UnknownTopicOrPartition,
@@ -168,6 +169,9 @@ def test_definite_failures_stay_definite(tmp_path: Path) -> None:
             big = ProducerRecord(None, b"x" * (9 * 1024 * 1024))
             with pytest.raises(RecordTooLarge):
                 await client.produce("t", [big], partition=0)
+            # The refused batch took its sequences; the next one goes on in a new epoch rather
+            # than leaving a gap the log would refuse.
+            await client.produce("t", [b"after"], partition=0)
 
     asyncio.run(main())
 
@@ -343,3 +347,82 @@ def test_under_kills_and_freezes_every_outcome_is_what_the_producer_was_told(
         f"({sum(1 for v in unknown if v in where)} of them stored)"
     )
     assert len(acked) > 100
+
+
+def sink_chunks(pid: int, epoch: int, chunks: int, per_chunk: int) -> list[bytes]:
+    """One idempotent producer's chunks, sequenced as the Spark sink sequences them."""
+    return [
+        build_batch(
+            [ProducerRecord(None, b"%d-%d" % (c, i)) for i in range(per_chunk)],
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=c * per_chunk,
+        )
+        for c in range(chunks)
+    ]
+
+
+def test_the_log_refuses_a_gap_in_a_producers_sequences(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with through_proxy(tmp_path) as (node, _proxy, client):
+            chunks = sink_chunks(4242, 0, 4, 3)
+            await client.produce_batch("t", 0, chunks[0])
+            with pytest.raises(OutOfOrderSequence, match="expects 3 next"):
+                await client.produce_batch("t", 0, chunks[2])
+            assert values(node, "t/0") == [b"0-0", b"0-1", b"0-2"]
+            await client.produce_batch("t", 0, chunks[1])
+            await client.produce_batch("t", 0, chunks[2])
+            replay = await client.produce_batch("t", 0, chunks[1])
+            assert replay is not None and replay.duplicate
+            # A new epoch may start anywhere (the sink's next micro-batch starts at 0).
+            await client.produce_batch("t", 0, sink_chunks(4242, 1, 1, 3)[0])
+            assert len(values(node, "t/0")) == 12
+
+    asyncio.run(main())
+
+
+def test_pipelined_chunks_through_lost_answers_land_once_in_order(tmp_path: Path) -> None:
+    """Five chunks in flight per partition while every fourth answer is lost (closing the
+    connection under every chunk in flight): retried chunks arrive out of order, the log refuses
+    those ahead of a gap, and the pipeline sends them again; each chunk lands once, in order."""
+
+    async def main() -> None:
+        async with through_proxy(tmp_path) as (node, proxy, client):
+            proxy.drop_every = 4
+            chunks = {("t", 0): sink_chunks(777, 0, 30, 5), ("t", 1): sink_chunks(778, 0, 30, 5)}
+            results = await client.produce_pipelined(chunks, acks="all", in_flight=5)
+            assert proxy.dropped > 3
+            for p in range(2):
+                assert values(node, f"t/{p}") == [
+                    b"%d-%d" % (c, i) for c in range(30) for i in range(5)
+                ]
+                assert len(results[("t", p)]) == 30
+            # Sent again (a replayed task): nothing new lands.
+            proxy.drop_every = 0
+            again = await client.produce_pipelined(chunks, acks="all", in_flight=5)
+            assert all(r is not None and r.duplicate for rs in again.values() for r in rs)
+            assert len(values(node, "t/0")) == 150
+
+    asyncio.run(main())
+
+
+def test_a_failed_chunk_mid_pipeline_leaves_a_prefix(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with through_proxy(tmp_path) as (node, _proxy, client):
+            await client.alter_topic("t", {"max.message.bytes": "4096"})
+            chunks = sink_chunks(99, 0, 10, 4)
+            big = build_batch(
+                [ProducerRecord(None, b"x" * 5000)] * 4,
+                producer_id=99,
+                producer_epoch=0,
+                base_sequence=16,
+            )
+            chunks[4] = big
+            with pytest.raises(RecordTooLarge):
+                await client.produce_pipelined({("t", 0): chunks}, in_flight=5)
+            assert values(node, "t/0") == [b"%d-%d" % (c, i) for c in range(4) for i in range(4)]
+            await client.alter_topic("t", {"max.message.bytes": "1048576"})
+            await client.produce_pipelined({("t", 0): chunks}, in_flight=5)
+            assert len(values(node, "t/0")) == 40
+
+    asyncio.run(main())

@@ -597,3 +597,51 @@ def test_every_invalid_batch_is_refused_and_every_reader_keeps_reading(
     cluster.wait_ready()
     leader_of(client, "poison-table")
     every_reader_reads()
+
+
+def test_a_chunk_failing_mid_pipeline_leaves_a_prefix_and_the_replay_writes_the_rest(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    """The sink keeps 5 chunks of 100 rows in flight per partition. Chunk 5 is too large for the
+    output topic: it fails, and so does the query (after Spark's second attempt of the task);
+    the chunks sent behind it are refused (OutOfOrderSequence), so the topic holds exactly
+    chunks 0-4. Once the topic takes the large chunk, the query restarted from its checkpoint
+    replays the batch and the topic holds every row once, in order."""
+    client.create_topic("mid_in", partitions=1, replication_factor=3)
+    client.create_topic(
+        "mid_out", partitions=1, replication_factor=3, configs={"max.message.bytes": "20000"}
+    )
+    values = [b"x" * 30_000 if i == 550 else b"v%04d" % i for i in range(1000)]
+    for lo in range(0, 1000, 100):
+        client.produce(
+            "mid_in",
+            [ProducerRecord(b"k%04d" % i, values[i]) for i in range(lo, lo + 100)],
+            partition=0,
+        )
+
+    def copy() -> Any:
+        return (
+            stream(spark, cluster, "mid_in", startingOffsets="earliest")
+            .select("key", "value")
+            .writeStream.format("tidelog")
+            .option("bootstrap", cluster.bootstrap)
+            .option("topic", "mid_out")
+            .option("chunkRecords", "100")
+            .option("maxInFlight", "5")
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    failing = copy()
+    with pytest.raises(Exception, match="RecordTooLarge"):
+        failing.awaitTermination(120)
+    landed = [r.key for r in client.consume("mid_out", 0, "earliest")]
+    assert landed == [b"k%04d" % i for i in range(500)]
+
+    client.alter_topic("mid_out", {"max.message.bytes": "1048576"})
+    replay = copy()
+    assert replay.awaitTermination(120), "the replay did not finish"
+    assert replay.exception() is None
+    out = [(r.key, r.value) for r in client.consume("mid_out", 0, "earliest")]
+    assert out == [(b"k%04d" % i, values[i]) for i in range(1000)]

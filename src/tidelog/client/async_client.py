@@ -21,6 +21,7 @@ import random
 import zlib
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from tidelog.client.connection import NodeConnection
@@ -32,6 +33,7 @@ from tidelog.errors import (
     NotLeader,
     OffsetOutOfRange,
     OutcomeUnknown,
+    OutOfOrderSequence,
     TidelogError,
     Timeout,
     UnknownNode,
@@ -44,6 +46,7 @@ from tidelog.protocol.framing import Frame
 from tidelog.record.batch import (
     NO_PRODUCER_ID,
     SEQUENCE_MAX,
+    BatchHeader,
     ProducerRecord,
     Record,
     build_batch,
@@ -51,6 +54,13 @@ from tidelog.record.batch import (
     iter_headers,
     read_header,
     restamp_producer,
+)
+from tidelog.record.columns import (
+    OFFSET_MAX,
+    BatchItem,
+    RecordColumns,
+    batch_items,
+    decode_columns,
 )
 
 log = logging.getLogger(__name__)
@@ -124,14 +134,61 @@ class ProduceResult:
 
 @dataclass(frozen=True)
 class FetchResult:
+    """One fetch's answer. `raw` holds the batches as they came; `records` (decoded on first
+    use) and `columns()` read them, dropping records below `from_offset` and control batches
+    unless include_control was asked for."""
+
     partition: int
-    records: list[Record]
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
     next_offset: int
     node_id: int
     raw: bytes = b""
+    from_offset: int = 0
+    include_control: bool = False
+    skip_invalid: bool = False
+    where: str = ""
+
+    @cached_property
+    def records(self) -> list[Record]:
+        records, _ = decode_fetched(
+            self.raw, self.from_offset, self.include_control, self.skip_invalid, self.where
+        )
+        if records:
+            self._check_below_hw(records[-1].offset)
+        return records
+
+    def columns(
+        self, end_offset: int | None = None, include_headers: bool = False
+    ) -> RecordColumns:
+        """The records at from_offset <= offset < end_offset as column buffers (the Spark
+        source's path: no Python object per record)."""
+        stop = OFFSET_MAX if end_offset is None else end_offset
+        items = list(
+            batch_items(self.raw, self.from_offset, stop, include_control=self.include_control)
+        )
+        try:
+            columns = decode_columns([item for _, item in items], include_headers)
+        except CorruptRecord:
+            # Find the batch that cannot be read, name it, and skip it if asked to.
+            good = [
+                item
+                for header, item in items
+                if _readable(header, item, include_headers, self.skip_invalid, self.where)
+            ]
+            columns = decode_columns(good, include_headers)
+        last = columns.last_offset()
+        if last is not None:
+            self._check_below_hw(last)
+        return columns
+
+    def _check_below_hw(self, offset: int) -> None:
+        if offset >= self.high_watermark:
+            raise CorruptRecord(
+                f"node {self.node_id} returned offset {offset} at or above its HW "
+                f"{self.high_watermark}"
+            )
 
 
 @dataclass
@@ -823,9 +880,19 @@ class AsyncClient:
         async with lock:
             pid, epoch, sequence = self._take_sequences(tp, count)
             batch = encode(pid, epoch, sequence)
-            return await self._produce(
-                topic, partition, batch, acks_value, timeout_ms, pid, retry=True
-            )
+            try:
+                return await self._produce(
+                    topic, partition, batch, acks_value, timeout_ms, pid, retry=True
+                )
+            except BaseException:
+                # The batch may or may not be in the log, and the next one must not leave a gap
+                # after it (the log refuses gaps within an epoch): go on in a new epoch.
+                self._next_epoch(tp)
+                raise
+
+    def _next_epoch(self, tp: tuple[str, int]) -> None:
+        epoch, _ = self._sequences.get(tp, (0, 0))
+        self._sequences[tp] = (epoch + 1, 0)
 
     def _take_sequences(self, tp: tuple[str, int], count: int) -> tuple[int, int, int]:
         """(producer id, epoch, base sequence) for the next count records to tp; taken whatever
@@ -835,10 +902,10 @@ class AsyncClient:
         epoch, sequence = self._sequences.get(tp, (0, 0))
         if sequence + count > SEQUENCE_MAX:  # sequences do not wrap: the next epoch starts at 0
             epoch, sequence = epoch + 1, 0
-            if epoch > PRODUCER_EPOCH_MAX:
-                self.producer_id = random.SystemRandom().getrandbits(63)
-                self._sequences.clear()
-                epoch = 0
+        if epoch > PRODUCER_EPOCH_MAX:
+            self.producer_id = random.SystemRandom().getrandbits(63)
+            self._sequences.clear()
+            epoch, sequence = 0, 0
         self._sequences[tp] = (epoch, sequence + count)
         return self.producer_id, epoch, sequence
 
@@ -880,7 +947,9 @@ class AsyncClient:
                 -1,
                 duplicate=True,
             )
-        except OutcomeUnknown:
+        except (OutcomeUnknown, OutOfOrderSequence):
+            # OutOfOrderSequence is definite even after a lost attempt: the log expects an
+            # earlier sequence next, so this batch is not in it.
             raise
         except TidelogError as exc:
             if unknown:
@@ -899,14 +968,58 @@ class AsyncClient:
             partition, resp.base_offset, resp.last_offset, resp.high_watermark, resp.duplicate
         )
 
-    async def produce_in_order(
-        self, batches: dict[tuple[str, int], list[bytes]], acks: int | str = "all"
+    async def produce_pipelined(
+        self,
+        batches: dict[tuple[str, int], list[bytes]],
+        acks: int | str = "all",
+        in_flight: int = 5,
+        timeout_ms: int = 30_000,
     ) -> dict[tuple[str, int], list[ProduceResult | None]]:
-        """Each partition's batches one after another (the next only once the previous is
-        acknowledged, so a failure leaves a prefix), all partitions at once."""
+        """Each partition's batches of one idempotent producer (producer id and sequences
+        already in them, consecutive: the Spark sink's chunks) in order, up to in_flight of them
+        sent before the first is acknowledged, all partitions at once. The log refuses a batch
+        whose predecessor has not landed (OutOfOrderSequence): it is sent again once the
+        predecessor is in, so whatever happens the log holds a prefix of each partition's
+        batches. The first failure (in batch order) is raised once every batch has settled."""
+        if in_flight < 1:
+            raise InvalidRequest(f"in_flight must be at least 1, got {in_flight}")
+        acks_value = parse_acks(acks)
 
         async def one(topic: str, partition: int, items: list[bytes]) -> list[ProduceResult | None]:
-            return [await self.produce_batch(topic, partition, b, acks) for b in items]
+            loop = asyncio.get_running_loop()
+            landed: list[asyncio.Future[bool]] = [loop.create_future() for _ in items]
+            window = asyncio.Semaphore(in_flight)
+
+            async def send(i: int) -> ProduceResult | None:
+                batch = items[i]
+                pid = read_header(batch).producer_id
+                try:
+                    async with window:
+                        while True:
+                            after_predecessor = i == 0 or landed[i - 1].done()
+                            try:
+                                result = await self._produce(
+                                    topic, partition, batch, acks_value, timeout_ms, pid, True
+                                )
+                                break
+                            except OutOfOrderSequence:
+                                # Sent ahead of a predecessor still being retried: wait for it
+                                # and send again (a gap behind a landed predecessor is real).
+                                if after_predecessor or not await landed[i - 1]:
+                                    raise
+                    landed[i].set_result(True)
+                    return result
+                except BaseException:
+                    landed[i].set_result(False)
+                    raise
+
+            outcomes = await asyncio.gather(
+                *(send(i) for i in range(len(items))), return_exceptions=True
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            return outcomes  # type: ignore[return-value]
 
         keys = list(batches)
         results = await asyncio.gather(*(one(t, p, batches[(t, p)]) for t, p in keys))
@@ -955,23 +1068,22 @@ class AsyncClient:
                 topic, partition, ApiKey.FETCH, request, timeout_s=timeout
             )
         resp = api.decode(api.FetchResponse, header)
-        records, next_offset = decode_fetched(
-            payload, offset, include_control, skip_invalid, f"{topic}/{partition}"
-        )
-        if records and records[-1].offset >= resp.high_watermark:
-            raise CorruptRecord(
-                f"node {resp.node_id} returned offset {records[-1].offset} at or above its HW "
-                f"{resp.high_watermark}"
-            )
+        # Headers and CRCs are checked here; records are decoded when first asked for.
+        next_offset = offset
+        for _, batch in iter_headers(payload):
+            next_offset = max(next_offset, batch.next_offset)
         return FetchResult(
             partition,
-            records,
             resp.high_watermark,
             resp.log_start_offset,
             resp.log_end_offset,
             next_offset,
             resp.node_id,
             payload,
+            offset,
+            include_control,
+            skip_invalid,
+            f"{topic}/{partition}",
         )
 
     async def list_offsets(
@@ -1135,21 +1247,34 @@ def decode_fetched(
         next_offset = max(next_offset, header.next_offset)
         if header.is_control and not include_control:
             continue
-        try:
-            decoded = decode_records(payload, pos)
-        except CorruptRecord as exc:
-            span = f"{where} offsets {header.base_offset}..{header.last_offset}"
-            if not skip_invalid:
-                raise CorruptRecord(
-                    f"{span} hold a batch that cannot be read ({exc.message}); read with "
-                    "skip_invalid (tidelog consume --skip-invalid, Spark option "
-                    "skipInvalidBatches) to pass over it",
-                    base_offset=header.base_offset,
-                    last_offset=header.last_offset,
-                ) from None
-            log.warning("skipping %s: a batch that cannot be read (%s)", span, exc.message)
+        if header.last_offset < from_offset:
             continue
-        for rec in decoded:
-            if rec.offset >= from_offset:
-                records.append(rec)
+        try:
+            records += decode_records(payload, pos, from_offset)
+        except CorruptRecord as exc:
+            _unreadable(header, exc, skip_invalid, where)
     return records, next_offset
+
+
+def _unreadable(header: BatchHeader, exc: CorruptRecord, skip_invalid: bool, where: str) -> None:
+    span = f"{where} offsets {header.base_offset}..{header.last_offset}"
+    if not skip_invalid:
+        raise CorruptRecord(
+            f"{span} hold a batch that cannot be read ({exc.message}); read with "
+            "skip_invalid (tidelog consume --skip-invalid, Spark option "
+            "skipInvalidBatches) to pass over it",
+            base_offset=header.base_offset,
+            last_offset=header.last_offset,
+        ) from None
+    log.warning("skipping %s: a batch that cannot be read (%s)", span, exc.message)
+
+
+def _readable(
+    header: BatchHeader, item: BatchItem, include_headers: bool, skip_invalid: bool, where: str
+) -> bool:
+    try:
+        decode_columns([item], include_headers)
+    except CorruptRecord as exc:
+        _unreadable(header, exc, skip_invalid, where)
+        return False
+    return True

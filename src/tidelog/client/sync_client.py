@@ -156,10 +156,14 @@ class Client:
     ) -> ProduceResult | None:
         return self._run(self._async.produce_batch(topic, partition, batch, acks))
 
-    def produce_in_order(
-        self, batches: dict[tuple[str, int], list[bytes]], acks: int | str = "all"
+    def produce_pipelined(
+        self,
+        batches: dict[tuple[str, int], list[bytes]],
+        acks: int | str = "all",
+        in_flight: int = 5,
+        timeout_ms: int = 30_000,
     ) -> dict[tuple[str, int], list[ProduceResult | None]]:
-        return self._run(self._async.produce_in_order(batches, acks))
+        return self._run(self._async.produce_pipelined(batches, acks, in_flight, timeout_ms))
 
     def fetch(self, topic: str, partition: int, offset: int, **options: Any) -> FetchResult:
         return self._run(self._async.fetch(topic, partition, offset, **options))

@@ -33,6 +33,11 @@ from tidelog.errors import CorruptRecord, RecordTooLarge
 from tidelog.record import compression as codecs
 from tidelog.record.varint import decode_varint, encode_varint
 
+try:  # the compiled decoder (optional: decode_records_py is the same in pure Python)
+    from tidelog.record import _codec
+except ImportError:  # pragma: no cover - only where the extension could not be built
+    _codec = None  # type: ignore[assignment]
+
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
 LOG_OVERHEAD = 12  # base_offset + batch_length: the bytes batch_length does not count
@@ -228,24 +233,62 @@ def build_batch(
     control: bool = False,
 ) -> bytes:
     """Encode records into one batch (the producer's job; brokers never re-encode)."""
-    recs = list(records)
+    recs = records if isinstance(records, list | tuple) else list(records)
     if not recs:
         raise ValueError("a batch holds at least one record")
     default_ts = int(time.time() * 1000) if now_ms is None else now_ms
-    timestamps = [default_ts if r.timestamp is None else r.timestamp for r in recs]
+    if _codec is None:
+        body, base_ts, max_ts = encode_records_py(recs, default_ts)
+    else:
+        body, base_ts, max_ts = _codec.encode_records(recs, default_ts)
+    return batch_from_section(
+        body,
+        len(recs),
+        base_ts,
+        max_ts,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        compression=compression,
+        control=control,
+    )
+
+
+def encode_records_py(records: Sequence[ProducerRecord], default_ts: int) -> tuple[bytes, int, int]:
+    """The reference encoder of a record section (what _codec.c is held to): the section,
+    the base timestamp and the max timestamp."""
+    timestamps = [default_ts if r.timestamp is None else r.timestamp for r in records]
     base_ts = min(timestamps)
-    max_ts = max(timestamps)
     body = b"".join(
         [
             _encode_record(rec, ts - base_ts, delta)
-            for delta, (rec, ts) in enumerate(zip(recs, timestamps, strict=True))
+            for delta, (rec, ts) in enumerate(zip(records, timestamps, strict=True))
         ]
     )
+    return body, base_ts, max(timestamps)
+
+
+def batch_from_section(
+    body: bytes,
+    count: int,
+    base_ts: int,
+    max_ts: int,
+    *,
+    base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = NO_SEQUENCE,
+    compression: int = COMPRESSION_NONE,
+    control: bool = False,
+) -> bytes:
+    """A batch around an encoded record section of count records (offset deltas 0..count-1)."""
     if compression not in codecs.CODEC_NAMES:
         raise ValueError(f"unsupported compression codec {compression}")
     payload = codecs.compress(compression, body)
     attributes = (compression & COMPRESSION_MASK) | (CONTROL_BIT if control else 0)
-    count = len(recs)
     out = bytearray(HEADER_SIZE)
     out.extend(payload)
     batch_length = len(out) - LOG_OVERHEAD
@@ -357,15 +400,58 @@ def records_payload(batch: bytes | bytearray | memoryview, header: BatchHeader) 
     return codecs.decompress(header.compression, raw, READ_INFLATE_LIMIT)
 
 
-def decode_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> list[Record]:
-    """Decode every record of the batch at pos (the consumer's per-record work)."""
+def records_view(batch: bytes | bytearray | memoryview, header: BatchHeader) -> bytes | memoryview:
+    """records_payload without a copy when the batch is not compressed (for the compiled
+    decoders, which read it in place)."""
+    if header.compression == COMPRESSION_NONE:
+        return memoryview(batch)[HEADER_SIZE : header.size_bytes]
+    return records_payload(batch, header)
+
+
+def decode_records(
+    batch: bytes | bytearray | memoryview, pos: int = 0, min_offset: int = -(1 << 63)
+) -> list[Record]:
+    """Decode the records of the batch at pos at offsets >= min_offset (the consumer's
+    per-record work: compiled in _codec.c where built, else decode_records_py)."""
     mv = memoryview(batch)[pos:]
     header = read_header(mv)
     if len(mv) < header.size_bytes:
         raise CorruptRecord("batch cut short")
-    data = records_payload(mv, header)
+    if _codec is None:
+        data = records_payload(mv, header)
+        records = decode_records_py(
+            data,
+            header.records_count,
+            header.base_offset,
+            header.base_timestamp,
+            header.last_offset_delta,
+        )
+        return (
+            [r for r in records if r.offset >= min_offset]
+            if min_offset > header.base_offset
+            else records
+        )
     try:
-        out, p = _decode_all(data, header)
+        decoded: list[Record] = _codec.decode_records(
+            records_view(mv, header),
+            header.records_count,
+            header.base_offset,
+            header.base_timestamp,
+            header.last_offset_delta,
+            min_offset,
+            Record,
+        )
+    except ValueError as exc:
+        raise CorruptRecord(str(exc)) from None
+    return decoded
+
+
+def decode_records_py(
+    data: bytes, count: int, base_offset: int, base_timestamp: int, last_offset_delta: int
+) -> list[Record]:
+    """The reference decoder of a record section (what _codec.c is held to)."""
+    try:
+        out, p = _decode_all(data, count, base_offset, base_timestamp, last_offset_delta)
     except IndexError:
         raise CorruptRecord("record runs past the end of the batch") from None
     if p != len(data):
@@ -373,18 +459,17 @@ def decode_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> list[
     return out
 
 
-def _decode_all(data: bytes, header: BatchHeader) -> tuple[list[Record], int]:
+def _decode_all(
+    data: bytes, count: int, base_offset: int, base_ts: int, last_delta: int
+) -> tuple[list[Record], int]:
     # One flat loop with single-byte varints inlined: this is the consumer's hot path, and a
     # function call per field would triple its cost.
     out: list[Record] = []
     append = out.append
-    base_offset = header.base_offset
-    base_ts = header.base_timestamp
-    last_delta = header.last_offset_delta
     previous = -1
     end = len(data)
     p = 0
-    for _ in range(header.records_count):
+    for _ in range(count):
         b = data[p]
         if b < 0x80:
             length = (b >> 1) ^ -(b & 1)

@@ -182,6 +182,7 @@ class SinkOptions:
     topic: str = ""  # for rows whose topic column is null or absent
     acks: str = "all"
     chunk_records: int = 1000
+    max_in_flight: int = 5  # chunks per partition sent before the first is acknowledged
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
@@ -191,6 +192,13 @@ class SinkOptions:
             raise InvalidConfig(
                 "the tidelog sink writes with acks=all only (exactly once needs it)", key="acks"
             )
+        in_flight = _int(opts, "maxinflight")
+        if in_flight is not None and in_flight < 1:
+            raise InvalidConfig("maxInFlight must be at least 1", key="maxInFlight")
         return SinkOptions(
-            bootstrap, opts.get("topic", ""), acks, _int(opts, "chunkrecords") or 1000
+            bootstrap,
+            opts.get("topic", ""),
+            acks,
+            _int(opts, "chunkrecords") or 1000,
+            in_flight or 5,
         )

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from tidelog.errors import DataLoss, NetworkError, NotLeader, OffsetOutOfRange, Timeout
-from tidelog.spark.arrow import records_to_batch
+from tidelog.spark.arrow import columns_to_batch
 from tidelog.spark.connection import client_for
 from tidelog.spark.planning import OffsetRange
 
@@ -64,10 +64,10 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
                 raise
             time.sleep(0.2)
             continue
-        records = [rec for rec in result.records if rec.offset < r.end]
-        if records:
+        columns = result.columns(r.end, r.include_headers)
+        if columns.rows:
             deadline = time.monotonic() + COMMITTED_WAIT_S
-            yield records_to_batch(records, r.topic, r.partition, r.include_headers)
+            yield columns_to_batch(columns, r.topic, r.partition, r.include_headers)
         if result.next_offset > offset:
             offset = result.next_offset
         elif time.monotonic() > deadline:

@@ -8,14 +8,15 @@ micro-batch (Spark replays the last one after a driver crash, even after the sin
 produce retried after a lost acknowledgement all land once.
 
 Two things make that sound: a task's rows are put in a canonical order (so a replay cuts the same
-chunks) and each partition's chunks are written in sequence order, each acknowledged (acks=all)
-before the next (so a crash leaves a prefix, and a replay skips exactly that prefix)."""
+chunks), and the log appends each producer's chunks in sequence order with no gap (a chunk whose
+predecessor has not landed is refused with OutOfOrderSequence and sent again once it has), so the
+log always holds a prefix of a task's chunks and a replay skips exactly that prefix. Several
+chunks per partition are in flight at once (`maxInFlight`, 5 by default, as Kafka's producer)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -33,16 +34,14 @@ from pyspark.sql.types import StructType
 
 from tidelog.client.sync_client import Client
 from tidelog.errors import InvalidConfig
-from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.record.batch import SEQUENCE_MAX, ProducerRecord, build_batch
 from tidelog.spark.connection import client_for
 from tidelog.spark.options import SinkOptions
 from tidelog.storage.faults import crash_point
 
 log = logging.getLogger(__name__)
 
-SEQUENCE_CHUNK_BITS = 10  # up to 1024 chunks per partition per micro-batch
-SEQUENCE_BATCH_BITS = 21  # the rest of the batch id goes in the producer epoch (int16)
-MAX_CHUNKS = 1 << SEQUENCE_CHUNK_BITS
+EPOCH_BITS = 15  # a producer epoch is an int16: the batch id's low bits; the rest picks the id
 
 
 def producer_id(*parts: object) -> int:
@@ -51,15 +50,18 @@ def producer_id(*parts: object) -> int:
     return int.from_bytes(digest, "big") & ((1 << 63) - 1)
 
 
-def epoch_and_sequence(batch_id: int, chunk: int) -> tuple[int, int]:
-    """(producer epoch, base sequence) growing with (batch id, chunk), both in Kafka's ranges."""
-    if not 0 <= chunk < MAX_CHUNKS:
-        raise ValueError(f"chunk {chunk} out of range")
-    epoch = batch_id >> SEQUENCE_BATCH_BITS
-    if epoch > 0x7FFF:
-        raise InvalidConfig(f"micro-batch id {batch_id} is beyond what the sink can sequence")
-    sequence = ((batch_id & ((1 << SEQUENCE_BATCH_BITS) - 1)) << SEQUENCE_CHUNK_BITS) | chunk
-    return epoch, sequence
+def task_producer(kind: str, run: str, task: int, batch_id: int) -> tuple[int, int]:
+    """(producer id, epoch) of one task of one micro-batch: the same on every attempt and replay
+    of it. Each micro-batch is a new epoch of the task's producer (its chunks sequenced from 0,
+    Kafka-style: a chunk's base sequence is the number of records before it); every 32,768
+    micro-batches the task moves on to a new producer id."""
+    if batch_id < 0:
+        raise InvalidConfig(f"micro-batch id {batch_id} is negative")
+    generation = batch_id >> EPOCH_BITS
+    parts: tuple[object, ...] = (
+        (kind, run, task) if generation == 0 else (kind, run, task, generation)
+    )
+    return producer_id(*parts), batch_id & ((1 << EPOCH_BITS) - 1)
 
 
 @dataclass
@@ -94,9 +96,9 @@ def _headers(table: pa.Table) -> list[tuple[tuple[str, bytes | None], ...]] | No
 
 
 def write_rows(
-    client: Client, opts: SinkOptions, table: pa.Table, pid: int, batch_id: int
+    client: Client, opts: SinkOptions, table: pa.Table, pid: int, epoch: int
 ) -> SinkCommit:
-    """Write one task's rows (exactly once for this pid and batch id)."""
+    """Write one task's rows (exactly once for this producer id and epoch)."""
     if table.num_rows == 0:
         return SinkCommit()
     values = _binary(table, "value")
@@ -139,14 +141,21 @@ def write_rows(
     encoded: dict[tuple[str, int], list[bytes]] = {}
     sizes: dict[tuple[str, int], list[int]] = {}
     for target, records in sorted(groups.items()):
-        for chunk, rows in enumerate(replayable_chunks(records, opts.chunk_records)):
-            epoch, sequence = epoch_and_sequence(batch_id, chunk)
+        sequence = 0
+        for rows in replayable_chunks(records, opts.chunk_records):
+            if sequence + len(rows) > SEQUENCE_MAX:
+                raise InvalidConfig(
+                    f"a task wrote more than {SEQUENCE_MAX} rows to {target[0]}/{target[1]} in one "
+                    "micro-batch; use more tasks (repartition)"
+                )
             encoded.setdefault(target, []).append(
                 build_batch(rows, producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
             )
             sizes.setdefault(target, []).append(len(rows))
+            sequence += len(rows)
     result = SinkCommit()
-    for target, produced in client.produce_in_order(encoded, acks="all").items():
+    produced_all = client.produce_pipelined(encoded, acks="all", in_flight=opts.max_in_flight)
+    for target, produced in produced_all.items():
         for count, answer in zip(sizes[target], produced, strict=True):
             result.records += count
             if answer is not None and answer.duplicate:
@@ -168,33 +177,28 @@ def _by_key(records: list[ProducerRecord]) -> list[list[ProducerRecord]]:
     return out
 
 
-def replayable_chunks(records: list[ProducerRecord], target: int) -> list[list[ProducerRecord]]:
+def replayable_chunks(records: list[ProducerRecord], size: int) -> list[list[ProducerRecord]]:
     """Cut a task's rows for one partition into chunks that a replay cuts the same way even if
     Spark hands it the rows in another order: a chunk holds whole key groups (which rows a chunk
     holds then depends only on the keys), and a key group too large for one chunk is put in
-    value order before it is cut. At most MAX_CHUNKS chunks, each sequenced in turn."""
-    groups = _by_key(records)
-    size = max(target, math.ceil(len(records) / MAX_CHUNKS))
-    while True:
-        chunks: list[list[ProducerRecord]] = []
-        current: list[ProducerRecord] = []
-        for group in groups:
-            if len(group) > size:
-                if current:
-                    chunks.append(current)
-                    current = []
-                ordered = sorted(group, key=lambda r: (r.value or b"", repr(r.headers)))
-                chunks.extend(ordered[i : i + size] for i in range(0, len(ordered), size))
-                continue
-            if current and len(current) + len(group) > size:
+    value order before it is cut."""
+    chunks: list[list[ProducerRecord]] = []
+    current: list[ProducerRecord] = []
+    for group in _by_key(records):
+        if len(group) > size:
+            if current:
                 chunks.append(current)
                 current = []
-            current.extend(group)
-        if current:
+            ordered = sorted(group, key=lambda r: (r.value or b"", repr(r.headers)))
+            chunks.extend(ordered[i : i + size] for i in range(0, len(ordered), size))
+            continue
+        if current and len(current) + len(group) > size:
             chunks.append(current)
-        if len(chunks) <= MAX_CHUNKS:
-            return chunks
-        size *= 2
+            current = []
+        current.extend(group)
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def _table(iterator: Iterator[pa.RecordBatch]) -> pa.Table:
@@ -215,8 +219,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         batch = context.getLocalProperty("streaming.sql.batchId") if context else None
         if context is None or query_id is None or batch is None:
             raise InvalidConfig("the streaming sink runs only inside a Spark streaming task")
-        pid = producer_id("stream", query_id, context.partitionId())
-        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, int(batch))
+        pid, epoch = task_producer("stream", query_id, context.partitionId(), int(batch))
+        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, epoch)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, SinkCommit)]
@@ -251,8 +255,8 @@ class BatchWriter(DataSourceArrowWriter):
         table = _table(iterator)
         context = TaskContext.get()
         task = context.partitionId() if context else 0
-        pid = producer_id("batch", self.job, task)
-        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, 0)
+        pid, epoch = task_producer("batch", self.job, task, 0)
+        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, epoch)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         return None

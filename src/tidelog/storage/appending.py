@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidelog.errors import CorruptRecord, DuplicateSequence, InvalidRequest
+from tidelog.errors import CorruptRecord, DuplicateSequence, InvalidRequest, OutOfOrderSequence
 from tidelog.record.batch import BatchHeader, iter_headers, stamp
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.producer_state import ProducerState
@@ -38,6 +38,7 @@ def stamp_leader_batches(
                 base_offset=original.base_offset,
                 last_offset=original.last_offset,
             )
+        _check_sequences(producers, [h for _, h in fresh])
         if len(fresh) < len(headers):
             buf = bytearray(b"".join(bytes(buf[p : p + h.size_bytes]) for p, h in fresh))
             headers = list(iter_headers(buf, max_batch_bytes=max_batch_bytes))
@@ -50,6 +51,25 @@ def stamp_leader_batches(
         )
         next_offset += header.last_offset_delta + 1
     return buf, stamped
+
+
+def _check_sequences(producers: ProducerState, headers: list[BatchHeader]) -> None:
+    """An idempotent producer's batches land in sequence order with no gap within an epoch:
+    a batch that would skip one (an earlier one failed and is being retried, while this one
+    was already in flight) is refused, so the log always holds a prefix of what the producer
+    sent, and the retried batch's sequence is still free."""
+    last: dict[int, tuple[int, int]] = {}
+    for header in headers:
+        expected = producers.gap(header, last.get(header.producer_id))
+        if expected is not None:
+            raise OutOfOrderSequence(
+                f"producer {header.producer_id} sent sequence {header.base_sequence} (epoch "
+                f"{header.producer_epoch}) but the log expects {expected} next: an earlier "
+                "batch has not landed yet",
+                expected=expected,
+            )
+        if header.producer_id >= 0 and header.base_sequence >= 0:
+            last[header.producer_id] = (header.producer_epoch, header.last_sequence)
 
 
 def check_follower_batches(

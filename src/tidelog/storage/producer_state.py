@@ -24,7 +24,14 @@ class ProducerEntry(NamedTuple):
     last_offset: int
     last_write_ms: int = 0  # this replica's clock when it appended (or loaded) the batch
 
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the newest batch's last record (a batch's offsets and sequences
+        advance together)."""
+        return (self.sequence + self.last_offset - self.base_offset) & SEQUENCE_MASK
 
+
+SEQUENCE_MASK = 0x7FFFFFFF  # sequences wrap at Kafka's int32 maximum
 RECENT_BATCHES = 5  # per producer, as Kafka keeps: a replay of one of them gets its own offsets
 
 
@@ -47,6 +54,24 @@ class ProducerState:
             if (recent.epoch, recent.sequence) == (header.producer_epoch, header.base_sequence):
                 return recent
         return entry
+
+    def gap(self, header: BatchHeader, last: tuple[int, int] | None = None) -> int | None:
+        """For a new batch (not a replay): the sequence it should have started at, if it
+        leaves a gap after the producer's newest batch in the same epoch (Kafka's
+        OUT_OF_ORDER_SEQUENCE_NUMBER), else None. A new epoch may start anywhere. `last` is
+        (epoch, last sequence) of a batch earlier in the same request, if there was one."""
+        if header.producer_id < 0 or header.base_sequence < 0:
+            return None
+        if last is None:
+            entry = self.producers.get(header.producer_id)
+            if entry is None:
+                return None
+            last = (entry.epoch, entry.last_sequence)
+        epoch, last_sequence = last
+        expected = (last_sequence + 1) & SEQUENCE_MASK
+        if header.producer_epoch == epoch and header.base_sequence != expected:
+            return expected
+        return None
 
     def record(self, header: BatchHeader, now_ms: int = 0) -> None:
         if header.producer_id < 0:

@@ -1,0 +1,256 @@
+"""Record batches decoded into columns: the offsets, timestamps, keys, values and headers of
+every record as Arrow-layout buffers (the Spark source's rows), with no Python object per
+record when the compiled decoder (`_codec.c`) is built.
+
+The pure-Python reference here (`decode_columns_py`, on top of `batch.decode_records_py`) is
+what the compiled path is held to by property tests; it is also what runs where the extension
+could not be built. Buffers are native-endian (little-endian on every machine tidelog runs on),
+as Arrow expects:
+
+    offsets, timestamps   int64 per row (timestamps in ms since the epoch)
+    keys, values          BinaryColumn: int32 offsets (rows + 1), data, validity bitmap or None
+    headers               HeaderColumns (a list<struct<key string, value binary>>) or None
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+from tidelog.errors import CorruptRecord
+from tidelog.record.batch import (
+    BatchHeader,
+    decode_records_py,
+    iter_headers,
+    records_view,
+)
+
+OFFSET_MIN = -(1 << 63)
+OFFSET_MAX = (1 << 63) - 1
+# A column's data is addressed by int32 offsets (Arrow's binary type): items are decoded in
+# groups whose payloads stay below this.
+GROUP_BYTES_MAX = 1 << 30
+
+# (record section, records_count, base_offset, base_timestamp, last_offset_delta, min_offset,
+# end_offset): one batch's records at min_offset <= offset < end_offset.
+BatchItem = tuple[bytes | memoryview, int, int, int, int, int, int]
+
+
+class BinaryColumn(NamedTuple):
+    offsets: bytes
+    data: bytes
+    validity: bytes | None  # None when no row is null
+    nulls: int
+
+
+class HeaderColumns(NamedTuple):
+    list_offsets: bytes  # int32 per row + 1, into keys/values
+    keys: BinaryColumn  # header keys (UTF-8, never null)
+    values: BinaryColumn
+
+
+class RecordColumns(NamedTuple):
+    rows: int
+    offsets: bytes
+    timestamps: bytes
+    keys: BinaryColumn
+    values: BinaryColumn
+    headers: HeaderColumns | None
+
+    def offset_list(self) -> list[int]:
+        return array("q", self.offsets).tolist()
+
+    def last_offset(self) -> int | None:
+        return array("q", self.offsets[-8:])[0] if self.rows else None
+
+
+def _compiled() -> object | None:
+    try:
+        from tidelog.record import _codec
+    except ImportError:
+        return None
+    return _codec
+
+
+COMPILED = _compiled()
+
+
+def batch_items(
+    payload: bytes | bytearray | memoryview,
+    min_offset: int = OFFSET_MIN,
+    end_offset: int = OFFSET_MAX,
+    *,
+    include_control: bool = False,
+    verify: bool = True,
+) -> Iterator[tuple[BatchHeader, BatchItem]]:
+    """One item per batch of a buffer of whole batches (CRC-checked unless verify=False) that
+    may hold records in [min_offset, end_offset), its record section decompressed."""
+    for pos, header in iter_headers(payload, verify=verify):
+        if header.is_control and not include_control:
+            continue
+        if header.last_offset < min_offset or header.base_offset >= end_offset:
+            continue
+        data = records_view(memoryview(payload)[pos:], header)
+        yield (
+            header,
+            (
+                data,
+                header.records_count,
+                header.base_offset,
+                header.base_timestamp,
+                header.last_offset_delta,
+                min_offset,
+                end_offset,
+            ),
+        )
+
+
+def decode_columns(items: Sequence[BatchItem], include_headers: bool) -> RecordColumns:
+    """The records of items as columns; a batch that cannot be decoded raises CorruptRecord."""
+    if COMPILED is None:
+        return decode_columns_py(items, include_headers)
+    groups = _groups(items)
+    if len(groups) != 1:
+        return concat([decode_columns(g, include_headers) for g in groups], include_headers)
+    try:
+        raw = COMPILED.decode_columns(items, include_headers)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        raise CorruptRecord(str(exc)) from None
+    rows, offsets, timestamps, keys, values, headers = raw
+    return RecordColumns(
+        rows,
+        offsets,
+        timestamps,
+        BinaryColumn(*keys),
+        BinaryColumn(*values),
+        None if headers is None else _headers(headers),
+    )
+
+
+def _headers(
+    raw: tuple[
+        bytes, tuple[bytes, bytes, bytes | None, int], tuple[bytes, bytes, bytes | None, int]
+    ],
+) -> HeaderColumns:
+    list_offsets, keys, values = raw
+    return HeaderColumns(list_offsets, BinaryColumn(*keys), BinaryColumn(*values))
+
+
+def _groups(items: Sequence[BatchItem]) -> list[Sequence[BatchItem]]:
+    groups: list[Sequence[BatchItem]] = []
+    start, size = 0, 0
+    for i, item in enumerate(items):
+        if size and size + len(item[0]) > GROUP_BYTES_MAX:
+            groups.append(items[start:i])
+            start, size = i, 0
+        size += len(item[0])
+    groups.append(items[start:])
+    return groups
+
+
+class _BinaryBuilder:
+    def __init__(self) -> None:
+        self.offsets = array("i", [0])
+        self.data = bytearray()
+        self.valid: list[bool] = []
+
+    def put(self, value: bytes | None) -> None:
+        if value is not None:
+            self.data += value
+        self.valid.append(value is not None)
+        self.offsets.append(len(self.data))
+
+    def finish(self) -> BinaryColumn:
+        nulls = self.valid.count(False)
+        validity = None
+        if nulls:
+            bitmap = bytearray((len(self.valid) + 7) // 8)
+            for i, ok in enumerate(self.valid):
+                if ok:
+                    bitmap[i >> 3] |= 1 << (i & 7)
+            validity = bytes(bitmap)
+        return BinaryColumn(self.offsets.tobytes(), bytes(self.data), validity, nulls)
+
+
+def decode_columns_py(items: Sequence[BatchItem], include_headers: bool) -> RecordColumns:
+    """The reference: decode_records_py per batch, then one row per record in range."""
+    offsets, timestamps = array("q"), array("q")
+    keys, values = _BinaryBuilder(), _BinaryBuilder()
+    list_offsets = array("i", [0])
+    header_keys, header_values = _BinaryBuilder(), _BinaryBuilder()
+    for data, count, base_offset, base_ts, last_delta, lo, hi in items:
+        records = decode_records_py(bytes(data), count, base_offset, base_ts, last_delta)
+        for rec in records:
+            if not lo <= rec.offset < hi:
+                continue
+            offsets.append(rec.offset)
+            timestamps.append(rec.timestamp)
+            keys.put(rec.key)
+            values.put(rec.value)
+            if include_headers:
+                for hkey, hval in rec.headers:
+                    header_keys.put(hkey.encode())
+                    header_values.put(hval)
+                list_offsets.append(len(header_keys.valid))
+    headers = None
+    if include_headers:
+        headers = HeaderColumns(
+            list_offsets.tobytes(), header_keys.finish(), header_values.finish()
+        )
+    return RecordColumns(
+        len(offsets),
+        offsets.tobytes(),
+        timestamps.tobytes(),
+        keys.finish(),
+        values.finish(),
+        headers,
+    )
+
+
+def concat(parts: Sequence[RecordColumns], include_headers: bool) -> RecordColumns:
+    """Columns of several decodes as one (rare: only past GROUP_BYTES_MAX of payload)."""
+    offsets, timestamps = array("q"), array("q")
+    keys, values = _BinaryBuilder(), _BinaryBuilder()
+    list_offsets = array("i", [0])
+    header_keys, header_values = _BinaryBuilder(), _BinaryBuilder()
+    for part in parts:
+        offsets.frombytes(part.offsets)
+        timestamps.frombytes(part.timestamps)
+        for column, builder in ((part.keys, keys), (part.values, values)):
+            for value in binary_values(column, part.rows):
+                builder.put(value)
+        if include_headers and part.headers is not None:
+            base = len(header_keys.valid)
+            lo = array("i", part.headers.list_offsets)
+            list_offsets.extend(base + o for o in lo[1:])
+            n = lo[-1]
+            for value in binary_values(part.headers.keys, n):
+                header_keys.put(value)
+            for value in binary_values(part.headers.values, n):
+                header_values.put(value)
+    headers = None
+    if include_headers:
+        headers = HeaderColumns(
+            list_offsets.tobytes(), header_keys.finish(), header_values.finish()
+        )
+    return RecordColumns(
+        len(offsets),
+        offsets.tobytes(),
+        timestamps.tobytes(),
+        keys.finish(),
+        values.finish(),
+        headers,
+    )
+
+
+def binary_values(column: BinaryColumn, rows: int) -> list[bytes | None]:
+    """A binary column back as Python values (for tests and the rare concat)."""
+    bounds = array("i", column.offsets)
+    out: list[bytes | None] = []
+    for i in range(rows):
+        if column.validity is not None and not column.validity[i >> 3] & (1 << (i & 7)):
+            out.append(None)
+        else:
+            out.append(column.data[bounds[i] : bounds[i + 1]])
+    return out
