@@ -168,6 +168,14 @@ class Client:
     def fetch(self, topic: str, partition: int, offset: int, **options: Any) -> FetchResult:
         return self._run(self._async.fetch(topic, partition, offset, **options))
 
+    def fetch_ahead(
+        self, topic: str, partition: int, offset: int, **options: Any
+    ) -> Future[FetchResult]:
+        """fetch() started on the client's thread without waiting: the caller decodes one
+        answer while the next is on its way (the Spark source's read-ahead)."""
+        coro = self._async.fetch(topic, partition, offset, **options)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
     def list_offsets(
         self, topic: str, partition: int, spec: str = "latest", timestamp_ms: int = -1
     ) -> int:

@@ -107,7 +107,8 @@ class KafkaFrameDecoder(FrameDecoder):
         size = self._size()
         if self._available < 4 + size:
             return None
-        return bytes(self._take(4 + size)[4:])
+        self._take(4)
+        return self._take_bytes(size)
 
 
 def _schema(kind: str, api_key: int, version: int) -> Any:

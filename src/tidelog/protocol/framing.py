@@ -156,6 +156,33 @@ class FrameDecoder:
         self._available -= n
         return view
 
+    def _take_bytes(self, n: int) -> bytes:
+        """The next n bytes as one bytes object, copied once (not at all when a chunk is
+        exactly them): a large payload arrives in many chunks."""
+        if n == 0:
+            return b""
+        first = self._chunks[0]
+        if self._head == 0 and len(first) == n:
+            self._chunks.popleft()
+            self._available -= n
+            return first
+        pieces: list[bytes | memoryview] = []
+        need = n
+        while need:
+            chunk = self._chunks[0]
+            left = len(chunk) - self._head
+            if left <= need:
+                pieces.append(memoryview(chunk)[self._head :] if self._head else chunk)
+                self._chunks.popleft()
+                self._head = 0
+                need -= left
+            else:
+                pieces.append(memoryview(chunk)[self._head : self._head + need])
+                self._head += need
+                need = 0
+        self._available -= n
+        return b"".join(pieces)
+
     def _next_frame(self) -> Frame | None:
         if self._available < PREFIX_SIZE:
             if self._available >= 4:
@@ -170,9 +197,8 @@ class FrameDecoder:
         total = 4 + frame_size
         if self._available < total:
             return None
-        frame = self._take(total)
-        raw_header = frame[PREFIX_SIZE : PREFIX_SIZE + header_size]
-        payload = bytes(frame[PREFIX_SIZE + header_size :])
+        raw_header = self._take(PREFIX_SIZE + header_size)[PREFIX_SIZE:]
+        payload = self._take_bytes(total - PREFIX_SIZE - header_size)
         try:
             header = json.loads(bytes(raw_header)) if header_size else {}
         except (UnicodeDecodeError, ValueError) as exc:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pyarrow as pa
 
+from tidelog.client.async_client import FetchResult
 from tidelog.errors import DataLoss, NetworkError, NotLeader, OffsetOutOfRange, Timeout
 from tidelog.spark.arrow import columns_to_batch
 from tidelog.spark.connection import client_for
@@ -33,19 +35,27 @@ def data_loss_message(topic: str, partition: int, first: int, last: int, log_sta
 
 
 def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of the range's records, one per fetch. The next fetch is sent before the
+    current answer is decoded and handed to Spark, so the network and the node work while this
+    process does."""
     client = client_for(r.bootstrap)
     offset = r.start
     deadline = time.monotonic() + COMMITTED_WAIT_S
+
+    def fetch(at: int) -> Future[FetchResult]:
+        return client.fetch_ahead(
+            r.topic,
+            r.partition,
+            at,
+            max_bytes=r.fetch_max_bytes,
+            max_wait_ms=200,
+            skip_invalid=r.skip_invalid,
+        )
+
+    ahead: Future[FetchResult] | None = None
     while offset < r.end:
         try:
-            result = client.fetch(
-                r.topic,
-                r.partition,
-                offset,
-                max_bytes=r.fetch_max_bytes,
-                max_wait_ms=200,
-                skip_invalid=r.skip_invalid,
-            )
+            result = (ahead or fetch(offset)).result()
         except OffsetOutOfRange as exc:
             if exc.log_start <= offset:
                 raise
@@ -64,6 +74,10 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
                 raise
             time.sleep(0.2)
             continue
+        finally:
+            ahead = None
+        if offset < result.next_offset < r.end:
+            ahead = fetch(result.next_offset)
         columns = result.columns(r.end, r.include_headers)
         if columns.rows:
             deadline = time.monotonic() + COMMITTED_WAIT_S
