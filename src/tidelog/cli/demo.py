@@ -41,6 +41,13 @@ def add_demo_command(sub: Any) -> None:
     demo.add_argument("--status-every", type=float, default=5.0, help="seconds between status")
     demo.add_argument("--no-kill", action="store_true", help="do not kill a leader midway")
     demo.add_argument("--data", type=Path, help="keep data here (default: a temp dir, removed)")
+    demo.add_argument(
+        "--spark-master",
+        default="local[2]",
+        metavar="URL",
+        help="where the Spark queries run: local[N] (default local[2]), a standalone cluster "
+        "spark://HOST:PORT, or a Spark Connect server sc://HOST:PORT",
+    )
     demo.set_defaults(func=cmd_demo)
 
 
@@ -73,7 +80,7 @@ class Demo:
 
     def run(self) -> bool:
         from tidelog.spark.page_counts import start_queries
-        from tidelog.spark.session import local_spark
+        from tidelog.spark.session import spark_session
 
         bootstrap = self.cluster.bootstrap
         self.client.create_topic(
@@ -87,8 +94,8 @@ class Demo:
             f"tidelog clients connect to {bootstrap}; Kafka clients and tools (kcat, "
             f"kafka-console-consumer, librdkafka) to {self.cluster.kafka_bootstrap}"
         )
-        say("starting Spark (local[2]) and the page_counts streaming queries")
-        spark = local_spark("tidelog-demo")
+        say(f"starting Spark ({self.args.spark_master}) and the page_counts streaming queries")
+        spark = spark_session("tidelog-demo", self.args.spark_master)
         clicks = Clickstream(bootstrap, "events", 3, self.args.rate, self.args.duration)
         queries: tuple[Any, ...] = ()
         try:

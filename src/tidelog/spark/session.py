@@ -55,3 +55,31 @@ def local_spark(
     spark = builder.getOrCreate()
     spark.dataSource.register(TidelogDataSource)
     return spark
+
+
+def spark_session(
+    app_name: str = "tidelog",
+    master: str = "local[2]",
+    config: dict[str, str] | None = None,
+) -> Any:
+    """local_spark, or a session on a Spark cluster (`spark://HOST:PORT`: executors in their
+    own JVMs and Python workers on the cluster's machines, running this interpreter), or over
+    Spark Connect (`sc://HOST:PORT`: the tidelog source is registered with the server, and its
+    Python workers run the server's interpreter)."""
+    if master.startswith("sc://"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        from pyspark.sql import SparkSession
+
+        from tidelog.spark.source import TidelogDataSource
+
+        spark = SparkSession.builder.remote(master).getOrCreate()
+        for key, value in {"spark.sql.session.timeZone": "UTC", **(config or {})}.items():
+            spark.conf.set(key, value)
+        spark.dataSource.register(TidelogDataSource)
+        return spark
+    settings = dict(config or {})
+    if not master.startswith("local"):
+        settings.setdefault("spark.pyspark.python", sys.executable)
+        settings.setdefault("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+    return local_spark(app_name, master, settings)

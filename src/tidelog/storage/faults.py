@@ -16,9 +16,10 @@ CRASH_EXIT_CODE = 86
 
 def crash_point(name: str) -> None:
     """With TIDELOG_CRASH_GROUP=<pgid> the whole process group dies (a Spark helper process
-    takes its driver and JVM down with it, as a machine crash would)."""
+    takes its driver and JVM down with it, as a machine crash would); "own" is the crashing
+    process's own group (a Spark Connect server and the Python workers it forked)."""
     if _ARMED and name == _ARMED:
         group = os.environ.get("TIDELOG_CRASH_GROUP", "")
         if group:
-            os.killpg(int(group), signal.SIGKILL)
+            os.killpg(os.getpgrp() if group == "own" else int(group), signal.SIGKILL)
         os._exit(CRASH_EXIT_CODE)
