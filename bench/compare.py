@@ -9,7 +9,9 @@ by its PID. Every writer sends one 1 KiB record and waits for its acknowledgemen
 next (concurrency = how many writers, each on its own connection), for --seconds per case:
 
   tidelog   3 nodes, one partition, RF 3, acks=all: fsynced on a quorum before the ack
-            (tidelog's Python client, one per writer)
+            (tidelog's Python client, one per writer; and, as "tidelog, 1 client", the writers
+            sharing one client, which sends what they wrote meanwhile as one batch each time
+            the one in flight returns, as Kafka's producer does)
   etcd      3 members, put: fsynced on a quorum before the ack (etcd's v3 JSON gateway,
             HTTP/1.1 keep-alive, one connection per writer)
   NATS      3-node JetStream cluster, an R3 file stream, publish with ack (nats-py, the official
@@ -160,6 +162,14 @@ def bench_tidelog(work: Path, levels: list[int], seconds: float) -> list[Row]:
 
                 return op
 
+            shared = AsyncClient(cluster.bootstrap)
+
+            async def make_shared(_: int) -> Callable[[], Awaitable[None]]:
+                async def op() -> None:
+                    await shared.produce("bench", [VALUE], partition=0, acks="all")
+
+                return op
+
             try:
                 for c in levels:
                     rate, p50, p99 = await closed_loop(c, seconds, make)
@@ -167,9 +177,15 @@ def bench_tidelog(work: Path, levels: list[int], seconds: float) -> list[Row]:
                     for client in clients:
                         await client.close()
                     clients.clear()
+                for c in levels:
+                    rate, p50, p99 = await closed_loop(c, seconds, make_shared)
+                    rows.append(
+                        Row("tidelog, 1 client", "RF3 acks=all, fsync on quorum", c, rate, p50, p99)
+                    )
             finally:
                 for client in clients:
                     await client.close()
+                await shared.close()
 
         asyncio.run(main())
     return rows

@@ -426,3 +426,39 @@ def test_a_failed_chunk_mid_pipeline_leaves_a_prefix(tmp_path: Path) -> None:
             assert len(values(node, "t/0")) == 40
 
     asyncio.run(main())
+
+
+def test_concurrent_sends_to_one_partition_are_coalesced(tmp_path: Path) -> None:
+    """200 one-record sends at once from one idempotent client: they go as a few batches (one
+    in flight at a time), every caller gets the offset of its own record, and each record is in
+    the log once, at that offset. Through lost answers too."""
+
+    async def main() -> None:
+        async with through_proxy(tmp_path) as (node, proxy, client):
+            values = [b"r%03d" % i for i in range(200)]
+            results = await asyncio.gather(
+                *(client.produce("t", [v], partition=0, acks="all") for v in values)
+            )
+            offsets = [r.base_offset for r in results if r is not None]
+            assert sorted(offsets) == list(range(200))
+            log = values_at(node, "t/0")
+            assert all(log[r.base_offset] == v for r, v in zip(results, values, strict=True))  # type: ignore[union-attr]
+            coalescer = next(iter(client._coalescers.values()))
+            assert coalescer.submits == 200 and coalescer.requests < 20
+            proxy.drop_produce_answers = 1  # the answer to the next batch is lost
+            more = [b"s%03d" % i for i in range(100)]
+            await asyncio.gather(*(client.produce("t", [v], partition=0) for v in more))
+            assert proxy.dropped > 0
+            assert sorted(values_at(node, "t/0").values()) == sorted(values + more)
+
+    asyncio.run(main())
+
+
+def values_at(node: Node, group: str) -> dict[int, bytes | None]:
+    host = node.hosts[group]
+    chunk = host.log.read(host.log.log_start_offset, 1 << 30, host.log.high_watermark)
+    assert chunk is not None
+    from tidelog.record import decode_records, iter_headers
+
+    data = chunk.read()
+    return {r.offset: r.value for pos, _ in iter_headers(data) for r in decode_records(data, pos)}

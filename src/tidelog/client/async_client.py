@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tidelog.client.coalescing import Coalescer
 from tidelog.client.connection import NodeConnection
+from tidelog.client.results import ProduceResult as ProduceResult
 from tidelog.errors import (
     CorruptRecord,
     DuplicateSequence,
@@ -67,6 +69,9 @@ log = logging.getLogger(__name__)
 
 ACKS = {"0": api.ACKS_NONE, "1": api.ACKS_LEADER, "all": api.ACKS_ALL, "-1": api.ACKS_ALL}
 PRODUCER_EPOCH_MAX = 0x7FFF
+# Concurrent sends to one partition that go together as one batch, at most (below the default
+# max.message.bytes of 1 MiB; one send larger than this still goes, alone).
+COALESCE_BYTES_MAX = 512 * 1024
 
 
 def is_indeterminate(exc: TidelogError) -> bool:
@@ -121,15 +126,6 @@ class ClusterInfo:
 
     def node(self, node_id: int) -> NodeInfo | None:
         return next((n for n in self.nodes if n.node_id == node_id), None)
-
-
-@dataclass(frozen=True)
-class ProduceResult:
-    partition: int
-    base_offset: int
-    last_offset: int
-    high_watermark: int
-    duplicate: bool = False  # an idempotent producer's replay: it was already in the log
 
 
 @dataclass(frozen=True)
@@ -228,6 +224,7 @@ class AsyncClient:
         self.producer_id = -1  # drawn at the first idempotent produce
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # -> (epoch, next)
         self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._coalescers: dict[tuple[str, int, int, int], Coalescer] = {}
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -847,7 +844,9 @@ class AsyncClient:
         timeout_ms: int = 30_000,
     ) -> ProduceResult | None:
         """Encode records into one batch (as this client's idempotent producer, unless
-        idempotence is off or acks=0) and send it."""
+        idempotence is off or acks=0) and send it. Concurrent calls for one partition that
+        arrive while a batch is in flight go together as the next one (the result names each
+        call's own offsets)."""
         acks_value = parse_acks(acks)
         if not self.idempotent or acks_value == api.ACKS_NONE:
             batch = build_batch(records)
@@ -855,14 +854,22 @@ class AsyncClient:
                 topic, partition, batch, acks_value, timeout_ms, -1, retry=False
             )
 
-        def built(pid: int, epoch: int, sequence: int) -> bytes:
-            return build_batch(
-                records, producer_id=pid, producer_epoch=epoch, base_sequence=sequence
-            )
+        key = (topic, partition, acks_value, timeout_ms)
+        coalescer = self._coalescers.get(key)
+        if coalescer is None:
 
-        return await self._produce_idempotent(
-            topic, partition, len(records), built, acks_value, timeout_ms
-        )
+            async def send(batch: list[ProducerRecord]) -> ProduceResult | None:
+                def built(pid: int, epoch: int, sequence: int) -> bytes:
+                    return build_batch(
+                        batch, producer_id=pid, producer_epoch=epoch, base_sequence=sequence
+                    )
+
+                return await self._produce_idempotent(
+                    topic, partition, len(batch), built, acks_value, timeout_ms
+                )
+
+            coalescer = self._coalescers[key] = Coalescer(send, COALESCE_BYTES_MAX)
+        return await coalescer.submit(records)
 
     async def _produce_idempotent(
         self,

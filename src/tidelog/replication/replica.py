@@ -1027,8 +1027,13 @@ class Replica:
         self._maybe_change_membership()
         if self.role is not Role.LEADER:
             return
+        hw = self.log.high_watermark
         for r, p in self.progress.items():
-            if p.pending is not None and self.now >= p.pending_deadline:
+            if p.pending is not None and (
+                self.now >= p.pending_deadline or p.pending.high_watermark < hw
+            ):
+                # A parked fetch learns of a new HW here, at most a tick late, unless records
+                # carried it sooner: one answer per tick instead of one per commit.
                 self._answer_fetch(r, p.pending)
             elif self.now - p.last_fetch_tick >= retry and self.now - p.begin_sent_tick >= retry:
                 # A voter that is not fetching may have missed our election (or be running a
@@ -1093,7 +1098,13 @@ class Replica:
         self._record_fetch(sender, progress, req)
         self._maybe_advance_high_watermark()
         has_data = req.fetch_offset < self.log.log_end_offset
-        hw_news = req.high_watermark < self.log.high_watermark
+        # A follower far behind on the HW (it just started following) hears it at once; one
+        # whose report just moved the HW hears it with the next records or the next tick.
+        # (A state machine's followers apply what commits: they hear of it at once.)
+        durable = req.durable_offset if req.durable_offset >= 0 else req.fetch_offset
+        hw_news = req.high_watermark < self.log.high_watermark and (
+            durable < self.log.high_watermark or req.high_watermark < 0 or self.config.state_machine
+        )
         if has_data or hw_news:
             self._answer_fetch(sender, req)
         else:
@@ -1200,8 +1211,10 @@ class Replica:
         )
 
     def _complete_pending_fetches(self) -> None:
+        """Parked fetches that new records answer (a new HW alone waits for the tick, but in
+        a state machine's log, whose followers apply what commits)."""
         leo = self.log.log_end_offset
-        hw = self.log.high_watermark
+        hw = self.log.high_watermark if self.config.state_machine else -1
         for r, p in self.progress.items():
             if p.pending is not None and (
                 p.pending.fetch_offset < leo or p.pending.high_watermark < hw
@@ -1304,11 +1317,22 @@ class Replica:
         else:
             # Only an answer without divergence proves our log matches the leader's up to the
             # fetch offset, so only then may the leader's HW become ours (up to our log end).
-            if resp.records is not None and resp.records.size > 0:
-                self.log.append_as_follower(resp.records.read())
+            appended = resp.records is not None and resp.records.size > 0
+            if appended:
+                self.log.append_as_follower(resp.records.read())  # type: ignore[union-attr]
             self._adopt_memberships(resp.memberships, resp.fetch_offset)
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
+            if (
+                appended
+                and resp.records.size < self.config.fetch_max_bytes // 2  # type: ignore[union-attr]
+                and self.log.effective_durable_end < self.log.log_end_offset
+            ):
+                # The leader had no more than this: the next fetch goes when the fsync is done
+                # (on_flushed), carrying the durability report the HW waits for, instead of one
+                # fetch now and a report after. A full answer means more is waiting: fetch
+                # ahead, overlapping the transfer with the fsync.
+                return
         self._maybe_send_fetch()
 
     # -- snapshots (state-machine logs) ---------------------------------------------------------
