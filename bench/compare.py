@@ -479,16 +479,27 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     ours = {r.concurrency: r for r in rows if r.system == "tidelog"}
+    shared = {r.concurrency: r for r in rows if r.system == "tidelog, 1 client"}
     table = []
     for r in rows:
-        mine = ours.get(r.concurrency)
-        ratio = mine.rate / r.rate if mine and r.rate else 0.0
-        table.append([r.system, r.durability, r.concurrency, r.rate, r.p50_ms, r.p99_ms, ratio])
+        ratios = []
+        for mine in (ours.get(r.concurrency), shared.get(r.concurrency)):
+            ratios.append(mine.rate / r.rate if mine and r.rate else float("nan"))
+        table.append([r.system, r.durability, r.concurrency, r.rate, r.p50_ms, r.p99_ms, *ratios])
     print(
         f"\n1 KiB records, one per request, each writer waits for its ack; {args.seconds:.0f} s per case\n"
     )
     print_table(
-        ["system", "durability", "writers", "records/s", "p50 ms", "p99 ms", "tidelog/peer"],
+        [
+            "system",
+            "durability",
+            "writers",
+            "records/s",
+            "p50 ms",
+            "p99 ms",
+            "tidelog/peer",
+            "tidelog 1 client/peer",
+        ],
         table,
     )
     chart(rows, args.chart)
