@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,10 +37,15 @@ from pyspark.sql.types import StructType
 
 from tidelog.client.sync_client import Client
 from tidelog.errors import InvalidConfig
-from tidelog.record.batch import SEQUENCE_MAX, ProducerRecord, build_batch
+from tidelog.record.batch import SEQUENCE_MAX, ProducerRecord, batch_from_section, build_batch
 from tidelog.spark.connection import client_for
 from tidelog.spark.options import SinkOptions
 from tidelog.storage.faults import crash_point
+
+try:  # the compiled encoder (optional: without it, chunks are encoded from records)
+    from tidelog.record import _codec
+except ImportError:  # pragma: no cover - only where the extension could not be built
+    _codec = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -95,28 +103,100 @@ def _headers(table: pa.Table) -> list[tuple[tuple[str, bytes | None], ...]] | No
     return out
 
 
+class _Rows:
+    """A task's rows as Arrow columns. Python values are made only where a rule reads them:
+    keys (partitioning and key order), values only for rows without a key or for a key group
+    larger than a chunk, headers only when there is a headers column."""
+
+    def __init__(self, table: pa.Table) -> None:
+        values = _binary(table, "value")
+        if values is None:
+            raise InvalidConfig("the tidelog sink needs a 'value' column", key="value")
+        keys = _binary(table, "key")
+        self.n = table.num_rows
+        self.values = _flat(values)
+        self.keys = _flat(keys) if keys is not None else None
+        self.key_list: list[bytes | None] = (
+            self.keys.to_pylist() if self.keys is not None else [None] * self.n
+        )
+        self.headers = _headers(table)
+        self._value_list: list[bytes | None] | None = None
+
+    def value(self, i: int) -> bytes | None:
+        if self._value_list is None:
+            self._value_list = self.values.to_pylist()
+        return self._value_list[i]
+
+    def order(self, i: int) -> tuple[bytes, str]:
+        return self.value(i) or b"", repr(self.headers[i] if self.headers is not None else ())
+
+    def encode(self, rows: list[int], pid: int, epoch: int, sequence: int) -> bytes:
+        """The rows as one batch of this producer; from the Arrow buffers in C when there are
+        no headers (the same bytes build_batch makes of the same records)."""
+        if self.headers is not None or _codec is None:
+            records = [
+                ProducerRecord(
+                    self.key_list[i],
+                    self.value(i),
+                    self.headers[i] if self.headers is not None else (),
+                )
+                for i in rows
+            ]
+            return build_batch(
+                records, producer_id=pid, producer_epoch=epoch, base_sequence=sequence
+            )
+        key_offsets: Any = None
+        key_data: Any = None
+        key_validity: Any = None
+        if self.keys is not None:
+            key_validity, key_offsets, key_data = self.keys.buffers()
+        validity, offsets, data = self.values.buffers()
+        section = _codec.encode_rows(
+            array("q", rows).tobytes(),
+            key_offsets,
+            key_data if key_data is not None else b"",
+            key_validity,
+            offsets,
+            data if data is not None else b"",
+            validity,
+        )
+        now = int(time.time() * 1000)
+        return batch_from_section(
+            section,
+            len(rows),
+            now,
+            now,
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=sequence,
+        )
+
+
+def _flat(column: pa.ChunkedArray) -> pa.Array:
+    """One chunk starting at offset 0 (what the C encoder indexes)."""
+    array_ = column.combine_chunks()
+    if array_.offset:
+        array_ = pa.concat_arrays([pa.array([], array_.type), array_])
+    return array_
+
+
 def write_rows(
     client: Client, opts: SinkOptions, table: pa.Table, pid: int, epoch: int
 ) -> SinkCommit:
     """Write one task's rows (exactly once for this producer id and epoch)."""
     if table.num_rows == 0:
         return SinkCommit()
-    values = _binary(table, "value")
-    if values is None:
-        raise InvalidConfig("the tidelog sink needs a 'value' column", key="value")
-    keys = _binary(table, "key")
-    n = table.num_rows
-    key_list: list[bytes | None] = keys.to_pylist() if keys is not None else [None] * n
-    value_list: list[bytes | None] = values.to_pylist()
-    header_list = _headers(table)
+    rows = _Rows(table)
+    n = rows.n
     topics: list[str | None] = (
         table.column("topic").to_pylist() if "topic" in table.column_names else [None] * n
     )
     fixed: list[int | None] = (
         table.column("partition").to_pylist() if "partition" in table.column_names else [None] * n
     )
-    groups: dict[tuple[str, int], list[ProducerRecord]] = {}
+    groups: dict[tuple[str, int], list[int]] = {}
     partition_counts: dict[str, int] = {}
+    key_list = rows.key_list
     for i in range(n):
         topic = topics[i] or opts.topic
         if not topic:
@@ -126,33 +206,30 @@ def write_rows(
         count = partition_counts.get(topic)
         if count is None:
             count = partition_counts[topic] = client.topic(topic).partitions
-        key, value = key_list[i], value_list[i]
         partition = fixed[i]
         if partition is None:
             # The same rule as the client and table topics: crc32 of the key (of the value
             # when there is no key, so that a replay picks the same partition).
-            partition = zlib.crc32(key if key is not None else value or b"") % count
+            key = key_list[i]
+            partition = zlib.crc32(key if key is not None else rows.value(i) or b"") % count
         elif not 0 <= partition < count:
             raise InvalidConfig(
                 f"partition {partition} out of range for {topic!r} ({count})", key="partition"
             )
-        headers = header_list[i] if header_list is not None else ()
-        groups.setdefault((topic, partition), []).append(ProducerRecord(key, value, headers))
+        groups.setdefault((topic, partition), []).append(i)
     encoded: dict[tuple[str, int], list[bytes]] = {}
     sizes: dict[tuple[str, int], list[int]] = {}
-    for target, records in sorted(groups.items()):
+    for target, indices in sorted(groups.items()):
         sequence = 0
-        for rows in replayable_chunks(records, opts.chunk_records):
-            if sequence + len(rows) > SEQUENCE_MAX:
+        for chunk in chunk_rows(indices, opts.chunk_records, key_list.__getitem__, rows.order):
+            if sequence + len(chunk) > SEQUENCE_MAX:
                 raise InvalidConfig(
                     f"a task wrote more than {SEQUENCE_MAX} rows to {target[0]}/{target[1]} in one "
                     "micro-batch; use more tasks (repartition)"
                 )
-            encoded.setdefault(target, []).append(
-                build_batch(rows, producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
-            )
-            sizes.setdefault(target, []).append(len(rows))
-            sequence += len(rows)
+            encoded.setdefault(target, []).append(rows.encode(chunk, pid, epoch, sequence))
+            sizes.setdefault(target, []).append(len(chunk))
+            sequence += len(chunk)
     result = SinkCommit()
     produced_all = client.produce_pipelined(encoded, acks="all", in_flight=opts.max_in_flight)
     for target, produced in produced_all.items():
@@ -164,33 +241,33 @@ def write_rows(
     return result
 
 
-def _by_key(records: list[ProducerRecord]) -> list[list[ProducerRecord]]:
-    """Rows grouped by key, groups in key order, rows of a key in the order they came (so the
-    last update of a key stays last, as users of Kafka's sink expect). Rows without a key have
-    no order to keep: they are sorted by value."""
-    groups: dict[bytes | None, list[ProducerRecord]] = {}
-    for record in records:
-        groups.setdefault(record.key, []).append(record)
-    out = [groups[k] for k in sorted(k for k in groups if k is not None)]
-    if None in groups:
-        out.append(sorted(groups[None], key=lambda r: (r.value or b"", repr(r.headers))))
-    return out
-
-
-def replayable_chunks(records: list[ProducerRecord], size: int) -> list[list[ProducerRecord]]:
+def chunk_rows(
+    rows: list[int],
+    size: int,
+    key_of: Callable[[int], bytes | None],
+    order_of: Callable[[int], Any],
+) -> list[list[int]]:
     """Cut a task's rows for one partition into chunks that a replay cuts the same way even if
-    Spark hands it the rows in another order: a chunk holds whole key groups (which rows a chunk
-    holds then depends only on the keys), and a key group too large for one chunk is put in
-    value order before it is cut."""
-    chunks: list[list[ProducerRecord]] = []
-    current: list[ProducerRecord] = []
-    for group in _by_key(records):
+    Spark hands it the rows in another order. Rows are grouped by key, groups in key order,
+    rows of a key in the order they came (so the last update of a key stays last, as users of
+    Kafka's sink expect); rows without a key have no order to keep and are put in value order.
+    A chunk holds whole key groups (which rows a chunk holds then depends only on the keys), and
+    a key group too large for one chunk is put in value order before it is cut."""
+    by_key: dict[bytes | None, list[int]] = {}
+    for i in rows:
+        by_key.setdefault(key_of(i), []).append(i)
+    ordered = [by_key[k] for k in sorted(k for k in by_key if k is not None)]
+    if None in by_key:
+        ordered.append(sorted(by_key[None], key=order_of))
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for group in ordered:
         if len(group) > size:
             if current:
                 chunks.append(current)
                 current = []
-            ordered = sorted(group, key=lambda r: (r.value or b"", repr(r.headers)))
-            chunks.extend(ordered[i : i + size] for i in range(0, len(ordered), size))
+            group = sorted(group, key=order_of)
+            chunks.extend(group[i : i + size] for i in range(0, len(group), size))
             continue
         if current and len(current) + len(group) > size:
             chunks.append(current)
@@ -199,6 +276,17 @@ def replayable_chunks(records: list[ProducerRecord], size: int) -> list[list[Pro
     if current:
         chunks.append(current)
     return chunks
+
+
+def replayable_chunks(records: list[ProducerRecord], size: int) -> list[list[ProducerRecord]]:
+    """chunk_rows over records (the rule the sink applies to its rows, for tests and tools)."""
+    chunks = chunk_rows(
+        list(range(len(records))),
+        size,
+        lambda i: records[i].key,
+        lambda i: (records[i].value or b"", repr(records[i].headers)),
+    )
+    return [[records[i] for i in chunk] for chunk in chunks]
 
 
 def _table(iterator: Iterator[pa.RecordBatch]) -> pa.Table:
