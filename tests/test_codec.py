@@ -259,3 +259,15 @@ def test_empty_and_bounds() -> None:
     assert columns.rows == 0 and columns.keys == BinaryColumn(b"\0\0\0\0", b"", None, 0)
     with pytest.raises(CorruptRecord, match="records cannot fit"):
         decode_columns([(b"", 5, 0, 0, 4, 0, 10)], False)
+
+
+@settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
+@given(batches_st(), batches_st(), st.booleans())
+def test_columns_of_several_decodes_concatenate(a: bytes, b: bytes, include_headers: bool) -> None:
+    """What decode_columns does past GROUP_BYTES_MAX: decode in groups, then concat."""
+    from tidelog.record.columns import concat
+
+    items = [item for buf in (a, b) for _, item in batch_items(buf)]
+    whole = decode_columns(items, include_headers)
+    parts = [decode_columns(items[:1], include_headers), decode_columns(items[1:], include_headers)]
+    assert concat(parts, include_headers) == whole

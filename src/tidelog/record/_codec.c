@@ -47,6 +47,22 @@ typedef struct {
     const uint8_t *stop;      /* end of this record */
 } record_t;
 
+/* A nullable length-prefixed field (key or value) at *pp, within stop; -1 if it is not one. */
+static int parse_field(const uint8_t **pp, const uint8_t *stop, field_t *f) {
+    int32_t n;
+    if (read_varint32(pp, stop, &n)) return -1;
+    if (n == -1) {
+        f->p = NULL;
+        f->len = 0;
+        return 0;
+    }
+    if (n < 0 || n > stop - *pp) return -1;
+    f->p = *pp;
+    f->len = n;
+    *pp += n;
+    return 0;
+}
+
 /* Parse one record at *pp; on success *pp is past it. Returns NULL or the reason it failed. */
 static const char *parse_record(const uint8_t **pp, const uint8_t *end, int64_t *previous,
                                 int64_t last_delta, record_t *r) {
@@ -62,28 +78,9 @@ static const char *parse_record(const uint8_t **pp, const uint8_t *end, int64_t 
         return "offset deltas do not rise within the batch";
     *previous = n;
     r->offset_delta = n;
-    if (read_varint32(&p, stop, &n)) return "key length varint is malformed";
-    if (n == -1) {
-        r->key.p = NULL;
-        r->key.len = 0;
-    } else if (n < 0 || n > stop - p) {
-        return "key length runs past the record";
-    } else {
-        r->key.p = p;
-        r->key.len = n;
-        p += n;
-    }
-    if (read_varint32(&p, stop, &n)) return "value length varint is malformed";
-    if (n == -1) {
-        r->value.p = NULL;
-        r->value.len = 0;
-    } else if (n < 0 || n > stop - p) {
-        return "value length runs past the record";
-    } else {
-        r->value.p = p;
-        r->value.len = n;
-        p += n;
-    }
+    if (parse_field(&p, stop, &r->key)) return "key length is malformed or runs past the record";
+    if (parse_field(&p, stop, &r->value))
+        return "value length is malformed or runs past the record";
     if (read_varint32(&p, stop, &r->headers)) return "header count varint is malformed";
     if (r->headers < 0 || r->headers > stop - p) return "bad header count";
     r->headers_p = p;
@@ -642,7 +639,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     memset(&vv, 0, sizeof vv);
     if (!PyArg_ParseTuple(args, "y*OOOy*y*O", &rows, &ko_obj, &kd_obj, &kv_obj, &vo, &vd, &vv_obj))
         return NULL;
-    PyObject *out = NULL;
+    PyObject *out = NULL, *result = NULL;
     int has_keys = ko_obj != Py_None;
     if ((has_keys && (PyObject_GetBuffer(ko_obj, &ko, PyBUF_SIMPLE) < 0 ||
                       PyObject_GetBuffer(kd_obj, &kd, PyBUF_SIMPLE) < 0)) ||
@@ -700,14 +697,8 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
             if (out == NULL) goto done;
         }
     }
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&vo);
-    PyBuffer_Release(&vd);
-    if (ko.obj) PyBuffer_Release(&ko);
-    if (kd.obj) PyBuffer_Release(&kd);
-    if (kv.obj) PyBuffer_Release(&kv);
-    if (vv.obj) PyBuffer_Release(&vv);
-    return out;
+    result = out;
+    out = NULL;
 done:
     Py_XDECREF(out);
     PyBuffer_Release(&rows);
@@ -717,7 +708,7 @@ done:
     if (kd.obj) PyBuffer_Release(&kd);
     if (kv.obj) PyBuffer_Release(&kv);
     if (vv.obj) PyBuffer_Release(&vv);
-    return NULL;
+    return result;
 }
 
 static PyMethodDef methods[] = {

@@ -173,75 +173,81 @@ class _BinaryBuilder:
         return BinaryColumn(self.offsets.tobytes(), bytes(self.data), validity, nulls)
 
 
+class _ColumnsBuilder:
+    """Rows appended one by one into the layout RecordColumns describes (the reference path)."""
+
+    def __init__(self, include_headers: bool) -> None:
+        self.include_headers = include_headers
+        self.offsets, self.timestamps = array("q"), array("q")
+        self.keys, self.values = _BinaryBuilder(), _BinaryBuilder()
+        self.list_offsets = array("i", [0])
+        self.header_keys, self.header_values = _BinaryBuilder(), _BinaryBuilder()
+
+    def put(
+        self,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[bytes, bytes | None]],
+    ) -> None:
+        self.offsets.append(offset)
+        self.timestamps.append(timestamp)
+        self.keys.put(key)
+        self.values.put(value)
+        if self.include_headers:
+            for hkey, hval in headers:
+                self.header_keys.put(hkey)
+                self.header_values.put(hval)
+            self.list_offsets.append(len(self.header_keys.valid))
+
+    def finish(self) -> RecordColumns:
+        headers = None
+        if self.include_headers:
+            headers = HeaderColumns(
+                self.list_offsets.tobytes(), self.header_keys.finish(), self.header_values.finish()
+            )
+        return RecordColumns(
+            len(self.offsets),
+            self.offsets.tobytes(),
+            self.timestamps.tobytes(),
+            self.keys.finish(),
+            self.values.finish(),
+            headers,
+        )
+
+
 def decode_columns_py(items: Sequence[BatchItem], include_headers: bool) -> RecordColumns:
     """The reference: decode_records_py per batch, then one row per record in range."""
-    offsets, timestamps = array("q"), array("q")
-    keys, values = _BinaryBuilder(), _BinaryBuilder()
-    list_offsets = array("i", [0])
-    header_keys, header_values = _BinaryBuilder(), _BinaryBuilder()
+    out = _ColumnsBuilder(include_headers)
     for data, count, base_offset, base_ts, last_delta, lo, hi in items:
-        records = decode_records_py(bytes(data), count, base_offset, base_ts, last_delta)
-        for rec in records:
-            if not lo <= rec.offset < hi:
-                continue
-            offsets.append(rec.offset)
-            timestamps.append(rec.timestamp)
-            keys.put(rec.key)
-            values.put(rec.value)
-            if include_headers:
-                for hkey, hval in rec.headers:
-                    header_keys.put(hkey.encode())
-                    header_values.put(hval)
-                list_offsets.append(len(header_keys.valid))
-    headers = None
-    if include_headers:
-        headers = HeaderColumns(
-            list_offsets.tobytes(), header_keys.finish(), header_values.finish()
-        )
-    return RecordColumns(
-        len(offsets),
-        offsets.tobytes(),
-        timestamps.tobytes(),
-        keys.finish(),
-        values.finish(),
-        headers,
-    )
+        for rec in decode_records_py(bytes(data), count, base_offset, base_ts, last_delta):
+            if lo <= rec.offset < hi:
+                headers = [(k.encode(), v) for k, v in rec.headers]
+                out.put(rec.offset, rec.timestamp, rec.key, rec.value, headers)
+    return out.finish()
 
 
 def concat(parts: Sequence[RecordColumns], include_headers: bool) -> RecordColumns:
     """Columns of several decodes as one (rare: only past GROUP_BYTES_MAX of payload)."""
-    offsets, timestamps = array("q"), array("q")
-    keys, values = _BinaryBuilder(), _BinaryBuilder()
-    list_offsets = array("i", [0])
-    header_keys, header_values = _BinaryBuilder(), _BinaryBuilder()
+    out = _ColumnsBuilder(include_headers)
     for part in parts:
-        offsets.frombytes(part.offsets)
-        timestamps.frombytes(part.timestamps)
-        for column, builder in ((part.keys, keys), (part.values, values)):
-            for value in binary_values(column, part.rows):
-                builder.put(value)
+        offsets = array("q", part.offsets)
+        timestamps = array("q", part.timestamps)
+        keys = binary_values(part.keys, part.rows)
+        values = binary_values(part.values, part.rows)
+        header_rows: list[list[tuple[bytes, bytes | None]]] = [[] for _ in range(part.rows)]
         if include_headers and part.headers is not None:
-            base = len(header_keys.valid)
-            lo = array("i", part.headers.list_offsets)
-            list_offsets.extend(base + o for o in lo[1:])
-            n = lo[-1]
-            for value in binary_values(part.headers.keys, n):
-                header_keys.put(value)
-            for value in binary_values(part.headers.values, n):
-                header_values.put(value)
-    headers = None
-    if include_headers:
-        headers = HeaderColumns(
-            list_offsets.tobytes(), header_keys.finish(), header_values.finish()
-        )
-    return RecordColumns(
-        len(offsets),
-        offsets.tobytes(),
-        timestamps.tobytes(),
-        keys.finish(),
-        values.finish(),
-        headers,
-    )
+            bounds = array("i", part.headers.list_offsets)
+            hkeys = binary_values(part.headers.keys, bounds[-1])
+            hvalues = binary_values(part.headers.values, bounds[-1])
+            header_rows = [
+                [(hkeys[j] or b"", hvalues[j]) for j in range(bounds[i], bounds[i + 1])]
+                for i in range(part.rows)
+            ]
+        for i in range(part.rows):
+            out.put(offsets[i], timestamps[i], keys[i], values[i], header_rows[i])
+    return out.finish()
 
 
 def binary_values(column: BinaryColumn, rows: int) -> list[bytes | None]:
