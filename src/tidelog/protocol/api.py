@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
@@ -364,8 +365,19 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
 T = TypeVar("T")
 
 
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
+def field_names(cls: type[Any]) -> tuple[str, ...]:
+    """A dataclass's field names, worked out once per class (dataclasses.fields is slow)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 def encode(message: Any) -> dict[str, Any]:
-    return {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+    return {name: getattr(message, name) for name in field_names(type(message))}
 
 
 def encode_error(error: TidelogError) -> dict[str, Any]:
@@ -389,52 +401,135 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
     return hints
 
 
+Checker = Callable[[str, Any], Any]
+_PLANS: dict[type[Any], tuple[tuple[str, Checker, bool], ...]] = {}
+_CHECKERS: dict[Any, Checker] = {}
+
+
+def _plan(cls: type[Any]) -> tuple[tuple[str, Checker, bool], ...]:
+    """(field, its checker, required) per field of cls, worked out once per class: decoding is
+    on every request's path."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = _hints(cls)
+        plan = _PLANS[cls] = tuple(
+            (
+                f.name,
+                _checker(hints[f.name]),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in dataclasses.fields(cls)
+        )
+    return plan
+
+
 def decode(cls: type[T], header: dict[str, Any]) -> T:
     """Build cls from a JSON header, checking every field's type."""
-    hints = _hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in header:
-            values[f.name] = _check(f.name, hints[f.name], header[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise InvalidRequest(f"{cls.__name__}: missing field {f.name!r}", field=f.name)
+    for name, check, required in _plan(cls):
+        if name in header:
+            values[name] = check(name, header[name])
+        elif required:
+            raise InvalidRequest(f"{cls.__name__}: missing field {name!r}", field=name)
     return cls(**values)
 
 
 def _check(name: str, hint: Any, value: Any) -> Any:
+    return _checker(hint)(name, value)
+
+
+def _refuse(name: str, hint: Any, value: Any) -> InvalidRequest:
+    return InvalidRequest(f"field {name!r}: {value!r} is not {hint}", field=name)
+
+
+def _checker(hint: Any) -> Checker:
+    """A function that returns value as hint's type (or raises InvalidRequest), made once per
+    type hint."""
+    try:
+        return _CHECKERS[hint]
+    except KeyError:
+        check = _CHECKERS[hint] = _make_checker(hint)
+        return check
+
+
+def _make_checker(hint: Any) -> Checker:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _check(name, option, value)
-            except InvalidRequest:
-                continue
-        raise InvalidRequest(f"field {name!r}: {value!r} is not {hint}", field=name)
+        options = [_checker(option) for option in typing.get_args(hint)]
+
+        def union(name: str, value: Any) -> Any:
+            for option in options:
+                try:
+                    return option(name, value)
+                except InvalidRequest:
+                    continue
+            raise _refuse(name, hint, value)
+
+        return union
     if hint is type(None):
-        if value is None:
-            return None
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
-            return value
-    elif hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif origin is list:
-        (item,) = typing.get_args(hint)
-        if isinstance(value, list):
-            return [_check(name, item, v) for v in value]
-    elif origin is dict:
+
+        def none(name: str, value: Any) -> Any:
+            if value is None:
+                return None
+            raise _refuse(name, hint, value)
+
+        return none
+    if hint is bool:
+
+        def boolean(name: str, value: Any) -> Any:
+            if isinstance(value, bool):
+                return value
+            raise _refuse(name, hint, value)
+
+        return boolean
+    if hint is int:
+
+        def integer(name: str, value: Any) -> Any:
+            if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+                return value
+            raise _refuse(name, hint, value)
+
+        return integer
+    if hint is float:
+
+        def real(name: str, value: Any) -> Any:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+            raise _refuse(name, hint, value)
+
+        return real
+    if hint is str:
+
+        def text(name: str, value: Any) -> Any:
+            if isinstance(value, str):
+                return value
+            raise _refuse(name, hint, value)
+
+        return text
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        item = _checker(item_hint)
+
+        def items(name: str, value: Any) -> Any:
+            if isinstance(value, list):
+                return [item(name, v) for v in value]
+            raise _refuse(name, hint, value)
+
+        return items
+    if origin is dict:
         key_hint, value_hint = typing.get_args(hint)
-        if isinstance(value, dict):
-            return {
-                _check(name, key_hint, k): _check(name, value_hint, v) for k, v in value.items()
-            }
-    elif hint is Any:
-        return value
-    raise InvalidRequest(f"field {name!r}: {value!r} is not {hint}", field=name)
+        key, val = _checker(key_hint), _checker(value_hint)
+
+        def mapping(name: str, value: Any) -> Any:
+            if isinstance(value, dict):
+                return {key(name, k): val(name, v) for k, v in value.items()}
+            raise _refuse(name, hint, value)
+
+        return mapping
+    if hint is Any:
+        return lambda name, value: value
+
+    def nothing(name: str, value: Any) -> Any:
+        raise _refuse(name, hint, value)
+
+    return nothing

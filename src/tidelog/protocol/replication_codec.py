@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from tidelog.errors import InvalidRequest
-from tidelog.protocol.api import decode
+from tidelog.protocol.api import decode, field_names
 from tidelog.replication.messages import (
     BeginEpoch,
     EpochNotice,
@@ -44,14 +44,14 @@ def encode_message(group: str, message: Message) -> tuple[dict[str, Any], Record
     """(header, records to send as the payload)."""
     header: dict[str, Any] = {"group": group, "type": type(message).__name__}
     records: RecordsSlice | None = None
-    for f in dataclasses.fields(message):
-        value = getattr(message, f.name)
-        if f.name == "records":
+    for name in field_names(type(message)):
+        value = getattr(message, name)
+        if name == "records":
             records = value
             if value is not None:
                 header["records_first_offset"] = value.first_offset
         else:
-            header[f.name] = value
+            header[name] = value
     return header, records
 
 
