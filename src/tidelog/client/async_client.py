@@ -145,11 +145,18 @@ class FetchResult:
     include_control: bool = False
     skip_invalid: bool = False
     where: str = ""
+    # (position, header) of each batch in raw, CRC-checked once when the answer arrived
+    batches: tuple[tuple[int, BatchHeader], ...] | None = None
 
     @cached_property
     def records(self) -> list[Record]:
         records, _ = decode_fetched(
-            self.raw, self.from_offset, self.include_control, self.skip_invalid, self.where
+            self.raw,
+            self.from_offset,
+            self.include_control,
+            self.skip_invalid,
+            self.where,
+            batches=self.batches,
         )
         if records:
             self._check_below_hw(records[-1].offset)
@@ -162,7 +169,13 @@ class FetchResult:
         source's path: no Python object per record)."""
         stop = OFFSET_MAX if end_offset is None else end_offset
         items = list(
-            batch_items(self.raw, self.from_offset, stop, include_control=self.include_control)
+            batch_items(
+                self.raw,
+                self.from_offset,
+                stop,
+                include_control=self.include_control,
+                batches=self.batches,
+            )
         )
         try:
             columns = decode_columns([item for _, item in items], include_headers)
@@ -1075,10 +1088,9 @@ class AsyncClient:
                 topic, partition, ApiKey.FETCH, request, timeout_s=timeout
             )
         resp = api.decode(api.FetchResponse, header)
-        # Headers and CRCs are checked here; records are decoded when first asked for.
-        next_offset = offset
-        for _, batch in iter_headers(payload):
-            next_offset = max(next_offset, batch.next_offset)
+        # Headers and CRCs are checked here, once; records are decoded when first asked for.
+        batches = tuple(iter_headers(payload))
+        next_offset = max([offset, *(batch.next_offset for _, batch in batches)])
         return FetchResult(
             partition,
             resp.high_watermark,
@@ -1091,6 +1103,7 @@ class AsyncClient:
             include_control,
             skip_invalid,
             f"{topic}/{partition}",
+            batches,
         )
 
     async def list_offsets(
@@ -1244,13 +1257,16 @@ def decode_fetched(
     include_control: bool = False,
     skip_invalid: bool = False,
     where: str = "",
+    *,
+    batches: Sequence[tuple[int, BatchHeader]] | None = None,
 ) -> tuple[list[Record], int]:
-    """Decode fetched batches (CRC-checked again here); records below from_offset are dropped.
+    """Decode fetched batches (CRC-checked here, unless `batches` says where they are, already
+    checked); records below from_offset are dropped.
     Returns (records, the offset to fetch next). A batch whose records cannot be decoded raises
     CorruptRecord naming its offsets, or with skip_invalid is skipped with a warning."""
     records: list[Record] = []
     next_offset = from_offset
-    for pos, header in iter_headers(payload):
+    for pos, header in iter_headers(payload) if batches is None else batches:
         next_offset = max(next_offset, header.next_offset)
         if header.is_control and not include_control:
             continue

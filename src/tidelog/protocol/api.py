@@ -434,10 +434,6 @@ def decode(cls: type[T], header: dict[str, Any]) -> T:
     return cls(**values)
 
 
-def _check(name: str, hint: Any, value: Any) -> Any:
-    return _checker(hint)(name, value)
-
-
 def _refuse(name: str, hint: Any, value: Any) -> InvalidRequest:
     return InvalidRequest(f"field {name!r}: {value!r} is not {hint}", field=name)
 
@@ -450,6 +446,16 @@ def _checker(hint: Any) -> Checker:
     except KeyError:
         check = _CHECKERS[hint] = _make_checker(hint)
         return check
+
+
+# What a JSON value of each scalar type must be.
+_SCALARS: dict[Any, Callable[[Any], bool]] = {
+    type(None): lambda v: v is None,
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63,
+    float: lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+}
 
 
 def _make_checker(hint: Any) -> Checker:
@@ -466,46 +472,16 @@ def _make_checker(hint: Any) -> Checker:
             raise _refuse(name, hint, value)
 
         return union
-    if hint is type(None):
+    if hint in _SCALARS:
+        accepts = _SCALARS[hint]
+        as_float = hint is float
 
-        def none(name: str, value: Any) -> Any:
-            if value is None:
-                return None
+        def scalar(name: str, value: Any) -> Any:
+            if accepts(value):
+                return float(value) if as_float else value
             raise _refuse(name, hint, value)
 
-        return none
-    if hint is bool:
-
-        def boolean(name: str, value: Any) -> Any:
-            if isinstance(value, bool):
-                return value
-            raise _refuse(name, hint, value)
-
-        return boolean
-    if hint is int:
-
-        def integer(name: str, value: Any) -> Any:
-            if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
-                return value
-            raise _refuse(name, hint, value)
-
-        return integer
-    if hint is float:
-
-        def real(name: str, value: Any) -> Any:
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
-            raise _refuse(name, hint, value)
-
-        return real
-    if hint is str:
-
-        def text(name: str, value: Any) -> Any:
-            if isinstance(value, str):
-                return value
-            raise _refuse(name, hint, value)
-
-        return text
+        return scalar
     if origin is list:
         (item_hint,) = typing.get_args(hint)
         item = _checker(item_hint)

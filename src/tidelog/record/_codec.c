@@ -21,11 +21,9 @@
  *     layout buffers (little-endian int64 offsets and timestamps, int32 offsets + data + validity
  *     bitmaps for keys, values and headers), with no Python object per record.
  *
- * Both refuse what the batch validator refuses (tidelog.record.validation, _scan.c): a varint
- * cut short or longer than its type, lengths that run past a record or a batch, offset deltas
- * that do not rise within [0, last_offset_delta], fields that do not end where the record's
- * length says, trailing bytes, a header key that is not UTF-8; they raise ValueError with the
- * reason, which the Python layer turns into CorruptRecord.
+ * Both parse records with the batch validator's own parser (_wire.h, which _scan.c runs) and
+ * refuse what it refuses but for keyless records (a topic rule, not a format one); they raise
+ * ValueError with the rule's meaning, which the Python layer turns into CorruptRecord.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,91 +32,25 @@
 
 #include "_wire.h"
 
-typedef struct {
-    const uint8_t *p; /* where a field's bytes start; NULL for a null field */
-    int32_t len;
-} field_t;
+/* What each of the validator's rule codes means, for the error a decoder raises. */
+static const char *const REASONS[] = {
+    [SCAN_VARINT] = "a varint is cut short or longer than its type allows",
+    [SCAN_RECORD_LENGTH] = "the record's length runs past the batch",
+    [SCAN_OFFSET_DELTA] = "offset deltas do not rise within the batch",
+    [SCAN_KEY_LENGTH] = "the key's length runs past the record",
+    [SCAN_VALUE_LENGTH] = "the value's length runs past the record",
+    [SCAN_HEADER_COUNT] = "bad header count",
+    [SCAN_HEADER_KEY] = "a header key is null or runs past the record",
+    [SCAN_HEADER_KEY_UTF8] = "a header key is not UTF-8",
+    [SCAN_HEADER_VALUE] = "a header value runs past the record",
+    [SCAN_RECORD_END] = "the record's length disagrees with its fields",
+    [SCAN_TRAILING] = "trailing bytes after the last record",
+    [SCAN_TIMESTAMP] = "the timestamp overflows 64 bits",
+    [SCAN_KEY_REQUIRED] = "a record without a key",
+};
 
-typedef struct {
-    int64_t offset_delta, ts_delta;
-    field_t key, value;
-    int32_t headers;          /* how many */
-    const uint8_t *headers_p; /* where the first header starts */
-    const uint8_t *stop;      /* end of this record */
-} record_t;
-
-/* A nullable length-prefixed field (key or value) at *pp, within stop; -1 if it is not one. */
-static int parse_field(const uint8_t **pp, const uint8_t *stop, field_t *f) {
-    int32_t n;
-    if (read_varint32(pp, stop, &n)) return -1;
-    if (n == -1) {
-        f->p = NULL;
-        f->len = 0;
-        return 0;
-    }
-    if (n < 0 || n > stop - *pp) return -1;
-    f->p = *pp;
-    f->len = n;
-    *pp += n;
-    return 0;
-}
-
-/* Parse one record at *pp; on success *pp is past it. Returns NULL or the reason it failed. */
-static const char *parse_record(const uint8_t **pp, const uint8_t *end, int64_t *previous,
-                                int64_t last_delta, record_t *r) {
-    const uint8_t *p = *pp;
-    int32_t n;
-    if (read_varint32(&p, end, &n)) return "record length varint is cut short or too long";
-    if (n < 1 || n > end - p) return "record length runs past the batch";
-    const uint8_t *stop = p + n;
-    p++; /* record attributes */
-    if (read_varint64(&p, stop, &r->ts_delta)) return "timestamp delta varint is malformed";
-    if (read_varint32(&p, stop, &n)) return "offset delta varint is malformed";
-    if ((int64_t)n <= *previous || (int64_t)n > last_delta)
-        return "offset deltas do not rise within the batch";
-    *previous = n;
-    r->offset_delta = n;
-    if (parse_field(&p, stop, &r->key)) return "key length is malformed or runs past the record";
-    if (parse_field(&p, stop, &r->value))
-        return "value length is malformed or runs past the record";
-    if (read_varint32(&p, stop, &r->headers)) return "header count varint is malformed";
-    if (r->headers < 0 || r->headers > stop - p) return "bad header count";
-    r->headers_p = p;
-    for (int32_t h = 0; h < r->headers; h++) {
-        if (read_varint32(&p, stop, &n)) return "header key length varint is malformed";
-        if (n < 0 || n > stop - p) return "header key is null or runs past the record";
-        if (!valid_utf8(p, p + n)) return "header key is not UTF-8";
-        p += n;
-        if (read_varint32(&p, stop, &n)) return "header value length varint is malformed";
-        if (n < -1 || n > stop - p) return "header value length runs past the record";
-        if (n > 0) p += n;
-    }
-    if (p != stop) return "record length disagrees with its fields";
-    r->stop = stop;
-    *pp = stop;
-    return NULL;
-}
-
-/* The next header of an already-parsed record (parse_record checked every bound). */
-static void next_header(const uint8_t **pp, const uint8_t *stop, field_t *key, field_t *value) {
-    int32_t n;
-    read_varint32(pp, stop, &n);
-    key->p = *pp;
-    key->len = n;
-    *pp += n;
-    read_varint32(pp, stop, &n);
-    if (n < 0) {
-        value->p = NULL;
-        value->len = 0;
-    } else {
-        value->p = *pp;
-        value->len = n;
-        *pp += n;
-    }
-}
-
-static PyObject *corrupt(const char *reason, int64_t index) {
-    PyErr_Format(PyExc_ValueError, "record %lld: %s", (long long)index, reason);
+static PyObject *corrupt(int code, int64_t index) {
+    PyErr_Format(PyExc_ValueError, "record %lld: %s", (long long)index, REASONS[code]);
     return NULL;
 }
 
@@ -167,16 +99,12 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     int64_t previous = -1;
     for (int64_t i = 0; i < count; i++) {
         record_t r;
-        const char *reason = parse_record(&p, end, &previous, last_delta, &r);
-        if (reason) {
-            corrupt(reason, i);
+        int code = parse_record(&p, end, &previous, last_delta, base_ts, 0, &r);
+        if (code != SCAN_OK) {
+            corrupt(code, i);
             goto fail;
         }
-        int64_t offset = base_offset + r.offset_delta, ts;
-        if (__builtin_add_overflow((int64_t)base_ts, r.ts_delta, &ts)) {
-            corrupt("timestamp overflows 64 bits", i);
-            goto fail;
-        }
+        int64_t offset = base_offset + r.offset_delta, ts = r.timestamp;
         if (offset < min_offset) continue;
         PyObject *rec = record_type->tp_alloc(record_type, 5);
         if (rec == NULL) goto fail;
@@ -200,7 +128,7 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         Py_DECREF(rec);
     }
     if (p != end) {
-        corrupt("trailing bytes after the last record", count);
+        corrupt(SCAN_TRAILING, count);
         goto fail;
     }
     Py_DECREF(empty);
@@ -360,15 +288,13 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
         int64_t previous = -1;
         for (int64_t r_i = 0; r_i < it->count; r_i++) {
             record_t r;
-            const char *reason = parse_record(&p, end, &previous, it->last_delta, &r);
-            int64_t ts;
-            if (reason == NULL && __builtin_add_overflow((int64_t)it->base_ts, r.ts_delta, &ts))
-                reason = "timestamp overflows 64 bits";
-            if (reason) {
+            int code = parse_record(&p, end, &previous, it->last_delta, it->base_ts, 0, &r);
+            if (code != SCAN_OK) {
                 PyErr_Format(PyExc_ValueError, "batch at offset %lld, record %lld: %s",
-                             it->base_offset, (long long)r_i, reason);
+                             it->base_offset, (long long)r_i, REASONS[code]);
                 goto done;
             }
+            int64_t ts = r.timestamp;
             int64_t offset = it->base_offset + r.offset_delta;
             if (offset < it->min_offset || offset >= it->end_offset) continue;
             put_i64(&offsets, offset);

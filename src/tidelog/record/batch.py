@@ -33,10 +33,11 @@ from tidelog.errors import CorruptRecord, RecordTooLarge
 from tidelog.record import compression as codecs
 from tidelog.record.varint import decode_varint, encode_varint
 
-try:  # the compiled decoder (optional: decode_records_py is the same in pure Python)
+try:  # the compiled codec (optional: the *_py functions here are the same in pure Python)
     from tidelog.record import _codec
 except ImportError:  # pragma: no cover - only where the extension could not be built
     _codec = None  # type: ignore[assignment]
+COMPILED_CODEC = _codec  # the one place that says whether it was built
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -116,7 +117,7 @@ class BatchHeader(NamedTuple):
     def last_sequence(self) -> int:
         if self.base_sequence < 0:
             return NO_SEQUENCE
-        return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
+        return (self.base_sequence + self.last_offset_delta) & SEQUENCE_MAX
 
 
 class Record(NamedTuple):
@@ -237,10 +238,10 @@ def build_batch(
     if not recs:
         raise ValueError("a batch holds at least one record")
     default_ts = int(time.time() * 1000) if now_ms is None else now_ms
-    if _codec is None:
+    if COMPILED_CODEC is None:
         body, base_ts, max_ts = encode_records_py(recs, default_ts)
     else:
-        body, base_ts, max_ts = _codec.encode_records(recs, default_ts)
+        body, base_ts, max_ts = COMPILED_CODEC.encode_records(recs, default_ts)
     return batch_from_section(
         body,
         len(recs),
@@ -417,7 +418,7 @@ def decode_records(
     header = read_header(mv)
     if len(mv) < header.size_bytes:
         raise CorruptRecord("batch cut short")
-    if _codec is None:
+    if COMPILED_CODEC is None:
         data = records_payload(mv, header)
         records = decode_records_py(
             data,
@@ -432,7 +433,7 @@ def decode_records(
             else records
         )
     try:
-        decoded: list[Record] = _codec.decode_records(
+        decoded: list[Record] = COMPILED_CODEC.decode_records(
             records_view(mv, header),
             header.records_count,
             header.base_offset,

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from tidelog.errors import CorruptRecord
 from tidelog.record.batch import (
+    COMPILED_CODEC,
     BatchHeader,
     decode_records_py,
     iter_headers,
@@ -58,22 +59,11 @@ class RecordColumns(NamedTuple):
     values: BinaryColumn
     headers: HeaderColumns | None
 
-    def offset_list(self) -> list[int]:
-        return array("q", self.offsets).tolist()
-
     def last_offset(self) -> int | None:
         return array("q", self.offsets[-8:])[0] if self.rows else None
 
 
-def _compiled() -> object | None:
-    try:
-        from tidelog.record import _codec
-    except ImportError:
-        return None
-    return _codec
-
-
-COMPILED = _compiled()
+COMPILED = COMPILED_CODEC
 
 
 def batch_items(
@@ -83,10 +73,12 @@ def batch_items(
     *,
     include_control: bool = False,
     verify: bool = True,
+    batches: Sequence[tuple[int, BatchHeader]] | None = None,
 ) -> Iterator[tuple[BatchHeader, BatchItem]]:
-    """One item per batch of a buffer of whole batches (CRC-checked unless verify=False) that
-    may hold records in [min_offset, end_offset), its record section decompressed."""
-    for pos, header in iter_headers(payload, verify=verify):
+    """One item per batch of a buffer of whole batches (CRC-checked unless verify=False, or
+    given as `batches`, already checked) that may hold records in [min_offset, end_offset),
+    its record section decompressed."""
+    for pos, header in iter_headers(payload, verify=verify) if batches is None else batches:
         if header.is_control and not include_control:
             continue
         if header.last_offset < min_offset or header.base_offset >= end_offset:
@@ -114,7 +106,7 @@ def decode_columns(items: Sequence[BatchItem], include_headers: bool) -> RecordC
     if len(groups) != 1:
         return concat([decode_columns(g, include_headers) for g in groups], include_headers)
     try:
-        raw = COMPILED.decode_columns(items, include_headers)  # type: ignore[attr-defined]
+        raw = COMPILED.decode_columns(items, include_headers)
     except ValueError as exc:
         raise CorruptRecord(str(exc)) from None
     rows, offsets, timestamps, keys, values, headers = raw

@@ -1317,15 +1317,15 @@ class Replica:
         else:
             # Only an answer without divergence proves our log matches the leader's up to the
             # fetch offset, so only then may the leader's HW become ours (up to our log end).
-            appended = resp.records is not None and resp.records.size > 0
-            if appended:
-                self.log.append_as_follower(resp.records.read())  # type: ignore[union-attr]
+            records = resp.records if resp.records is not None and resp.records.size > 0 else None
+            if records is not None:
+                self.log.append_as_follower(records.read())
             self._adopt_memberships(resp.memberships, resp.fetch_offset)
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
             if (
-                appended
-                and resp.records.size < self.config.fetch_max_bytes // 2  # type: ignore[union-attr]
+                records is not None
+                and records.size < self.config.fetch_max_bytes // 2
                 and self.log.effective_durable_end < self.log.log_end_offset
             ):
                 # The leader had no more than this: the next fetch goes when the fsync is done

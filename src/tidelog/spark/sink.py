@@ -37,15 +37,16 @@ from pyspark.sql.types import StructType
 
 from tidelog.client.sync_client import Client
 from tidelog.errors import InvalidConfig
-from tidelog.record.batch import SEQUENCE_MAX, ProducerRecord, batch_from_section, build_batch
+from tidelog.record.batch import (
+    COMPILED_CODEC,
+    SEQUENCE_MAX,
+    ProducerRecord,
+    batch_from_section,
+    build_batch,
+)
 from tidelog.spark.connection import client_for
 from tidelog.spark.options import SinkOptions
 from tidelog.storage.faults import crash_point
-
-try:  # the compiled encoder (optional: without it, chunks are encoded from records)
-    from tidelog.record import _codec
-except ImportError:  # pragma: no cover - only where the extension could not be built
-    _codec = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class _Rows:
     def encode(self, rows: list[int], pid: int, epoch: int, sequence: int) -> bytes:
         """The rows as one batch of this producer; from the Arrow buffers in C when there are
         no headers (the same bytes build_batch makes of the same records)."""
-        if self.headers is not None or _codec is None:
+        if self.headers is not None or COMPILED_CODEC is None:
             records = [
                 ProducerRecord(
                     self.key_list[i],
@@ -151,7 +152,7 @@ class _Rows:
         if self.keys is not None:
             key_validity, key_offsets, key_data = self.keys.buffers()
         validity, offsets, data = self.values.buffers()
-        section = _codec.encode_rows(
+        section = COMPILED_CODEC.encode_rows(
             array("q", rows).tobytes(),
             key_offsets,
             key_data if key_data is not None else b"",

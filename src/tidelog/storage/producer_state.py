@@ -14,7 +14,7 @@ import collections
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from tidelog.record.batch import BatchHeader
+from tidelog.record.batch import SEQUENCE_MAX, BatchHeader
 
 
 class ProducerEntry(NamedTuple):
@@ -28,10 +28,9 @@ class ProducerEntry(NamedTuple):
     def last_sequence(self) -> int:
         """The sequence of the newest batch's last record (a batch's offsets and sequences
         advance together)."""
-        return (self.sequence + self.last_offset - self.base_offset) & SEQUENCE_MASK
+        return (self.sequence + self.last_offset - self.base_offset) & SEQUENCE_MAX
 
 
-SEQUENCE_MASK = 0x7FFFFFFF  # sequences wrap at Kafka's int32 maximum
 RECENT_BATCHES = 5  # per producer, as Kafka keeps: a replay of one of them gets its own offsets
 
 
@@ -68,7 +67,7 @@ class ProducerState:
                 return None
             last = (entry.epoch, entry.last_sequence)
         epoch, last_sequence = last
-        expected = (last_sequence + 1) & SEQUENCE_MASK
+        expected = (last_sequence + 1) & SEQUENCE_MAX  # sequences wrap past Kafka's int32
         if header.producer_epoch == epoch and header.base_sequence != expected:
             return expected
         return None
