@@ -687,3 +687,102 @@ def test_the_sink_encodes_from_arrow_what_build_batch_encodes(
     assert records_payload(ours, h_ours) == records_payload(want, h_want)
     assert (h_ours.producer_id, h_ours.producer_epoch, h_ours.base_sequence) == (7, 3, 11)
     assert h_ours.records_count == h_want.records_count == len(rows)
+
+
+def test_a_declared_schema_reads_only_its_columns_and_max_partitions_packs_tasks(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    client.create_topic("narrow", partitions=3, replication_factor=3)
+    sizes = {0: 250, 1: 40, 2: 110}
+    for p, n in sizes.items():
+        produce(client, "narrow", p, [b"n%d-%d" % (p, i) for i in range(n)])
+    everything = reader(spark, cluster, subscribe="narrow", includeHeaders="true")
+    want = rows_of(everything)
+    assert len(want) == sum(sizes.values())
+
+    def declared(schema: str, **options: Any) -> Any:
+        r = spark.read.format("tidelog").schema(schema).option("bootstrap", cluster.bootstrap)
+        for key, value in {"subscribe": "narrow", **options}.items():
+            r = r.option(key, value)
+        return r.load()
+
+    # Only the declared columns, in the declared order, with the same values.
+    two = declared("value binary, offset bigint, partition int")
+    assert two.columns == ["value", "offset", "partition"]
+    assert rows_of(two) == want
+    full = [tuple(r) for r in everything.orderBy("partition", "offset").collect()]
+    picked = declared(
+        "headers array<struct<key:string,value:binary>>, timestamp timestamp, key binary"
+    )
+    got = [tuple(r) for r in picked.orderBy("timestamp").collect()]
+    assert sorted(got, key=repr) == sorted(((r[7], r[5], r[0]) for r in full), key=repr)
+
+    # maxPartitions packs 3 partitions into 2 tasks of near-equal size; every row once.
+    packed = declared("partition int, offset bigint, value binary", maxPartitions="2")
+    assert packed.rdd.getNumPartitions() == 2
+    per_task = packed.rdd.glom().map(len).collect()
+    assert sorted(per_task) == [200, 200], per_task
+    assert rows_of(packed) == want
+    split_then_packed = reader(
+        spark, cluster, subscribe="narrow", minPartitions="5", maxPartitions="5"
+    )
+    assert split_then_packed.rdd.getNumPartitions() == 5
+    assert rows_of(split_then_packed) == want
+
+    # A stream with a declared schema, and a table read of two of its columns.
+    df = (
+        spark.readStream.format("tidelog")
+        .schema("partition int, offset bigint, value binary")
+        .option("bootstrap", cluster.bootstrap)
+        .option("subscribe", "narrow")
+        .option("startingOffsets", "earliest")
+        .option("maxPartitions", "1")
+        .load()
+    )
+    assert sum(run_available_now(df, tmp_path, "narrow")) == len(want)
+    assert parquet_rows(spark, tmp_path / "narrow") == want
+    client.create_topic("narrow-tbl", partitions=1, replication_factor=3, kind="table")
+    client.produce("narrow-tbl", [ProducerRecord(b"a", b"1"), ProducerRecord(b"a", b"2")])
+    tbl = (
+        spark.read.format("tidelog")
+        .schema("value binary")
+        .option("bootstrap", cluster.bootstrap)
+        .option("table", "narrow-tbl")
+        .load()
+    )
+    assert [bytes(r["value"]) for r in tbl.collect()] == [b"2"]
+
+    # A column the source does not have, a wrong type, NOT NULL: named errors.
+    for schema, words in (
+        ("value binary, colour string", "colour"),
+        ("value string", "type string"),
+        ("value binary not null", "NOT NULL"),
+    ):
+        with pytest.raises(Exception, match=words):
+            declared(schema).collect()
+    with pytest.raises(Exception, match="maxPartitions"):
+        reader(spark, cluster, subscribe="narrow", minPartitions="3", maxPartitions="2").count()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 50), min_size=1, max_size=6),
+    max_partitions=st.integers(1, 8),
+)
+def test_packed_tasks_cover_every_offset_once_in_near_equal_pieces(
+    sizes: list[int], max_partitions: int
+) -> None:
+    from tidelog.spark.planning import OffsetRange, pack_ranges
+
+    ranges = [OffsetRange("b", "t", p, 7, 7 + n, True, False, 1024) for p, n in enumerate(sizes)]
+    tasks = pack_ranges(ranges, max_partitions)
+    live = [r for r in ranges if r.size]
+    if len(live) <= max_partitions:
+        assert tasks == [(r,) for r in live]
+        return
+    assert len(tasks) == max_partitions
+    covered = [(r.partition, o) for task in tasks for r in task for o in range(r.start, r.end)]
+    assert covered == [(r.partition, o) for r in live for o in range(r.start, r.end)]
+    loads = [sum(r.size for r in task) for task in tasks]
+    assert max(loads) - min(loads) <= 1
+    assert all(r.size > 0 for task in tasks for r in task)

@@ -92,6 +92,7 @@ class SourceOptions:
     skip_invalid_batches: bool = False  # pass over batches that cannot be read, with a warning
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
+    max_partitions: int | None = None
     include_headers: bool = False
     cursor: str = ""
     cursor_backup: bool = False
@@ -155,6 +156,15 @@ class SourceOptions:
         min_partitions = _int(opts, "minpartitions")
         if min_partitions is not None and min_partitions < 1:
             raise InvalidConfig("option 'minPartitions' must be positive", key="minPartitions")
+        max_partitions = _int(opts, "maxpartitions")
+        if max_partitions is not None and max_partitions < 1:
+            raise InvalidConfig("option 'maxPartitions' must be positive", key="maxPartitions")
+        if min_partitions and max_partitions and min_partitions > max_partitions:
+            raise InvalidConfig(
+                f"option 'minPartitions' ({min_partitions}) is above 'maxPartitions' "
+                f"({max_partitions})",
+                key="maxPartitions",
+            )
         return SourceOptions(
             bootstrap=bootstrap,
             subscribe=tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()),
@@ -168,6 +178,7 @@ class SourceOptions:
             skip_invalid_batches=_bool(opts, "skipinvalidbatches", False),
             max_offsets_per_trigger=max_per_trigger,
             min_partitions=min_partitions,
+            max_partitions=max_partitions,
             include_headers=_bool(opts, "includeheaders", False),
             cursor=opts.get("cursor", ""),
             cursor_backup=_bool(opts, "cursorbackup", False),

@@ -38,6 +38,7 @@ class OffsetRange:
     include_headers: bool
     fetch_max_bytes: int
     skip_invalid: bool = False  # skipInvalidBatches
+    columns: tuple[str, ...] = ()  # what the query's schema asks for; () = the default schema
 
     @property
     def size(self) -> int:
@@ -156,7 +157,38 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
     return out
 
 
-def plan_ranges(opts: SourceOptions, start: Offsets, end: Offsets) -> list[OffsetRange]:
+def pack_ranges(
+    ranges: list[OffsetRange], max_partitions: int | None
+) -> list[tuple[OffsetRange, ...]]:
+    """Spark tasks, each a run of ranges read one after another. With maxPartitions below the
+    number of ranges, the ranges laid end to end are cut into that many pieces of (nearly) equal
+    size, as Spark packs small files into splits: on 2 cores, 3 partitions read as 3 tasks take
+    two waves, as 2 tasks one."""
+    ranges = [r for r in ranges if r.size > 0]
+    if not max_partitions or len(ranges) <= max_partitions:
+        return [(r,) for r in ranges]
+    total = sum(r.size for r in ranges)
+    bounds = [total * i // max_partitions for i in range(1, max_partitions + 1)]
+    tasks: list[tuple[OffsetRange, ...]] = []
+    current: list[OffsetRange] = []
+    done = 0  # records of the ranges before the current piece, laid end to end
+    for r in ranges:
+        lo = r.start
+        while lo < r.end:
+            hi = min(r.end, lo + bounds[len(tasks)] - done)
+            current.append(dataclasses.replace(r, start=lo, end=hi))
+            done += hi - lo
+            lo = hi
+            if done == bounds[len(tasks)]:
+                tasks.append(tuple(current))
+                current = []
+    return tasks
+
+
+def plan_tasks(
+    opts: SourceOptions, start: Offsets, end: Offsets, columns: tuple[str, ...] = ()
+) -> list[tuple[OffsetRange, ...]]:
+    """minPartitions splits large ranges, then maxPartitions packs them into fewer tasks."""
     ranges = [
         OffsetRange(
             opts.bootstrap,
@@ -165,10 +197,11 @@ def plan_ranges(opts: SourceOptions, start: Offsets, end: Offsets) -> list[Offse
             start.get(tp, end[tp]),
             end[tp],
             opts.fail_on_data_loss,
-            opts.include_headers,
+            "headers" in columns if columns else opts.include_headers,
             opts.fetch_max_bytes,
             opts.skip_invalid_batches,
+            columns,
         )
         for tp in sorted(end)
     ]
-    return split_ranges(ranges, opts.min_partitions)
+    return pack_ranges(split_ranges(ranges, opts.min_partitions), opts.max_partitions)

@@ -34,6 +34,12 @@ def data_loss_message(topic: str, partition: int, first: int, last: int, log_sta
     )
 
 
+def read_ranges(ranges: tuple[OffsetRange, ...]) -> Iterator[pa.RecordBatch]:
+    """One Spark task: its ranges in turn."""
+    for r in ranges:
+        yield from read_range(r)
+
+
 def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the range's records, one per fetch. The next fetch is sent before the
     current answer is decoded and handed to Spark, so the network and the node work while this
@@ -81,7 +87,7 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
         columns = result.columns(r.end, r.include_headers)
         if columns.rows:
             deadline = time.monotonic() + COMMITTED_WAIT_S
-            yield columns_to_batch(columns, r.topic, r.partition, r.include_headers)
+            yield columns_to_batch(columns, r.topic, r.partition, r.include_headers, r.columns)
         if result.next_offset > offset:
             offset = result.next_offset
         elif time.monotonic() > deadline:

@@ -31,21 +31,34 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from tidelog.errors import CursorInvalidated, InvalidConfig, TidelogError, UnknownCursor
-from tidelog.spark.arrow import HEADERS_DDL, SOURCE_DDL, TABLE_DDL, table_batch
+from tidelog.spark.arrow import (
+    HEADERS_DDL,
+    SOURCE_DDL,
+    SOURCE_FIELDS,
+    TABLE_DDL,
+    TABLE_FIELDS,
+    projection,
+    table_batch,
+)
 from tidelog.spark.connection import client_for, with_retries
 from tidelog.spark.options import SinkOptions, SourceOptions, offsets_from_json, offsets_to_json
 from tidelog.spark.planning import (
-    OffsetRange,
     Offsets,
     high_watermarks,
-    plan_ranges,
+    plan_tasks,
     rate_limit,
     resolve_offsets,
     topic_partitions,
 )
-from tidelog.spark.reading import read_range
+from tidelog.spark.reading import read_ranges
 
 log = logging.getLogger(__name__)
+
+
+def declared_columns(schema: StructType, fields: dict[str, Any]) -> tuple[str, ...]:
+    return projection(
+        [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields], fields
+    )
 
 
 def cursor_names(name: str, topics: list[str]) -> dict[str, str]:
@@ -71,11 +84,14 @@ class TidelogDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = SourceOptions.parse(self.options, streaming=False)
         if opts.table:
-            return TableReader(opts)
-        return BatchReader(opts)
+            return TableReader(opts, declared_columns(schema, TABLE_FIELDS))
+        return BatchReader(opts, declared_columns(schema, SOURCE_FIELDS))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(SourceOptions.parse(self.options, streaming=True))
+        return StreamReader(
+            SourceOptions.parse(self.options, streaming=True),
+            declared_columns(schema, SOURCE_FIELDS),
+        )
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from tidelog.spark.sink import BatchWriter
@@ -93,8 +109,9 @@ class TidelogDataSource(DataSource):
 class BatchReader(DataSourceReader):
     """startingOffsets (default earliest) to endingOffsets (default latest = the HW now)."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, columns: tuple[str, ...]) -> None:
         self.opts = opts
+        self.columns = columns
 
     def partitions(self) -> list[InputPartition]:
         client = client_for(self.opts.bootstrap)
@@ -115,18 +132,18 @@ class BatchReader(DataSourceReader):
                 key="endingOffsets",
             )
         start = {tp: min(start[tp], end[tp]) for tp in tps}
-        return [InputPartition(r) for r in plan_ranges(self.opts, start, end)]
+        return [InputPartition(t) for t in plan_tasks(self.opts, start, end, self.columns)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        r: OffsetRange = partition.value
-        yield from read_range(r)
+        yield from read_ranges(partition.value)
 
 
 class TableReader(DataSourceReader):
     """A table topic's committed state: one task per partition, answered by its leader."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, columns: tuple[str, ...]) -> None:
         self.opts = opts
+        self.columns = columns
 
     def partitions(self) -> list[InputPartition]:
         client = client_for(self.opts.bootstrap)
@@ -142,15 +159,16 @@ class TableReader(DataSourceReader):
         p = int(partition.value)
         entries = client.table_scan(self.opts.table, [p])
         if entries:
-            yield table_batch(entries, self.opts.table, p)
+            yield table_batch(entries, self.opts.table, p, self.columns)
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches end at each partition's HW (capped by maxOffsetsPerTrigger and, under
     Trigger.AvailableNow, by the HW when the run began). Holds no client: it is pickled."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, columns: tuple[str, ...]) -> None:
         self.opts = opts
+        self.columns = columns
         self._initial: dict[str, Any] | None = None
         self._available_now: Offsets | None = None
 
@@ -258,7 +276,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = offsets_from_json(start)
         finish = offsets_from_json(end)
         begin = {tp: begin.get(tp, 0) for tp in finish}
-        return [InputPartition(r) for r in plan_ranges(self.opts, begin, finish)]
+        return [InputPartition(t) for t in plan_tasks(self.opts, begin, finish, self.columns)]
 
     def commit(self, end: dict[str, Any]) -> None:
         if not self.opts.cursor:
@@ -287,5 +305,4 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side -------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        r: OffsetRange = partition.value
-        yield from read_range(r)
+        yield from read_ranges(partition.value)
