@@ -8,6 +8,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,6 +93,24 @@ def fsync_append_bound(batch: bytes, seconds: float, directory: Path) -> tuple[f
         os.close(fd)
         path.unlink()
     return count / elapsed, latencies
+
+
+def replicas_disk_bound(seconds: float, writers: int = 3, chunk: int = 1 << 20) -> float:
+    """Bytes/s that `writers` threads appending `chunk` + fdatasync each, to their own files on
+    this disk, write in total: what RF `writers` replicas on one machine can make durable."""
+    results: list[float] = []
+    dirs = [scratch_dir(f"disk{i}-") for i in range(writers)]
+    threads = [
+        threading.Thread(
+            target=lambda d=d: results.append(fsync_append_bound(b"x" * chunk, seconds, d)[0])
+        )
+        for d in dirs
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(results) * chunk
 
 
 async def run_producers(
