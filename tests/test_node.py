@@ -483,3 +483,32 @@ def test_a_broken_invariant_stops_the_node(tmp_path: Path) -> None:
                 socket.create_connection(node.address, timeout=1).close()
 
     asyncio.run(main())
+
+
+def test_consume_pipelines_fetches_and_stops_where_it_is_told(tmp_path: Path) -> None:
+    """consume() sends the next fetch before it hands over a fetch's records: every record
+    once, in order, across hundreds of small fetches; max_records stops exactly; a consumer
+    that stops early leaves no fetch behind to fail later."""
+
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("pipe")
+        values = [b"v%05d" % i + b"x" * 300 for i in range(3000)]
+        for lo in range(0, len(values), 10):
+            await client.produce("pipe", values[lo : lo + 10], partition=0)
+        got = [r async for r in client.consume("pipe", 0, max_bytes=4096)]
+        assert [r.offset for r in got] == list(range(3000))
+        assert [r.value for r in got] == values
+        few = [r.offset async for r in client.consume("pipe", 0, 1234, max_records=77)]
+        assert few == list(range(1234, 1311))
+        batches = client.consume_batches("pipe", 0, "earliest", max_bytes=4096)
+        first = await batches.__anext__()
+        await batches.aclose()  # the fetch sent ahead is cancelled, not left running
+        assert first[0].offset == 0
+        assert not [
+            t
+            for t in asyncio.all_tasks()
+            if t is not asyncio.current_task() and "fetch_at" in repr(t.get_coro())
+        ]
+        assert await client.list_offsets("pipe", 0) == 3000
+
+    run(tmp_path, body)

@@ -72,6 +72,7 @@ PRODUCER_EPOCH_MAX = 0x7FFF
 # Concurrent sends to one partition that go together as one batch, at most (below the default
 # max.message.bytes of 1 MiB; one send larger than this still goes, alone).
 COALESCE_BYTES_MAX = 512 * 1024
+CONSUME_FETCH_BYTES = 1024 * 1024  # per fetch of consume(): Kafka's max.partition.fetch.bytes
 
 
 def is_indeterminate(exc: TidelogError) -> bool:
@@ -1128,9 +1129,11 @@ class AsyncClient:
         prefer_node: int | None = None,
         cursor: str = "",
         skip_invalid: bool = False,
+        max_bytes: int = CONSUME_FETCH_BYTES,
     ) -> AsyncGenerator[Record, None]:
         """Records in offset order from start up to the HW as it is now (or on and on with
-        follow); out-of-range offsets follow the reset policy (earliest, latest or none)."""
+        follow); out-of-range offsets follow the reset policy (earliest, latest or none). The
+        next fetch is on its way while the caller reads one fetch's records."""
         async for records in self.consume_batches(
             topic,
             partition,
@@ -1143,6 +1146,7 @@ class AsyncClient:
             prefer_node=prefer_node,
             cursor=cursor,
             skip_invalid=skip_invalid,
+            max_bytes=max_bytes,
         ):
             for rec in records:
                 yield rec
@@ -1161,9 +1165,12 @@ class AsyncClient:
         prefer_node: int | None = None,
         cursor: str = "",
         skip_invalid: bool = False,
+        max_bytes: int = CONSUME_FETCH_BYTES,
     ) -> AsyncGenerator[list[Record], None]:
-        """consume(), a fetch's worth of records at a time. With replica_read, prefer_node (a
-        follower, say) answers while it is reachable; it serves only below its own HW."""
+        """consume(), a fetch's worth of records at a time (at most max_bytes per fetch, as
+        Kafka's max.partition.fetch.bytes; one batch larger than that still comes whole). With
+        replica_read, prefer_node (a follower, say) answers while it is reachable; it serves
+        only below its own HW."""
         if reset not in ("earliest", "latest", "none"):
             raise InvalidRequest(f"reset must be earliest, latest or none, got {reset!r}")
         offset = await self._resolve_start(topic, partition, start)
@@ -1181,65 +1188,94 @@ class AsyncClient:
             offset = error.log_start if reset == "earliest" else end
             log.warning("%s; continuing at the %s offset %d", error.message, reset, offset)
         budget = max_records
-        while (budget is None or budget > 0) and (end is None or offset < end):
+
+        async def fetch_at(at: int) -> FetchResult:
+            node = prefer_node if replica_read else None
             try:
-                node = prefer_node if replica_read else None
-                try:
-                    result = await self.fetch(
-                        topic,
-                        partition,
-                        offset,
-                        max_wait_ms=max_wait_ms if follow else 0,
-                        replica_read=replica_read,
-                        node_id=node,
-                        cursor=cursor,
-                        skip_invalid=skip_invalid,
-                    )
-                except (NetworkError, NotLeader, UnknownTopicOrPartition):
-                    if node is None:
-                        raise
-                    result = await self.fetch(
-                        topic,
-                        partition,
-                        offset,
-                        max_wait_ms=max_wait_ms if follow else 0,
-                        replica_read=replica_read,
-                        cursor=cursor,
-                        skip_invalid=skip_invalid,
-                    )
-            except OffsetOutOfRange as exc:
-                if reset == "none":
-                    raise
-                new_offset = exc.log_start if reset == "earliest" else exc.high_watermark
-                skipped = (
-                    f"skipping offsets {offset}..{new_offset - 1}, which retention or "
-                    "delete-records removed"
-                    if new_offset > offset
-                    else f"offset {offset} is past the end"
-                )
-                log.warning(
-                    "%s/%d: offset %d is out of range (log start %d, HW %d): %s; "
-                    "continuing at the %s offset %d",
+                return await self.fetch(
                     topic,
                     partition,
-                    offset,
-                    exc.log_start,
-                    exc.high_watermark,
-                    skipped,
-                    reset,
-                    new_offset,
+                    at,
+                    max_bytes=max_bytes,
+                    max_wait_ms=max_wait_ms if follow else 0,
+                    replica_read=replica_read,
+                    node_id=node,
+                    cursor=cursor,
+                    skip_invalid=skip_invalid,
                 )
-                offset = new_offset
-                continue
-            records = result.records
-            if end is not None:
-                records = [r for r in records if r.offset < end]
-            if budget is not None:
-                records = records[:budget]
-                budget -= len(records)
-            if records:
-                yield records
-            offset = result.next_offset
+            except (NetworkError, NotLeader, UnknownTopicOrPartition):
+                if node is None:
+                    raise
+                return await self.fetch(
+                    topic,
+                    partition,
+                    at,
+                    max_bytes=max_bytes,
+                    max_wait_ms=max_wait_ms if follow else 0,
+                    replica_read=replica_read,
+                    cursor=cursor,
+                    skip_invalid=skip_invalid,
+                )
+
+        # The next fetch is sent before this one's records are handed over, as Kafka's consumer
+        # pipelines fetches: the node and the network work while the caller does.
+        ahead: tuple[int, asyncio.Task[FetchResult]] | None = None
+        try:
+            while (budget is None or budget > 0) and (end is None or offset < end):
+                pending, ahead = ahead, None
+                try:
+                    if pending is not None and pending[0] == offset:
+                        result = await pending[1]
+                    else:
+                        _forget(pending)
+                        result = await fetch_at(offset)
+                except OffsetOutOfRange as exc:
+                    if reset == "none":
+                        raise
+                    new_offset = exc.log_start if reset == "earliest" else exc.high_watermark
+                    skipped = (
+                        f"skipping offsets {offset}..{new_offset - 1}, which retention or "
+                        "delete-records removed"
+                        if new_offset > offset
+                        else f"offset {offset} is past the end"
+                    )
+                    log.warning(
+                        "%s/%d: offset %d is out of range (log start %d, HW %d): %s; "
+                        "continuing at the %s offset %d",
+                        topic,
+                        partition,
+                        offset,
+                        exc.log_start,
+                        exc.high_watermark,
+                        skipped,
+                        reset,
+                        new_offset,
+                    )
+                    offset = new_offset
+                    continue
+                at = max(offset, result.next_offset)
+                carried = sum(h.records_count for _, h in result.batches or ())
+                if (
+                    at > offset
+                    and (end is None or at < end)
+                    and (budget is None or budget > carried)
+                ):
+                    ahead = (at, asyncio.create_task(fetch_at(at)))
+                    await asyncio.sleep(0)  # let it send its request before we decode
+                records = result.records
+                if end is not None:
+                    records = [r for r in records if r.offset < end]
+                if budget is not None:
+                    records = records[:budget]
+                    budget -= len(records)
+                offset = at
+                if records:
+                    yield records
+        finally:
+            if ahead is not None:  # stopped early: the fetch sent ahead ends here, not later
+                ahead[1].cancel()
+                await asyncio.wait([ahead[1]])
+                _forget(ahead)
 
     async def _resolve_start(self, topic: str, partition: int, start: int | str) -> int:
         if isinstance(start, int):
@@ -1249,6 +1285,13 @@ class AsyncClient:
         if start.lstrip("-").isdigit():
             return int(start)
         raise InvalidRequest(f"start must be earliest, latest or an offset, not {start!r}")
+
+
+def _forget(pending: tuple[int, asyncio.Task[FetchResult]] | None) -> None:
+    """Drop a read-ahead fetch nobody will wait for, and whatever error it ends with."""
+    if pending is not None:
+        pending[1].cancel()
+        pending[1].add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def decode_fetched(
