@@ -1189,33 +1189,27 @@ class AsyncClient:
             log.warning("%s; continuing at the %s offset %d", error.message, reset, offset)
         budget = max_records
 
+        async def fetch_from(at: int, node: int | None) -> FetchResult:
+            return await self.fetch(
+                topic,
+                partition,
+                at,
+                max_bytes=max_bytes,
+                max_wait_ms=max_wait_ms if follow else 0,
+                replica_read=replica_read,
+                node_id=node,
+                cursor=cursor,
+                skip_invalid=skip_invalid,
+            )
+
         async def fetch_at(at: int) -> FetchResult:
             node = prefer_node if replica_read else None
             try:
-                return await self.fetch(
-                    topic,
-                    partition,
-                    at,
-                    max_bytes=max_bytes,
-                    max_wait_ms=max_wait_ms if follow else 0,
-                    replica_read=replica_read,
-                    node_id=node,
-                    cursor=cursor,
-                    skip_invalid=skip_invalid,
-                )
+                return await fetch_from(at, node)
             except (NetworkError, NotLeader, UnknownTopicOrPartition):
                 if node is None:
                     raise
-                return await self.fetch(
-                    topic,
-                    partition,
-                    at,
-                    max_bytes=max_bytes,
-                    max_wait_ms=max_wait_ms if follow else 0,
-                    replica_read=replica_read,
-                    cursor=cursor,
-                    skip_invalid=skip_invalid,
-                )
+                return await fetch_from(at, None)  # the preferred replica is gone: the leader
 
         # The next fetch is sent before this one's records are handed over, as Kafka's consumer
         # pipelines fetches: the node and the network work while the caller does.
