@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tidelog.client.async_client import AsyncClient
 from tidelog.record import ProducerRecord, build_batch
+from tidelog.tls import TlsFiles
 
 RECORD_BYTES = 1024
 
@@ -122,12 +123,13 @@ async def run_producers(
     acks: str,
     idempotent: bool = True,
     connections_max: int | None = None,
+    tls: TlsFiles | None = None,
 ) -> tuple[int, float, list[float]]:
     """`producers` producers, each sending batch to partition 0 one at a time for `seconds`,
     over at most connections_max clients (default: one each): (batches sent, elapsed seconds,
     each ack's latency)."""
     connections = min(producers, connections_max or producers)
-    clients = [AsyncClient(bootstrap, idempotent=idempotent) for _ in range(connections)]
+    clients = [AsyncClient(bootstrap, idempotent=idempotent, tls=tls) for _ in range(connections)]
     for c in clients:
         await c.topic(topic)
     latencies: list[float] = []

@@ -27,6 +27,7 @@
     ├── OutOfOrderSequence
     ├── NetworkError                        retriable: the connection broke (client side only)
     ├── NotAuthorized(principal, operation) the principal may not do that
+    ├── AuthenticationFailed                who is asking could not be proved (TLS, token)
     ├── OutcomeUnknown(cause)               a write may or may not have been applied (client side)
     ├── DataLoss(topic, partition, first, last)  a reader needed offsets the log no longer has
     ├── NodeIdentityError                   a data directory belongs to another node id
@@ -184,6 +185,14 @@ class NotAuthorized(TidelogError):
     """The principal may not perform this operation (Kafka's *_AUTHORIZATION_FAILED)."""
 
     code = 29
+
+
+class AuthenticationFailed(TidelogError):
+    """Who is asking could not be proved: a TLS handshake failed (a certificate that does not
+    verify, or none where one is required) or a credential was refused (Kafka's
+    SASL_AUTHENTICATION_FAILED / SslAuthenticationException)."""
+
+    code = 58
 
 
 class OutcomeUnknown(TidelogError):

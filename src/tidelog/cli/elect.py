@@ -16,6 +16,7 @@ import asyncio
 import time
 from typing import Any
 
+from tidelog.cli.connect import client_of
 from tidelog.cli.main import answered_nodes, merge_status
 from tidelog.cli.reassign import add_reassign_command
 from tidelog.client.async_client import AsyncClient
@@ -57,7 +58,7 @@ def cmd_elect(args: argparse.Namespace) -> int:
     topic, partition = parse_partition(args.partition)
 
     async def run() -> None:
-        async with AsyncClient(args.bootstrap, retries=1) as client:
+        async with client_of(args, retries=1) as client:
             if args.node is not None:
                 if args.unclean:
                     raise InvalidRequest("--node and --unclean do not go together")

@@ -16,6 +16,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tidelog.cli.connect import add_tls_options, client_of
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.errors import TidelogError
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
             default=os.environ.get("TIDELOG_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             help="HOST:PORT[,HOST:PORT...] of any node (env TIDELOG_BOOTSTRAP)",
         )
+        add_tls_options(p)
         p.add_argument("--log-level", default="WARNING")
         return p
 
@@ -111,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a node setting, e.g. max.connections=1000, max.connections.per.ip, "
         "queued.max.request.bytes, socket.request.max.bytes, connections.max.idle.ms, "
         "request.receive.timeout.ms, max.inflight.requests.per.connection, fd.reserve",
+    )
+    add_tls_options(serve, env=False)
+    serve.add_argument(
+        "--tls-client-auth",
+        choices=["none", "requested", "required"],
+        help="with TLS: whether client listeners ask clients for a certificate signed by "
+        "--tls-ca (Kafka's ssl.client.auth; default none). Between nodes TLS is always mutual",
     )
     serve.add_argument("--config", type=Path, help="TOML file with the same keys")
     serve.add_argument(
@@ -232,6 +241,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_partitions_command(sub, with_bootstrap)
 
+    certs = sub.add_parser(
+        "dev-certs",
+        help="make a local CA and node/client certificates to try TLS with (not for production)",
+    )
+    certs.add_argument("dir", type=Path, help="where the PEM files go (the CA is reused)")
+    certs.add_argument(
+        "--host",
+        action="append",
+        help="a host name or address the node certificate is valid for (repeatable; default "
+        "localhost, 127.0.0.1, ::1)",
+    )
+    certs.add_argument(
+        "--client",
+        action="append",
+        help="a client certificate with subject CN=NAME (repeatable; default: admin)",
+    )
+    certs.set_defaults(func=cmd_dev_certs)
+
     from tidelog.cli.demo import add_demo_command
 
     add_demo_command(sub)
@@ -239,6 +266,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- serve --------------------------------------------------------------------------------------
+
+
+def cmd_dev_certs(args: argparse.Namespace) -> int:
+    from tidelog.devcerts import DEFAULT_HOSTS, make_dev_certs
+
+    written = make_dev_certs(args.dir, args.host or DEFAULT_HOSTS, args.client or ["admin"])
+    for path in written:
+        print(path)
+    print(
+        f"serve with: --tls-cert {args.dir}/node.pem --tls-key {args.dir}/node.key "
+        f"--tls-ca {args.dir}/ca.pem; connect with: --tls-ca {args.dir}/ca.pem",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -261,6 +302,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("cluster_secret_file", args.cluster_secret_file),
         ("cluster_id", args.cluster_id),
         ("event_loop", args.event_loop),
+        ("tls_ca", args.tls_ca),
+        ("tls_cert", args.tls_cert),
+        ("tls_key", args.tls_key),
+        ("tls_client_auth", args.tls_client_auth),
     ):
         if value is not None:
             values[key] = value
@@ -318,7 +363,7 @@ def _parse_kv(items: list[str], flag: str = "--config") -> dict[str, str]:
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             info = await client.create_topic(
                 args.name,
                 args.partitions,
@@ -337,7 +382,7 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
 
 def cmd_topics_list(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             for info in await client.list_topics():
                 print(info.name)
 
@@ -347,7 +392,7 @@ def cmd_topics_list(args: argparse.Namespace) -> int:
 
 def cmd_topics_describe(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             info = await client.topic(args.name, refresh=True)
             print(
                 f"topic {info.name}  kind {info.kind}  partitions {info.partitions}  "
@@ -375,7 +420,7 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
 
 def cmd_topics_delete(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             resp = await client.delete_topic(args.name, args.force)
             cursors = f" and its cursors {', '.join(resp.deleted_cursors)}"
             print(f"deleted topic {resp.name}{cursors if resp.deleted_cursors else ''}")
@@ -388,7 +433,7 @@ def cmd_topics_alter(args: argparse.Namespace) -> int:
     async def run() -> None:
         if not args.config and not args.delete_config:
             raise TidelogError("topics alter needs --config KEY=VALUE or --delete-config KEY")
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             resp = await client.alter_topic(
                 args.name, _parse_kv(args.config), list(args.delete_config)
             )
@@ -401,7 +446,7 @@ def cmd_topics_alter(args: argparse.Namespace) -> int:
 
 def cmd_topics_add_partitions(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             info = await client.add_partitions(args.name, args.partitions)
             print(f"topic {info.name} now has {info.partitions} partitions")
 
@@ -414,7 +459,7 @@ def cmd_topics_add_partitions(args: argparse.Namespace) -> int:
 
 def cmd_produce(args: argparse.Namespace) -> int:
     async def run() -> int:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             producer = Producer(
                 client, acks=args.acks, linger_ms=args.linger_ms, batch_bytes=args.batch_bytes
             )
@@ -489,7 +534,7 @@ def _text_field(name: str, value: bytes | None) -> dict[str, Any]:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     async def run() -> int:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             info = await client.topic(args.topic)
             partitions = (
                 [args.partition] if args.partition is not None else list(range(info.partitions))
@@ -572,7 +617,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 def cmd_cursors(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             if args.cursors_command == "create":
                 cursor = await client.create_cursor(
                     args.name, args.topic, args.start, backup=args.backup
@@ -641,7 +686,7 @@ async def cursor_rows(client: AsyncClient, name: str | None) -> list[dict[str, A
 
 def cmd_table(args: argparse.Namespace) -> int:
     async def run() -> int:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             if args.table_command == "get":
                 value = await client.table_get(args.topic, args.key.encode())
                 if value is None:
@@ -660,7 +705,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_delete_records(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             start = await client.delete_records(args.topic, args.partition, args.before, args.force)
             print(f"{args.topic}/{args.partition}: log start is now {start}")
 
@@ -780,7 +825,7 @@ def why_no_leader(row: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             nodes = await client.status([args.topic] if args.topic else None)
             rows = merge_status(nodes, args.topic)
             if args.json:

@@ -16,8 +16,9 @@ import asyncio
 import time
 from typing import Any
 
+from tidelog.cli.connect import client_of
 from tidelog.cli.reassign import add_move_options
-from tidelog.client.async_client import AsyncClient, ClusterInfo
+from tidelog.client.async_client import ClusterInfo
 from tidelog.errors import InvalidRequest
 from tidelog.node.config import parse_peer_entries
 
@@ -62,7 +63,7 @@ def cmd_add_node(args: argparse.Namespace) -> int:
     node_id, host, port, peer_port = parse_node(args.node)
 
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             started = time.monotonic()
             await client.add_node(node_id, host, port, peer_port)
             print(f"node {node_id} added at {host}:{port}")
@@ -87,7 +88,7 @@ def cmd_add_node(args: argparse.Namespace) -> int:
 
 def cmd_remove_node(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             started = time.monotonic()
             moves = await client.remove_node(args.node_id, args.throttle)
             print(f"removing node {args.node_id}: {moves} partition(s) move off it")
@@ -117,7 +118,7 @@ def describe_rows(info: ClusterInfo) -> list[str]:
 
 def cmd_describe_cluster(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             for row in describe_rows(await client.describe_cluster(leader_only=True)):
                 print(row)
 

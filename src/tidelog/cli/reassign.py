@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-from tidelog.client.async_client import AsyncClient
+from tidelog.cli.connect import client_of
 from tidelog.errors import InvalidRequest
 
 
@@ -58,7 +58,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
     replicas = parse_replicas(args.replicas)
 
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             started = time.monotonic()
             resp = await client.reassign_partition(topic, partition, replicas, args.throttle)
             leaving = f"; leaving nodes {resp.leaving}" if resp.leaving else ""

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tidelog.cli.connect import client_of
 from tidelog.cli.reassign import add_move_options
-from tidelog.client.async_client import AsyncClient
 from tidelog.errors import TidelogError
 from tidelog.replication.metadata import METADATA_TOPIC
 
@@ -90,7 +90,7 @@ def _describe(counts: Counter[int], nodes: list[int]) -> str:
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
     async def run() -> None:
-        async with AsyncClient(args.bootstrap) as client:
+        async with client_of(args) as client:
             cluster = await client.describe_cluster(leader_only=True)
             # Where replicas may go: voters of the metadata log that are not being removed.
             nodes = sorted(

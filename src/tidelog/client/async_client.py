@@ -64,6 +64,7 @@ from tidelog.record.columns import (
     batch_items,
     decode_columns,
 )
+from tidelog.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +220,12 @@ class AsyncClient:
         retry_backoff_ms: int = 50,
         retry_backoff_max_ms: int = 250,
         idempotent: bool = True,
+        tls: TlsFiles | None = None,
     ) -> None:
         items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+        # TLS to every node: verifies their certificates against tls.ca, presents tls.cert.
+        self.tls = tls
+        self._tls_context = None if tls is None else tls.client_context()
         self.bootstrap = [parse_address(b) for b in items if b.strip()]
         if not self.bootstrap:
             raise InvalidRequest("no bootstrap address given")
@@ -263,7 +268,9 @@ class AsyncClient:
         future: asyncio.Future[NodeConnection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = future
         try:
-            conn = await NodeConnection.open(address, min(self.request_timeout_s, 10.0))
+            conn = await NodeConnection.open(
+                address, min(self.request_timeout_s, 10.0), self._tls_context
+            )
             self._conns[address] = conn
             future.set_result(conn)
             return conn

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import ssl
 import typing
 from typing import Any
 
 from tidelog.errors import NetworkError, Timeout
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
+from tidelog.tls import HANDSHAKE_TIMEOUT_S, handshake_error
 
 CLIENT_FRAME_BYTES_MAX = 256 * 1024 * 1024
 
@@ -26,13 +28,25 @@ class NodeConnection(asyncio.Protocol):
         self._can_write.set()
 
     @classmethod
-    async def open(cls, address: tuple[str, int], timeout_s: float) -> NodeConnection:
+    async def open(
+        cls, address: tuple[str, int], timeout_s: float, tls: ssl.SSLContext | None = None
+    ) -> NodeConnection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: cls(address), *address), timeout_s
+                loop.create_connection(
+                    lambda: cls(address),
+                    *address,
+                    ssl=tls,
+                    server_hostname=address[0] if tls is not None else None,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls is not None else None,
+                ),
+                timeout_s,
             )
         except (OSError, TimeoutError) as exc:
+            failed = handshake_error(exc, f"{address[0]}:{address[1]}")
+            if failed is not None:
+                raise failed from None
             raise NetworkError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
         return conn
 
@@ -67,9 +81,13 @@ class NodeConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        # Under TLS 1.3 a node that refuses our certificate (or its absence) says so with an
+        # alert after the handshake: that is an answer, not a lost connection.
+        refused = handshake_error(exc, f"{self.address[0]}:{self.address[1]}") if exc else None
         # Every request still waiting was sent: whether the node acted on it is unknown.
         self._fail_all(
-            NetworkError(f"connection to {self.address[0]}:{self.address[1]} lost", sent=True)
+            refused
+            or NetworkError(f"connection to {self.address[0]}:{self.address[1]} lost", sent=True)
         )
 
     def _fail_all(self, error: Exception) -> None:

@@ -40,6 +40,7 @@ class ClusterView:
         self._learning: dict[int, asyncio.Future[None]] = {}
         self._leaders: dict[tuple[str, int], tuple[int, int, float]] = {}  # -> leader, epoch, at
         self._connections: dict[int, NodeConnection] = {}
+        self._tls = core.config.tls_dialing  # other nodes' client listeners speak TLS too
 
     def close(self) -> None:
         for conn in self._connections.values():
@@ -56,7 +57,7 @@ class ClusterView:
             entry = self.core.registry.nodes().get(node)
             if entry is None:
                 raise TidelogError(f"node {node} is not in the registry")
-            conn = await NodeConnection.open((entry.host, entry.port), ASK_TIMEOUT_S)
+            conn = await NodeConnection.open((entry.host, entry.port), ASK_TIMEOUT_S, self._tls)
             self._connections[node] = conn
         frame = await conn.request(key, api.encode(request), timeout_s=timeout_s)
         assert frame is not None

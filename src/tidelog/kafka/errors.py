@@ -12,6 +12,7 @@ request), the caller says which.
 from __future__ import annotations
 
 from tidelog.errors import (
+    AuthenticationFailed,
     CorruptRecord,
     CursorInvalidated,
     DataLoss,
@@ -106,6 +107,7 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     OutOfOrderSequence: 45,  # OUT_OF_ORDER_SEQUENCE_NUMBER
     NetworkError: 13,  # NETWORK_EXCEPTION
     NotAuthorized: TOPIC_AUTHORIZATION_FAILED,
+    AuthenticationFailed: 58,  # SASL_AUTHENTICATION_FAILED
     OutcomeUnknown: REQUEST_TIMED_OUT,
     DataLoss: OFFSET_OUT_OF_RANGE,
     NodeIdentityError: UNKNOWN_SERVER_ERROR,

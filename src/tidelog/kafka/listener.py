@@ -54,7 +54,9 @@ class KafkaConnection(FrameConnection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.principal = Principal.anonymous(self.address, Origin.KAFKA)
+        self.principal = Principal.of_connection(
+            self.address, Origin.KAFKA, transport.get_extra_info("peercert")
+        )
 
     def tune(self, transport: asyncio.Transport) -> None:
         tune_socket(transport, receive_buffer=False)

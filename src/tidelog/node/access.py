@@ -14,7 +14,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from tidelog.errors import NotAuthorized
+from tidelog.errors import AuthenticationFailed, NotAuthorized
+from tidelog.tls import peer_subject
 
 
 class Listener(enum.Enum):
@@ -43,10 +44,26 @@ class Principal:
     address: str = ""
     peer_id: int | None = None  # set only for a connection whose handshake proved it
     directory_id: str = ""  # the peer's data directory, as its handshake stated it
+    refused: str = ""  # why who is asking could not be established: every request is refused
 
     @staticmethod
     def anonymous(address: str, listener: Listener = Listener.CLIENT) -> Principal:
         return Principal("anonymous", listener, address)
+
+    @staticmethod
+    def of_connection(
+        address: str, listener: Listener, certificate: object = None, required: bool = False
+    ) -> Principal:
+        """A client connection's principal: the subject of the certificate TLS verified
+        ("CN=alice,O=..."), or anonymous. Where a certificate is required and there is none,
+        the connection is still served, but only to say AuthenticationFailed to each request:
+        under TLS 1.3 a refusal inside the handshake reaches the client as a bare closed
+        connection."""
+        subject = peer_subject(certificate)
+        refused = ""
+        if required and not subject:
+            refused = "this listener requires a client certificate (tls.client.auth=required)"
+        return Principal(subject or "anonymous", listener, address, refused=refused)
 
     @staticmethod
     def peer(node_id: int, address: str, directory_id: str = "") -> Principal:
@@ -58,6 +75,9 @@ class Access:
         self.denied = 0
 
     def authorize(self, principal: Principal, operation: Operation, resource: str) -> None:
+        if principal.refused:
+            self.denied += 1
+            raise AuthenticationFailed(principal.refused, principal=principal.name)
         allowed = (
             principal.peer_id is not None
             if operation is Operation.REPLICATE

@@ -20,12 +20,14 @@ the peer's client listener where its peer channel is.
 from __future__ import annotations
 
 import os
+import ssl
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tidelog.config import InvalidConfig, TopicConfig
+from tidelog.tls import TlsFiles
 
 MiB = 1024 * 1024
 SECRET_ENV = "TIDELOG_CLUSTER_SECRET"
@@ -107,6 +109,9 @@ class NodeConfig:
     request_receive_timeout_ms: int = 30_000  # a frame begun must arrive whole within this
     fd_reserve: int = 128  # descriptors kept for files and peers when clients take the rest
     fetch_max_bytes: int = 55 * MiB  # fetch.max.bytes: the most one fetch answer carries
+    # -- TLS (tidelog/tls.py): every listener, and the node's own dialing, when given -------
+    tls: TlsFiles | None = None
+    tls_client_auth: str = "none"  # tls.client.auth on client listeners: none|requested|required
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -137,6 +142,19 @@ class NodeConfig:
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
         self.check_batch_fits(self.topic_defaults.max_message_bytes)
+        if self.tls is not None:
+            self.tls.server_context(self.tls_client_auth)  # refuses bad files now, by name
+            self.tls.server_context("required")  # the peer listener's mutual TLS
+        elif self.tls_client_auth != "none":
+            raise InvalidConfig(
+                "tls.client.auth needs TLS (--tls-cert, --tls-key, --tls-ca)",
+                key="tls.client.auth",
+            )
+
+    @property
+    def tls_dialing(self) -> ssl.SSLContext | None:
+        """How this node connects to other nodes (peer channel, discovery, join)."""
+        return None if self.tls is None else self.tls.client_context()
 
     def check_batch_fits(self, max_message_bytes: int) -> None:
         """A batch of max.message.bytes must fit one of this node's frames, headers included
@@ -261,6 +279,14 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
         kwargs["join"] = tuple(parse_address(str(a).strip()) for a in items if str(a).strip())
     if values.get("cluster_id"):
         kwargs["cluster_id"] = str(values["cluster_id"])
+    tls = TlsFiles.of(
+        *(values.get(f"tls_{k}") or values.get(f"tls.{k}") for k in ("ca", "cert", "key"))
+    )
+    if tls is not None:
+        kwargs["tls"] = tls
+    client_auth = values.get("tls_client_auth") or values.get("tls.client.auth")
+    if client_auth:
+        kwargs["tls_client_auth"] = str(client_auth)
     secret_file = values.get("cluster_secret_file")
     if secret_file:
         kwargs["cluster_secret"] = read_secret(Path(str(secret_file)))

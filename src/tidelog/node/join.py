@@ -81,7 +81,7 @@ async def join_cluster(config: NodeConfig) -> Joined:
     warned = False
     while True:
         try:
-            async with AsyncClient(bootstrap, retries=3) as client:
+            async with AsyncClient(bootstrap, retries=3, tls=config.tls) as client:
                 info = await client.describe_cluster(leader_only=True)
         except (TidelogError, OSError) as exc:
             log.warning(

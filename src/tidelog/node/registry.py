@@ -166,7 +166,9 @@ class NodeRegistry:
                 if node_id == core.node_id:
                     continue
                 try:
-                    async with AsyncClient([f"{entry.host}:{entry.port}"], retries=1) as client:
+                    async with AsyncClient(
+                        [f"{entry.host}:{entry.port}"], retries=1, tls=core.config.tls
+                    ) as client:
                         info = await asyncio.wait_for(client.describe_cluster(), 2.0)
                 except (TidelogError, OSError, TimeoutError):
                     continue

@@ -96,15 +96,26 @@ class Node:
             self.core.initial_voters = joined.metadata_voters
         self._check_identity(data)
         config = self.config
-        _, port = await self.client_listener.start(*config.listen)
+        tls = config.tls
+        # tidelog's client listener asks for a certificate and refuses by name, request by
+        # request, where one is required (access.Principal.of_connection); Kafka clients
+        # expect the refusal in the handshake, as Kafka's ssl.client.auth=required does.
+        auth = config.tls_client_auth
+        serving = None if tls is None else tls.server_context(auth)
+        asking = (
+            None if tls is None else tls.server_context("requested" if auth != "none" else auth)
+        )
+        _, port = await self.client_listener.start(*config.listen, asking)
         if port != config.listen[1]:
             config = self.config = config.with_listen_port(port)
             self.core.config = config
-        self.peer_address = await self.peer_listener.start(*config.peer_bind)
+        # Between nodes TLS is mutual: a peer proves itself with a certificate the CA signed.
+        mutual = None if tls is None else tls.server_context("required")
+        self.peer_address = await self.peer_listener.start(*config.peer_bind, mutual)
         self.core.peer_port = self.peer_address[1]
         if self.kafka is not None and self.kafka_listener is not None:
             assert config.kafka_listen is not None
-            bound = await self.kafka_listener.start(*config.kafka_listen)
+            bound = await self.kafka_listener.start(*config.kafka_listen, serving)
             host = bound[0] if bound[0] not in ("0.0.0.0", "::", "") else config.advertised[0]
             advertised = config.kafka_advertised or (host, bound[1])
             self.kafka.view.own_address = advertised

@@ -11,19 +11,23 @@ from typing import TypeVar
 
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
+from tidelog.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_clients: dict[str, Client] = {}
+_clients: dict[tuple[str, TlsFiles | None], Client] = {}
 _lock = threading.Lock()
 
 
-def client_for(bootstrap: str) -> Client:
+def client_for(bootstrap: str, tls: TlsFiles | None = None) -> Client:
+    """tls: the options tls.ca, tls.cert, tls.key; the files are read where the client is made
+    (the driver and each executor), so they must be at those paths there."""
     with _lock:
-        client = _clients.get(bootstrap)
+        client = _clients.get((bootstrap, tls))
         if client is None:
-            client = _clients[bootstrap] = Client(bootstrap, request_timeout_ms=20_000)
+            client = Client(bootstrap, request_timeout_ms=20_000, tls=tls)
+            _clients[(bootstrap, tls)] = client
         return client
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tidelog.errors import InvalidConfig
+from tidelog.tls import TlsFiles
 
 EARLIEST = -2
 LATEST = -1
@@ -67,6 +68,11 @@ def offsets_from_json(data: Mapping[str, Mapping[str, int]]) -> dict[TopicPartit
     return {(t, int(p)): int(o) for t, parts in data.items() for p, o in parts.items()}
 
 
+def _tls(opts: Mapping[str, str]) -> TlsFiles | None:
+    """The options tls.ca, tls.cert and tls.key (PEM file paths, as the CLI's --tls-*)."""
+    return TlsFiles.of(opts.get("tls.ca"), opts.get("tls.cert"), opts.get("tls.key"))
+
+
 def _lowered(options: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """Spark's options are case-insensitive; both source and sink need a bootstrap."""
     opts = {str(k).lower(): str(v) for k, v in options.items()}
@@ -98,6 +104,7 @@ class SourceOptions:
     cursor_backup: bool = False
     table: str = ""
     fetch_max_bytes: int = FETCH_BYTES_DEFAULT
+    tls: TlsFiles | None = None
 
     @staticmethod
     def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -184,6 +191,7 @@ class SourceOptions:
             cursor_backup=_bool(opts, "cursorbackup", False),
             table=table,
             fetch_max_bytes=_int(opts, "fetchmaxbytes") or FETCH_BYTES_DEFAULT,
+            tls=_tls(opts),
         )
 
 
@@ -194,6 +202,7 @@ class SinkOptions:
     acks: str = "all"
     chunk_records: int = 1000
     max_in_flight: int = 5  # chunks per partition sent before the first is acknowledged
+    tls: TlsFiles | None = None
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
@@ -212,4 +221,5 @@ class SinkOptions:
             acks,
             _int(opts, "chunkrecords") or 1000,
             in_flight or 5,
+            _tls(opts),
         )

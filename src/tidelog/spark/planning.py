@@ -21,6 +21,7 @@ from tidelog.spark.options import (
     TopicPartition,
     parse_offsets_json,
 )
+from tidelog.tls import TlsFiles
 
 Offsets = dict[TopicPartition, int]
 
@@ -39,6 +40,7 @@ class OffsetRange:
     fetch_max_bytes: int
     skip_invalid: bool = False  # skipInvalidBatches
     columns: tuple[str, ...] = ()  # what the query's schema asks for; () = the default schema
+    tls: TlsFiles | None = None
 
     @property
     def size(self) -> int:
@@ -201,6 +203,7 @@ def plan_tasks(
             opts.fetch_max_bytes,
             opts.skip_invalid_batches,
             columns,
+            opts.tls,
         )
         for tp in sorted(end)
     ]

@@ -309,7 +309,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
         if context is None or query_id is None or batch is None:
             raise InvalidConfig("the streaming sink runs only inside a Spark streaming task")
         pid, epoch = task_producer("stream", query_id, context.partitionId(), int(batch))
-        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, epoch)
+        return write_rows(
+            client_for(self.opts.bootstrap, self.opts.tls), self.opts, table, pid, epoch
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, SinkCommit)]
@@ -345,7 +347,9 @@ class BatchWriter(DataSourceArrowWriter):
         context = TaskContext.get()
         task = context.partitionId() if context else 0
         pid, epoch = task_producer("batch", self.job, task, 0)
-        return write_rows(client_for(self.opts.bootstrap), self.opts, table, pid, epoch)
+        return write_rows(
+            client_for(self.opts.bootstrap, self.opts.tls), self.opts, table, pid, epoch
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         return None

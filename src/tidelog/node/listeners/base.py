@@ -26,6 +26,7 @@ import collections
 import logging
 import os
 import resource
+import ssl
 import time
 import typing
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from tidelog.node.failstop import FailStop
 from tidelog.node.metrics import Counters
 from tidelog.node.transport import FrameWriter, Payload, tune_socket
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind
+from tidelog.tls import HANDSHAKE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -350,10 +352,18 @@ class Listener:
         self.evicted = 0
         self.peak_connections = 0
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
+    async def start(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: self._factory(self), host, port, reuse_address=True, backlog=1024
+            lambda: self._factory(self),
+            host,
+            port,
+            reuse_address=True,
+            backlog=1024,
+            ssl=tls,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls is not None else None,
         )
         self._sweeper = loop.create_task(self._sweep())
         bound = self._server.sockets[0].getsockname()

@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from tidelog.errors import InvalidRequest, TidelogError
+from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
 from tidelog.node.core import NodeCore
 from tidelog.node.listeners.base import FrameConnection, Listener
@@ -54,7 +55,12 @@ class ClientConnection(FrameConnection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.principal = Principal.anonymous(self.address)
+        self.principal = Principal.of_connection(
+            self.address,
+            Origin.CLIENT,
+            transport.get_extra_info("peercert"),
+            self.core.config.tls_client_auth == "required",
+        )
 
     def tune(self, transport: asyncio.Transport) -> None:
         tune_socket(transport, receive_buffer=False)

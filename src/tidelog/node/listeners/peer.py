@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import socket
+import ssl
 import time
 import typing
 from collections.abc import Callable
@@ -162,9 +163,14 @@ class PeerListener(Listener):
         return ""
 
 
-async def discover_peer_port(address: tuple[str, int], timeout_s: float) -> int:
+async def discover_peer_port(
+    address: tuple[str, int], timeout_s: float, tls: ssl.SSLContext | None = None
+) -> int:
     """Ask a node's client listener where its peer channel listens."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout_s)
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(*address, ssl=tls, server_hostname=address[0] if tls else None),
+        timeout_s,
+    )
     try:
         request = api.encode(api.ApiVersionsRequest("peer-discovery"))
         writer.write(encode_prefix(Kind.REQUEST, ApiKey.API_VERSIONS, 1, request, 0))
@@ -205,9 +211,11 @@ class PeerLink:
         counters: Counters,
         timeout_s: float,
         identity: tuple[str, str] = ("", ""),  # our cluster id and directory id
+        tls: ssl.SSLContext | None = None,  # mutual TLS: we dial with our node certificate
     ) -> None:
         self.node_id = node_id
         self.identity = identity
+        self.tls = tls
         self.peer_id = peer_id
         self.client_address = client_address
         self.fixed_port = peer_port
@@ -260,10 +268,16 @@ class PeerLink:
                 transport: asyncio.BaseTransport | None = None
                 try:
                     port = self.fixed_port or await discover_peer_port(
-                        self.client_address, self.timeout_s
+                        self.client_address, self.timeout_s, self.tls
                     )
                     transport, protocol = await asyncio.wait_for(
-                        loop.create_connection(lambda: _Outbound(self), host, port),
+                        loop.create_connection(
+                            lambda: _Outbound(self),
+                            host,
+                            port,
+                            ssl=self.tls,
+                            server_hostname=host if self.tls else None,
+                        ),
                         self.timeout_s,
                     )
                     await asyncio.wait_for(protocol.handshake(), self.timeout_s)
@@ -418,6 +432,7 @@ class PeerChannel:
             core.counters,
             config.peer_handshake_timeout_ms / 1000,
             (core.identity.cluster_id, core.identity.directory_id),
+            config.tls_dialing,
         )
 
     def update(self, nodes: dict[int, NodeEntry], removed: set[int]) -> None:

@@ -1,0 +1,92 @@
+"""Produce with TLS on every listener against the same cluster shape without, in one run.
+
+    .venv/bin/python bench/tls.py [--seconds 4]
+
+Two 3-node clusters, one after the other: plain TCP, then TLS on every listener (certificates
+from `tidelog dev-certs`, mutual TLS between nodes). The same load on each: RF 3, acks=all,
+1 KiB records; one record per request from 1 producer, and batches of 100 from 8 and 64
+producers, each its own client. Plain, TLS, TLS, plain; the better of each pair is reported.
+The ratio is TLS / plain (the issue's goal: >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import (
+    RECORD_BYTES,
+    make_batch,
+    percentile,
+    print_table,
+    run_producers,
+    scratch_dir,
+)
+from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.main import run_loop
+from tidelog.client.async_client import AsyncClient
+from tidelog.devcerts import make_dev_certs
+from tidelog.tls import TlsFiles
+
+LOADS = [(1, 1), (100, 8), (100, 64)]  # (records per batch, producers)
+
+
+async def create(bootstrap: str, topic: str, tls: TlsFiles | None) -> None:
+    async with AsyncClient(bootstrap, tls=tls) as c:
+        await c.create_topic(topic, replication_factor=3)
+        await c.wait_for_leaders(topic)
+
+
+def measure(tls: TlsFiles | None, serve_args: list[str], seconds: float) -> list[list[float]]:
+    out = []
+    with LocalCluster(
+        scratch_dir("tls-bench-"), 3, serve_args=serve_args, log_level="WARNING"
+    ) as cluster:
+        for size, producers in LOADS:
+            topic = f"b{size}-p{producers}"
+            run_loop(create(cluster.bootstrap, topic, tls))
+            sent, elapsed, latencies = run_loop(
+                run_producers(
+                    cluster.bootstrap, topic, make_batch(size), producers, seconds, "all", tls=tls
+                )
+            )
+            rate = sent * size / elapsed
+            out.append([rate, percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=4.0)
+    args = parser.parse_args()
+    certs = scratch_dir("tls-certs-")
+    make_dev_certs(certs)
+    tls = TlsFiles.of(certs / "ca.pem")
+    serve = ["--tls-cert", str(certs / "node.pem"), "--tls-key", str(certs / "node.key")]
+    serve += ["--tls-ca", str(certs / "ca.pem")]
+    # Plain, TLS, TLS, plain: the best of two for each, so that neither always runs on a disk
+    # still writing back the other's data.
+    runs = [measure(None, [], args.seconds), measure(tls, serve, args.seconds)]
+    runs += [measure(tls, serve, args.seconds), measure(None, [], args.seconds)]
+    plain = [max(a, b, key=lambda row: row[0]) for a, b in zip(runs[0], runs[3], strict=True)]
+    secured = [max(a, b, key=lambda row: row[0]) for a, b in zip(runs[1], runs[2], strict=True)]
+    rows = []
+    for (size, producers), p, t in zip(LOADS, plain, secured, strict=True):
+        rows.append([size, producers, p[0], t[0], t[0] / p[0], p[2], t[2], p[2] / t[2]])
+    print(f"\nRF 3, acks=all, {RECORD_BYTES} B records; TLS on every listener vs plain TCP")
+    print_table(
+        [
+            "batch",
+            "producers",
+            "plain rec/s",
+            "TLS rec/s",
+            "TLS/plain",
+            "plain p99 ms",
+            "TLS p99 ms",
+            "plain/TLS p99",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""TLS for every listener and every dialer, from PEM files: Python's `ssl`, nothing else.
+
+A node serves its listeners with its certificate (`--tls-cert`, `--tls-key`) and verifies the
+other side against `--tls-ca`. Between nodes TLS is mutual: each node dials with its own
+certificate and the peer listener requires one signed by the CA (the peer handshake's HMAC still
+binds the connection to a node id). Client listeners ask for a client certificate as
+`tls.client.auth` says (Kafka's ssl.client.auth): none, requested or required; a verified
+client certificate's subject is the connection's principal.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidelog.errors import AuthenticationFailed, InvalidConfig
+
+CLIENT_AUTH = {
+    "none": ssl.CERT_NONE,
+    "requested": ssl.CERT_OPTIONAL,
+    "required": ssl.CERT_REQUIRED,
+}
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path | None = None  # PEM bundle of the CAs that sign the other side's certificates
+    cert: Path | None = None  # our certificate (chain), PEM
+    key: Path | None = None  # its private key, PEM
+
+    @staticmethod
+    def of(
+        ca: str | Path | None = None, cert: str | Path | None = None, key: str | Path | None = None
+    ) -> TlsFiles | None:
+        """None when no file is given (plain TCP); refuses a certificate without its key."""
+        if not (ca or cert or key):
+            return None
+        if bool(cert) != bool(key):
+            raise InvalidConfig(
+                "tls.cert and tls.key go together: a certificate needs its private key",
+                key="tls.key" if cert else "tls.cert",
+            )
+        files = TlsFiles(
+            Path(ca) if ca else None, Path(cert) if cert else None, Path(key) if key else None
+        )
+        for name, path in (("tls.ca", files.ca), ("tls.cert", files.cert), ("tls.key", files.key)):
+            if path is not None and not path.is_file():
+                raise InvalidConfig(f"{name}: {path} is not a readable file", key=name)
+        return files
+
+    def server_context(self, client_auth: str = "none") -> ssl.SSLContext:
+        if self.cert is None or self.key is None:
+            raise InvalidConfig(
+                "a TLS listener needs its certificate and key (--tls-cert, --tls-key)",
+                key="tls.cert",
+            )
+        if client_auth not in CLIENT_AUTH:
+            raise InvalidConfig(
+                f"tls.client.auth must be one of {', '.join(CLIENT_AUTH)}, got {client_auth!r}",
+                key="tls.client.auth",
+            )
+        if client_auth != "none" and self.ca is None:
+            raise InvalidConfig(
+                f"tls.client.auth={client_auth} verifies client certificates: give --tls-ca",
+                key="tls.ca",
+            )
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._load(context)
+        context.verify_mode = CLIENT_AUTH[client_auth]
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        """Verifies the node's certificate and host name against tls.ca (or the system's CAs);
+        presents our certificate when we have one (mutual TLS)."""
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.ca is None:
+            context.load_default_certs()
+        self._load(context)
+        return context
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        try:
+            if self.ca is not None:
+                context.load_verify_locations(cafile=str(self.ca))
+            if self.cert is not None and self.key is not None:
+                context.load_cert_chain(str(self.cert), str(self.key))
+        except (ssl.SSLError, OSError) as exc:
+            raise InvalidConfig(
+                f"cannot load TLS files (ca={self.ca}, cert={self.cert}, key={self.key}): {exc}",
+                key="tls.cert",
+            ) from None
+
+
+def handshake_error(exc: BaseException, address: str) -> AuthenticationFailed | None:
+    """The named error for a TLS handshake that failed while connecting, or None when exc is
+    not one (a refused or reset connection stays a NetworkError)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return AuthenticationFailed(
+            f"the certificate of {address} does not verify: {exc.verify_message}",
+            address=address,
+        )
+    if isinstance(exc, ssl.SSLError):
+        return AuthenticationFailed(
+            f"TLS handshake with {address} failed: {exc.reason or exc}", address=address
+        )
+    return None
+
+
+def peer_subject(transport_info: object) -> str:
+    """The principal name of a verified client certificate: its subject as RFC 4514-ish
+    "CN=...,O=..." (the order the certificate gives), or "" without one."""
+    if not isinstance(transport_info, dict):
+        return ""
+    parts = []
+    for rdn in transport_info.get("subject", ()):
+        for name, value in rdn:
+            short = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU"}
+            parts.append(f"{short.get(name, name)}={value}")
+    return ",".join(parts)

@@ -1,0 +1,185 @@
+"""TLS on every listener (issue 14, first part): `tidelog dev-certs`, a 3-node cluster whose
+nodes replicate over mutual TLS, the Python client, the CLI and a Kafka client over TLS, and
+the named errors for a client that does not speak TLS, does not trust the node, or has no
+certificate where one is required."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+from tidelog.errors import AuthenticationFailed, InvalidConfig, TidelogError
+from tidelog.record import ProducerRecord
+from tidelog.tls import TlsFiles
+
+
+def tidelog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidelog", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("certs")
+    done = tidelog("dev-certs", str(where), "--client", "alice")
+    assert done.returncode == 0, done.stderr
+    for name in ("ca.pem", "ca.key", "node.pem", "node.key", "client-alice.pem"):
+        assert (where / name).is_file(), name
+    assert oct((where / "node.key").stat().st_mode & 0o777) == "0o600"
+    return where
+
+
+def serve_args(certs: Path, client_auth: str = "none") -> list[str]:
+    return [
+        "--tls-cert",
+        str(certs / "node.pem"),
+        "--tls-key",
+        str(certs / "node.key"),
+        "--tls-ca",
+        str(certs / "ca.pem"),
+        "--tls-client-auth",
+        client_auth,
+    ]
+
+
+@pytest.fixture(scope="module")
+def cluster(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        tmp_path_factory.mktemp("tls-cluster"),
+        3,
+        serve_args=serve_args(certs),
+        log_level="WARNING",
+        kafka=True,
+    ) as c:
+        yield c
+
+
+def test_a_cluster_replicates_over_mutual_tls_and_clients_verify_it(
+    cluster: LocalCluster, certs: Path, tmp_path: Path
+) -> None:
+    tls = TlsFiles.of(ca=certs / "ca.pem")
+    with Client(cluster.bootstrap, tls=tls) as client:
+        client.create_topic("secure", partitions=1, replication_factor=3)
+        for i in range(10):
+            client.produce("secure", [ProducerRecord(b"k", b"v%d" % i)], partition=0, acks="all")
+        got = [r.value for r in client.consume("secure", 0, "earliest")]
+        assert got == [b"v%d" % i for i in range(10)]
+        # acks=all needed a second replica: the peers replicated over their mutual-TLS channel.
+        status = client.status(["secure"])
+        assert status, status
+
+    # Plain TCP to a TLS listener: refused, nothing written.
+    plain = Client(cluster.bootstrap, retries=1, request_timeout_ms=3000)
+    with plain, pytest.raises(TidelogError):
+        plain.produce("secure", [b"plain"], partition=0, acks="all")
+    # A CA that did not sign the node's certificate: AuthenticationFailed, by name.
+    other = tmp_path / "other"
+    assert tidelog("dev-certs", str(other)).returncode == 0
+    stranger = Client(cluster.bootstrap, retries=1, tls=TlsFiles.of(ca=other / "ca.pem"))
+    with stranger, pytest.raises(AuthenticationFailed, match="does not verify"):
+        stranger.produce("secure", [b"stranger"], partition=0, acks="all")
+    with Client(cluster.bootstrap, tls=tls) as client:
+        assert client.list_offsets("secure", 0) == 10
+
+    # The CLI, with the CA from its options (or TIDELOG_TLS_CA).
+    base = ["--bootstrap", cluster.bootstrap, "--tls-ca", str(certs / "ca.pem")]
+    done = tidelog("produce", "secure", "--partition", "0", *base, stdin="cli-1\ncli-2\n")
+    assert done.returncode == 0, done.stderr
+    done = tidelog("consume", "secure", "--from", "earliest", "--format", "json", *base)
+    assert done.returncode == 0, done.stderr
+    values = [json.loads(line)["value"] for line in done.stdout.splitlines() if line.strip()]
+    assert values[-2:] == ["cli-1", "cli-2"], values
+    refused = tidelog("status", "--bootstrap", cluster.bootstrap, "--tls-ca", str(other / "ca.pem"))
+    assert refused.returncode != 0 and "AuthenticationFailed" in refused.stderr
+
+
+def test_kafka_clients_speak_tls_to_the_kafka_port(cluster: LocalCluster, certs: Path) -> None:
+    kafka = pytest.importorskip("kafka")
+    options = {
+        "bootstrap_servers": cluster.kafka_bootstrap,
+        "security_protocol": "SSL",
+        "ssl_cafile": str(certs / "ca.pem"),
+        "ssl_check_hostname": True,
+    }
+    producer = kafka.KafkaProducer(acks="all", **options)
+    for i in range(5):
+        producer.send("via-kafka-tls", key=b"k", value=b"kafka-%d" % i).get(timeout=30)
+    producer.close()
+    consumer = kafka.KafkaConsumer(
+        "via-kafka-tls", auto_offset_reset="earliest", consumer_timeout_ms=5000, **options
+    )
+    got = [m.value for m in consumer]
+    consumer.close()
+    assert got == [b"kafka-%d" % i for i in range(5)]
+
+
+def test_a_listener_that_requires_client_certificates(certs: Path, tmp_path: Path) -> None:
+    with LocalCluster(
+        tmp_path / "node", 1, serve_args=serve_args(certs, "required"), log_level="WARNING"
+    ) as one:
+        ca = certs / "ca.pem"
+        anonymous = Client(one.bootstrap, retries=1, tls=TlsFiles.of(ca=ca))
+        with anonymous, pytest.raises(AuthenticationFailed):
+            anonymous.create_topic("t", replication_factor=1)
+        alice = TlsFiles.of(ca, certs / "client-alice.pem", certs / "client-alice.key")
+        with Client(one.bootstrap, tls=alice) as client:
+            client.create_topic("t", replication_factor=1)
+            client.produce("t", [b"from alice"], partition=0)
+            assert [r.value for r in client.consume("t", 0)] == [b"from alice"]
+
+
+def test_tls_settings_are_checked_by_name(certs: Path, tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        TlsFiles.of(cert=certs / "node.pem")
+    assert caught.value.details["key"] == "tls.key"
+    with pytest.raises(InvalidConfig) as caught:
+        TlsFiles.of(ca=tmp_path / "missing.pem")
+    assert caught.value.details["key"] == "tls.ca"
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    with pytest.raises(InvalidConfig):
+        TlsFiles.of(garbage, certs / "node.pem", certs / "node.key").server_context("required")
+    with pytest.raises(InvalidConfig, match=r"tls\.client\.auth"):
+        TlsFiles.of(cert=certs / "node.pem", key=certs / "node.key").server_context("required")
+    done = tidelog(
+        "serve", "--data", str(tmp_path / "d"), "--listen", "127.0.0.1:0", "--tls-client-auth",
+        "required",
+    )  # fmt: skip
+    assert done.returncode != 0 and "tls.client.auth" in done.stderr
+
+
+def test_the_spark_source_and_sink_over_tls(cluster: LocalCluster, certs: Path) -> None:
+    pytest.importorskip("pyspark")
+    from tidelog.spark.session import local_spark
+
+    tls = TlsFiles.of(ca=certs / "ca.pem")
+    with Client(cluster.bootstrap, tls=tls) as client:
+        client.create_topic("spark-in", partitions=2, replication_factor=3)
+        client.create_topic("spark-out", partitions=2, replication_factor=3)
+        for p in range(2):
+            client.produce("spark-in", [b"in-%d-%d" % (p, i) for i in range(50)], partition=p)
+    spark = local_spark("tidelog-tls")
+    try:
+        options = {"bootstrap": cluster.bootstrap, "tls.ca": str(certs / "ca.pem")}
+        df = spark.read.format("tidelog").options(subscribe="spark-in", **options).load()
+        assert df.count() == 100
+        df.select("key", "value").write.format("tidelog").options(
+            topic="spark-out", **options
+        ).mode("append").save()
+    finally:
+        spark.stop()
+    with Client(cluster.bootstrap, tls=tls) as client:
+        copied = sorted(r.value for p in range(2) for r in client.consume("spark-out", p))
+        assert copied == sorted(b"in-%d-%d" % (p, i) for p in range(2) for i in range(50))
