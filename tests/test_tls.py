@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,30 @@ def test_kafka_clients_speak_tls_to_the_kafka_port(cluster: LocalCluster, certs:
     got = [m.value for m in consumer]
     consumer.close()
     assert got == [b"kafka-%d" % i for i in range(5)]
+
+    # confluent-kafka (librdkafka) verifies the node's certificate and host name the same way.
+    confluent = pytest.importorskip("confluent_kafka")
+    tls_config = {
+        "bootstrap.servers": cluster.kafka_bootstrap,
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(certs / "ca.pem"),
+    }
+    producer = confluent.Producer({**tls_config, "enable.idempotence": True})
+    for i in range(5):
+        producer.produce("via-kafka-tls", key=b"c", value=b"confluent-%d" % i)
+    assert producer.flush(30) == 0
+    reader = confluent.Consumer(
+        {**tls_config, "group.id": "tls-group", "auto.offset.reset": "earliest"}
+    )
+    reader.subscribe(["via-kafka-tls"])
+    seen: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while len(seen) < 10 and time.monotonic() < deadline:
+        m = reader.poll(0.5)
+        if m is not None and m.error() is None:
+            seen.append(m.value())
+    reader.close()
+    assert seen == got + [b"confluent-%d" % i for i in range(5)]
 
 
 def test_a_listener_that_requires_client_certificates(certs: Path, tmp_path: Path) -> None:

@@ -17,8 +17,10 @@ CLIENT_FRAME_BYTES_MAX = 256 * 1024 * 1024
 
 
 class NodeConnection(asyncio.Protocol):
-    def __init__(self, address: tuple[str, int]) -> None:
+    def __init__(self, address: tuple[str, int], tls: bool = False) -> None:
         self.address = address
+        self.tls = tls
+        self.answered = False  # any frame came back (else a plain client at a TLS port?)
         self.decoder = FrameDecoder(CLIENT_FRAME_BYTES_MAX)
         self.transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
@@ -35,7 +37,7 @@ class NodeConnection(asyncio.Protocol):
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: cls(address),
+                    lambda: cls(address, tls is not None),
                     *address,
                     ssl=tls,
                     server_hostname=address[0] if tls is not None else None,
@@ -64,6 +66,7 @@ class NodeConnection(asyncio.Protocol):
                 frame = self.decoder.next_frame()
                 if frame is None:
                     break
+                self.answered = True
                 future = self._pending.pop(frame.correlation_id, None)
                 if future is not None and not future.done():
                     future.set_result(frame)
@@ -84,11 +87,11 @@ class NodeConnection(asyncio.Protocol):
         # Under TLS 1.3 a node that refuses our certificate (or its absence) says so with an
         # alert after the handshake: that is an answer, not a lost connection.
         refused = handshake_error(exc, f"{self.address[0]}:{self.address[1]}") if exc else None
+        lost = f"connection to {self.address[0]}:{self.address[1]} lost"
+        if not self.tls and not self.answered and self._pending:
+            lost += " before any answer (a node with TLS closes plain connections: give the CA)"
         # Every request still waiting was sent: whether the node acted on it is unknown.
-        self._fail_all(
-            refused
-            or NetworkError(f"connection to {self.address[0]}:{self.address[1]} lost", sent=True)
-        )
+        self._fail_all(refused or NetworkError(lost, sent=True))
 
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
