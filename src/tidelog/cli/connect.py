@@ -1,4 +1,4 @@
-"""How CLI commands reach a cluster: the bootstrap address and, with TLS, the files."""
+"""How CLI commands reach a cluster: the bootstrap address, TLS files and a token."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ from typing import Any
 
 from tidelog.client.async_client import AsyncClient
 from tidelog.tls import TlsFiles
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    add_tls_options(parser)
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("TIDELOG_TOKEN"),
+        help="NAME:SECRET of a principal (`tidelog principals add`), proved on every "
+        "connection (env TIDELOG_TOKEN)",
+    )
 
 
 def add_tls_options(parser: argparse.ArgumentParser, env: bool = True) -> None:
@@ -41,4 +51,6 @@ def tls_of(args: argparse.Namespace) -> TlsFiles | None:
 
 
 def client_of(args: argparse.Namespace, **options: Any) -> AsyncClient:
-    return AsyncClient(args.bootstrap, tls=tls_of(args), **options)
+    return AsyncClient(
+        args.bootstrap, tls=tls_of(args), token=getattr(args, "token", None), **options
+    )

@@ -16,7 +16,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tidelog.cli.connect import add_tls_options, client_of
+from tidelog.cli.connect import add_connection_options, add_tls_options, client_of
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.errors import TidelogError
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
             default=os.environ.get("TIDELOG_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             help="HOST:PORT[,HOST:PORT...] of any node (env TIDELOG_BOOTSTRAP)",
         )
-        add_tls_options(p)
+        add_connection_options(p)
         p.add_argument("--log-level", default="WARNING")
         return p
 
@@ -241,6 +241,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_partitions_command(sub, with_bootstrap)
 
+    principals = sub.add_parser(
+        "principals", help="add, list and remove principals (who authenticates with a token)"
+    )
+    psub = principals.add_subparsers(dest="principals_command")
+    padd = with_bootstrap(
+        psub.add_parser(
+            "add",
+            help="add a principal (or give it a new token); prints its token NAME:SECRET once",
+        )
+    )
+    padd.add_argument("name")
+    padd.set_defaults(func=cmd_principals)
+    plist = with_bootstrap(psub.add_parser("list", help="every principal (never a secret)"))
+    plist.add_argument("--json", action="store_true")
+    plist.set_defaults(func=cmd_principals)
+    premove = with_bootstrap(
+        psub.add_parser("remove", help="remove a principal: its token stops working")
+    )
+    premove.add_argument("name")
+    premove.set_defaults(func=cmd_principals)
+
     certs = sub.add_parser(
         "dev-certs",
         help="make a local CA and node/client certificates to try TLS with (not for production)",
@@ -266,6 +287,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- serve --------------------------------------------------------------------------------------
+
+
+def cmd_principals(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        async with client_of(args) as client:
+            if args.principals_command == "add":
+                print(await client.add_principal(args.name))
+                print(
+                    f"principal {args.name}: keep this token; it is not shown again",
+                    file=sys.stderr,
+                )
+            elif args.principals_command == "remove":
+                await client.remove_principal(args.name)
+            else:
+                found = await client.principals()
+                if args.json:
+                    print(json.dumps(found))
+                else:
+                    print(f"{'PRINCIPAL':40} CREATED")
+                    for p in found:
+                        created = time.strftime(
+                            "%Y-%m-%d %H:%M:%S", time.gmtime(p["created_ms"] / 1000)
+                        )
+                        print(f"{p['name']:40} {created}")
+        return 0
+
+    return run_loop(run())
 
 
 def cmd_dev_certs(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
 )
 from tidelog.node.config import parse_address
+from tidelog.principals import new_token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame
@@ -221,11 +222,14 @@ class AsyncClient:
         retry_backoff_max_ms: int = 250,
         idempotent: bool = True,
         tls: TlsFiles | None = None,
+        token: str | None = None,
     ) -> None:
         items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         # TLS to every node: verifies their certificates against tls.ca, presents tls.cert.
         self.tls = tls
         self._tls_context = None if tls is None else tls.client_context()
+        # NAME:SECRET (`tidelog principals add`): every connection proves it before use.
+        self.token = token
         self.bootstrap = [parse_address(b) for b in items if b.strip()]
         if not self.bootstrap:
             raise InvalidRequest("no bootstrap address given")
@@ -271,6 +275,8 @@ class AsyncClient:
             conn = await NodeConnection.open(
                 address, min(self.request_timeout_s, 10.0), self._tls_context
             )
+            if self.token:
+                await self._authenticate(conn, self.token)
             self._conns[address] = conn
             future.set_result(conn)
             return conn
@@ -280,6 +286,21 @@ class AsyncClient:
             raise
         finally:
             self._connecting.pop(address, None)
+
+    async def _authenticate(self, conn: NodeConnection, token: str) -> None:
+        try:
+            frame = await conn.request(
+                ApiKey.AUTHENTICATE,
+                api.encode(api.AuthenticateRequest(token)),
+                timeout_s=self.request_timeout_s,
+            )
+            assert frame is not None
+            error = api.error_of(frame.header)
+            if error is not None:
+                raise error
+        except BaseException:
+            conn.close()
+            raise
 
     async def call(
         self,
@@ -690,6 +711,23 @@ class AsyncClient:
 
     async def delete_cursor(self, name: str) -> None:
         await self._to_metadata_leader(ApiKey.CURSOR, api.CursorRequest("delete", name))
+
+    async def add_principal(self, name: str) -> str:
+        """A new principal (or a new token for an existing one: the old token stops working).
+        Returns its token, NAME:SECRET; only the secret's Argon2id hash leaves this process,
+        and the token is shown this once."""
+        token, encoded = new_token(name)
+        request = api.PrincipalsRequest("add", name, encoded)
+        await self._to_metadata_leader(ApiKey.PRINCIPALS, request)
+        return token
+
+    async def principals(self) -> list[dict[str, Any]]:
+        """Every principal: name and created_ms (never a hash)."""
+        header, _ = await self._any_node(ApiKey.PRINCIPALS, api.PrincipalsRequest("list"))
+        return list(api.decode(api.PrincipalsResponse, header).principals)
+
+    async def remove_principal(self, name: str) -> None:
+        await self._to_metadata_leader(ApiKey.PRINCIPALS, api.PrincipalsRequest("remove", name))
 
     async def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
         op = "describe" if name else "list"

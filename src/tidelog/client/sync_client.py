@@ -212,6 +212,15 @@ class Client:
     def delete_cursor(self, name: str) -> None:
         self._run(self._async.delete_cursor(name))
 
+    def add_principal(self, name: str) -> str:
+        return self._run(self._async.add_principal(name))
+
+    def principals(self) -> list[dict[str, Any]]:
+        return self._run(self._async.principals())
+
+    def remove_principal(self, name: str) -> None:
+        self._run(self._async.remove_principal(name))
+
     def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.cursors(name))
 

@@ -66,6 +66,11 @@ class Principal:
         return Principal(subject or "anonymous", listener, address, refused=refused)
 
     @staticmethod
+    def of_token(name: str, connection: Principal) -> Principal:
+        """The principal a connection proved with a token (on the listener it came in on)."""
+        return Principal(name, connection.listener, connection.address, refused=connection.refused)
+
+    @staticmethod
     def peer(node_id: int, address: str, directory_id: str = "") -> Principal:
         return Principal(f"node:{node_id}", Listener.PEER, address, node_id, directory_id)
 

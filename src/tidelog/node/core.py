@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import functools
 import json
 import logging
 import time
@@ -29,6 +31,7 @@ from typing import Any
 from tidelog import __version__
 from tidelog.config import TopicConfig
 from tidelog.errors import (
+    AuthenticationFailed,
     CursorInvalidated,
     DuplicateSequence,
     InvalidRequest,
@@ -38,6 +41,7 @@ from tidelog.errors import (
     OffsetOutOfRange,
     StorageFull,
     TidelogError,
+    Timeout,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
     UnsupportedApi,
@@ -53,6 +57,7 @@ from tidelog.node.partition import PartitionHost
 from tidelog.node.registry import NodeRegistry
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
+from tidelog.principals import check_name, new_token, token_name, verify
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.replication_codec import decode_message, encode_message
@@ -82,6 +87,17 @@ from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
 
 log = logging.getLogger(__name__)
+
+
+AUTHENTICATE_WAIT_S = 5.0  # how long a token check waits for a metadata leader to decide
+
+
+@functools.cache
+def _decoy_hash() -> str:
+    """An unknown principal's token is checked against this, so that it costs as much as a
+    known one's."""
+    return new_token("decoy")[1]
+
 
 METADATA_GROUP = f"{METADATA_TOPIC}/0"
 PEER_DIRECTORIES_FILE = "peer-directories"
@@ -152,6 +168,8 @@ class NodeCore:
             api.DescribeClusterRequest: (self._describe_cluster, Operation.DESCRIBE, ""),
             api.AddNodeRequest: (self._add_node, Operation.ALTER, ""),
             api.RemoveNodeRequest: (self._remove_node, Operation.ALTER, ""),
+            api.PrincipalsRequest: (self._principals, Operation.ALTER, ""),
+            api.AuthenticateRequest: (self._authenticate, Operation.DESCRIBE, ""),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -915,6 +933,96 @@ class NodeCore:
             host.log.high_watermark,
             admitted,
         )
+
+    async def _principals(
+        self, req: api.PrincipalsRequest, payload: bytes
+    ) -> api.PrincipalsResponse:
+        if req.op == "list":
+            known = self.metadata.principals
+            return api.PrincipalsResponse(
+                [{"name": n, "created_ms": known[n]["created_ms"]} for n in sorted(known)]
+            )
+        name = check_name(req.name)
+        if req.op == "add":
+            if not req.hash.startswith("$argon2"):
+                raise InvalidRequest("a principal is added with the Argon2 hash of its secret")
+            command: dict[str, Any] = {"type": "put_principal", "name": name, "hash": req.hash}
+        elif req.op == "remove":
+            if name not in self.metadata.principals:
+                raise InvalidRequest(f"no principal {name!r}")
+            command = {"type": "remove_principal", "name": name}
+        else:
+            raise InvalidRequest(f"unknown principals op {req.op!r}")
+        command["at_ms"] = wall_ms()
+        await self.propose_metadata(command, 30.0)
+        found = self.metadata.principals.get(name)
+        return api.PrincipalsResponse(
+            [] if found is None else [{"name": name, "created_ms": found["created_ms"]}]
+        )
+
+    async def _authenticate(
+        self, req: api.AuthenticateRequest, payload: bytes
+    ) -> api.AuthenticateResponse:
+        """Checks a token; the listener makes the connection that principal on success."""
+        name, secret = token_name(req.token)
+        deadline = time.monotonic() + AUTHENTICATE_WAIT_S
+        while True:
+            host = self.metadata_host
+            if host.replica.is_leader:
+                # A new leader's state may miss what it has not yet committed in its term.
+                with contextlib.suppress(TidelogError, TimeoutError):
+                    await host.wait_for_ack(host.log.log_end_offset - 1, api.ACKS_ALL, 2.0)
+                if await self._token_holds(name, secret):
+                    return api.AuthenticateResponse(name)
+                break
+            if await self._token_holds(name, secret):
+                return api.AuthenticateResponse(name)
+            # A follower's metadata may lag (a principal just added, a node just restarted):
+            # what it cannot confirm, the metadata leader decides.
+            decided = await self._authenticate_at_metadata_leader(req)
+            if decided is not None:
+                return decided
+            if time.monotonic() > deadline:
+                raise Timeout(f"cannot check the token of {name!r} now: no metadata leader answers")
+            await asyncio.sleep(0.1)
+        self.access.denied += 1
+        raise AuthenticationFailed(f"the token of {name!r} is not valid", principal=name)
+
+    async def _token_holds(self, name: str, secret: str) -> bool:
+        entry = self.metadata.principals.get(name)
+        # Verified even for an unknown name, so that the answer takes as long either way.
+        encoded = entry["hash"] if entry is not None else _decoy_hash()
+        return await asyncio.to_thread(verify, encoded, secret) and entry is not None
+
+    async def _authenticate_at_metadata_leader(
+        self, req: api.AuthenticateRequest
+    ) -> api.AuthenticateResponse | None:
+        host = self.metadata_host
+        leader = host.leader_hint
+        if host.replica.is_leader or leader is None or leader == self.node_id:
+            return None
+        entry = self.registry.nodes().get(leader)
+        if entry is None:
+            return None
+        from tidelog.client.connection import NodeConnection
+
+        try:
+            conn = await NodeConnection.open((entry.host, entry.port), 2.0, self.config.tls_dialing)
+        except TidelogError:
+            return None
+        try:
+            frame = await conn.request(ApiKey.AUTHENTICATE, api.encode(req), timeout_s=10.0)
+        except TidelogError:
+            return None
+        finally:
+            conn.close()
+        assert frame is not None
+        error = api.error_of(frame.header)
+        if isinstance(error, AuthenticationFailed):
+            raise error
+        if error is not None:
+            return None  # the leader could not decide either: ask again
+        return api.decode(api.AuthenticateResponse, frame.header)
 
     async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
         if req.op in ("list", "describe"):

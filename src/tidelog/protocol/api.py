@@ -44,6 +44,8 @@ class ApiKey(enum.IntEnum):
     PEER_HELLO = 105  # the peer channel's handshake (protocol/peer_handshake.py)
     PEER_AUTH = 106
     REASSIGNMENT = 107  # a partition leader tells the metadata leader a move is done
+    PRINCIPALS = 108  # add, list, remove principals (tokens)
+    AUTHENTICATE = 109  # a connection proves its principal with a token (Kafka: SaslAuthenticate)
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -287,6 +289,28 @@ class CursorResponse:
 
 
 @dataclass(frozen=True)
+class PrincipalsRequest:
+    op: str  # add | list | remove
+    name: str = ""
+    hash: str = ""  # add: the Argon2id hash of the token's secret, made by the client
+
+
+@dataclass(frozen=True)
+class PrincipalsResponse:
+    principals: list[dict[str, Any]]  # name, created_ms (never the hash)
+
+
+@dataclass(frozen=True)
+class AuthenticateRequest:
+    token: str  # NAME:SECRET
+
+
+@dataclass(frozen=True)
+class AuthenticateResponse:
+    principal: str
+
+
+@dataclass(frozen=True)
 class DeleteRecordsRequest:
     topic: str
     partition: int
@@ -360,6 +384,8 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.ADD_NODE: AddNodeRequest,
     ApiKey.REMOVE_NODE: RemoveNodeRequest,
     ApiKey.TABLE: TableRequest,
+    ApiKey.PRINCIPALS: PrincipalsRequest,
+    ApiKey.AUTHENTICATE: AuthenticateRequest,
 }
 
 T = TypeVar("T")

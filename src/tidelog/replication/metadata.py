@@ -190,6 +190,9 @@ class MetadataState:
     # Kafka consumer groups' membership as their coordinator last settled it (kafka/groups.py
     # reads and writes the records; here they are opaque), so a new coordinator carries on.
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Principals that authenticate with a token: name -> {"hash": Argon2id of the secret,
+    # "created_ms": when}. Never the secret itself.
+    principals: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicMeta:
         meta = self.topics.get(name)
@@ -271,6 +274,13 @@ class MetadataState:
             self.cursors.pop(name, None)
         elif kind == "invalidate_cursor" and name in self.cursors:
             self.cursors[name].invalidated = str(command.get("reason", "invalidated"))
+        elif kind == "put_principal":
+            self.principals[name] = {
+                "hash": str(command.get("hash", "")),
+                "created_ms": at_ms,
+            }
+        elif kind == "remove_principal":
+            self.principals.pop(name, None)
         elif kind == "group":
             record = command.get("record")
             if isinstance(record, dict) and record.get("members"):
@@ -357,6 +367,7 @@ class MetadataState:
             "nodes": [n.to_wire() for n in self.nodes.values()],
             "removed_nodes": sorted(self.removed_nodes),
             "groups": self.groups,
+            "principals": self.principals,
         }
 
     @staticmethod
@@ -372,6 +383,7 @@ class MetadataState:
             state.nodes[entry.node_id] = entry
         state.removed_nodes = {int(n) for n in data.get("removed_nodes", [])}
         state.groups = {str(k): dict(v) for k, v in dict(data.get("groups", {})).items()}
+        state.principals = {str(k): dict(v) for k, v in dict(data.get("principals", {})).items()}
         return state
 
 

@@ -16,18 +16,19 @@ from tidelog.tls import TlsFiles
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_clients: dict[tuple[str, TlsFiles | None], Client] = {}
+_clients: dict[tuple[str, TlsFiles | None, str | None], Client] = {}
 _lock = threading.Lock()
 
 
-def client_for(bootstrap: str, tls: TlsFiles | None = None) -> Client:
+def client_for(bootstrap: str, tls: TlsFiles | None = None, token: str | None = None) -> Client:
     """tls: the options tls.ca, tls.cert, tls.key; the files are read where the client is made
-    (the driver and each executor), so they must be at those paths there."""
+    (the driver and each executor), so they must be at those paths there. token: the option
+    token (NAME:SECRET)."""
     with _lock:
-        client = _clients.get((bootstrap, tls))
+        client = _clients.get((bootstrap, tls, token))
         if client is None:
-            client = Client(bootstrap, request_timeout_ms=20_000, tls=tls)
-            _clients[(bootstrap, tls)] = client
+            client = Client(bootstrap, request_timeout_ms=20_000, tls=tls, token=token)
+            _clients[(bootstrap, tls, token)] = client
         return client
 
 

@@ -105,6 +105,7 @@ class SourceOptions:
     table: str = ""
     fetch_max_bytes: int = FETCH_BYTES_DEFAULT
     tls: TlsFiles | None = None
+    token: str | None = None  # NAME:SECRET of a principal
 
     @staticmethod
     def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -192,6 +193,7 @@ class SourceOptions:
             table=table,
             fetch_max_bytes=_int(opts, "fetchmaxbytes") or FETCH_BYTES_DEFAULT,
             tls=_tls(opts),
+            token=opts.get("token") or None,
         )
 
 
@@ -203,6 +205,7 @@ class SinkOptions:
     chunk_records: int = 1000
     max_in_flight: int = 5  # chunks per partition sent before the first is acknowledged
     tls: TlsFiles | None = None
+    token: str | None = None
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
@@ -222,4 +225,5 @@ class SinkOptions:
             _int(opts, "chunkrecords") or 1000,
             in_flight or 5,
             _tls(opts),
+            opts.get("token") or None,
         )

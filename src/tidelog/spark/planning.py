@@ -41,6 +41,7 @@ class OffsetRange:
     skip_invalid: bool = False  # skipInvalidBatches
     columns: tuple[str, ...] = ()  # what the query's schema asks for; () = the default schema
     tls: TlsFiles | None = None
+    token: str | None = None
 
     @property
     def size(self) -> int:
@@ -204,6 +205,7 @@ def plan_tasks(
             opts.skip_invalid_batches,
             columns,
             opts.tls,
+            opts.token,
         )
         for tp in sorted(end)
     ]

@@ -44,7 +44,7 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the range's records, one per fetch. The next fetch is sent before the
     current answer is decoded and handed to Spark, so the network and the node work while this
     process does."""
-    client = client_for(r.bootstrap, r.tls)
+    client = client_for(r.bootstrap, r.tls, r.token)
     offset = r.start
     deadline = time.monotonic() + COMMITTED_WAIT_S
 

@@ -310,7 +310,11 @@ class StreamWriter(DataSourceStreamArrowWriter):
             raise InvalidConfig("the streaming sink runs only inside a Spark streaming task")
         pid, epoch = task_producer("stream", query_id, context.partitionId(), int(batch))
         return write_rows(
-            client_for(self.opts.bootstrap, self.opts.tls), self.opts, table, pid, epoch
+            client_for(self.opts.bootstrap, self.opts.tls, self.opts.token),
+            self.opts,
+            table,
+            pid,
+            epoch,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -348,7 +352,11 @@ class BatchWriter(DataSourceArrowWriter):
         task = context.partitionId() if context else 0
         pid, epoch = task_producer("batch", self.job, task, 0)
         return write_rows(
-            client_for(self.opts.bootstrap, self.opts.tls), self.opts, table, pid, epoch
+            client_for(self.opts.bootstrap, self.opts.tls, self.opts.token),
+            self.opts,
+            table,
+            pid,
+            epoch,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

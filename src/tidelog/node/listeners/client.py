@@ -117,6 +117,9 @@ class ClientConnection(FrameConnection):
             log.exception("request %s failed", slot.api)
             self._answer(slot, api.encode_error(TidelogError(f"internal error: {exc}")))
         else:
+            if isinstance(result, api.AuthenticateResponse):
+                # The token held: this connection is that principal from now on.
+                self.principal = Principal.of_token(result.principal, self.principal)
             self._answer(slot, *_encoded(result))
 
     def _answer(self, slot: _Slot, header: dict[str, Any], payload: Any = None) -> None:

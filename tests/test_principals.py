@@ -1,0 +1,118 @@
+"""Principals that authenticate with tokens (issue 14, second part): `tidelog principals
+add|list|remove`, a token proved on every connection of the client, the CLI and Spark, named
+errors for wrong, unknown, malformed and removed tokens, and only a salted Argon2id hash kept
+(in the metadata log, across a restart)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+from tidelog.errors import AuthenticationFailed, InvalidRequest
+
+
+def tidelog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidelog", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def files_contain(directory: Path, needle: bytes) -> bool:
+    return any(needle in p.read_bytes() for p in directory.rglob("*") if p.is_file())
+
+
+def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "c", 3, log_level="WARNING") as cluster:
+        boot = ["--bootstrap", cluster.bootstrap]
+        added = tidelog("principals", "add", "alice", *boot)
+        assert added.returncode == 0, added.stderr
+        token = added.stdout.strip()
+        name, _, secret = token.partition(":")
+        assert name == "alice" and len(secret) >= 40
+        assert "not shown again" in added.stderr
+
+        with Client(cluster.bootstrap, token=token) as alice:
+            alice.create_topic("by-alice", replication_factor=3)
+            alice.produce("by-alice", [b"hello"], partition=0)
+            assert [r.value for r in alice.consume("by-alice", 0)] == [b"hello"]
+            bob = alice.add_principal("bob")
+            assert bob.startswith("bob:")
+            assert [p["name"] for p in alice.principals()] == ["alice", "bob"]
+
+        listed = tidelog("principals", "list", "--json", *boot)
+        assert listed.returncode == 0, listed.stderr
+        rows = json.loads(listed.stdout)
+        assert [r["name"] for r in rows] == ["alice", "bob"]
+        assert secret not in listed.stdout and "argon2" not in listed.stdout
+
+        # Wrong secret, unknown principal, malformed token: AuthenticationFailed, by name.
+        for bad in (f"alice:{secret[:-2]}xx", f"carol:{secret}", "no-colon", ":"):
+            with (
+                Client(cluster.bootstrap, token=bad, retries=1) as client,
+                pytest.raises(AuthenticationFailed),
+            ):
+                client.list_offsets("by-alice", 0)
+        done = tidelog("status", *boot, "--token", f"alice:{secret}x")
+        assert done.returncode != 0 and "AuthenticationFailed" in done.stderr
+        done = tidelog("consume", "by-alice", "--from", "earliest", *boot, "--token", token)
+        assert done.returncode == 0 and "hello" in done.stdout, done.stderr
+
+        # A removed principal's token stops working; a new token replaces the old one.
+        assert tidelog("principals", "remove", "bob", *boot).returncode == 0
+        gone = Client(cluster.bootstrap, token=bob, retries=1)
+        with gone, pytest.raises(AuthenticationFailed):
+            gone.list_offsets("by-alice", 0)
+        renewed = tidelog("principals", "add", "alice", *boot).stdout.strip()
+        assert renewed != token
+        old = Client(cluster.bootstrap, token=token, retries=1)
+        with old, pytest.raises(AuthenticationFailed):
+            old.list_offsets("by-alice", 0)
+        with Client(cluster.bootstrap) as admin:
+            with pytest.raises(InvalidRequest):
+                admin.add_principal("no spaces")
+            with pytest.raises(InvalidRequest):
+                admin.remove_principal("nobody")
+
+        # The Spark source and sink take the token as the option `token`.
+        if importlib.util.find_spec("pyspark") is not None:
+            from tidelog.spark.session import local_spark
+
+            spark = local_spark("tidelog-principals")
+            try:
+                opts = {"bootstrap": cluster.bootstrap, "token": renewed}
+                df = spark.read.format("tidelog").options(subscribe="by-alice", **opts).load()
+                assert [bytes(r["value"]) for r in df.collect()] == [b"hello"]
+                df.select("key", "value").write.format("tidelog").options(
+                    topic="by-alice", **opts
+                ).mode("append").save()
+                bad = {**opts, "token": token}  # the replaced token
+                with pytest.raises(Exception, match="AuthenticationFailed"):
+                    spark.read.format("tidelog").options(subscribe="by-alice", **bad).load().count()
+            finally:
+                spark.stop()
+            with Client(cluster.bootstrap, token=renewed) as alice:
+                assert alice.list_offsets("by-alice", 0) == 2
+
+        # Every node keeps the hash, none keeps a secret; a restart keeps the principals.
+        new_secret = renewed.partition(":")[2].encode()
+        for n in cluster.node_ids:
+            data = cluster.data_dir / f"node-{n}"
+            assert not files_contain(data, new_secret) and not files_contain(data, secret.encode())
+            assert files_contain(data, b"$argon2id$")
+        for n in cluster.node_ids:
+            cluster.kill(n)
+            cluster.start(n)
+        cluster.wait_ready()
+        with Client(cluster.bootstrap, token=renewed) as alice:
+            assert alice.list_offsets("by-alice", 0) >= 1
