@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from tidelog.record import ProducerRecord, build_batch, decode_records, iter_headers
 
 
@@ -16,3 +19,14 @@ def values_in(data: bytes) -> list[tuple[int, bytes | None]]:
             continue
         out.extend((r.offset, r.value) for r in decode_records(data, pos))
     return out
+
+
+def run_tidelog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own, as a user runs it: (returncode, stdout, stderr)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tidelog", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -7,25 +7,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import run_tidelog
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import AuthenticationFailed, InvalidRequest
-
-
-def tidelog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidelog", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def files_contain(directory: Path, needle: bytes) -> bool:
@@ -35,7 +24,7 @@ def files_contain(directory: Path, needle: bytes) -> bool:
 def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "c", 3, log_level="WARNING") as cluster:
         boot = ["--bootstrap", cluster.bootstrap]
-        added = tidelog("principals", "add", "alice", *boot)
+        added = run_tidelog("principals", "add", "alice", *boot)
         assert added.returncode == 0, added.stderr
         token = added.stdout.strip()
         name, _, secret = token.partition(":")
@@ -50,7 +39,7 @@ def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None
             assert bob.startswith("bob:")
             assert [p["name"] for p in alice.principals()] == ["alice", "bob"]
 
-        listed = tidelog("principals", "list", "--json", *boot)
+        listed = run_tidelog("principals", "list", "--json", *boot)
         assert listed.returncode == 0, listed.stderr
         rows = json.loads(listed.stdout)
         assert [r["name"] for r in rows] == ["alice", "bob"]
@@ -63,17 +52,17 @@ def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None
                 pytest.raises(AuthenticationFailed),
             ):
                 client.list_offsets("by-alice", 0)
-        done = tidelog("status", *boot, "--token", f"alice:{secret}x")
+        done = run_tidelog("status", *boot, "--token", f"alice:{secret}x")
         assert done.returncode != 0 and "AuthenticationFailed" in done.stderr
-        done = tidelog("consume", "by-alice", "--from", "earliest", *boot, "--token", token)
+        done = run_tidelog("consume", "by-alice", "--from", "earliest", *boot, "--token", token)
         assert done.returncode == 0 and "hello" in done.stdout, done.stderr
 
         # A removed principal's token stops working; a new token replaces the old one.
-        assert tidelog("principals", "remove", "bob", *boot).returncode == 0
+        assert run_tidelog("principals", "remove", "bob", *boot).returncode == 0
         gone = Client(cluster.bootstrap, token=bob, retries=1)
         with gone, pytest.raises(AuthenticationFailed):
             gone.list_offsets("by-alice", 0)
-        renewed = tidelog("principals", "add", "alice", *boot).stdout.strip()
+        renewed = run_tidelog("principals", "add", "alice", *boot).stdout.strip()
         assert renewed != token
         old = Client(cluster.bootstrap, token=token, retries=1)
         with old, pytest.raises(AuthenticationFailed):

@@ -6,14 +6,13 @@ certificate where one is required."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from helpers import run_tidelog
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import AuthenticationFailed, InvalidConfig, TidelogError
@@ -21,20 +20,10 @@ from tidelog.record import ProducerRecord
 from tidelog.tls import TlsFiles
 
 
-def tidelog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidelog", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = tmp_path_factory.mktemp("certs")
-    done = tidelog("dev-certs", str(where), "--client", "alice")
+    done = run_tidelog("dev-certs", str(where), "--client", "alice")
     assert done.returncode == 0, done.stderr
     for name in ("ca.pem", "ca.key", "node.pem", "node.key", "client-alice.pem"):
         assert (where / name).is_file(), name
@@ -87,7 +76,7 @@ def test_a_cluster_replicates_over_mutual_tls_and_clients_verify_it(
         plain.produce("secure", [b"plain"], partition=0, acks="all")
     # A CA that did not sign the node's certificate: AuthenticationFailed, by name.
     other = tmp_path / "other"
-    assert tidelog("dev-certs", str(other)).returncode == 0
+    assert run_tidelog("dev-certs", str(other)).returncode == 0
     stranger = Client(cluster.bootstrap, retries=1, tls=TlsFiles.of(ca=other / "ca.pem"))
     with stranger, pytest.raises(AuthenticationFailed, match="does not verify"):
         stranger.produce("secure", [b"stranger"], partition=0, acks="all")
@@ -96,13 +85,15 @@ def test_a_cluster_replicates_over_mutual_tls_and_clients_verify_it(
 
     # The CLI, with the CA from its options (or TIDELOG_TLS_CA).
     base = ["--bootstrap", cluster.bootstrap, "--tls-ca", str(certs / "ca.pem")]
-    done = tidelog("produce", "secure", "--partition", "0", *base, stdin="cli-1\ncli-2\n")
+    done = run_tidelog("produce", "secure", "--partition", "0", *base, stdin="cli-1\ncli-2\n")
     assert done.returncode == 0, done.stderr
-    done = tidelog("consume", "secure", "--from", "earliest", "--format", "json", *base)
+    done = run_tidelog("consume", "secure", "--from", "earliest", "--format", "json", *base)
     assert done.returncode == 0, done.stderr
     values = [json.loads(line)["value"] for line in done.stdout.splitlines() if line.strip()]
     assert values[-2:] == ["cli-1", "cli-2"], values
-    refused = tidelog("status", "--bootstrap", cluster.bootstrap, "--tls-ca", str(other / "ca.pem"))
+    refused = run_tidelog(
+        "status", "--bootstrap", cluster.bootstrap, "--tls-ca", str(other / "ca.pem")
+    )
     assert refused.returncode != 0 and "AuthenticationFailed" in refused.stderr
 
 
@@ -178,7 +169,7 @@ def test_tls_settings_are_checked_by_name(certs: Path, tmp_path: Path) -> None:
         TlsFiles.of(garbage, certs / "node.pem", certs / "node.key").server_context("required")
     with pytest.raises(InvalidConfig, match=r"tls\.client\.auth"):
         TlsFiles.of(cert=certs / "node.pem", key=certs / "node.key").server_context("required")
-    done = tidelog(
+    done = run_tidelog(
         "serve", "--data", str(tmp_path / "d"), "--listen", "127.0.0.1:0", "--tls-client-auth",
         "required",
     )  # fmt: skip

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
@@ -30,6 +30,21 @@ def client_for(bootstrap: str, tls: TlsFiles | None = None, token: str | None = 
             client = Client(bootstrap, request_timeout_ms=20_000, tls=tls, token=token)
             _clients[(bootstrap, tls, token)] = client
         return client
+
+
+class Endpoint(Protocol):
+    """Where and how to connect: the source's and sink's options, and each planned range."""
+
+    @property
+    def bootstrap(self) -> str: ...
+    @property
+    def tls(self) -> TlsFiles | None: ...
+    @property
+    def token(self) -> str | None: ...
+
+
+def client_of(where: Endpoint) -> Client:
+    return client_for(where.bootstrap, where.tls, where.token)
 
 
 def with_retries(what: str, call: Callable[[], T], attempts: int = 8, delay_s: float = 0.25) -> T:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from tidelog.client.async_client import FetchResult
 from tidelog.errors import DataLoss, NetworkError, NotLeader, OffsetOutOfRange, Timeout
 from tidelog.spark.arrow import columns_to_batch
-from tidelog.spark.connection import client_for
+from tidelog.spark.connection import client_of
 from tidelog.spark.planning import OffsetRange
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the range's records, one per fetch. The next fetch is sent before the
     current answer is decoded and handed to Spark, so the network and the node work while this
     process does."""
-    client = client_for(r.bootstrap, r.tls, r.token)
+    client = client_of(r)
     offset = r.start
     deadline = time.monotonic() + COMMITTED_WAIT_S
 

@@ -44,7 +44,7 @@ from tidelog.record.batch import (
     batch_from_section,
     build_batch,
 )
-from tidelog.spark.connection import client_for
+from tidelog.spark.connection import client_of
 from tidelog.spark.options import SinkOptions
 from tidelog.storage.faults import crash_point
 
@@ -309,13 +309,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         if context is None or query_id is None or batch is None:
             raise InvalidConfig("the streaming sink runs only inside a Spark streaming task")
         pid, epoch = task_producer("stream", query_id, context.partitionId(), int(batch))
-        return write_rows(
-            client_for(self.opts.bootstrap, self.opts.tls, self.opts.token),
-            self.opts,
-            table,
-            pid,
-            epoch,
-        )
+        return write_rows(client_of(self.opts), self.opts, table, pid, epoch)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, SinkCommit)]
@@ -351,13 +345,7 @@ class BatchWriter(DataSourceArrowWriter):
         context = TaskContext.get()
         task = context.partitionId() if context else 0
         pid, epoch = task_producer("batch", self.job, task, 0)
-        return write_rows(
-            client_for(self.opts.bootstrap, self.opts.tls, self.opts.token),
-            self.opts,
-            table,
-            pid,
-            epoch,
-        )
+        return write_rows(client_of(self.opts), self.opts, table, pid, epoch)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         return None

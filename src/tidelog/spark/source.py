@@ -40,7 +40,7 @@ from tidelog.spark.arrow import (
     projection,
     table_batch,
 )
-from tidelog.spark.connection import client_for, with_retries
+from tidelog.spark.connection import client_of, with_retries
 from tidelog.spark.options import SinkOptions, SourceOptions, offsets_from_json, offsets_to_json
 from tidelog.spark.planning import (
     Offsets,
@@ -114,7 +114,7 @@ class BatchReader(DataSourceReader):
         self.columns = columns
 
     def partitions(self) -> list[InputPartition]:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         tps = topic_partitions(client, self.opts)
         start = resolve_offsets(
             client, tps, self.opts.starting_offsets, "startingOffsets", self.opts.starting_timestamp
@@ -146,7 +146,7 @@ class TableReader(DataSourceReader):
         self.columns = columns
 
     def partitions(self) -> list[InputPartition]:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         info = with_retries("describe table", lambda: client.topic(self.opts.table, refresh=True))
         if info.kind != "table":
             raise InvalidConfig(
@@ -155,7 +155,7 @@ class TableReader(DataSourceReader):
         return [InputPartition(p) for p in range(info.partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         p = int(partition.value)
         entries = client.table_scan(self.opts.table, [p])
         if entries:
@@ -181,7 +181,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._initial
 
     def _starting_offsets(self) -> Offsets:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         tps = topic_partitions(client, self.opts)
         if not self.opts.cursor:
             return resolve_offsets(
@@ -225,7 +225,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start
 
     def _live_cursor(self, name: str) -> dict[str, Any] | None:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         try:
             found = with_retries(f"describe cursor {name}", lambda: client.cursors(name))
         except UnknownCursor:
@@ -247,7 +247,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         self._available_now = high_watermarks(client, topic_partitions(client, self.opts))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
@@ -263,7 +263,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offsets_to_json(latest)
 
     def _latest(self, begin: Offsets) -> Offsets:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         tps = topic_partitions(client, self.opts)
         hw = high_watermarks(client, tps)
         if self._available_now is not None:
@@ -287,7 +287,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._commit_cursor(name, {p: o for (t, p), o in done.items() if t == topic})
 
     def _commit_cursor(self, name: str, positions: dict[int, int]) -> None:
-        client = client_for(self.opts.bootstrap, self.opts.tls, self.opts.token)
+        client = client_of(self.opts)
         try:
             with_retries(f"commit cursor {name}", lambda: client.commit_cursor(name, positions))
         except CursorInvalidated as exc:
