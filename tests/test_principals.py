@@ -14,7 +14,14 @@ import pytest
 from helpers import run_tidelog
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
-from tidelog.errors import AuthenticationFailed, InvalidRequest
+from tidelog.errors import AuthenticationFailed, InvalidRequest, NotAuthorized
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+
+
+def run_loop_call(client: Client, request: api.PrincipalsRequest) -> None:
+    """A request as any client could send it (not through add_principal, which hashes)."""
+    client._run(client._async._to_metadata_leader(ApiKey.PRINCIPALS, request))
 
 
 def files_contain(directory: Path, needle: bytes) -> bool:
@@ -58,11 +65,16 @@ def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None
         assert done.returncode == 0 and "hello" in done.stdout, done.stderr
 
         # A removed principal's token stops working; a new token replaces the old one.
-        assert run_tidelog("principals", "remove", "bob", *boot).returncode == 0
+        # Nobody but a principal itself renews or removes its token (until ACLs name admins).
+        refused = run_tidelog("principals", "remove", "bob", *boot)
+        assert refused.returncode != 0 and "NotAuthorized" in refused.stderr
+        with Client(cluster.bootstrap) as anonymous, pytest.raises(NotAuthorized):
+            anonymous.add_principal("alice")
+        assert run_tidelog("principals", "remove", "bob", *boot, "--token", bob).returncode == 0
         gone = Client(cluster.bootstrap, token=bob, retries=1)
         with gone, pytest.raises(AuthenticationFailed):
             gone.list_offsets("by-alice", 0)
-        renewed = run_tidelog("principals", "add", "alice", *boot).stdout.strip()
+        renewed = run_tidelog("principals", "add", "alice", *boot, "--token", token).stdout.strip()
         assert renewed != token
         old = Client(cluster.bootstrap, token=token, retries=1)
         with old, pytest.raises(AuthenticationFailed):
@@ -72,6 +84,12 @@ def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None
                 admin.add_principal("no spaces")
             with pytest.raises(InvalidRequest):
                 admin.remove_principal("nobody")
+            # A stored hash may not make checking a token slow: costs are bounded.
+            costly = "$argon2id$v=19$m=65536,t=1000,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
+            for bad_hash in (costly, "plain-text", "$argon2i$v=19$m=65536,t=3,p=4$c2FsdA$aGFzaA"):
+                with pytest.raises(InvalidRequest):
+                    run_loop_call(admin, api.PrincipalsRequest("add", "mallory", bad_hash))
+            assert "mallory" not in [p["name"] for p in admin.principals()]
 
         # The Spark source and sink take the token as the option `token`.
         if importlib.util.find_spec("pyspark") is not None:

@@ -41,14 +41,16 @@ def _name(common_name: str) -> x509.Name:
 def _write(directory: Path, stem: str, cert: x509.Certificate, key: Key) -> None:
     (directory / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path = directory / f"{stem}.key"
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
+    # Created 0600: never readable by others, not even for a moment.
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
         )
-    )
-    os.chmod(key_path, 0o600)
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, key: Key) -> x509.CertificateBuilder:
@@ -68,6 +70,11 @@ def _load_ca(directory: Path) -> tuple[x509.Certificate, Key] | None:
     cert_path, key_path = directory / "ca.pem", directory / "ca.key"
     if not cert_path.exists():
         return None
+    if not key_path.exists():
+        raise InvalidConfig(
+            f"{cert_path} is there but not its key {key_path}: cannot sign with that CA",
+            key="dir",
+        )
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -81,6 +88,7 @@ def _new_ca(directory: Path) -> tuple[x509.Certificate, Key]:
     cert = (
         _builder(name, name, key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -113,6 +121,12 @@ def _leaf(
         _builder(_name(common_name), ca_cert.subject, key)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        # Python 3.13+ verifies strictly (VERIFY_X509_STRICT): key identifiers are required.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
     )
     if hosts:
         names: list[x509.GeneralName] = []

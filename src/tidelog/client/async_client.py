@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
 import logging
 import random
 import zlib
@@ -233,6 +234,12 @@ class AsyncClient:
         self.bootstrap = [parse_address(b) for b in items if b.strip()]
         if not self.bootstrap:
             raise InvalidRequest("no bootstrap address given")
+        if token and tls is None and any(not _is_loopback(h) for h, _ in self.bootstrap):
+            log.warning(
+                "a token is sent to %s over plain TCP, readable by anyone on the path: "
+                "connect with TLS (tls=TlsFiles.of(ca))",
+                ",".join(f"{h}:{p}" for h, p in self.bootstrap),
+            )
         self.request_timeout_s = request_timeout_ms / 1000
         if retries < 0:
             raise InvalidRequest(f"retries must be >= 0, got {retries}")
@@ -1179,7 +1186,7 @@ class AsyncClient:
         """Records in offset order from start up to the HW as it is now (or on and on with
         follow); out-of-range offsets follow the reset policy (earliest, latest or none). The
         next fetch is on its way while the caller reads one fetch's records."""
-        async for records in self.consume_batches(
+        batches = self.consume_batches(
             topic,
             partition,
             start,
@@ -1192,9 +1199,11 @@ class AsyncClient:
             cursor=cursor,
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
-        ):
-            for rec in records:
-                yield rec
+        )
+        async with contextlib.aclosing(batches):  # stopped early: the fetch ahead ends now
+            async for records in batches:
+                for rec in records:
+                    yield rec
 
     async def consume_batches(
         self,
@@ -1324,6 +1333,15 @@ class AsyncClient:
         if start.lstrip("-").isdigit():
             return int(start)
         raise InvalidRequest(f"start must be earliest, latest or an offset, not {start!r}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _forget(pending: tuple[int, asyncio.Task[FetchResult]] | None) -> None:

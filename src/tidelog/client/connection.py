@@ -86,7 +86,9 @@ class NodeConnection(asyncio.Protocol):
         self.closed = True
         # Under TLS 1.3 a node that refuses our certificate (or its absence) says so with an
         # alert after the handshake: that is an answer, not a lost connection.
-        refused = handshake_error(exc, f"{self.address[0]}:{self.address[1]}") if exc else None
+        refused = None
+        if exc is not None and not self.answered:  # later TLS errors are a broken connection
+            refused = handshake_error(exc, f"{self.address[0]}:{self.address[1]}")
         lost = f"connection to {self.address[0]}:{self.address[1]} lost"
         if not self.tls and not self.answered and self._pending:
             lost += " before any answer (a node with TLS closes plain connections: give the CA)"

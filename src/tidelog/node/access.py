@@ -12,6 +12,7 @@ Today's policy: clients may make every client request; only authenticated peers 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidelog.errors import AuthenticationFailed, NotAuthorized
@@ -35,6 +36,7 @@ class Operation(enum.Enum):
     ALTER = "alter"  # cursors: create, commit, delete, invalidate
     DELETE = "delete"  # delete-records
     REPLICATE = "replicate"  # replication and cursor-invalidation messages between peers
+    PRINCIPAL = "principal"  # add (or renew), list, remove principals' tokens
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,9 @@ class Principal:
 
 
 class Access:
-    def __init__(self) -> None:
+    def __init__(self, principal_exists: Callable[[str], bool] = lambda name: False) -> None:
         self.denied = 0
+        self.principal_exists = principal_exists
 
     def authorize(self, principal: Principal, operation: Operation, resource: str) -> None:
         if principal.refused:
@@ -88,6 +91,16 @@ class Access:
             if operation is Operation.REPLICATE
             else principal.listener in CLIENT_LISTENERS
         )
+        if (
+            allowed
+            and operation is Operation.PRINCIPAL
+            and resource
+            and resource != principal.name
+            and self.principal_exists(resource)
+        ):
+            # Until ACLs name cluster admins, only a principal itself renews or removes its
+            # token: nobody else can take it over.
+            allowed = False
         if not allowed:
             self.denied += 1
             raise NotAuthorized(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -57,7 +56,7 @@ from tidelog.node.partition import PartitionHost
 from tidelog.node.registry import NodeRegistry
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
-from tidelog.principals import check_name, new_token, token_name, verify
+from tidelog.principals import check, check_hash, check_name, token_name
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.replication_codec import decode_message, encode_message
@@ -92,13 +91,6 @@ log = logging.getLogger(__name__)
 AUTHENTICATE_WAIT_S = 5.0  # how long a token check waits for a metadata leader to decide
 
 
-@functools.cache
-def _decoy_hash() -> str:
-    """An unknown principal's token is checked against this, so that it costs as much as a
-    known one's."""
-    return new_token("decoy")[1]
-
-
 METADATA_GROUP = f"{METADATA_TOPIC}/0"
 PEER_DIRECTORIES_FILE = "peer-directories"
 REQUEST_TIMEOUT_MS_MAX = 300_000
@@ -119,7 +111,7 @@ class NodeCore:
         self.node_id = config.node_id
         self.send_to_peer = send_to_peer
         self.describe_listeners = describe_listeners
-        self.access = Access()
+        self.access = Access(lambda name: name in self.metadata.principals)
         self.counters = Counters()
         self.hosts: dict[str, PartitionHost] = {}
         self.topics = TopicReplicas(self)
@@ -168,7 +160,7 @@ class NodeCore:
             api.DescribeClusterRequest: (self._describe_cluster, Operation.DESCRIBE, ""),
             api.AddNodeRequest: (self._add_node, Operation.ALTER, ""),
             api.RemoveNodeRequest: (self._remove_node, Operation.ALTER, ""),
-            api.PrincipalsRequest: (self._principals, Operation.ALTER, ""),
+            api.PrincipalsRequest: (self._principals, Operation.PRINCIPAL, "name"),
             api.AuthenticateRequest: (self._authenticate, Operation.DESCRIBE, ""),
         }
 
@@ -944,9 +936,8 @@ class NodeCore:
             )
         name = check_name(req.name)
         if req.op == "add":
-            if not req.hash.startswith("$argon2"):
-                raise InvalidRequest("a principal is added with the Argon2 hash of its secret")
-            command: dict[str, Any] = {"type": "put_principal", "name": name, "hash": req.hash}
+            encoded = check_hash(req.hash)
+            command: dict[str, Any] = {"type": "put_principal", "name": name, "hash": encoded}
         elif req.op == "remove":
             if name not in self.metadata.principals:
                 raise InvalidRequest(f"no principal {name!r}")
@@ -977,6 +968,9 @@ class NodeCore:
                 break
             if await self._token_holds(name, secret):
                 return api.AuthenticateResponse(name)
+            if req.forwarded:
+                # Asked by a node that took us for the metadata leader: we are not (anymore).
+                raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
             # A follower's metadata may lag (a principal just added, a node just restarted):
             # what it cannot confirm, the metadata leader decides.
             decided = await self._authenticate_at_metadata_leader(req)
@@ -990,9 +984,7 @@ class NodeCore:
 
     async def _token_holds(self, name: str, secret: str) -> bool:
         entry = self.metadata.principals.get(name)
-        # Verified even for an unknown name, so that the answer takes as long either way.
-        encoded = entry["hash"] if entry is not None else _decoy_hash()
-        return await asyncio.to_thread(verify, encoded, secret) and entry is not None
+        return await check(entry["hash"] if entry is not None else None, secret)
 
     async def _authenticate_at_metadata_leader(
         self, req: api.AuthenticateRequest
@@ -1011,7 +1003,8 @@ class NodeCore:
         except TidelogError:
             return None
         try:
-            frame = await conn.request(ApiKey.AUTHENTICATE, api.encode(req), timeout_s=10.0)
+            forwarded = api.AuthenticateRequest(req.token, forwarded=True)
+            frame = await conn.request(ApiKey.AUTHENTICATE, api.encode(forwarded), timeout_s=10.0)
         except TidelogError:
             return None
         finally:

@@ -303,6 +303,7 @@ class PrincipalsResponse:
 @dataclass(frozen=True)
 class AuthenticateRequest:
     token: str  # NAME:SECRET
+    forwarded: bool = False  # from a node asking the metadata leader: never forwarded again
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidelog.errors import InvalidConfig
 from tidelog.tls import TlsFiles
@@ -105,7 +105,7 @@ class SourceOptions:
     table: str = ""
     fetch_max_bytes: int = FETCH_BYTES_DEFAULT
     tls: TlsFiles | None = None
-    token: str | None = None  # NAME:SECRET of a principal
+    token: str | None = field(default=None, repr=False)  # NAME:SECRET of a principal
 
     @staticmethod
     def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -205,7 +205,7 @@ class SinkOptions:
     chunk_records: int = 1000
     max_in_flight: int = 5  # chunks per partition sent before the first is acknowledged
     tls: TlsFiles | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:

@@ -41,7 +41,7 @@ class OffsetRange:
     skip_invalid: bool = False  # skipInvalidBatches
     columns: tuple[str, ...] = ()  # what the query's schema asks for; () = the default schema
     tls: TlsFiles | None = None
-    token: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def size(self) -> int:

@@ -42,6 +42,9 @@ from tidelog.protocol.framing import Frame, FrameDecoder, Kind
 from tidelog.tls import HANDSHAKE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
+# Pauses that also hold frames already received (not only the socket): too many requests in
+# flight, and a token being checked (what follows it is served as the principal it proves).
+HOLDING_PAUSES = frozenset({"inflight", "authenticating"})
 
 SMALL_FRAME_BYTES = 64 * 1024  # frames this small are read without a reservation
 EVICT_AFTER_S = 1.0  # a connection that did nothing for this long may make room for a new one
@@ -192,7 +195,7 @@ class FrameConnection(asyncio.Protocol):
         """Hand whole frames to on_frame until there are none, or until the connection may
         not take more (too many requests in flight): what is buffered waits for resume()."""
         try:
-            while self.open and "inflight" not in self._pauses:
+            while self.open and not HOLDING_PAUSES.intersection(self._pauses):
                 frame = self.decoder.next_frame()
                 if frame is None:
                     self._partial_frame()
@@ -258,7 +261,7 @@ class FrameConnection(asyncio.Protocol):
         del self._pauses[reason]
         if not self._pauses and self.transport is not None and self.open:
             self.transport.resume_reading()
-        if reason == "inflight" and self.decoder.pending_bytes:
+        if reason in HOLDING_PAUSES and self.decoder.pending_bytes:
             asyncio.get_running_loop().call_soon(self._pump)  # frames that arrived meanwhile
 
     def paused_since(self, reason: str) -> float | None:

@@ -25,6 +25,7 @@ from tidelog.node.core import NodeCore
 from tidelog.node.listeners.base import FrameConnection, Listener
 from tidelog.node.transport import tune_socket
 from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame, Kind
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,17 @@ class ClientConnection(FrameConnection):
         self._slots.append(slot)
         if len(self._slots) >= self.listener.limits.max_inflight_requests:
             self.pause("inflight")
+        if frame.api == ApiKey.AUTHENTICATE:
+            # Nothing more is read until the token is decided: a request sent after it is
+            # served as the principal it proves, never as who the connection was before.
+            self.pause("authenticating")
         try:
             request = api.decode(self.core.request_type(frame.api), frame.header)
             result = self.core.handle(self.principal, request, frame.payload)
         except TidelogError as exc:
             self._answer(slot, api.encode_error(exc))
+            if frame.api == ApiKey.AUTHENTICATE:
+                self.close()  # a connection whose token failed ends here
             return
         except Exception as exc:  # a bug must not take the connection's other requests with it
             if self._failed_stop(exc, frame.api):
@@ -109,6 +116,8 @@ class ClientConnection(FrameConnection):
             result = await pending
         except TidelogError as exc:
             self._answer(slot, api.encode_error(exc))
+            if slot.api == ApiKey.AUTHENTICATE:
+                self.close()  # a connection whose token failed ends here
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -116,10 +125,13 @@ class ClientConnection(FrameConnection):
                 return
             log.exception("request %s failed", slot.api)
             self._answer(slot, api.encode_error(TidelogError(f"internal error: {exc}")))
+            if slot.api == ApiKey.AUTHENTICATE:
+                self.close()
         else:
             if isinstance(result, api.AuthenticateResponse):
                 # The token held: this connection is that principal from now on.
                 self.principal = Principal.of_token(result.principal, self.principal)
+                self.resume("authenticating")
             self._answer(slot, *_encoded(result))
 
     def _answer(self, slot: _Slot, header: dict[str, Any], payload: Any = None) -> None:
