@@ -6,6 +6,7 @@ connection (over TLS, where it matters)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -94,10 +95,6 @@ async def check(encoded_hash: str | None, secret: str) -> bool:
     return held and encoded_hash is not None
 
 
-_decoy_hash: list[str] = []
-
-
+@functools.cache
 def _decoy() -> str:
-    if not _decoy_hash:
-        _decoy_hash.append(new_token("decoy")[1])
-    return _decoy_hash[0]
+    return new_token("decoy")[1]

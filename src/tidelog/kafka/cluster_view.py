@@ -40,7 +40,6 @@ class ClusterView:
         self._learning: dict[int, asyncio.Future[None]] = {}
         self._leaders: dict[tuple[str, int], tuple[int, int, float]] = {}  # -> leader, epoch, at
         self._connections: dict[int, NodeConnection] = {}
-        self._tls = core.config.tls_dialing  # other nodes' client listeners speak TLS too
 
     def close(self) -> None:
         for conn in self._connections.values():
@@ -57,7 +56,9 @@ class ClusterView:
             entry = self.core.registry.nodes().get(node)
             if entry is None:
                 raise TidelogError(f"node {node} is not in the registry")
-            conn = await NodeConnection.open((entry.host, entry.port), ASK_TIMEOUT_S, self._tls)
+            conn = await NodeConnection.open(
+                (entry.host, entry.port), ASK_TIMEOUT_S, self.core.config.tls_dialing
+            )
             self._connections[node] = conn
         frame = await conn.request(key, api.encode(request), timeout_s=timeout_s)
         assert frame is not None

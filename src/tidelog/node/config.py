@@ -19,6 +19,7 @@ the peer's client listener where its peer channel is.
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 import tomllib
@@ -151,9 +152,10 @@ class NodeConfig:
                 key="tls.client.auth",
             )
 
-    @property
+    @functools.cached_property
     def tls_dialing(self) -> ssl.SSLContext | None:
-        """How this node connects to other nodes (peer channel, discovery, join)."""
+        """How this node connects to other nodes (peer channel, discovery, join): made once,
+        not re-read from the PEM files at every dial."""
         return None if self.tls is None else self.tls.client_context()
 
     def check_batch_fits(self, max_message_bytes: int) -> None:
