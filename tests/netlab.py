@@ -97,6 +97,7 @@ class Lab:
                 *("--peer-listen", f"{PREFIX}.{n}:{PEER_PORT}", "--peers", peers),
                 *("--cluster-secret-file", str(self.secret), "--cluster-id", self.cluster_id),
                 *("--data", str(self.root / f"node-{n}"), "--log-level", "INFO"),
+                "--insecure",  # a private network of namespaces, no TLS: said out loud
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

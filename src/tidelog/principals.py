@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from argon2 import PasswordHasher, Type, extract_parameters
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from tidelog.acls import ANONYMOUS
 from tidelog.errors import AuthenticationFailed, InvalidRequest
 
 PRINCIPAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")  # fullmatch; no ":" (token)
@@ -30,10 +31,10 @@ PARALLELISM_MAX = 8
 
 
 def check_name(name: str) -> str:
-    if not PRINCIPAL_NAME.fullmatch(name):
+    if not PRINCIPAL_NAME.fullmatch(name) or name == ANONYMOUS:
         raise InvalidRequest(
             f"invalid principal name {name!r}: letters, digits and . _ @ - (at most 128), "
-            "starting with a letter or digit"
+            "starting with a letter or digit; not anonymous"
         )
     return name
 

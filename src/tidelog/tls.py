@@ -68,6 +68,12 @@ class TlsFiles:
             )
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if client_auth != "none":
+            # Under TLS 1.3 a client certificate is checked after the client's side of the
+            # handshake is done: a refused one resets the connection after the client has sent
+            # its first request, which it cannot tell from a crash. Under TLS 1.2 the refusal
+            # ends the handshake itself, before anything is sent (handshake_error).
+            context.maximum_version = ssl.TLSVersion.TLSv1_2
         self._load(context)
         context.verify_mode = CLIENT_AUTH[client_auth]
         return context
@@ -95,9 +101,11 @@ class TlsFiles:
             ) from None
 
 
-def handshake_error(exc: BaseException, address: str) -> AuthenticationFailed | None:
-    """The named error for a TLS handshake that failed while connecting, or None when exc is
-    not one (a refused or reset connection stays a NetworkError)."""
+def handshake_error(
+    exc: BaseException, address: str, in_handshake: bool = False
+) -> AuthenticationFailed | None:
+    """The named error for a TLS handshake that failed, or None when exc is not one (a refused
+    connection, or a reset outside the handshake, stays a NetworkError)."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         return AuthenticationFailed(
             f"the certificate of {address} does not verify: {exc.verify_message}",
@@ -106,6 +114,14 @@ def handshake_error(exc: BaseException, address: str) -> AuthenticationFailed | 
     if isinstance(exc, ssl.SSLError):
         return AuthenticationFailed(
             f"TLS handshake with {address} failed: {exc.reason or exc}", address=address
+        )
+    if in_handshake and isinstance(exc, ConnectionResetError):
+        # The node accepted the connection and dropped it within the handshake: what a node
+        # does with a client certificate it does not trust (its alert is lost in the reset).
+        return AuthenticationFailed(
+            f"{address} ended the TLS handshake: it does not accept this client's certificate "
+            "(signed by a CA the node does not trust?)",
+            address=address,
         )
     return None
 

@@ -121,6 +121,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="with TLS: whether client listeners ask clients for a certificate signed by "
         "--tls-ca (Kafka's ssl.client.auth; default none). Between nodes TLS is always mutual",
     )
+    serve.add_argument(
+        "--authorization",
+        choices=["none", "acl"],
+        help="acl: every request needs a permission granted by `tidelog acl` (or a super "
+        "user); none (default): every client may do everything",
+    )
+    serve.add_argument(
+        "--super-user",
+        action="append",
+        help="a principal that may do everything (a token name or a certificate subject such "
+        "as CN=admin; repeatable; Kafka's super.users)",
+    )
+    serve.add_argument(
+        "--admin-token-file",
+        type=Path,
+        help="a file holding NAME:SECRET: a super user's token this node accepts by itself, "
+        "for a new cluster's first admin",
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="listen beyond loopback without TLS and ACLs: anyone who can connect may do anything",
+    )
     serve.add_argument("--config", type=Path, help="TOML file with the same keys")
     serve.add_argument(
         "--event-loop",
@@ -241,26 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_partitions_command(sub, with_bootstrap)
 
-    principals = sub.add_parser(
-        "principals", help="add, list and remove principals (who authenticates with a token)"
-    )
-    psub = principals.add_subparsers(dest="principals_command")
-    padd = with_bootstrap(
-        psub.add_parser(
-            "add",
-            help="add a principal (or give it a new token); prints its token NAME:SECRET once",
-        )
-    )
-    padd.add_argument("name")
-    padd.set_defaults(func=cmd_principals)
-    plist = with_bootstrap(psub.add_parser("list", help="every principal (never a secret)"))
-    plist.add_argument("--json", action="store_true")
-    plist.set_defaults(func=cmd_principals)
-    premove = with_bootstrap(
-        psub.add_parser("remove", help="remove a principal: its token stops working")
-    )
-    premove.add_argument("name")
-    premove.set_defaults(func=cmd_principals)
+    from tidelog.cli.access import add_access_commands
+
+    add_access_commands(sub, with_bootstrap)
 
     certs = sub.add_parser(
         "dev-certs",
@@ -287,33 +293,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- serve --------------------------------------------------------------------------------------
-
-
-def cmd_principals(args: argparse.Namespace) -> int:
-    async def run() -> int:
-        async with client_of(args) as client:
-            if args.principals_command == "add":
-                print(await client.add_principal(args.name))
-                print(
-                    f"principal {args.name}: keep this token; it is not shown again",
-                    file=sys.stderr,
-                )
-            elif args.principals_command == "remove":
-                await client.remove_principal(args.name)
-            else:
-                found = await client.principals()
-                if args.json:
-                    print(json.dumps(found))
-                else:
-                    print(f"{'PRINCIPAL':40} CREATED")
-                    for p in found:
-                        created = time.strftime(
-                            "%Y-%m-%d %H:%M:%S", time.gmtime(p["created_ms"] / 1000)
-                        )
-                        print(f"{p['name']:40} {created}")
-        return 0
-
-    return run_loop(run())
 
 
 def cmd_dev_certs(args: argparse.Namespace) -> int:
@@ -354,6 +333,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("tls_cert", args.tls_cert),
         ("tls_key", args.tls_key),
         ("tls_client_auth", args.tls_client_auth),
+        ("authorization", args.authorization),
+        ("super_users", args.super_user),
+        ("admin_token_file", args.admin_token_file),
+        ("insecure", args.insecure or None),
     ):
         if value is not None:
             values[key] = value

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tidelog.acls import Acl
 from tidelog.client.coalescing import Coalescer
 from tidelog.client.connection import NodeConnection
 from tidelog.client.results import ProduceResult as ProduceResult
@@ -735,6 +736,41 @@ class AsyncClient:
 
     async def remove_principal(self, name: str) -> None:
         await self._to_metadata_leader(ApiKey.PRINCIPALS, api.PrincipalsRequest("remove", name))
+
+    async def add_acl(
+        self,
+        principal: str,
+        permission: str,
+        topic: str | None = None,
+        *,
+        prefix: str | None = None,
+        cluster: bool = False,
+    ) -> dict[str, Any]:
+        """Grant principal a permission (read, write, admin) on a topic, on every topic whose
+        name starts with prefix, or admin on the cluster. Adding one twice keeps one."""
+        acl = Acl.of(principal, permission, topic, prefix, cluster)
+        request = api.AclsRequest("add", acl.to_wire())
+        header = await self._to_metadata_leader(ApiKey.ACLS, request)
+        return dict(api.decode(api.AclsResponse, header).acls[0])
+
+    async def acls(self, principal: str | None = None) -> list[dict[str, Any]]:
+        """Every ACL (or one principal's): principal, permission, resource (topic|cluster),
+        name, pattern (literal|prefix)."""
+        request = api.AclsRequest("list", principal=principal or "")
+        header, _ = await self._any_node(ApiKey.ACLS, request)
+        return list(api.decode(api.AclsResponse, header).acls)
+
+    async def remove_acl(
+        self,
+        principal: str,
+        permission: str,
+        topic: str | None = None,
+        *,
+        prefix: str | None = None,
+        cluster: bool = False,
+    ) -> None:
+        acl = Acl.of(principal, permission, topic, prefix, cluster)
+        await self._to_metadata_leader(ApiKey.ACLS, api.AclsRequest("remove", acl.to_wire()))
 
     async def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
         op = "describe" if name else "list"

@@ -46,7 +46,9 @@ class NodeConnection(asyncio.Protocol):
                 timeout_s,
             )
         except (OSError, TimeoutError) as exc:
-            failed = handshake_error(exc, f"{address[0]}:{address[1]}")
+            failed = None
+            if tls is not None:
+                failed = handshake_error(exc, f"{address[0]}:{address[1]}", in_handshake=True)
             if failed is not None:
                 raise failed from None
             raise NetworkError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc

@@ -221,6 +221,35 @@ class Client:
     def remove_principal(self, name: str) -> None:
         self._run(self._async.remove_principal(name))
 
+    def add_acl(
+        self,
+        principal: str,
+        permission: str,
+        topic: str | None = None,
+        *,
+        prefix: str | None = None,
+        cluster: bool = False,
+    ) -> dict[str, Any]:
+        return self._run(
+            self._async.add_acl(principal, permission, topic, prefix=prefix, cluster=cluster)
+        )
+
+    def acls(self, principal: str | None = None) -> list[dict[str, Any]]:
+        return self._run(self._async.acls(principal))
+
+    def remove_acl(
+        self,
+        principal: str,
+        permission: str,
+        topic: str | None = None,
+        *,
+        prefix: str | None = None,
+        cluster: bool = False,
+    ) -> None:
+        self._run(
+            self._async.remove_acl(principal, permission, topic, prefix=prefix, cluster=cluster)
+        )
+
     def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.cursors(name))
 

@@ -24,10 +24,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from tidelog.acls import Resource
 from tidelog.errors import (
     CursorInvalidated,
     InvalidRequest,
     NetworkError,
+    NotAuthorized,
     NotLeader,
     TidelogError,
     TopicAlreadyExists,
@@ -110,6 +112,19 @@ def group_cursors(state: MetadataState, group: str) -> list[Cursor]:
     return sorted(found, key=lambda c: c.topic)
 
 
+# Kafka requests the core does not authorize, by api key: consumer-group membership
+# (JoinGroup, Heartbeat, LeaveGroup, SyncGroup, ListGroups; DescribeGroups answers per group)
+# and InitProducerId. FindCoordinator is open: it names a node, as Metadata does.
+KAFKA_ONLY_OPERATIONS = {
+    **dict.fromkeys((11, 12, 13, 14, 16), Operation.GROUP),
+    22: Operation.PRODUCER_ID,
+}
+
+
+class NotControllerHere(TidelogError):
+    """Internal: an admin request this node may not forward (see KafkaBroker._admin)."""
+
+
 class KafkaBroker:
     """One node's Kafka face: request handlers over the node core."""
 
@@ -152,6 +167,11 @@ class KafkaBroker:
         self.view.close()
 
     async def handle(self, principal: Principal, request: KafkaRequest) -> Answer:
+        # What the core does not see (groups' membership, producer ids) is authorized here;
+        # everything else is, by the core, as it is for tidelog's protocol.
+        operation = KAFKA_ONLY_OPERATIONS.get(request.api_key)
+        if operation is not None:
+            self.core.access.authorize(principal, operation, Resource.cluster())
         return await self.handlers[request.api_key](principal, request)
 
     async def _call(self, principal: Principal, request: Any, payload: bytes = b"") -> Any:
@@ -171,11 +191,18 @@ class KafkaBroker:
             try:
                 if leader == self.core.node_id or leader < 0:
                     await self._call(principal, request)
+                elif self.core.access.enforced:
+                    # A forwarded request would reach the leader as this node, not as the
+                    # principal: the client is sent to the controller (NOT_CONTROLLER) instead.
+                    self.core.authorize(principal, request)
+                    raise NotControllerHere(f"node {leader} is the controller")
                 else:
                     self.core.authorize(principal, request)  # here, before it leaves
                     key = FORWARDED[type(request)]
                     await self.view.ask(leader, key, request, timeout_s=ADMIN_TIMEOUT_S)
                 return
+            except NotControllerHere as exc:
+                raise NotLeader(exc.message, leader_hint=leader) from None
             except (NotLeader, NetworkError):
                 if loop.time() > deadline:
                     raise
@@ -368,7 +395,6 @@ class KafkaBroker:
                 "producer_id": -1,
                 "producer_epoch": -1,
             }
-        self.core.access.authorize(principal, Operation.WRITE, "cluster")
         return {
             "throttle_time_ms": 0,
             "error_code": kerr.NONE,
@@ -831,14 +857,16 @@ class KafkaBroker:
                 "authorized_operations": NO_AUTHORIZED_OPERATIONS,
             }
             try:
+                self.core.access.authorize(principal, Operation.GROUP, Resource.cluster())
                 self._check_coordinator()
                 entry.update(self.groups.describe(group_id))
                 if entry["group_state"] == "Dead" and group_cursors(self.core.metadata, group_id):
                     entry["group_state"] = "Empty"  # offsets kept, no member
                     entry["protocol_type"] = "consumer"
-            except GroupError as exc:
+            except (GroupError, NotAuthorized) as exc:
+                code = exc.code if isinstance(exc, GroupError) else kerr.kafka_code(exc)
                 entry.update(
-                    {"group_id": group_id, "error_code": exc.code, "group_state": "", "members": []}
+                    {"group_id": group_id, "error_code": code, "group_state": "", "members": []}
                 )
             groups.append(entry)
         return {"throttle_time_ms": 0, "groups": groups}
@@ -971,6 +999,14 @@ class KafkaBroker:
             cursor = state.cursors.get(group_cursor(state, body.group_id, name))
             positions = cursor.positions if cursor is not None and cursor.topic == name else {}
             listed = sorted(positions) if partitions is None else partitions
+            # A group's offsets are read on their topic, as its cursor's are.
+            code = kerr.NONE
+            try:
+                self.core.access.authorize(principal, Operation.READ, Resource.topic(name))
+            except TidelogError as exc:
+                if partitions is None:
+                    continue  # all of a group's topics: those one may read
+                code, positions = kerr.kafka_code(exc), {}
             topics.append(
                 {
                     "name": name,
@@ -980,7 +1016,7 @@ class KafkaBroker:
                             "committed_offset": positions.get(p, -1),
                             "committed_leader_epoch": -1,
                             "metadata": "",
-                            "error_code": kerr.NONE,
+                            "error_code": code,
                         }
                         for p in listed
                     ],

@@ -171,6 +171,16 @@ def encode_response(
     return bytes(data)
 
 
+def error_answer(api_key: int, api_version: int, correlation_id: int, code: int) -> bytes | None:
+    """A response carrying only a top-level error code, for the APIs whose responses have one
+    (JoinGroup, SyncGroup, InitProducerId, ...); None for those that report errors per topic or
+    partition."""
+    schema = _schema("response", api_key, api_version)[0]
+    if "error_code" not in {f.name for f in dataclasses.fields(schema)}:
+        return None
+    return encode_response(api_key, api_version, correlation_id, {"error_code": code})
+
+
 def unsupported_api_versions(correlation_id: int) -> bytes:
     """ApiVersions v0 with UNSUPPORTED_VERSION and what is served: Kafka's answer to an
     ApiVersions version it does not know, so that newer clients can retry with an older one."""

@@ -122,6 +122,11 @@ def kafka_code(error: TidelogError, not_leader: int = NOT_LEADER_OR_FOLLOWER) ->
     for group requests)."""
     if isinstance(error, NotLeader):
         return not_leader
+    if isinstance(error, NotAuthorized):
+        if error.details.get("operation") == "use consumer groups":
+            return 30  # GROUP_AUTHORIZATION_FAILED
+        if error.details.get("resource") == "cluster":
+            return 31  # CLUSTER_AUTHORIZATION_FAILED
     if isinstance(error, NotEnoughReplicas) and error.details.get("appended"):
         return NOT_ENOUGH_REPLICAS_AFTER_APPEND
     for cls in type(error).__mro__:

@@ -16,7 +16,7 @@ import collections
 import logging
 from typing import Any
 
-from tidelog.errors import InvalidRequest, TidelogError
+from tidelog.errors import AuthenticationFailed, InvalidRequest, NotAuthorized, TidelogError
 from tidelog.kafka.broker import KafkaBroker
 from tidelog.kafka.codec import (
     API_VERSIONS,
@@ -24,9 +24,11 @@ from tidelog.kafka.codec import (
     KafkaRequest,
     UnsupportedVersion,
     encode_response,
+    error_answer,
     parse_request,
     unsupported_api_versions,
 )
+from tidelog.kafka.errors import kafka_code
 from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
 from tidelog.node.listeners.base import ConnectionLimits, FrameConnection, Listener
@@ -91,9 +93,18 @@ class KafkaConnection(FrameConnection):
             raise
         except TidelogError as exc:
             # Handlers turn per-partition errors into codes; one that escapes is about the
-            # whole request (not authorized, malformed): the connection ends, as in Kafka.
+            # whole request. Refused permission is answered where the response has a place
+            # for it (GROUP_/CLUSTER_AUTHORIZATION_FAILED); otherwise the connection ends.
             log.warning("kafka request %s from %s refused: %s", request.api_key, self.address, exc)
-            self.drop("refused")
+            answer = None
+            if isinstance(exc, NotAuthorized | AuthenticationFailed):
+                answer = error_answer(
+                    request.api_key, request.api_version, request.correlation_id, kafka_code(exc)
+                )
+            if answer is None:
+                self.drop("refused")
+            else:
+                self._answer(slot, answer)
             return
         except Exception as exc:
             self.broker.core.fail_stop.check(exc, f"kafka api {request.api_key}")

@@ -1,20 +1,25 @@
 """Who is asking, and may they: the one place every request passes before it reaches the core.
 
-A listener authenticates (today: a client connection is anonymous; a peer connection is the node
-id its handshake proved) and hands the core a Principal; the core calls `Access.authorize` once,
-before it acts. Listeners never decide permissions themselves, so a new listener (Kafka, HTTP)
-cannot bypass them.
+A listener authenticates (a TLS client certificate's subject, a token, or anonymous; a peer
+connection is the node id its handshake proved) and hands the core a Principal; the core calls
+`Access.authorize` once, before it acts. Listeners never decide permissions themselves, so a new
+listener (Kafka, HTTP) cannot bypass them.
 
-Today's policy: clients may make every client request; only authenticated peers may replicate
-(one-way replication and cursor-invalidation messages). Per-topic ACLs take this same entry.
+Two policies (a node's `authorization`):
+- none (the default; a node that listens beyond loopback refuses to start with it unless told
+  --insecure): every client may make every client request, except take over another
+  principal's token.
+- acl: what ACLs in the metadata log grant (tidelog/acls.py); super users may do everything.
+In both, only authenticated peers replicate.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from tidelog.acls import ANONYMOUS, Acl, Permission, Resource, ResourceKind, permitted
 from tidelog.errors import AuthenticationFailed, NotAuthorized
 from tidelog.tls import peer_subject
 
@@ -29,14 +34,37 @@ CLIENT_LISTENERS = frozenset({Listener.CLIENT, Listener.KAFKA})
 
 
 class Operation(enum.Enum):
-    READ = "read"  # fetch, list offsets, table reads, cursor reads
+    CONNECT = "connect"  # api versions, authenticate: what a connection needs before all else
+    DESCRIBE = "describe"  # metadata, status, the cluster's nodes, cursor names
+    READ = "read"  # fetch, list offsets, table reads, cursors and groups on a topic
     WRITE = "write"  # produce
-    DESCRIBE = "describe"  # metadata, status, api versions
-    CREATE = "create"  # create topics
-    ALTER = "alter"  # cursors: create, commit, delete, invalidate
-    DELETE = "delete"  # delete-records
-    REPLICATE = "replicate"  # replication and cursor-invalidation messages between peers
+    CREATE = "create"  # create a topic
+    ALTER = "alter"  # alter a topic's configs or partitions or replicas; the cluster's nodes
+    DELETE = "delete"  # delete a topic or its records
+    GRANT = "grant"  # add, list, remove ACLs
+    # Kafka's consumer-group membership and producer ids: they name no topic, so they need
+    # read (groups) or write (producer ids) on some topic; offsets need read on their topic.
+    GROUP = "use consumer groups"
+    PRODUCER_ID = "get a producer id"
     PRINCIPAL = "principal"  # add (or renew), list, remove principals' tokens
+    REPLICATE = "replicate"  # replication and cursor-invalidation messages between peers
+
+
+# What an operation needs under ACLs (CONNECT and DESCRIBE need nothing, REPLICATE a peer,
+# PRINCIPAL is decided by whose token it is).
+NEEDS = {
+    Operation.READ: Permission.READ,
+    Operation.WRITE: Permission.WRITE,
+    Operation.CREATE: Permission.ADMIN,
+    Operation.ALTER: Permission.ADMIN,
+    Operation.DELETE: Permission.ADMIN,
+    Operation.GRANT: Permission.ADMIN,
+}
+
+
+class Authorization(enum.Enum):
+    NONE = "none"
+    ACL = "acl"
 
 
 @dataclass(frozen=True)
@@ -50,7 +78,7 @@ class Principal:
 
     @staticmethod
     def anonymous(address: str, listener: Listener = Listener.CLIENT) -> Principal:
-        return Principal("anonymous", listener, address)
+        return Principal(ANONYMOUS, listener, address)
 
     @staticmethod
     def of_connection(
@@ -65,7 +93,7 @@ class Principal:
         refused = ""
         if required and not subject:
             refused = "this listener requires a client certificate (tls.client.auth=required)"
-        return Principal(subject or "anonymous", listener, address, refused=refused)
+        return Principal(subject or ANONYMOUS, listener, address, refused=refused)
 
     @staticmethod
     def of_token(name: str, connection: Principal) -> Principal:
@@ -78,35 +106,78 @@ class Principal:
 
 
 class Access:
-    def __init__(self, principal_exists: Callable[[str], bool] = lambda name: False) -> None:
-        self.denied = 0
+    def __init__(
+        self,
+        authorization: Authorization = Authorization.NONE,
+        super_users: Iterable[str] = (),
+        acls: Callable[[], Iterable[Acl]] = lambda: (),
+        principal_exists: Callable[[str], bool] = lambda name: False,
+    ) -> None:
+        self.authorization = authorization
+        self.super_users = frozenset(super_users)
+        self.acls = acls
         self.principal_exists = principal_exists
+        self.denied = 0
 
-    def authorize(self, principal: Principal, operation: Operation, resource: str) -> None:
+    @property
+    def enforced(self) -> bool:
+        return self.authorization is Authorization.ACL
+
+    def authorize(
+        self, principal: Principal, operation: Operation, resource: Resource, target: str = ""
+    ) -> None:
+        """Refuses (AuthenticationFailed, NotAuthorized) unless principal may do operation on
+        resource. target: for PRINCIPAL, whose token is added or removed."""
         if principal.refused:
             self.denied += 1
             raise AuthenticationFailed(principal.refused, principal=principal.name)
-        allowed = (
-            principal.peer_id is not None
-            if operation is Operation.REPLICATE
-            else principal.listener in CLIENT_LISTENERS
-        )
-        if (
-            allowed
-            and operation is Operation.PRINCIPAL
-            and resource
-            and resource != principal.name
-            and self.principal_exists(resource)
-        ):
-            # Until ACLs name cluster admins, only a principal itself renews or removes its
-            # token: nobody else can take it over.
-            allowed = False
-        if not allowed:
+        if not self.allows(principal, operation, resource, target):
             self.denied += 1
+            if operation is Operation.PRINCIPAL:
+                what = f" principal {target!r}"
+            elif operation in (Operation.GROUP, Operation.PRODUCER_ID):
+                what = ""
+            else:
+                what = f" {resource}"
             raise NotAuthorized(
                 f"{principal.name} ({principal.listener.value} listener) may not "
-                f"{operation.value} {resource}",
+                f"{operation.value}{what}",
                 principal=principal.name,
                 operation=operation.value,
-                resource=resource,
+                resource=resource.kind.value,
+                name=target or resource.name,
             )
+
+    def allows(
+        self, principal: Principal, operation: Operation, resource: Resource, target: str = ""
+    ) -> bool:
+        if operation is Operation.REPLICATE:
+            return principal.peer_id is not None
+        if principal.listener not in CLIENT_LISTENERS:
+            return False
+        if operation in (Operation.CONNECT, Operation.DESCRIBE):
+            return True
+        if operation is Operation.PRINCIPAL:
+            if target == principal.name and principal.name != ANONYMOUS:
+                return True  # renew or remove one's own token
+            if not self.enforced:
+                # Without ACLs nobody is cluster admin, so nobody takes over another's token.
+                return not self.principal_exists(target)
+            return self.is_cluster_admin(principal)
+        if not self.enforced:
+            return True
+        if principal.name in self.super_users:
+            return True
+        if operation in (Operation.GROUP, Operation.PRODUCER_ID):
+            wanted = Permission.READ if operation is Operation.GROUP else Permission.WRITE
+            return any(
+                a.applies_to(principal.name)
+                and (a.kind is ResourceKind.CLUSTER or a.permission is wanted)
+                for a in self.acls()
+            )
+        return permitted(list(self.acls()), principal.name, NEEDS[operation], resource)
+
+    def is_cluster_admin(self, principal: Principal) -> bool:
+        return principal.name in self.super_users or permitted(
+            list(self.acls()), principal.name, Permission.ADMIN, Resource.cluster()
+        )

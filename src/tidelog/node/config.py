@@ -20,6 +20,7 @@ the peer's client listener where its peer channel is.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import ssl
 import tomllib
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.config import InvalidConfig, TopicConfig
+from tidelog.node.access import Authorization
+from tidelog.principals import check_name
 from tidelog.tls import TlsFiles
 
 MiB = 1024 * 1024
@@ -113,6 +116,13 @@ class NodeConfig:
     # -- TLS (tidelog/tls.py): every listener, and the node's own dialing, when given -------
     tls: TlsFiles | None = None
     tls_client_auth: str = "none"  # tls.client.auth on client listeners: none|requested|required
+    # -- who may do what (node/access.py, tidelog/acls.py) ------------------------------------
+    authorization: Authorization = Authorization.NONE
+    super_users: frozenset[str] = frozenset()  # Kafka's super.users: may do everything
+    # The bootstrap super user's token (--admin-token-file), NAME and SECRET: checked by this
+    # node alone, so a new cluster's first admin needs no principal in the metadata log yet.
+    admin_token: tuple[str, str] | None = field(default=None, repr=False)
+    insecure: bool = False  # listen beyond loopback without TLS and ACLs, said out loud
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -151,6 +161,42 @@ class NodeConfig:
                 "tls.client.auth needs TLS (--tls-cert, --tls-key, --tls-ca)",
                 key="tls.client.auth",
             )
+
+        self.check_exposure()
+
+    def check_exposure(self) -> None:
+        """A node reachable from other machines must say who may do what: TLS and ACLs, or
+        --insecure."""
+        wide = [
+            f"{name} {host}"
+            for name, address in (
+                ("--listen", self.listen),
+                ("--peer-listen", self.peer_listen),
+                ("--kafka-listen", self.kafka_listen),
+            )
+            if address is not None and not is_loopback(host := address[0])
+        ]
+        if not wide or self.insecure:
+            return
+        missing = [
+            what
+            for what, absent in (
+                ("TLS (--tls-cert, --tls-key, --tls-ca)", self.tls is None),
+                ("--authorization acl", self.authorization is not Authorization.ACL),
+            )
+            if absent
+        ]
+        if missing:
+            raise InvalidConfig(
+                f"{', '.join(wide)} is reachable beyond this machine: it needs "
+                f"{' and '.join(missing)}, or --insecure to serve anyone who connects",
+                key="insecure",
+            )
+
+    @property
+    def all_super_users(self) -> frozenset[str]:
+        admin = frozenset() if self.admin_token is None else frozenset({self.admin_token[0]})
+        return self.super_users | admin
 
     @functools.cached_property
     def tls_dialing(self) -> ssl.SSLContext | None:
@@ -193,6 +239,31 @@ class NodeConfig:
         if self.node_id in peers:
             peers[self.node_id] = (peers[self.node_id][0], port)
         return replace(self, listen=(self.listen[0], port), peers=peers)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+def read_admin_token(path: Path) -> tuple[str, str]:
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise InvalidConfig(
+            f"cannot read the admin token {path}: {exc}", key="admin_token_file"
+        ) from exc
+    name, sep, secret = text.partition(":")
+    if not sep or len(secret) < 16:
+        raise InvalidConfig(
+            f"the admin token file {path} must hold NAME:SECRET, a secret of 16 characters or more",
+            key="admin_token_file",
+        )
+    return check_name(name), secret
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -289,6 +360,23 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
     client_auth = values.get("tls_client_auth") or values.get("tls.client.auth")
     if client_auth:
         kwargs["tls_client_auth"] = str(client_auth)
+    authorization = values.get("authorization")
+    if authorization:
+        try:
+            kwargs["authorization"] = Authorization(str(authorization))
+        except ValueError:
+            raise InvalidConfig(
+                f"authorization must be none or acl, not {authorization!r}", key="authorization"
+            ) from None
+    supers = values.get("super_users") or values.get("super.users") or []
+    if isinstance(supers, str):
+        supers = [s for s in supers.split(";") if s.strip()]  # Kafka's separator
+    kwargs["super_users"] = frozenset(str(s).strip() for s in supers)
+    admin_file = values.get("admin_token_file")
+    if admin_file:
+        kwargs["admin_token"] = read_admin_token(Path(str(admin_file)))
+    if values.get("insecure"):
+        kwargs["insecure"] = True
     secret_file = values.get("cluster_secret_file")
     if secret_file:
         kwargs["cluster_secret"] = read_secret(Path(str(secret_file)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hmac
 import json
 import logging
 import time
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidelog import __version__
+from tidelog.acls import Acl, Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
     AuthenticationFailed,
@@ -98,6 +100,20 @@ REQUEST_TIMEOUT_MS_MAX = 300_000
 PeerSender = Callable[[int, ApiKey, dict[str, Any], Any], None]
 Result = Any  # an api response, (response, payload), an awaitable of either, or None
 Handler = Callable[[Any, bytes], Result]
+# What a request does, to which resource (and for principals' tokens, whose): for Access.
+Scope = Callable[[Any], tuple[Operation, Resource, str]]
+
+
+def on_topic(operation: Operation, field: str) -> Scope:
+    return lambda request: (operation, Resource.topic(str(getattr(request, field))), "")
+
+
+def on_cluster(operation: Operation) -> Scope:
+    return lambda request: (operation, Resource.cluster(), "")
+
+
+def principal_scope(req: api.PrincipalsRequest) -> tuple[Operation, Resource, str]:
+    return Operation.PRINCIPAL, Resource.cluster(), "" if req.op == "list" else req.name
 
 
 class NodeCore:
@@ -111,7 +127,12 @@ class NodeCore:
         self.node_id = config.node_id
         self.send_to_peer = send_to_peer
         self.describe_listeners = describe_listeners
-        self.access = Access(lambda name: name in self.metadata.principals)
+        self.access = Access(
+            config.authorization,
+            config.all_super_users,
+            lambda: self.metadata.acls.values(),
+            lambda name: name in self.metadata.principals,
+        )
         self.counters = Counters()
         self.hosts: dict[str, PartitionHost] = {}
         self.topics = TopicReplicas(self)
@@ -140,28 +161,35 @@ class NodeCore:
         self._background_proposals: set[str] = set()
         self._storage_bytes = 0
         self._storage_checked = 0.0
-        # request type -> (handler, operation, which request field names the resource)
-        self._handlers: dict[type[Any], tuple[Handler, Operation, str]] = {
-            api.ProduceRequest: (self._produce, Operation.WRITE, "topic"),
-            api.FetchRequest: (self._fetch, Operation.READ, "topic"),
-            api.ListOffsetsRequest: (self._list_offsets, Operation.READ, "topic"),
-            api.MetadataRequest: (self._metadata, Operation.DESCRIBE, ""),
-            api.CreateTopicRequest: (self._create_topic, Operation.CREATE, "name"),
-            api.DeleteTopicRequest: (self._delete_topic, Operation.DELETE, "name"),
-            api.AlterTopicRequest: (self._alter_topic, Operation.ALTER, "name"),
-            api.CreatePartitionsRequest: (self._create_partitions, Operation.ALTER, "name"),
-            api.ReassignPartitionRequest: (self._reassign_partition, Operation.ALTER, "topic"),
-            api.StatusRequest: (self._status, Operation.DESCRIBE, ""),
-            api.ApiVersionsRequest: (self._api_versions, Operation.DESCRIBE, ""),
-            api.CursorRequest: (self._cursor, Operation.ALTER, "name"),
-            api.DeleteRecordsRequest: (self._delete_records, Operation.DELETE, "topic"),
-            api.TableRequest: (self._table, Operation.READ, "topic"),
-            api.ElectLeadersRequest: (self._elect_leaders, Operation.ALTER, "topic"),
-            api.DescribeClusterRequest: (self._describe_cluster, Operation.DESCRIBE, ""),
-            api.AddNodeRequest: (self._add_node, Operation.ALTER, ""),
-            api.RemoveNodeRequest: (self._remove_node, Operation.ALTER, ""),
-            api.PrincipalsRequest: (self._principals, Operation.PRINCIPAL, "name"),
-            api.AuthenticateRequest: (self._authenticate, Operation.DESCRIBE, ""),
+        # request type -> (handler, what it does to which resource)
+        self._handlers: dict[type[Any], tuple[Handler, Scope]] = {
+            api.ProduceRequest: (self._produce, on_topic(Operation.WRITE, "topic")),
+            api.FetchRequest: (self._fetch, on_topic(Operation.READ, "topic")),
+            api.ListOffsetsRequest: (self._list_offsets, on_topic(Operation.READ, "topic")),
+            api.MetadataRequest: (self._metadata, on_cluster(Operation.DESCRIBE)),
+            api.CreateTopicRequest: (self._create_topic, on_topic(Operation.CREATE, "name")),
+            api.DeleteTopicRequest: (self._delete_topic, on_topic(Operation.DELETE, "name")),
+            api.AlterTopicRequest: (self._alter_topic, on_topic(Operation.ALTER, "name")),
+            api.CreatePartitionsRequest: (
+                self._create_partitions,
+                on_topic(Operation.ALTER, "name"),
+            ),
+            api.ReassignPartitionRequest: (
+                self._reassign_partition,
+                on_topic(Operation.ALTER, "topic"),
+            ),
+            api.StatusRequest: (self._status, on_cluster(Operation.DESCRIBE)),
+            api.ApiVersionsRequest: (self._api_versions, on_cluster(Operation.CONNECT)),
+            api.CursorRequest: (self._cursor, self._cursor_scope),
+            api.DeleteRecordsRequest: (self._delete_records, on_topic(Operation.DELETE, "topic")),
+            api.TableRequest: (self._table, on_topic(Operation.READ, "topic")),
+            api.ElectLeadersRequest: (self._elect_leaders, on_topic(Operation.ALTER, "topic")),
+            api.DescribeClusterRequest: (self._describe_cluster, on_cluster(Operation.DESCRIBE)),
+            api.AddNodeRequest: (self._add_node, on_cluster(Operation.ALTER)),
+            api.RemoveNodeRequest: (self._remove_node, on_cluster(Operation.ALTER)),
+            api.PrincipalsRequest: (self._principals, principal_scope),
+            api.AuthenticateRequest: (self._authenticate, on_cluster(Operation.CONNECT)),
+            api.AclsRequest: (self._acls, on_cluster(Operation.GRANT)),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -343,7 +371,9 @@ class NodeCore:
     ) -> None:
         """A one-way message on an authenticated peer connection. Its sender is the
         connection's node id; the core drops messages whose own identity fields disagree."""
-        self.access.authorize(principal, Operation.REPLICATE, str(header.get("group", "")))
+        self.access.authorize(
+            principal, Operation.REPLICATE, Resource.topic(str(header.get("group", "")))
+        )
         sender = principal.peer_id
         assert sender is not None
         if key == ApiKey.REPLICATION:
@@ -441,10 +471,17 @@ class NodeCore:
         entry = self._handlers.get(type(request))
         if entry is None:
             raise UnsupportedApi(f"{type(request).__name__} is not a request the core serves")
-        handler, operation, field = entry
-        resource = str(getattr(request, field, "")) if field else "cluster"
-        self.access.authorize(principal, operation, resource)
+        handler, scope = entry
+        self.access.authorize(principal, *scope(request))
         return handler
+
+    def _cursor_scope(self, req: api.CursorRequest) -> tuple[Operation, Resource, str]:
+        """Cursors are read on their topic: to create, commit, describe, delete or invalidate
+        one needs read on the topic it follows (as a Kafka group's offsets need read)."""
+        if req.op == "list":
+            return Operation.DESCRIBE, Resource.cluster(), ""
+        topic = req.topic if req.op == "create" else self.metadata.cursor(req.name).topic
+        return Operation.READ, Resource.topic(topic), ""
 
     @property
     def api_keys(self) -> list[int]:
@@ -951,11 +988,31 @@ class NodeCore:
             [] if found is None else [{"name": name, "created_ms": found["created_ms"]}]
         )
 
+    async def _acls(self, req: api.AclsRequest, payload: bytes) -> api.AclsResponse:
+        if req.op == "list":
+            found = [a for a in self.metadata.acls.values() if req.principal in ("", a.principal)]
+            return api.AclsResponse([a.to_wire() for a in sorted(found, key=lambda a: a.key)])
+        if req.op not in ("add", "remove"):
+            raise InvalidRequest(f"unknown acl op {req.op!r}")
+        acl = Acl.from_wire(req.acl)
+        if req.op == "remove" and acl.key not in self.metadata.acls:
+            raise InvalidRequest(f"no such ACL: {acl}")
+        command = {"type": f"{'put' if req.op == 'add' else 'remove'}_acl", "acl": acl.to_wire()}
+        await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
+        return api.AclsResponse([acl.to_wire()])
+
     async def _authenticate(
         self, req: api.AuthenticateRequest, payload: bytes
     ) -> api.AuthenticateResponse:
         """Checks a token; the listener makes the connection that principal on success."""
         name, secret = token_name(req.token)
+        admin = self.config.admin_token
+        if admin is not None and name == admin[0]:
+            # The bootstrap super user (--admin-token-file): decided by the node's own file.
+            if hmac.compare_digest(secret.encode(), admin[1].encode()):
+                return api.AuthenticateResponse(name)
+            self.access.denied += 1
+            raise AuthenticationFailed(f"the token of {name!r} is not valid", principal=name)
         deadline = time.monotonic() + AUTHENTICATE_WAIT_S
         while True:
             host = self.metadata_host

@@ -46,6 +46,7 @@ class ApiKey(enum.IntEnum):
     REASSIGNMENT = 107  # a partition leader tells the metadata leader a move is done
     PRINCIPALS = 108  # add, list, remove principals (tokens)
     AUTHENTICATE = 109  # a connection proves its principal with a token (Kafka: SaslAuthenticate)
+    ACLS = 110  # add, list, remove ACLs (Kafka: CreateAcls, DescribeAcls, DeleteAcls)
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -312,6 +313,18 @@ class AuthenticateResponse:
 
 
 @dataclass(frozen=True)
+class AclsRequest:
+    op: str  # add | list | remove
+    acl: dict[str, Any] = field(default_factory=dict)  # add, remove: acls.Acl.to_wire()
+    principal: str = ""  # list: only this principal's ("": all)
+
+
+@dataclass(frozen=True)
+class AclsResponse:
+    acls: list[dict[str, Any]]  # acls.Acl.to_wire() each
+
+
+@dataclass(frozen=True)
 class DeleteRecordsRequest:
     topic: str
     partition: int
@@ -387,6 +400,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.TABLE: TableRequest,
     ApiKey.PRINCIPALS: PrincipalsRequest,
     ApiKey.AUTHENTICATE: AuthenticateRequest,
+    ApiKey.ACLS: AclsRequest,
 }
 
 T = TypeVar("T")

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidelog.acls import Acl
 from tidelog.config import TopicConfig
 from tidelog.errors import (
     InvalidConfig,
@@ -193,6 +194,7 @@ class MetadataState:
     # Principals that authenticate with a token: name -> {"hash": Argon2id of the secret,
     # "created_ms": when}. Never the secret itself.
     principals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    acls: dict[str, Acl] = field(default_factory=dict)  # by Acl.key
 
     def topic(self, name: str) -> TopicMeta:
         meta = self.topics.get(name)
@@ -281,6 +283,15 @@ class MetadataState:
             }
         elif kind == "remove_principal":
             self.principals.pop(name, None)
+        elif kind in ("put_acl", "remove_acl"):
+            try:  # checked before it was proposed; a command never stops the log's application
+                acl = Acl.from_wire(dict(command.get("acl", {})))
+            except InvalidRequest:
+                return None
+            if kind == "put_acl":
+                self.acls[acl.key] = acl
+            else:
+                self.acls.pop(acl.key, None)
         elif kind == "group":
             record = command.get("record")
             if isinstance(record, dict) and record.get("members"):
@@ -368,6 +379,7 @@ class MetadataState:
             "removed_nodes": sorted(self.removed_nodes),
             "groups": self.groups,
             "principals": self.principals,
+            "acls": [a.to_wire() for a in self.acls.values()],
         }
 
     @staticmethod
@@ -384,6 +396,9 @@ class MetadataState:
         state.removed_nodes = {int(n) for n in data.get("removed_nodes", [])}
         state.groups = {str(k): dict(v) for k, v in dict(data.get("groups", {})).items()}
         state.principals = {str(k): dict(v) for k, v in dict(data.get("principals", {})).items()}
+        for a in data.get("acls", []):
+            acl = Acl.from_wire(a)
+            state.acls[acl.key] = acl
         return state
 
 

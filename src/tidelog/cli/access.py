@@ -1,0 +1,128 @@
+"""`tidelog principals add|list|remove` and `tidelog acl add|list|remove`: who authenticates, and
+what each principal may do (tidelog/acls.py). Both live in the metadata log."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from tidelog.cli.connect import client_of
+
+RESOURCE_HELP = "exactly one of --topic, --topic-prefix, --cluster"
+
+
+def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
+    principals = sub.add_parser(
+        "principals", help="add, list and remove principals (who authenticates with a token)"
+    )
+    psub = principals.add_subparsers(dest="principals_command")
+    padd = with_bootstrap(
+        psub.add_parser(
+            "add",
+            help="add a principal (or give it a new token); prints its token NAME:SECRET once",
+        )
+    )
+    padd.add_argument("name")
+    padd.set_defaults(func=cmd_principals)
+    plist = with_bootstrap(psub.add_parser("list", help="every principal (never a secret)"))
+    plist.add_argument("--json", action="store_true")
+    plist.set_defaults(func=cmd_principals)
+    premove = with_bootstrap(
+        psub.add_parser("remove", help="remove a principal: its token stops working")
+    )
+    premove.add_argument("name")
+    premove.set_defaults(func=cmd_principals)
+
+    acl = sub.add_parser(
+        "acl",
+        help="grant, list and revoke permissions: read, write, admin on topics; cluster admin",
+    )
+    asub = acl.add_subparsers(dest="acl_command")
+    for name, text in (
+        ("add", "grant PRINCIPAL a permission (read, write, admin) on a resource"),
+        ("remove", "revoke an ACL (named as it was added)"),
+    ):
+        parser = with_bootstrap(asub.add_parser(name, help=text))
+        parser.add_argument(
+            "principal",
+            help="a token principal's name, a certificate subject (CN=...), * for every "
+            "authenticated principal, or anonymous",
+        )
+        parser.add_argument("permission", choices=["read", "write", "admin"])
+        where = parser.add_mutually_exclusive_group(required=True)
+        where.add_argument("--topic", help="one topic")
+        where.add_argument("--topic-prefix", help="every topic whose name starts with this")
+        where.add_argument(
+            "--cluster", action="store_true", help="the cluster (admin only: everything)"
+        )
+        parser.set_defaults(func=cmd_acl)
+    alist = with_bootstrap(asub.add_parser("list", help="every ACL, or one principal's"))
+    alist.add_argument("--principal")
+    alist.add_argument("--json", action="store_true")
+    alist.set_defaults(func=cmd_acl)
+
+
+def cmd_principals(args: argparse.Namespace) -> int:
+    from tidelog.cli.main import run_loop
+
+    async def run() -> int:
+        async with client_of(args) as client:
+            if args.principals_command == "add":
+                print(await client.add_principal(args.name))
+                print(
+                    f"principal {args.name}: keep this token; it is not shown again",
+                    file=sys.stderr,
+                )
+            elif args.principals_command == "remove":
+                await client.remove_principal(args.name)
+            else:
+                found = await client.principals()
+                if args.json:
+                    print(json.dumps(found))
+                else:
+                    print(f"{'PRINCIPAL':40} CREATED")
+                    for p in found:
+                        created = time.strftime(
+                            "%Y-%m-%d %H:%M:%S", time.gmtime(p["created_ms"] / 1000)
+                        )
+                        print(f"{p['name']:40} {created}")
+        return 0
+
+    return run_loop(run())
+
+
+def describe_acl(acl: dict[str, Any]) -> str:
+    if acl["resource"] == "cluster":
+        return "cluster"
+    return f"topic {acl['name']}*" if acl["pattern"] == "prefix" else f"topic {acl['name']}"
+
+
+def cmd_acl(args: argparse.Namespace) -> int:
+    from tidelog.cli.main import run_loop
+
+    async def run() -> int:
+        async with client_of(args) as client:
+            if args.acl_command in ("add", "remove"):
+                change = client.add_acl if args.acl_command == "add" else client.remove_acl
+                await change(
+                    args.principal,
+                    args.permission,
+                    args.topic,
+                    prefix=args.topic_prefix,
+                    cluster=args.cluster,
+                )
+                return 0
+            found = await client.acls(args.principal)
+            if args.json:
+                print(json.dumps(found))
+                return 0
+            width = max([len("PRINCIPAL"), *(len(a["principal"]) for a in found)])
+            print(f"{'PRINCIPAL':{width}}  {'PERMISSION':10}  RESOURCE")
+            for a in found:
+                print(f"{a['principal']:{width}}  {a['permission']:10}  {describe_acl(a)}")
+        return 0
+
+    return run_loop(run())

@@ -1,0 +1,516 @@
+"""Permissions (issue 14): ACLs in the metadata log, the same for tidelog's protocol and the Kafka
+port. A table over every request type of both protocols: anonymous, wrong token, wrong
+certificate, and authenticated-but-not-permitted callers are refused with named errors, and
+nothing is written, deleted or changed (checked on disk and through an admin principal)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import socket
+import ssl
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from helpers import batch_of, run_tidelog
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+from tidelog.errors import AuthenticationFailed, InvalidConfig, NotAuthorized, TidelogError
+from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
+from tidelog.node.config import node_config_from
+from tidelog.principals import new_token
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.tls import TlsFiles
+
+ADMIN_TOKEN = "root:" + "r" * 40
+GUARDED = "guarded"  # nobody but the admin may touch it
+OPEN_TO_ALL = "open"  # alice may read it; bob (a certificate) may write it
+BOB = "O=tidelog dev,CN=bob"  # the subject of dev-certs --client bob: the principal
+
+
+@dataclasses.dataclass
+class Secured:
+    cluster: LocalCluster
+    certs: Path
+    other_ca: Path
+    alice: str  # alice's token
+
+    def client(self, **kwargs: Any) -> Client:
+        kwargs.setdefault("tls", TlsFiles.of(ca=self.certs / "ca.pem"))
+        return Client(self.cluster.bootstrap, retries=1, **kwargs)
+
+    def admin(self) -> Client:
+        return self.client(token=ADMIN_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    certs = tmp_path_factory.mktemp("certs")
+    other = tmp_path_factory.mktemp("other-ca")
+    for where, client in ((certs, "bob"), (other, "mallory")):
+        done = run_tidelog("dev-certs", str(where), "--client", client)
+        assert done.returncode == 0, done.stderr
+    token_file = certs / "admin.token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    serve = [
+        *("--tls-cert", str(certs / "node.pem"), "--tls-key", str(certs / "node.key")),
+        *("--tls-ca", str(certs / "ca.pem"), "--tls-client-auth", "requested"),
+        *("--authorization", "acl", "--admin-token-file", str(token_file)),
+    ]
+    root = tmp_path_factory.mktemp("acl-cluster")
+    with LocalCluster(root, 1, serve_args=serve, log_level="WARNING", kafka=True) as cluster:
+        secured = Secured(cluster, certs, other, "")
+        with secured.admin() as admin:
+            secured.alice = admin.add_principal("alice")
+            admin.add_principal("carol")
+            for topic in (GUARDED, OPEN_TO_ALL):
+                admin.create_topic(topic, partitions=2)
+            admin.wait_for_leaders(GUARDED)
+            admin.wait_for_leaders(OPEN_TO_ALL)
+            for p in (0, 1):
+                admin.produce(GUARDED, [b"a", b"b", b"c"], partition=p)
+            admin.create_cursor("guarded-cursor", GUARDED, {0: 1, 1: 1})
+            admin.add_acl("alice", "read", OPEN_TO_ALL)
+            admin.add_acl(BOB, "write", prefix="op")
+        yield secured
+
+
+def guarded_state(secured: Secured) -> dict[str, Any]:
+    """Everything a refused request could have changed, as the admin sees it and on disk."""
+    with secured.admin() as admin:
+        offsets = {
+            (topic, p, spec): admin.list_offsets(topic, p, spec)
+            for topic in (GUARDED, OPEN_TO_ALL)
+            for p in (0, 1)
+            for spec in ("earliest", "latest")
+        }
+        topics = sorted(
+            (t.name, t.partitions, t.assignments, sorted(t.configs.items()))
+            for t in admin.list_topics()
+        )
+        state = {
+            "offsets": sorted(offsets.items()),
+            "topics": topics,
+            "cursors": admin.cursors(),
+            "principals": [p["name"] for p in admin.principals()],
+            "acls": admin.acls(),
+            "nodes": [(n.node_id, n.draining) for n in admin.describe_cluster().nodes],
+        }
+    disk = secured.cluster.data_dir / "node-1"
+    state["disk"] = sorted(
+        (str(p.relative_to(disk)), hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in disk.rglob("*.log")
+        if p.parent.name.startswith((GUARDED, OPEN_TO_ALL))
+    )
+    return state
+
+
+# Every client request of tidelog's protocol that needs a permission: one that would read or
+# change the guarded topic, its cursor, the cluster's nodes, principals or ACLs.
+def tidelog_requests() -> list[tuple[str, ApiKey, Any, bytes]]:
+    _, hashed = new_token("carol")
+    acl = {"principal": "alice", "permission": "read", "resource": "topic", "name": OPEN_TO_ALL}
+    return [
+        ("produce", ApiKey.PRODUCE, api.ProduceRequest(GUARDED, 0), batch_of(b"intruder")),
+        ("fetch", ApiKey.FETCH, api.FetchRequest(GUARDED, 0, 0), b""),
+        ("list offsets", ApiKey.LIST_OFFSETS, api.ListOffsetsRequest(GUARDED, 0), b""),
+        ("create topic", ApiKey.CREATE_TOPIC, api.CreateTopicRequest("intruded"), b""),
+        ("delete topic", ApiKey.DELETE_TOPIC, api.DeleteTopicRequest(GUARDED, force=True), b""),
+        (
+            "alter topic",
+            ApiKey.ALTER_TOPIC,
+            api.AlterTopicRequest(GUARDED, {"retention.ms": "1"}),
+            b"",
+        ),
+        (
+            "create partitions",
+            ApiKey.CREATE_PARTITIONS,
+            api.CreatePartitionsRequest(GUARDED, 4),
+            b"",
+        ),
+        (
+            "reassign",
+            ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+            api.ReassignPartitionRequest(GUARDED, 0, [1]),
+            b"",
+        ),
+        (
+            "create cursor",
+            ApiKey.CURSOR,
+            api.CursorRequest("create", "mine", GUARDED, {"0": 0}),
+            b"",
+        ),
+        (
+            "commit cursor",
+            ApiKey.CURSOR,
+            api.CursorRequest("commit", "guarded-cursor", positions={"0": 3}),
+            b"",
+        ),
+        ("describe cursor", ApiKey.CURSOR, api.CursorRequest("describe", "guarded-cursor"), b""),
+        ("delete cursor", ApiKey.CURSOR, api.CursorRequest("delete", "guarded-cursor"), b""),
+        (
+            "invalidate cursor",
+            ApiKey.CURSOR,
+            api.CursorRequest("invalidate", "guarded-cursor", reason="x"),
+            b"",
+        ),
+        ("delete records", ApiKey.DELETE_RECORDS, api.DeleteRecordsRequest(GUARDED, 0, -1), b""),
+        ("table get", ApiKey.TABLE, api.TableRequest("get", GUARDED, 0, key="eA=="), b""),
+        (
+            "elect leaders",
+            ApiKey.ELECT_LEADERS,
+            api.ElectLeadersRequest(GUARDED, 0, unclean=True),
+            b"",
+        ),
+        ("add node", ApiKey.ADD_NODE, api.AddNodeRequest(9, "127.0.0.1", 1), b""),
+        ("remove node", ApiKey.REMOVE_NODE, api.RemoveNodeRequest(1), b""),
+        (
+            "take over a principal",
+            ApiKey.PRINCIPALS,
+            api.PrincipalsRequest("add", "carol", hashed),
+            b"",
+        ),
+        ("add a principal", ApiKey.PRINCIPALS, api.PrincipalsRequest("add", "eve", hashed), b""),
+        ("remove a principal", ApiKey.PRINCIPALS, api.PrincipalsRequest("remove", "carol"), b""),
+        ("list principals", ApiKey.PRINCIPALS, api.PrincipalsRequest("list"), b""),
+        (
+            "grant",
+            ApiKey.ACLS,
+            api.AclsRequest("add", {**acl, "resource": "cluster", "permission": "admin"}),
+            b"",
+        ),
+        ("revoke", ApiKey.ACLS, api.AclsRequest("remove", acl), b""),
+        ("list acls", ApiKey.ACLS, api.AclsRequest("list"), b""),
+    ]
+
+
+# What every connection may ask (Kafka's metadata is as open): who it is, what is served, the
+# cluster's topics and nodes.
+OPEN_REQUESTS = {
+    ApiKey.API_VERSIONS,
+    ApiKey.AUTHENTICATE,
+    ApiKey.METADATA,
+    ApiKey.STATUS,
+    ApiKey.DESCRIBE_CLUSTER,
+}
+
+
+def test_every_client_request_is_either_open_or_in_the_table() -> None:
+    served = set(api.REQUEST_TYPES) - set(api.PEER_ONLY_MESSAGES)
+    tabled = {key for _, key, _, _ in tidelog_requests()}
+    assert served - tabled - OPEN_REQUESTS == set(), "a request type nobody classified"
+
+
+def callers(secured: Secured) -> list[tuple[str, dict[str, Any], type[TidelogError]]]:
+    ca = secured.certs / "ca.pem"
+    return [
+        ("anonymous", {}, NotAuthorized),
+        ("wrong token", {"token": secured.alice[:-3] + "xyz"}, AuthenticationFailed),
+        ("unknown principal", {"token": "mallory:" + "m" * 40}, AuthenticationFailed),
+        (
+            "certificate of another CA",
+            {
+                "tls": TlsFiles.of(
+                    ca,
+                    secured.other_ca / "client-mallory.pem",
+                    secured.other_ca / "client-mallory.key",
+                )
+            },
+            AuthenticationFailed,
+        ),
+        ("alice: a token, no permission here", {"token": secured.alice}, NotAuthorized),
+        (
+            "CN=bob: a certificate, no permission here",
+            {
+                "tls": TlsFiles.of(
+                    ca, secured.certs / "client-bob.pem", secured.certs / "client-bob.key"
+                )
+            },
+            NotAuthorized,
+        ),
+    ]
+
+
+def test_every_request_of_tidelogs_protocol_is_refused_by_name_and_changes_nothing(
+    secured: Secured,
+) -> None:
+    before = guarded_state(secured)
+    address = ("127.0.0.1", secured.cluster.ports[1])
+    for who, options, expected in callers(secured):
+        with secured.client(**options) as client:
+            for what, key, request, payload in tidelog_requests():
+                try:
+                    client._run(client._async.call(address, key, request, payload))
+                except TidelogError as exc:
+                    assert type(exc) is expected, (who, what, exc)
+                else:
+                    raise AssertionError(f"{who}: {what} was served")
+    assert guarded_state(secured) == before
+
+
+def test_permissions_granted_are_permissions_held(secured: Secured) -> None:
+    with secured.client(token=secured.alice) as alice:
+        alice.wait_for_leaders(OPEN_TO_ALL)
+        assert alice.list_offsets(OPEN_TO_ALL, 0, "earliest") == 0
+        with pytest.raises(NotAuthorized):
+            alice.produce(OPEN_TO_ALL, [b"x"], partition=0)  # read, not write
+    bob_tls = TlsFiles.of(
+        secured.certs / "ca.pem", secured.certs / "client-bob.pem", secured.certs / "client-bob.key"
+    )
+    with secured.client(tls=bob_tls) as bob:
+        bob.produce(OPEN_TO_ALL, [b"from bob"], partition=1)  # write, by prefix "op"
+        with pytest.raises(NotAuthorized):
+            bob.consume(OPEN_TO_ALL, 1).__next__()
+    with secured.client(token=secured.alice) as alice:
+        assert [r.value for r in alice.consume(OPEN_TO_ALL, 1)] == [b"from bob"]
+        with pytest.raises(NotAuthorized):
+            alice.create_cursor("alice-guarded", GUARDED, {0: 0})
+        alice.create_cursor("alice-open", OPEN_TO_ALL, {0: 0, 1: 0})
+        alice.delete_cursor("alice-open")
+
+    # The CLI: a cluster admin grants, lists and revokes.
+    boot = [
+        *("--bootstrap", secured.cluster.bootstrap, "--tls-ca", str(secured.certs / "ca.pem")),
+    ]
+    admin = [*boot, "--token", ADMIN_TOKEN]
+    done = run_tidelog("acl", "add", "alice", "write", "--topic", OPEN_TO_ALL, *admin)
+    assert done.returncode == 0, done.stderr
+    listed = run_tidelog("acl", "list", "--principal", "alice", *admin)
+    assert listed.returncode == 0, listed.stderr
+    assert "alice" in listed.stdout and "write" in listed.stdout and "topic open" in listed.stdout
+    with secured.client(token=secured.alice) as alice:
+        alice.produce(OPEN_TO_ALL, [b"from alice"], partition=0)
+    done = run_tidelog("acl", "remove", "alice", "write", "--topic", OPEN_TO_ALL, *admin)
+    assert done.returncode == 0, done.stderr
+    as_json = json.loads(run_tidelog("acl", "list", "--json", *admin).stdout)
+    assert {"principal": "alice", "permission": "write"} not in [
+        {k: a[k] for k in ("principal", "permission")} for a in as_json
+    ]
+    refused = run_tidelog(
+        "acl", "add", "alice", "admin", "--cluster", *boot, "--token", secured.alice
+    )
+    assert refused.returncode != 0 and "NotAuthorized" in refused.stderr
+    bad = run_tidelog("acl", "add", "alice", "read", "--cluster", *admin)
+    assert bad.returncode != 0 and "InvalidRequest" in bad.stderr  # the cluster has admin only
+    # Cluster admin: everything, including other principals' tokens.
+    run_tidelog("acl", "add", "alice", "admin", "--cluster", *admin)
+    try:
+        with secured.client(token=secured.alice) as alice:
+            alice.create_topic("alice-made")
+            alice.delete_topic("alice-made")
+    finally:
+        run_tidelog("acl", "remove", "alice", "admin", "--cluster", *admin)
+
+
+def test_a_node_beyond_loopback_needs_tls_and_acls_or_insecure(tmp_path: Path) -> None:
+    base = {"data": str(tmp_path), "listen": "0.0.0.0:0"}
+    with pytest.raises(InvalidConfig) as refused:
+        node_config_from(base)
+    assert "--insecure" in str(refused.value) and "--authorization acl" in str(refused.value)
+    assert node_config_from({**base, "insecure": True}).insecure
+    assert node_config_from({"data": str(tmp_path), "listen": "127.0.0.2:0"}).listen[0]
+    with pytest.raises(InvalidConfig):
+        node_config_from({"data": str(tmp_path), "kafka_listen": "10.1.2.3:9092"})
+    done = run_tidelog("serve", "--data", str(tmp_path / "n"), "--listen", "0.0.0.0:0")
+    assert done.returncode != 0 and "InvalidConfig" in done.stderr and "--insecure" in done.stderr
+
+
+# -- the Kafka port -----------------------------------------------------------------------------
+
+
+def kafka_exchange(
+    port: int, context: ssl.SSLContext, api_key: int, values: dict[str, Any]
+) -> dict[str, Any] | None:
+    """One request at the highest version served; its answer as a dict, or None when the node
+    closed the connection."""
+    version = SUPPORTED_VERSIONS[api_key][1]
+    schema = load_request_schema(api_key, version)
+    head = schema.__header_schema__(
+        request_api_key=api_key, request_api_version=version, correlation_id=7, client_id="t"
+    )
+    out = bytearray()
+
+    class Sink:
+        def write(self, data: bytes) -> None:
+            out.extend(data)
+
+    entity_writer(schema.__header_schema__)(Sink(), head)
+    entity_writer(schema)(Sink(), build(schema, values))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as sock,
+    ):
+        sock.sendall(struct.pack(">i", len(out)) + out)
+        data = b""
+        try:
+            while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return None
+                data += chunk
+        except (ConnectionError, ssl.SSLError):
+            return None
+    response = load_response_schema(api_key, version)
+    view = memoryview(data)[4:]
+    _, used = entity_reader(response.__header_schema__)(view, 0)
+    body, _ = entity_reader(response)(view[used:], 0)
+    return dataclasses.asdict(body)
+
+
+def error_codes(value: Any) -> set[int]:
+    if isinstance(value, dict):
+        found = {int(value["error_code"])} if "error_code" in value else set()
+        for item in value.values():
+            found |= error_codes(item)
+        return found
+    if isinstance(value, list | tuple):
+        return set().union(*(error_codes(v) for v in value)) if value else set()
+    return set()
+
+
+KAFKA_AUTHORIZATION_FAILED = {29, 30, 31}  # TOPIC_, GROUP_, CLUSTER_AUTHORIZATION_FAILED
+
+
+def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
+    guarded = [{"name": GUARDED, "partitions": [{"partition_index": 0}]}]
+    batch = batch_of(b"intruder")
+    return {
+        0: (
+            "produce",
+            {
+                "acks": -1,
+                "timeout": 5000,
+                "topic_data": [
+                    {"name": GUARDED, "partition_data": [{"index": 0, "records": batch}]}
+                ],
+            },
+        ),
+        1: (
+            "fetch",
+            {
+                "max_wait": 0,
+                "max_bytes": 1 << 20,
+                "replica_id": -1,
+                "topics": [
+                    {
+                        "topic": GUARDED,
+                        "partitions": [{"partition": 0, "partition_max_bytes": 1 << 20}],
+                    }
+                ],
+            },
+        ),
+        2: ("list offsets", {"replica_id": -1, "topics": guarded}),
+        8: (
+            "offset commit",
+            {
+                "group_id": "guarded-cursor",
+                "generation_id_or_member_epoch": -1,
+                "topics": [
+                    {"name": GUARDED, "partitions": [{"partition_index": 0, "committed_offset": 3}]}
+                ],
+            },
+        ),
+        9: (
+            "offset fetch",
+            {"group_id": "guarded-cursor", "topics": [{"name": GUARDED, "partition_indexes": [0]}]},
+        ),
+        11: (
+            "join group",
+            {
+                "group_id": "g",
+                "session_timeout": 10000,
+                "rebalance_timeout": 10000,
+                "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": b""}],
+            },
+        ),
+        12: ("heartbeat", {"group_id": "g", "generation_id": 1, "member_id": "m"}),
+        13: ("leave group", {"group_id": "g", "members": [{"member_id": "m"}]}),
+        14: ("sync group", {"group_id": "g", "generation_id": 1, "member_id": "m"}),
+        15: ("describe groups", {"groups": ["g"]}),
+        16: ("list groups", {}),
+        19: (
+            "create topics",
+            {
+                "timeout": 5000,
+                "topics": [{"name": "intruded", "num_partitions": 1, "replication_factor": 1}],
+            },
+        ),
+        20: ("delete topics", {"timeout": 5000, "topics": [{"name": GUARDED}]}),
+        21: (
+            "delete records",
+            {
+                "timeout": 5000,
+                "topics": [{"name": GUARDED, "partitions": [{"partition_index": 0, "offset": -1}]}],
+            },
+        ),
+        22: (
+            "init producer id",
+            {"transaction_timeout": 60000, "producer_id": -1, "producer_epoch": -1},
+        ),
+        37: (
+            "create partitions",
+            {"timeout": 5000, "topics": [{"name": GUARDED, "count": 4}]},
+        ),
+        42: ("delete groups", {"groups_names": ["guarded-cursor"]}),
+        44: (
+            "alter configs",
+            {
+                "resources": [
+                    {
+                        "resource_type": 2,
+                        "resource_name": GUARDED,
+                        "configs": [{"name": "retention.ms", "config_operation": 0, "value": "1"}],
+                    }
+                ]
+            },
+        ),
+    }
+
+
+# Open on the Kafka port as on tidelog's: ApiVersions, Metadata (without auto-creation: that
+# is a create), FindCoordinator (a node's address), DescribeConfigs (a topic's settings),
+# DescribeCluster.
+KAFKA_OPEN = {18, 3, 10, 32, 60}
+
+
+def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Secured) -> None:
+    assert set(SUPPORTED_VERSIONS) - set(kafka_requests()) - KAFKA_OPEN == set()
+    before = guarded_state(secured)
+    port = secured.cluster.kafka_ports[1]
+    certs = secured.certs
+    anonymous = ssl.create_default_context(cafile=certs / "ca.pem")
+    bob = ssl.create_default_context(cafile=certs / "ca.pem")
+    bob.load_cert_chain(certs / "client-bob.pem", certs / "client-bob.key")
+    stranger = ssl.create_default_context(cafile=certs / "ca.pem")
+    stranger.load_cert_chain(
+        secured.other_ca / "client-mallory.pem", secured.other_ca / "client-mallory.key"
+    )
+    # bob may write a topic (not this one): he may have a producer id, not write with it.
+    for who, context, permitted in (("anonymous", anonymous, set()), ("bob", bob, {22})):
+        for key, (what, values) in kafka_requests().items():
+            if key in permitted:
+                continue
+            answer = kafka_exchange(port, context, key, values)
+            assert answer is not None, (who, what, "closed instead of answered")
+            codes = error_codes(answer)
+            assert codes & KAFKA_AUTHORIZATION_FAILED, (who, what, answer)
+    # A certificate no CA here signed: the handshake fails, nothing is served.
+    for key, (what, values) in kafka_requests().items():
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            if kafka_exchange(port, stranger, key, values) is None:
+                raise ConnectionError(what)
+    # Metadata is open; a topic it names is not created for one who may not create it.
+    answer = kafka_exchange(
+        port, anonymous, 3, {"topics": [{"name": "intruded"}], "allow_auto_topic_creation": True}
+    )
+    assert answer is not None and answer["topics"][0]["error_code"] == 3  # unknown, as Kafka
+    assert guarded_state(secured) == before
