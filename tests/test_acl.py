@@ -5,9 +5,12 @@ nothing is written, deleted or changed (checked on disk and through an admin pri
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import socket
 import ssl
 import struct
@@ -326,9 +329,7 @@ def test_a_node_beyond_loopback_needs_tls_and_acls_or_insecure(tmp_path: Path) -
 # -- the Kafka port -----------------------------------------------------------------------------
 
 
-def kafka_exchange(
-    port: int, context: ssl.SSLContext, api_key: int, values: dict[str, Any]
-) -> dict[str, Any] | None:
+def kafka_ask(sock: ssl.SSLSocket, api_key: int, values: dict[str, Any]) -> dict[str, Any] | None:
     """One request at the highest version served; its answer as a dict, or None when the node
     closed the connection."""
     version = SUPPORTED_VERSIONS[api_key][1]
@@ -344,25 +345,37 @@ def kafka_exchange(
 
     entity_writer(schema.__header_schema__)(Sink(), head)
     entity_writer(schema)(Sink(), build(schema, values))
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-        context.wrap_socket(raw, server_hostname="localhost") as sock,
-    ):
+    data = b""
+    try:
         sock.sendall(struct.pack(">i", len(out)) + out)
-        data = b""
-        try:
-            while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return None
-                data += chunk
-        except (ConnectionError, ssl.SSLError):
-            return None
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+    except (ConnectionError, ssl.SSLError):
+        return None
     response = load_response_schema(api_key, version)
     view = memoryview(data)[4:]
     _, used = entity_reader(response.__header_schema__)(view, 0)
     body, _ = entity_reader(response)(view[used:], 0)
     return dataclasses.asdict(body)
+
+
+@contextlib.contextmanager
+def kafka_connection(port: int, context: ssl.SSLContext) -> Iterator[ssl.SSLSocket]:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as sock,
+    ):
+        yield sock
+
+
+def kafka_exchange(
+    port: int, context: ssl.SSLContext, api_key: int, values: dict[str, Any]
+) -> dict[str, Any] | None:
+    with kafka_connection(port, context) as sock:
+        return kafka_ask(sock, api_key, values)
 
 
 def error_codes(value: Any) -> set[int]:
@@ -479,7 +492,7 @@ def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
 # Open on the Kafka port as on tidelog's: ApiVersions, Metadata (without auto-creation: that
 # is a create), FindCoordinator (a node's address), DescribeConfigs (a topic's settings),
 # DescribeCluster.
-KAFKA_OPEN = {18, 3, 10, 32, 60}
+KAFKA_OPEN = {18, 3, 10, 32, 60, 17, 36}  # and SaslHandshake, SaslAuthenticate
 
 
 def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Secured) -> None:
@@ -503,6 +516,24 @@ def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Sec
             assert answer is not None, (who, what, "closed instead of answered")
             codes = error_codes(answer)
             assert codes & KAFKA_AUTHORIZATION_FAILED, (who, what, answer)
+    # A wrong token over SASL (PLAIN, SCRAM): SASL_AUTHENTICATION_FAILED, then the connection
+    # ends; the next request is never served.
+    for mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+        with kafka_connection(port, anonymous) as sock:
+            shake = kafka_ask(sock, 17, {"mechanism": mechanism})
+            assert shake is not None and shake["error_code"] == 0, shake
+            if mechanism == "PLAIN":
+                auth = b"\0alice\0" + secured.alice.partition(":")[2][:-1].encode() + b"x"
+            else:
+                auth = b"n,,n=alice,r=abcdefgh"
+            answer = kafka_ask(sock, 36, {"auth_bytes": auth})
+            if mechanism != "PLAIN":  # the server's challenge, then a proof that is wrong
+                assert answer is not None and answer["error_code"] == 0, answer
+                nonce = answer["auth_bytes"].decode().split(",")[0]
+                final = f"c=biws,{nonce},p=" + base64.b64encode(b"\1" * 64).decode()
+                answer = kafka_ask(sock, 36, {"auth_bytes": final.encode()})
+            assert answer is not None and answer["error_code"] == 58, (mechanism, answer)
+            assert kafka_ask(sock, 0, kafka_requests()[0][1]) is None
     # A certificate no CA here signed: the handshake fails, nothing is served.
     for key, (what, values) in kafka_requests().items():
         with pytest.raises((ssl.SSLError, ConnectionError)):
@@ -514,3 +545,94 @@ def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Sec
     )
     assert answer is not None and answer["topics"][0]["error_code"] == 3  # unknown, as Kafka
     assert guarded_state(secured) == before
+
+
+def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
+    secured: Secured, caplog: pytest.LogCaptureFixture
+) -> None:
+    from confluent_kafka import Consumer, KafkaError, Producer
+    from kafka.errors import KafkaError as KafkaPythonError
+
+    from kafka import KafkaConsumer
+
+    ca = str(secured.certs / "ca.pem")
+    secret = secured.alice.partition(":")[2]
+    root_secret = ADMIN_TOKEN.partition(":")[2]
+
+    def sasl(mechanism: str, user: str, password: str) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": secured.cluster.kafka_bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+            "ssl.ca.location": ca,
+        }
+
+    def produce(config: dict[str, Any], value: bytes) -> tuple[list[Any], list[Any]]:
+        delivered: list[Any] = []
+        errors: list[Any] = []
+        producer = Producer({**config, "message.timeout.ms": 5000, "error_cb": errors.append})
+        producer.produce(OPEN_TO_ALL, value, partition=0, callback=lambda e, m: delivered.append(e))
+        producer.flush(15)
+        return delivered, errors
+
+    # The admin token (PLAIN and SCRAM); alice (SCRAM-SHA-512) may read but not write.
+    assert produce(sasl("PLAIN", "root", root_secret), b"by root, plain")[0] == [None]
+    assert produce(sasl("SCRAM-SHA-256", "root", root_secret), b"by root, scram")[0] == [None]
+    delivered, _ = produce(sasl("SCRAM-SHA-512", "alice", secret), b"by alice")
+    assert [e.code() for e in delivered] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    # A wrong password: an authentication error by name, nothing delivered.
+    delivered, errors = produce(sasl("SCRAM-SHA-256", "alice", secret + "x"), b"never")
+    assert delivered and delivered[0] is not None
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+
+    # alice reads with a group (its offsets need read on the topic: she has it).
+    consumer = Consumer(
+        {**sasl("SCRAM-SHA-512", "alice", secret), "group.id": "alice-group"}
+        | {"auto.offset.reset": "earliest", "enable.auto.commit": False}
+    )
+    try:
+        consumer.subscribe([OPEN_TO_ALL])
+        got: list[bytes] = []
+        for _ in range(60):
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append(message.value())
+            if b"by root, scram" in got:
+                break
+        assert b"by root, plain" in got and b"by root, scram" in got
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+
+    # kafka-python speaks SCRAM too, and is refused by name with a wrong password.
+    reader = KafkaConsumer(
+        bootstrap_servers=secured.cluster.kafka_bootstrap,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_plain_username="alice",
+        sasl_plain_password=secret,
+        ssl_cafile=ca,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
+    try:
+        from kafka import TopicPartition
+
+        reader.assign([TopicPartition(OPEN_TO_ALL, 0)])
+        assert b"by root, plain" in [m.value for m in reader]
+    finally:
+        reader.close()
+    # (kafka-python retries bootstrapping until its timeout; the reason is in its log.)
+    with caplog.at_level(logging.WARNING, logger="kafka"), pytest.raises(KafkaPythonError):
+        KafkaConsumer(
+            bootstrap_servers=secured.cluster.kafka_bootstrap,
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_plain_username="alice",
+            sasl_plain_password="wrong" * 8,
+            ssl_cafile=ca,
+            bootstrap_timeout_ms=3000,
+        )
+    assert "SaslAuthenticationFailedError" in caplog.text

@@ -67,6 +67,7 @@ from tidelog.record.columns import (
     batch_items,
     decode_columns,
 )
+from tidelog.scram import credentials
 from tidelog.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -725,7 +726,8 @@ class AsyncClient:
         Returns its token, NAME:SECRET; only the secret's Argon2id hash leaves this process,
         and the token is shown this once."""
         token, encoded = new_token(name)
-        request = api.PrincipalsRequest("add", name, encoded)
+        scram = credentials(token.partition(":")[2])  # for Kafka clients' SASL/SCRAM
+        request = api.PrincipalsRequest("add", name, encoded, scram)
         await self._to_metadata_leader(ApiKey.PRINCIPALS, request)
         return token
 

@@ -47,12 +47,14 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     14: (0, 5),  # SyncGroup
     15: (0, 5),  # DescribeGroups
     16: (0, 4),  # ListGroups
+    17: (1, 1),  # SaslHandshake (v0's unframed tokens are not served)
     18: (0, 3),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 4),  # InitProducerId
     32: (1, 4),  # DescribeConfigs
+    36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs

@@ -29,12 +29,22 @@ from tidelog.kafka.codec import (
     unsupported_api_versions,
 )
 from tidelog.kafka.errors import kafka_code
+from tidelog.kafka.sasl import (
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+    SaslSession,
+    failed_answer,
+    token_checker,
+)
 from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
+from tidelog.node.config import is_loopback
 from tidelog.node.listeners.base import ConnectionLimits, FrameConnection, Listener
 from tidelog.node.transport import tune_socket
 
 log = logging.getLogger(__name__)
+
+FAILED_AUTHENTICATION_DELAY_S = 0.1
 
 
 class _Slot:
@@ -58,6 +68,13 @@ class KafkaConnection(FrameConnection):
         super().connection_made(transport)
         self.principal = Principal.of_connection(
             self.address, Origin.KAFKA, transport.get_extra_info("peercert")
+        )
+        tls = transport.get_extra_info("sslcontext") is not None
+        host = self.address.rpartition(":")[0].strip("[]")
+        self.sasl = SaslSession(
+            self.broker.core,
+            plain_allowed=tls or is_loopback(host),
+            check_token=token_checker(self.broker.core, self.principal),
         )
 
     def tune(self, transport: asyncio.Transport) -> None:
@@ -84,7 +101,35 @@ class KafkaConnection(FrameConnection):
         self._slots.append(slot)
         if len(self._slots) >= self.listener.limits.max_inflight_requests:
             self.pause("inflight")
+        if request.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            # Nothing more is read until it is decided: what follows is served as the
+            # principal it proves, never as who the connection was before.
+            self.pause("authenticating")
+            slot.task = asyncio.get_running_loop().create_task(self._sasl(slot, request))
+            return
         slot.task = asyncio.get_running_loop().create_task(self._serve(slot, request))
+
+    async def _sasl(self, slot: _Slot, request: KafkaRequest) -> None:
+        failed = False
+        try:
+            if request.api_key == SASL_HANDSHAKE:
+                values = self.sasl.handshake(str(request.body.mechanism))
+            else:
+                values, proved = await self.sasl.authenticate(bytes(request.body.auth_bytes))
+                if proved is not None:
+                    self.principal = Principal.of_token(proved, self.principal)
+        except TidelogError as exc:
+            log.info("kafka: SASL from %s refused: %s", self.address, exc)
+            values, failed = failed_answer(exc), True
+        data = encode_response(request.api_key, request.api_version, request.correlation_id, values)
+        self._answer(slot, data)
+        if failed:
+            # Closed a moment after the answer that says why, still reading nothing: Kafka's
+            # connection.failed.authentication.delay.ms (clients read the answer first, and
+            # guessing is slowed).
+            asyncio.get_running_loop().call_later(FAILED_AUTHENTICATION_DELAY_S, self.close)
+        else:
+            self.resume("authenticating")
 
     async def _serve(self, slot: _Slot, request: KafkaRequest) -> None:
         try:

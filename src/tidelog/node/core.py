@@ -84,6 +84,7 @@ from tidelog.replication.metadata import (
     validate_reassign,
     validate_remove_node,
 )
+from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
 
@@ -974,7 +975,12 @@ class NodeCore:
         name = check_name(req.name)
         if req.op == "add":
             encoded = check_hash(req.hash)
-            command: dict[str, Any] = {"type": "put_principal", "name": name, "hash": encoded}
+            command: dict[str, Any] = {
+                "type": "put_principal",
+                "name": name,
+                "hash": encoded,
+                "scram": check_credentials(req.scram),
+            }
         elif req.op == "remove":
             if name not in self.metadata.principals:
                 raise InvalidRequest(f"no principal {name!r}")

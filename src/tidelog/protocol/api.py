@@ -294,6 +294,7 @@ class PrincipalsRequest:
     op: str  # add | list | remove
     name: str = ""
     hash: str = ""  # add: the Argon2id hash of the token's secret, made by the client
+    scram: dict[str, Any] = field(default_factory=dict)  # add: scram.credentials(secret)
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,7 @@ class MetadataState:
         elif kind == "put_principal":
             self.principals[name] = {
                 "hash": str(command.get("hash", "")),
+                "scram": dict(command.get("scram", {})),
                 "created_ms": at_ms,
             }
         elif kind == "remove_principal":
