@@ -105,6 +105,7 @@ def guarded_state(secured: Secured) -> dict[str, Any]:
             "cursors": admin.cursors(),
             "principals": [p["name"] for p in admin.principals()],
             "acls": admin.acls(),
+            "quotas": admin.quotas(),
             "nodes": [(n.node_id, n.draining) for n in admin.describe_cluster().nodes],
         }
     disk = secured.cluster.data_dir / "node-1"
@@ -192,6 +193,13 @@ def tidelog_requests() -> list[tuple[str, ApiKey, Any, bytes]]:
         ),
         ("revoke", ApiKey.ACLS, api.AclsRequest("remove", acl), b""),
         ("list acls", ApiKey.ACLS, api.AclsRequest("list"), b""),
+        (
+            "set a quota",
+            ApiKey.QUOTAS,
+            api.QuotasRequest("set", "alice", {"producer_byte_rate": 1}),
+            b"",
+        ),
+        ("list quotas", ApiKey.QUOTAS, api.QuotasRequest("list"), b""),
     ]
 
 

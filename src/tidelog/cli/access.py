@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from tidelog.cli.connect import client_of
+from tidelog.node.quotas import check_limits
 
 RESOURCE_HELP = "exactly one of --topic, --topic-prefix, --cluster"
 
@@ -64,6 +65,30 @@ def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
     alist.add_argument("--json", action="store_true")
     alist.set_defaults(func=cmd_acl)
 
+    quotas = sub.add_parser(
+        "quotas",
+        help="limit a principal's rates per node: over them it is slowed, not refused",
+    )
+    qsub = quotas.add_subparsers(dest="quotas_command")
+    qset = with_bootstrap(
+        qsub.add_parser("set", help="set a principal's limits (replaces the ones it had)")
+    )
+    qset.add_argument("principal", help="a principal, or * for every one without its own")
+    qset.add_argument(
+        "limits",
+        nargs="+",
+        metavar="KEY=RATE",
+        help="producer_byte_rate=BYTES/S, consumer_byte_rate=BYTES/S, "
+        "admin_request_rate=REQUESTS/S (Kafka's names)",
+    )
+    qset.set_defaults(func=cmd_quotas)
+    qlist = with_bootstrap(qsub.add_parser("list", help="every quota"))
+    qlist.add_argument("--json", action="store_true")
+    qlist.set_defaults(func=cmd_quotas)
+    qremove = with_bootstrap(qsub.add_parser("remove", help="remove a principal's quota"))
+    qremove.add_argument("principal")
+    qremove.set_defaults(func=cmd_quotas)
+
 
 def cmd_principals(args: argparse.Namespace) -> int:
     from tidelog.cli.main import run_loop
@@ -89,6 +114,31 @@ def cmd_principals(args: argparse.Namespace) -> int:
                             "%Y-%m-%d %H:%M:%S", time.gmtime(p["created_ms"] / 1000)
                         )
                         print(f"{p['name']:40} {created}")
+        return 0
+
+    return run_loop(run())
+
+
+def cmd_quotas(args: argparse.Namespace) -> int:
+    from tidelog.cli.main import _parse_kv, run_loop
+
+    async def run() -> int:
+        async with client_of(args) as client:
+            if args.quotas_command == "set":
+                limits = check_limits(_parse_kv(args.limits, "quotas set"))
+                print(json.dumps(await client.set_quota(args.principal, limits)))
+            elif args.quotas_command == "remove":
+                await client.remove_quota(args.principal)
+            else:
+                found = await client.quotas()
+                if args.json:
+                    print(json.dumps(found))
+                    return 0
+                width = max([len("PRINCIPAL"), *(len(q["principal"]) for q in found)])
+                print(f"{'PRINCIPAL':{width}}  LIMITS")
+                for q in found:
+                    rates = ", ".join(f"{k}={v:g}" for k, v in sorted(q["limits"].items()))
+                    print(f"{q['principal']:{width}}  {rates}")
         return 0
 
     return run_loop(run())

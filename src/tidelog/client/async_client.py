@@ -774,6 +774,22 @@ class AsyncClient:
         acl = Acl.of(principal, permission, topic, prefix, cluster)
         await self._to_metadata_leader(ApiKey.ACLS, api.AclsRequest("remove", acl.to_wire()))
 
+    async def set_quota(self, principal: str, limits: dict[str, float]) -> dict[str, Any]:
+        """Limit a principal (or "*", every principal without limits of its own) per node:
+        producer_byte_rate, consumer_byte_rate (bytes/s), admin_request_rate (requests/s).
+        Over it, the principal is slowed (throttle_time_ms), not refused."""
+        request = api.QuotasRequest("set", principal, dict(limits))
+        header = await self._to_metadata_leader(ApiKey.QUOTAS, request)
+        return dict(api.decode(api.QuotasResponse, header).quotas[0])
+
+    async def quotas(self) -> list[dict[str, Any]]:
+        """Every quota: principal, limits."""
+        header, _ = await self._any_node(ApiKey.QUOTAS, api.QuotasRequest("list"))
+        return list(api.decode(api.QuotasResponse, header).quotas)
+
+    async def remove_quota(self, principal: str) -> None:
+        await self._to_metadata_leader(ApiKey.QUOTAS, api.QuotasRequest("remove", principal))
+
     async def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
         op = "describe" if name else "list"
         header, _ = await self._any_node(ApiKey.CURSOR, api.CursorRequest(op, name or ""))

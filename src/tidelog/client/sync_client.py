@@ -250,6 +250,15 @@ class Client:
             self._async.remove_acl(principal, permission, topic, prefix=prefix, cluster=cluster)
         )
 
+    def set_quota(self, principal: str, limits: dict[str, float]) -> dict[str, Any]:
+        return self._run(self._async.set_quota(principal, limits))
+
+    def quotas(self) -> list[dict[str, Any]]:
+        return self._run(self._async.quotas())
+
+    def remove_quota(self, principal: str) -> None:
+        self._run(self._async.remove_quota(principal))
+
     def cursors(self, name: str | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.cursors(name))
 

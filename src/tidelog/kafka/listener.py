@@ -70,10 +70,9 @@ class KafkaConnection(FrameConnection):
             self.address, Origin.KAFKA, transport.get_extra_info("peercert")
         )
         tls = transport.get_extra_info("sslcontext") is not None
-        host = self.address.rpartition(":")[0].strip("[]")
         self.sasl = SaslSession(
             self.broker.core,
-            plain_allowed=tls or is_loopback(host),
+            plain_allowed=tls or is_loopback(self.host),
             check_token=token_checker(self.broker.core, self.principal),
         )
 
@@ -159,6 +158,10 @@ class KafkaConnection(FrameConnection):
         if values is None:  # acks=0: no answer, and so no place in the queue
             self._answer(slot, None)
             return
+        held = self.broker.core.quotas.throttle_ms(self.principal.name)
+        if held:
+            values = {**values, "throttle_time": held}  # kio names throttle_time_ms so
+            self.hold_for(held / 1000)
         data = encode_response(request.api_key, request.api_version, request.correlation_id, values)
         self._answer(slot, data)
 

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidelog import __version__
-from tidelog.acls import Acl, Resource
+from tidelog.acls import PRINCIPAL_NAME, Acl, Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
     AuthenticationFailed,
@@ -55,6 +55,14 @@ from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
 from tidelog.node.metrics import Counters
 from tidelog.node.partition import PartitionHost
+from tidelog.node.quotas import (
+    ADMIN_REQUEST_RATE,
+    CONSUMER_BYTE_RATE,
+    DEFAULT_ENTITY,
+    PRODUCER_BYTE_RATE,
+    Quotas,
+    check_limits,
+)
 from tidelog.node.registry import NodeRegistry
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
@@ -105,6 +113,33 @@ Handler = Callable[[Any, bytes], Result]
 Scope = Callable[[Any], tuple[Operation, Resource, str]]
 
 
+# What each request costs against its principal's quotas (node/quotas.py); the byte rates are
+# charged by the bytes produced and fetched, admin requests one each (but their reads are free).
+QUOTA_CHARGES: dict[type[Any], str] = {
+    api.ProduceRequest: PRODUCER_BYTE_RATE,
+    api.FetchRequest: CONSUMER_BYTE_RATE,
+    **dict.fromkeys(
+        (
+            api.CreateTopicRequest,
+            api.DeleteTopicRequest,
+            api.AlterTopicRequest,
+            api.CreatePartitionsRequest,
+            api.ReassignPartitionRequest,
+            api.DeleteRecordsRequest,
+            api.ElectLeadersRequest,
+            api.AddNodeRequest,
+            api.RemoveNodeRequest,
+            api.CursorRequest,
+            api.PrincipalsRequest,
+            api.AclsRequest,
+            api.QuotasRequest,
+        ),
+        ADMIN_REQUEST_RATE,
+    ),
+}
+UNCHARGED_OPS = ("list", "describe", "commit")  # reads, and consumers' commits, are not admin
+
+
 def on_topic(operation: Operation, field: str) -> Scope:
     return lambda request: (operation, Resource.topic(str(getattr(request, field))), "")
 
@@ -135,6 +170,7 @@ class NodeCore:
             lambda name: name in self.metadata.principals,
         )
         self.counters = Counters()
+        self.quotas = Quotas(self._quota_limits)
         self.hosts: dict[str, PartitionHost] = {}
         self.topics = TopicReplicas(self)
         self.registry = NodeRegistry(self)
@@ -191,6 +227,7 @@ class NodeCore:
             api.PrincipalsRequest: (self._principals, principal_scope),
             api.AuthenticateRequest: (self._authenticate, on_cluster(Operation.CONNECT)),
             api.AclsRequest: (self._acls, on_cluster(Operation.GRANT)),
+            api.QuotasRequest: (self._quotas, on_cluster(Operation.GRANT)),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -464,7 +501,29 @@ class NodeCore:
 
     def handle(self, principal: Principal, request: Any, payload: bytes) -> Result:
         handler = self.authorize(principal, request)
-        return handler(request, payload)
+        quota = QUOTA_CHARGES.get(type(request))
+        if quota == PRODUCER_BYTE_RATE:
+            self.quotas.charge(principal.name, quota, len(payload))
+        elif quota == ADMIN_REQUEST_RATE and getattr(request, "op", "") not in UNCHARGED_OPS:
+            self.quotas.charge(principal.name, quota, 1)
+        result = handler(request, payload)
+        if quota == CONSUMER_BYTE_RATE and isinstance(result, Awaitable):
+            return self._charged_fetch(principal.name, result)
+        return result
+
+    async def _charged_fetch(self, principal: str, pending: Awaitable[Any]) -> Any:
+        result = await pending
+        records = result[1] if isinstance(result, tuple) else None
+        if records is not None:
+            self.quotas.charge(principal, CONSUMER_BYTE_RATE, records.size)
+        return result
+
+    def _quota_limits(self, principal: str) -> dict[str, float]:
+        quotas = self.metadata.quotas
+        if not quotas:
+            return {}
+        found = quotas.get(principal)
+        return found if found is not None else quotas.get(DEFAULT_ENTITY, {})
 
     def authorize(self, principal: Principal, request: Any) -> Handler:
         """May principal make this request? (A listener that forwards a request to another
@@ -1006,6 +1065,28 @@ class NodeCore:
         command = {"type": f"{'put' if req.op == 'add' else 'remove'}_acl", "acl": acl.to_wire()}
         await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
         return api.AclsResponse([acl.to_wire()])
+
+    async def _quotas(self, req: api.QuotasRequest, payload: bytes) -> api.QuotasResponse:
+        known = self.metadata.quotas
+        if req.op == "list":
+            return api.QuotasResponse([{"principal": p, "limits": known[p]} for p in sorted(known)])
+        if req.op != "list" and not PRINCIPAL_NAME.fullmatch(req.principal):
+            raise InvalidRequest(f"invalid principal {req.principal!r} for a quota")
+        if req.op == "set":
+            command: dict[str, Any] = {
+                "type": "put_quota",
+                "name": req.principal,
+                "limits": check_limits(req.limits),
+            }
+        elif req.op == "remove":
+            if req.principal not in known:
+                raise InvalidRequest(f"no quota for {req.principal!r}")
+            command = {"type": "remove_quota", "name": req.principal}
+        else:
+            raise InvalidRequest(f"unknown quotas op {req.op!r}")
+        await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
+        limits = self.metadata.quotas.get(req.principal, {})
+        return api.QuotasResponse([{"principal": req.principal, "limits": limits}])
 
     async def _authenticate(
         self, req: api.AuthenticateRequest, payload: bytes

@@ -47,6 +47,7 @@ class ApiKey(enum.IntEnum):
     PRINCIPALS = 108  # add, list, remove principals (tokens)
     AUTHENTICATE = 109  # a connection proves its principal with a token (Kafka: SaslAuthenticate)
     ACLS = 110  # add, list, remove ACLs (Kafka: CreateAcls, DescribeAcls, DeleteAcls)
+    QUOTAS = 111  # set, list, remove quotas (Kafka: AlterClientQuotas, DescribeClientQuotas)
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -326,6 +327,18 @@ class AclsResponse:
 
 
 @dataclass(frozen=True)
+class QuotasRequest:
+    op: str  # set | list | remove
+    principal: str = ""  # set, remove: whose ("*": the default)
+    limits: dict[str, float] = field(default_factory=dict)  # set: node/quotas.py QUOTA_KEYS
+
+
+@dataclass(frozen=True)
+class QuotasResponse:
+    quotas: list[dict[str, Any]]  # principal, limits
+
+
+@dataclass(frozen=True)
 class DeleteRecordsRequest:
     topic: str
     partition: int
@@ -402,6 +415,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.PRINCIPALS: PrincipalsRequest,
     ApiKey.AUTHENTICATE: AuthenticateRequest,
     ApiKey.ACLS: AclsRequest,
+    ApiKey.QUOTAS: QuotasRequest,
 }
 
 T = TypeVar("T")

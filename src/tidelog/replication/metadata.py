@@ -195,6 +195,7 @@ class MetadataState:
     # "created_ms": when}. Never the secret itself.
     principals: dict[str, dict[str, Any]] = field(default_factory=dict)
     acls: dict[str, Acl] = field(default_factory=dict)  # by Acl.key
+    quotas: dict[str, dict[str, float]] = field(default_factory=dict)  # principal -> limits
 
     def topic(self, name: str) -> TopicMeta:
         meta = self.topics.get(name)
@@ -284,6 +285,12 @@ class MetadataState:
             }
         elif kind == "remove_principal":
             self.principals.pop(name, None)
+        elif kind == "put_quota":
+            self.quotas[name] = {
+                str(k): float(v) for k, v in dict(command.get("limits", {})).items()
+            }
+        elif kind == "remove_quota":
+            self.quotas.pop(name, None)
         elif kind in ("put_acl", "remove_acl"):
             try:  # checked before it was proposed; a command never stops the log's application
                 acl = Acl.from_wire(dict(command.get("acl", {})))
@@ -381,6 +388,7 @@ class MetadataState:
             "groups": self.groups,
             "principals": self.principals,
             "acls": [a.to_wire() for a in self.acls.values()],
+            "quotas": self.quotas,
         }
 
     @staticmethod
@@ -397,6 +405,10 @@ class MetadataState:
         state.removed_nodes = {int(n) for n in data.get("removed_nodes", [])}
         state.groups = {str(k): dict(v) for k, v in dict(data.get("groups", {})).items()}
         state.principals = {str(k): dict(v) for k, v in dict(data.get("principals", {})).items()}
+        state.quotas = {
+            str(k): {str(q): float(r) for q, r in dict(v).items()}
+            for k, v in dict(data.get("quotas", {})).items()
+        }
         for a in data.get("acls", []):
             acl = Acl.from_wire(a)
             state.acls[acl.key] = acl

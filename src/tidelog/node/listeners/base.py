@@ -44,7 +44,7 @@ from tidelog.tls import HANDSHAKE_TIMEOUT_S
 log = logging.getLogger(__name__)
 # Pauses that also hold frames already received (not only the socket): too many requests in
 # flight, and a token being checked (what follows it is served as the principal it proves).
-HOLDING_PAUSES = frozenset({"inflight", "authenticating"})
+HOLDING_PAUSES = frozenset({"inflight", "authenticating", "throttled"})
 
 SMALL_FRAME_BYTES = 64 * 1024  # frames this small are read without a reservation
 EVICT_AFTER_S = 1.0  # a connection that did nothing for this long may make room for a new one
@@ -144,6 +144,8 @@ class FrameConnection(asyncio.Protocol):
         self.frame_started: float | None = None  # when the partial frame now buffered began
         self.reserved = 0
         self._pauses: dict[str, float] = {}  # why reading is paused -> since when
+        self._held_until = 0.0  # a quota's throttle: nothing is read before this
+        self._hold: asyncio.TimerHandle | None = None
 
     # -- what subclasses say ------------------------------------------------------------------
 
@@ -264,6 +266,18 @@ class FrameConnection(asyncio.Protocol):
         if reason in HOLDING_PAUSES and self.decoder.pending_bytes:
             asyncio.get_running_loop().call_soon(self._pump)  # frames that arrived meanwhile
 
+    def hold_for(self, seconds: float) -> None:
+        """Read nothing more from this connection for this long: a quota's throttle, sent
+        first in the answer's throttle_time_ms (Kafka's KIP-219)."""
+        until = time.monotonic() + seconds
+        if until <= self._held_until:
+            return
+        self._held_until = until
+        self.pause("throttled")
+        if self._hold is not None:
+            self._hold.cancel()
+        self._hold = asyncio.get_running_loop().call_later(seconds, self.resume, "throttled")
+
     def paused_since(self, reason: str) -> float | None:
         return self._pauses.get(reason)
 
@@ -271,12 +285,14 @@ class FrameConnection(asyncio.Protocol):
     def waiting_on_node(self) -> bool:
         """Reading is paused for the node's own reasons (the budget, requests in flight), not
         because the client stopped reading its answers: its frame is not slow."""
-        return "budget" in self._pauses or "inflight" in self._pauses
+        return any(r in self._pauses for r in ("budget", "inflight", "throttled"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
         if self.writer is not None:
             self.writer.closed = True
+        if self._hold is not None:
+            self._hold.cancel()
         self._release_all()
         self.on_closed()
 

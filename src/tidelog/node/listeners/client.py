@@ -109,7 +109,7 @@ class ClientConnection(FrameConnection):
         if isinstance(result, Awaitable):
             slot.task = asyncio.get_running_loop().create_task(self._finish(slot, result))
             return
-        self._answer(slot, *_encoded(result))
+        self._answer(slot, *self._throttled(_encoded(result)))
 
     async def _finish(self, slot: _Slot, pending: Awaitable[Any]) -> None:
         try:
@@ -132,7 +132,15 @@ class ClientConnection(FrameConnection):
                 # The token held: this connection is that principal from now on.
                 self.principal = Principal.of_token(result.principal, self.principal)
                 self.resume("authenticating")
-            self._answer(slot, *_encoded(result))
+            self._answer(slot, *self._throttled(_encoded(result)))
+
+    def _throttled(self, answer: tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
+        """The answer, with how long a principal over its quota is held (and the hold)."""
+        held = self.core.quotas.throttle_ms(self.principal.name)
+        if held:
+            answer[0]["throttle_time_ms"] = held
+            self.hold_for(held / 1000)
+        return answer
 
     def _answer(self, slot: _Slot, header: dict[str, Any], payload: Any = None) -> None:
         slot.header, slot.payload, slot.ready = header, payload, True
