@@ -25,6 +25,7 @@ from kio.serial import entity_reader, entity_writer
 from helpers import batch_of, run_tidelog
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
+from tidelog.devcerts import client_principal
 from tidelog.errors import AuthenticationFailed, InvalidConfig, NotAuthorized, TidelogError
 from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
 from tidelog.node.config import node_config_from
@@ -36,7 +37,7 @@ from tidelog.tls import TlsFiles
 ADMIN_TOKEN = "root:" + "r" * 40
 GUARDED = "guarded"  # nobody but the admin may touch it
 OPEN_TO_ALL = "open"  # alice may read it; bob (a certificate) may write it
-BOB = "O=tidelog dev,CN=bob"  # the subject of dev-certs --client bob: the principal
+BOB = client_principal("bob")  # O=tidelog dev,CN=bob: the subject of dev-certs --client bob
 
 
 @dataclasses.dataclass
@@ -61,6 +62,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     for where, client in ((certs, "bob"), (other, "mallory")):
         done = run_tidelog("dev-certs", str(where), "--client", client)
         assert done.returncode == 0, done.stderr
+        assert f"principal {client_principal(client)!r}" in done.stderr
     token_file = certs / "admin.token"
     token_file.write_text(ADMIN_TOKEN + "\n")
     serve = [
@@ -644,3 +646,41 @@ def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
             bootstrap_timeout_ms=3000,
         )
     assert "SaslAuthenticationFailedError" in caplog.text
+
+
+def test_spark_reads_and_writes_over_tls_with_a_token_as_its_acls_allow(secured: Secured) -> None:
+    pytest.importorskip("pyspark")
+    from tidelog.spark.session import local_spark
+
+    with secured.admin() as admin:
+        admin.create_topic("spark-out", partitions=2)
+        admin.wait_for_leaders("spark-out")
+        admin.add_acl("alice", "write", prefix="spark-")
+        admin.produce(OPEN_TO_ALL, [b"for spark %d" % i for i in range(20)], partition=1)
+        expected = sorted(r.value for p in (0, 1) for r in admin.consume(OPEN_TO_ALL, p))
+    spark = local_spark("tidelog-acl")
+    try:
+        options = {
+            "bootstrap": secured.cluster.bootstrap,
+            "tls.ca": str(secured.certs / "ca.pem"),
+            "token": secured.alice,
+        }
+        df = spark.read.format("tidelog").options(subscribe=OPEN_TO_ALL, **options).load()
+        assert sorted(bytes(r["value"]) for r in df.collect()) == expected
+        df.select("key", "value").write.format("tidelog").options(
+            topic="spark-out", **options
+        ).mode("append").save()
+        with pytest.raises(Exception, match="NotAuthorized"):
+            spark.read.format("tidelog").options(subscribe=GUARDED, **options).load().count()
+        with pytest.raises(Exception, match="NotAuthorized"):
+            df.select("key", "value").write.format("tidelog").options(
+                topic=GUARDED, **options
+            ).mode("append").save()
+        wrong = {**options, "token": secured.alice + "x"}
+        with pytest.raises(Exception, match="AuthenticationFailed"):
+            spark.read.format("tidelog").options(subscribe=OPEN_TO_ALL, **wrong).load().count()
+    finally:
+        spark.stop()
+    with secured.admin() as admin:
+        copied = sorted(r.value for p in (0, 1) for r in admin.consume("spark-out", p))
+        assert copied == expected

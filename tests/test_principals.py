@@ -5,7 +5,6 @@ errors for wrong, unknown, malformed and removed tokens, and only a salted Argon
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -90,26 +89,6 @@ def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None
                 with pytest.raises(InvalidRequest):
                     run_loop_call(admin, api.PrincipalsRequest("add", "mallory", bad_hash))
             assert "mallory" not in [p["name"] for p in admin.principals()]
-
-        # The Spark source and sink take the token as the option `token`.
-        if importlib.util.find_spec("pyspark") is not None:
-            from tidelog.spark.session import local_spark
-
-            spark = local_spark("tidelog-principals")
-            try:
-                opts = {"bootstrap": cluster.bootstrap, "token": renewed}
-                df = spark.read.format("tidelog").options(subscribe="by-alice", **opts).load()
-                assert [bytes(r["value"]) for r in df.collect()] == [b"hello"]
-                df.select("key", "value").write.format("tidelog").options(
-                    topic="by-alice", **opts
-                ).mode("append").save()
-                bad = {**opts, "token": token}  # the replaced token
-                with pytest.raises(Exception, match="AuthenticationFailed"):
-                    spark.read.format("tidelog").options(subscribe="by-alice", **bad).load().count()
-            finally:
-                spark.stop()
-            with Client(cluster.bootstrap, token=renewed) as alice:
-                assert alice.list_offsets("by-alice", 0) == 2
 
         # Every node keeps the hash, none keeps a secret; a restart keeps the principals.
         new_secret = renewed.partition(":")[2].encode()

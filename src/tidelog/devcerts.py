@@ -29,6 +29,12 @@ DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 Key = ec.EllipticCurvePrivateKey
 
 
+def client_principal(name: str) -> str:
+    """The principal a node sees for `dev-certs --client NAME`'s certificate (tls.peer_subject:
+    the subject in the certificate's order), the name ACLs grant to."""
+    return f"O=tidelog dev,CN={name}"
+
+
 def _name(common_name: str) -> x509.Name:
     return x509.Name(
         [

@@ -296,11 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_dev_certs(args: argparse.Namespace) -> int:
-    from tidelog.devcerts import DEFAULT_HOSTS, make_dev_certs
+    from tidelog.devcerts import DEFAULT_HOSTS, client_principal, make_dev_certs
 
-    written = make_dev_certs(args.dir, args.host or DEFAULT_HOSTS, args.client or ["admin"])
+    clients = args.client or ["admin"]
+    written = make_dev_certs(args.dir, args.host or DEFAULT_HOSTS, clients)
     for path in written:
         print(path)
+    for name in clients:
+        print(f"client-{name}.pem is principal {client_principal(name)!r}", file=sys.stderr)
     print(
         f"serve with: --tls-cert {args.dir}/node.pem --tls-key {args.dir}/node.key "
         f"--tls-ca {args.dir}/ca.pem; connect with: --tls-ca {args.dir}/ca.pem",
