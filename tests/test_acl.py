@@ -332,6 +332,12 @@ def test_a_node_beyond_loopback_needs_tls_and_acls_or_insecure(tmp_path: Path) -
     assert node_config_from({"data": str(tmp_path), "listen": "127.0.0.2:0"}).listen[0]
     with pytest.raises(InvalidConfig):
         node_config_from({"data": str(tmp_path), "kafka_listen": "10.1.2.3:9092"})
+    # ACLs decide for clients; nodes prove they are nodes with the cluster secret.
+    with pytest.raises(InvalidConfig) as refused:
+        node_config_from({"data": str(tmp_path), "authorization": "acl"})
+    assert refused.value.details["key"] == "cluster_secret_file"
+    with pytest.raises(InvalidConfig):
+        node_config_from({"data": str(tmp_path), "authorization": "everyone"})
     done = run_tidelog("serve", "--data", str(tmp_path / "n"), "--listen", "0.0.0.0:0")
     assert done.returncode != 0 and "InvalidConfig" in done.stderr and "--insecure" in done.stderr
 
@@ -579,10 +585,12 @@ def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
             "ssl.ca.location": ca,
         }
 
-    def produce(config: dict[str, Any], value: bytes) -> tuple[list[Any], list[Any]]:
+    def produce(
+        config: dict[str, Any], value: bytes, timeout_ms: int = 5000
+    ) -> tuple[list[Any], list[Any]]:
         delivered: list[Any] = []
         errors: list[Any] = []
-        producer = Producer({**config, "message.timeout.ms": 5000, "error_cb": errors.append})
+        producer = Producer({**config, "message.timeout.ms": timeout_ms, "error_cb": errors.append})
         producer.produce(OPEN_TO_ALL, value, partition=0, callback=lambda e, m: delivered.append(e))
         producer.flush(15)
         return delivered, errors
@@ -593,7 +601,7 @@ def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
     delivered, _ = produce(sasl("SCRAM-SHA-512", "alice", secret), b"by alice")
     assert [e.code() for e in delivered] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
     # A wrong password: an authentication error by name, nothing delivered.
-    delivered, errors = produce(sasl("SCRAM-SHA-256", "alice", secret + "x"), b"never")
+    delivered, errors = produce(sasl("SCRAM-SHA-256", "alice", secret + "x"), b"never", 1500)
     assert delivered and delivered[0] is not None
     assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
 

@@ -750,10 +750,7 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """Grant principal a permission (read, write, admin) on a topic, on every topic whose
         name starts with prefix, or admin on the cluster. Adding one twice keeps one."""
-        acl = Acl.of(principal, permission, topic, prefix, cluster)
-        request = api.AclsRequest("add", acl.to_wire())
-        header = await self._to_metadata_leader(ApiKey.ACLS, request)
-        return dict(api.decode(api.AclsResponse, header).acls[0])
+        return await self._change_acl("add", Acl.of(principal, permission, topic, prefix, cluster))
 
     async def acls(self, principal: str | None = None) -> list[dict[str, Any]]:
         """Every ACL (or one principal's): principal, permission, resource (topic|cluster),
@@ -771,8 +768,11 @@ class AsyncClient:
         prefix: str | None = None,
         cluster: bool = False,
     ) -> None:
-        acl = Acl.of(principal, permission, topic, prefix, cluster)
-        await self._to_metadata_leader(ApiKey.ACLS, api.AclsRequest("remove", acl.to_wire()))
+        await self._change_acl("remove", Acl.of(principal, permission, topic, prefix, cluster))
+
+    async def _change_acl(self, op: str, acl: Acl) -> dict[str, Any]:
+        header = await self._to_metadata_leader(ApiKey.ACLS, api.AclsRequest(op, acl.to_wire()))
+        return dict(api.decode(api.AclsResponse, header).acls[0])
 
     async def set_quota(self, principal: str, limits: dict[str, float]) -> dict[str, Any]:
         """Limit a principal (or "*", every principal without limits of its own) per node:

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tidelog.acls import ANONYMOUS
 from tidelog.config import InvalidConfig, TopicConfig
 from tidelog.node.access import Authorization
-from tidelog.principals import check_name
+from tidelog.principals import PRINCIPAL_NAME
 from tidelog.tls import TlsFiles
 
 MiB = 1024 * 1024
@@ -162,6 +163,15 @@ class NodeConfig:
                 key="tls.client.auth",
             )
 
+        if self.authorization is Authorization.ACL and not self.cluster_secret:
+            # ACLs decide for clients; what makes a connection a node is the cluster secret
+            # (any certificate the CA signed, a client's too, passes TLS on the peer channel).
+            raise InvalidConfig(
+                "--authorization acl needs a cluster secret (--cluster-secret-file or "
+                f"{SECRET_ENV}): without one any process that reaches the peer channel could "
+                "join as a replica",
+                key="cluster_secret_file",
+            )
         self.check_exposure()
 
     def check_exposure(self) -> None:
@@ -251,19 +261,15 @@ def is_loopback(host: str) -> bool:
 
 
 def read_admin_token(path: Path) -> tuple[str, str]:
-    try:
-        text = path.read_text().strip()
-    except OSError as exc:
-        raise InvalidConfig(
-            f"cannot read the admin token {path}: {exc}", key="admin_token_file"
-        ) from exc
+    text = _read_secret_file(path, "admin_token_file", "the admin token").decode(errors="replace")
     name, sep, secret = text.partition(":")
-    if not sep or len(secret) < 16:
+    if not sep or len(secret) < 16 or not PRINCIPAL_NAME.fullmatch(name) or name == ANONYMOUS:
         raise InvalidConfig(
-            f"the admin token file {path} must hold NAME:SECRET, a secret of 16 characters or more",
+            f"the admin token file {path} must hold NAME:SECRET, a principal's name and a "
+            "secret of 16 characters or more",
             key="admin_token_file",
         )
-    return check_name(name), secret
+    return name, secret
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -275,14 +281,16 @@ def load_toml(path: Path) -> dict[str, Any]:
 
 
 def read_secret(path: Path) -> bytes:
+    return _read_secret_file(path, "cluster_secret_file", "the cluster secret")
+
+
+def _read_secret_file(path: Path, key: str, what: str) -> bytes:
     try:
         secret = path.read_bytes().strip()
     except OSError as exc:
-        raise InvalidConfig(
-            f"cannot read the cluster secret {path}: {exc}", key="cluster_secret_file"
-        ) from exc
+        raise InvalidConfig(f"cannot read {what} {path}: {exc}", key=key) from exc
     if not secret:
-        raise InvalidConfig(f"the cluster secret file {path} is empty", key="cluster_secret_file")
+        raise InvalidConfig(f"{what} file {path} is empty", key=key)
     return secret
 
 

@@ -80,6 +80,7 @@ from tidelog.replication.metadata import (
     MetadataState,
     NodeEntry,
     TopicMeta,
+    acl_key,
     assign_replicas,
     node_conflict,
     plan_drain,
@@ -166,11 +167,13 @@ class NodeCore:
         self.access = Access(
             config.authorization,
             config.all_super_users,
-            lambda: self.metadata.acls.values(),
+            self._parsed_acls,
             lambda name: name in self.metadata.principals,
         )
         self.counters = Counters()
         self.quotas = Quotas(self._quota_limits)
+        self._acls_seen: tuple[object, int] | None = None
+        self._acl_list: list[Acl] = []
         self.hosts: dict[str, PartitionHost] = {}
         self.topics = TopicReplicas(self)
         self.registry = NodeRegistry(self)
@@ -507,7 +510,11 @@ class NodeCore:
         elif quota == ADMIN_REQUEST_RATE and getattr(request, "op", "") not in UNCHARGED_OPS:
             self.quotas.charge(principal.name, quota, 1)
         result = handler(request, payload)
-        if quota == CONSUMER_BYTE_RATE and isinstance(result, Awaitable):
+        if (
+            quota == CONSUMER_BYTE_RATE
+            and isinstance(result, Awaitable)
+            and CONSUMER_BYTE_RATE in self._quota_limits(principal.name)
+        ):
             return self._charged_fetch(principal.name, result)
         return result
 
@@ -1053,14 +1060,23 @@ class NodeCore:
             [] if found is None else [{"name": name, "created_ms": found["created_ms"]}]
         )
 
+    def _parsed_acls(self) -> list[Acl]:
+        """The metadata's ACLs as Access reads them: parsed again only after they change."""
+        state = self.metadata
+        seen = self._acls_seen
+        if seen is None or seen[0] is not state or seen[1] != state.acls_changed:
+            self._acl_list = [Acl.from_wire(a) for a in state.acls.values()]
+            self._acls_seen = (state, state.acls_changed)
+        return self._acl_list
+
     async def _acls(self, req: api.AclsRequest, payload: bytes) -> api.AclsResponse:
         if req.op == "list":
-            found = [a for a in self.metadata.acls.values() if req.principal in ("", a.principal)]
+            found = [a for a in self._parsed_acls() if req.principal in ("", a.principal)]
             return api.AclsResponse([a.to_wire() for a in sorted(found, key=lambda a: a.key)])
         if req.op not in ("add", "remove"):
             raise InvalidRequest(f"unknown acl op {req.op!r}")
         acl = Acl.from_wire(req.acl)
-        if req.op == "remove" and acl.key not in self.metadata.acls:
+        if req.op == "remove" and acl_key(acl.to_wire()) not in self.metadata.acls:
             raise InvalidRequest(f"no such ACL: {acl}")
         command = {"type": f"{'put' if req.op == 'add' else 'remove'}_acl", "acl": acl.to_wire()}
         await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
@@ -1070,7 +1086,7 @@ class NodeCore:
         known = self.metadata.quotas
         if req.op == "list":
             return api.QuotasResponse([{"principal": p, "limits": known[p]} for p in sorted(known)])
-        if req.op != "list" and not PRINCIPAL_NAME.fullmatch(req.principal):
+        if not PRINCIPAL_NAME.fullmatch(req.principal):
             raise InvalidRequest(f"invalid principal {req.principal!r} for a quota")
         if req.op == "set":
             command: dict[str, Any] = {

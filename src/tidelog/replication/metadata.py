@@ -8,11 +8,11 @@ validated before it was proposed, so that only happens across versions).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.acls import Acl
 from tidelog.config import TopicConfig
 from tidelog.errors import (
     InvalidConfig,
@@ -194,7 +194,9 @@ class MetadataState:
     # Principals that authenticate with a token: name -> {"hash": Argon2id of the secret,
     # "created_ms": when}. Never the secret itself.
     principals: dict[str, dict[str, Any]] = field(default_factory=dict)
-    acls: dict[str, Acl] = field(default_factory=dict)  # by Acl.key
+    # ACLs as their canonical wire form (tidelog/acls.py checks and reads them), by acl_key.
+    acls: dict[str, dict[str, str]] = field(default_factory=dict)
+    acls_changed: int = 0  # counts changes: readers cache what they made of `acls`
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)  # principal -> limits
 
     def topic(self, name: str) -> TopicMeta:
@@ -292,14 +294,12 @@ class MetadataState:
         elif kind == "remove_quota":
             self.quotas.pop(name, None)
         elif kind in ("put_acl", "remove_acl"):
-            try:  # checked before it was proposed; a command never stops the log's application
-                acl = Acl.from_wire(dict(command.get("acl", {})))
-            except InvalidRequest:
-                return None
+            acl = {str(k): str(v) for k, v in dict(command.get("acl", {})).items()}
             if kind == "put_acl":
-                self.acls[acl.key] = acl
+                self.acls[acl_key(acl)] = acl
             else:
-                self.acls.pop(acl.key, None)
+                self.acls.pop(acl_key(acl), None)
+            self.acls_changed += 1
         elif kind == "group":
             record = command.get("record")
             if isinstance(record, dict) and record.get("members"):
@@ -387,7 +387,7 @@ class MetadataState:
             "removed_nodes": sorted(self.removed_nodes),
             "groups": self.groups,
             "principals": self.principals,
-            "acls": [a.to_wire() for a in self.acls.values()],
+            "acls": list(self.acls.values()),
             "quotas": self.quotas,
         }
 
@@ -410,9 +410,15 @@ class MetadataState:
             for k, v in dict(data.get("quotas", {})).items()
         }
         for a in data.get("acls", []):
-            acl = Acl.from_wire(a)
-            state.acls[acl.key] = acl
+            acl = {str(k): str(v) for k, v in dict(a).items()}
+            state.acls[acl_key(acl)] = acl
         return state
+
+
+def acl_key(acl: dict[str, str]) -> str:
+    """An ACL's identity: adding the same one twice keeps one (the leader proposes only the
+    canonical form, tidelog.acls.Acl.to_wire)."""
+    return json.dumps(acl, sort_keys=True)
 
 
 CURSOR_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # matched with fullmatch
