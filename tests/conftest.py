@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,3 +20,15 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="session")
+def spark_session() -> Iterator[Any]:
+    """One local Spark for every test that needs one in-process (a JVM takes ~10 s to start):
+    2 threads, 2 attempts per task."""
+    pytest.importorskip("pyspark")
+    from tidelog.spark.session import local_spark
+
+    session = local_spark("tidelog-tests", master="local[2,2]")
+    yield session
+    session.stop()

@@ -656,39 +656,35 @@ def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
     assert "SaslAuthenticationFailedError" in caplog.text
 
 
-def test_spark_reads_and_writes_over_tls_with_a_token_as_its_acls_allow(secured: Secured) -> None:
-    pytest.importorskip("pyspark")
-    from tidelog.spark.session import local_spark
-
+def test_spark_reads_and_writes_over_tls_with_a_token_as_its_acls_allow(
+    secured: Secured, spark_session: Any
+) -> None:
     with secured.admin() as admin:
         admin.create_topic("spark-out", partitions=2)
         admin.wait_for_leaders("spark-out")
         admin.add_acl("alice", "write", prefix="spark-")
         admin.produce(OPEN_TO_ALL, [b"for spark %d" % i for i in range(20)], partition=1)
         expected = sorted(r.value for p in (0, 1) for r in admin.consume(OPEN_TO_ALL, p))
-    spark = local_spark("tidelog-acl")
-    try:
-        options = {
-            "bootstrap": secured.cluster.bootstrap,
-            "tls.ca": str(secured.certs / "ca.pem"),
-            "token": secured.alice,
-        }
-        df = spark.read.format("tidelog").options(subscribe=OPEN_TO_ALL, **options).load()
-        assert sorted(bytes(r["value"]) for r in df.collect()) == expected
-        df.select("key", "value").write.format("tidelog").options(
-            topic="spark-out", **options
-        ).mode("append").save()
-        with pytest.raises(Exception, match="NotAuthorized"):
-            spark.read.format("tidelog").options(subscribe=GUARDED, **options).load().count()
-        with pytest.raises(Exception, match="NotAuthorized"):
-            df.select("key", "value").write.format("tidelog").options(
-                topic=GUARDED, **options
-            ).mode("append").save()
-        wrong = {**options, "token": secured.alice + "x"}
-        with pytest.raises(Exception, match="AuthenticationFailed"):
-            spark.read.format("tidelog").options(subscribe=OPEN_TO_ALL, **wrong).load().count()
-    finally:
-        spark.stop()
+    spark = spark_session
+    options = {
+        "bootstrap": secured.cluster.bootstrap,
+        "tls.ca": str(secured.certs / "ca.pem"),
+        "token": secured.alice,
+    }
+    df = spark.read.format("tidelog").options(subscribe=OPEN_TO_ALL, **options).load()
+    assert sorted(bytes(r["value"]) for r in df.collect()) == expected
+    df.select("key", "value").write.format("tidelog").options(topic="spark-out", **options).mode(
+        "append"
+    ).save()
+    with pytest.raises(Exception, match="NotAuthorized"):
+        spark.read.format("tidelog").options(subscribe=GUARDED, **options).load().count()
+    with pytest.raises(Exception, match="NotAuthorized"):
+        df.select("key", "value").write.format("tidelog").options(topic=GUARDED, **options).mode(
+            "append"
+        ).save()
+    wrong = {**options, "token": secured.alice + "x"}
+    with pytest.raises(Exception, match="AuthenticationFailed"):
+        spark.read.format("tidelog").options(subscribe=OPEN_TO_ALL, **wrong).load().count()
     with secured.admin() as admin:
         copied = sorted(r.value for p in (0, 1) for r in admin.consume("spark-out", p))
         assert copied == expected

@@ -29,7 +29,6 @@ from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
 from tidelog.record import ProducerRecord
-from tidelog.spark.session import local_spark
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -50,10 +49,8 @@ def client(cluster: LocalCluster) -> Iterator[Client]:
 
 
 @pytest.fixture(scope="module")
-def spark(cluster: LocalCluster) -> Iterator[Any]:
-    session = local_spark("tidelog-tests", master="local[2,2]")  # 2 attempts per task
-    yield session
-    session.stop()
+def spark(cluster: LocalCluster, spark_session: Any) -> Any:
+    return spark_session
 
 
 def produce(client: Client, topic: str, partition: int, values: list[bytes]) -> None:

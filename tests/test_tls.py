@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,26 +177,22 @@ def test_tls_settings_are_checked_by_name(certs: Path, tmp_path: Path) -> None:
     assert done.returncode != 0 and "tls.client.auth" in done.stderr
 
 
-def test_the_spark_source_and_sink_over_tls(cluster: LocalCluster, certs: Path) -> None:
-    pytest.importorskip("pyspark")
-    from tidelog.spark.session import local_spark
-
+def test_the_spark_source_and_sink_over_tls(
+    cluster: LocalCluster, certs: Path, spark_session: Any
+) -> None:
     tls = TlsFiles.of(ca=certs / "ca.pem")
     with Client(cluster.bootstrap, tls=tls) as client:
         client.create_topic("spark-in", partitions=2, replication_factor=3)
         client.create_topic("spark-out", partitions=2, replication_factor=3)
         for p in range(2):
             client.produce("spark-in", [b"in-%d-%d" % (p, i) for i in range(50)], partition=p)
-    spark = local_spark("tidelog-tls")
-    try:
-        options = {"bootstrap": cluster.bootstrap, "tls.ca": str(certs / "ca.pem")}
-        df = spark.read.format("tidelog").options(subscribe="spark-in", **options).load()
-        assert df.count() == 100
-        df.select("key", "value").write.format("tidelog").options(
-            topic="spark-out", **options
-        ).mode("append").save()
-    finally:
-        spark.stop()
+    spark = spark_session
+    options = {"bootstrap": cluster.bootstrap, "tls.ca": str(certs / "ca.pem")}
+    df = spark.read.format("tidelog").options(subscribe="spark-in", **options).load()
+    assert df.count() == 100
+    df.select("key", "value").write.format("tidelog").options(topic="spark-out", **options).mode(
+        "append"
+    ).save()
     with Client(cluster.bootstrap, tls=tls) as client:
         copied = sorted(r.value for p in range(2) for r in client.consume("spark-out", p))
         assert copied == sorted(b"in-%d-%d" % (p, i) for p in range(2) for i in range(50))

@@ -33,7 +33,7 @@ from tidelog.node.config import BATCH_FRAME_MARGIN_BYTES
 from tidelog.node.core import NodeCore
 from tidelog.node.listeners.base import ConnectionLimits, FrameConnection, Listener
 from tidelog.node.metrics import Counters
-from tidelog.node.transport import FrameWriter, Payload, tune_socket
+from tidelog.node.transport import WRITE_BUFFER_HIGH_BYTES, FrameWriter, Payload, tune_socket
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
@@ -350,6 +350,9 @@ class _Outbound(asyncio.Protocol):
         self.transport = typing.cast(asyncio.Transport, transport)
         tune_socket(self.transport)
         keep_alive(self.transport)
+        # As on accepted connections: a replication answer (up to replica.fetch.max.bytes)
+        # fits the transport's buffer without pausing the writer behind it.
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         self.writer = FrameWriter(self.transport, self.link.zero_copy)
 
     async def handshake(self) -> None:
