@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tidelog.cli.connect import client_of
@@ -105,15 +106,12 @@ def cmd_principals(args: argparse.Namespace) -> int:
                 await client.remove_principal(args.name)
             else:
                 found = await client.principals()
-                if args.json:
-                    print(json.dumps(found))
-                else:
-                    print(f"{'PRINCIPAL':40} CREATED")
-                    for p in found:
-                        created = time.strftime(
-                            "%Y-%m-%d %H:%M:%S", time.gmtime(p["created_ms"] / 1000)
-                        )
-                        print(f"{p['name']:40} {created}")
+                print_listing(
+                    found,
+                    args.json,
+                    ("PRINCIPAL", "CREATED"),
+                    lambda p: (p["name"], created(p["created_ms"])),
+                )
         return 0
 
     return run_loop(run())
@@ -130,18 +128,38 @@ def cmd_quotas(args: argparse.Namespace) -> int:
             elif args.quotas_command == "remove":
                 await client.remove_quota(args.principal)
             else:
-                found = await client.quotas()
-                if args.json:
-                    print(json.dumps(found))
-                    return 0
-                width = max([len("PRINCIPAL"), *(len(q["principal"]) for q in found)])
-                print(f"{'PRINCIPAL':{width}}  LIMITS")
-                for q in found:
-                    rates = ", ".join(f"{k}={v:g}" for k, v in sorted(q["limits"].items()))
-                    print(f"{q['principal']:{width}}  {rates}")
+                print_listing(
+                    await client.quotas(),
+                    args.json,
+                    ("PRINCIPAL", "LIMITS"),
+                    lambda q: (
+                        q["principal"],
+                        ", ".join(f"{k}={v:g}" for k, v in sorted(q["limits"].items())),
+                    ),
+                )
         return 0
 
     return run_loop(run())
+
+
+def created(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000))
+
+
+def print_listing(
+    found: list[dict[str, Any]],
+    as_json: bool,
+    headings: tuple[str, ...],
+    row: Callable[[dict[str, Any]], tuple[str, ...]],
+) -> None:
+    """JSON, or a table whose columns are as wide as their widest cell (nothing is cut)."""
+    if as_json:
+        print(json.dumps(found))
+        return
+    rows = [headings, *(row(item) for item in found)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headings) - 1)]
+    for r in rows:
+        print("  ".join([*(cell.ljust(w) for cell, w in zip(r, widths, strict=False)), r[-1]]))
 
 
 def describe_acl(acl: dict[str, Any]) -> str:
@@ -165,14 +183,12 @@ def cmd_acl(args: argparse.Namespace) -> int:
                     cluster=args.cluster,
                 )
                 return 0
-            found = await client.acls(args.principal)
-            if args.json:
-                print(json.dumps(found))
-                return 0
-            width = max([len("PRINCIPAL"), *(len(a["principal"]) for a in found)])
-            print(f"{'PRINCIPAL':{width}}  {'PERMISSION':10}  RESOURCE")
-            for a in found:
-                print(f"{a['principal']:{width}}  {a['permission']:10}  {describe_acl(a)}")
+            print_listing(
+                await client.acls(args.principal),
+                args.json,
+                ("PRINCIPAL", "PERMISSION", "RESOURCE"),
+                lambda a: (a["principal"], a["permission"], describe_acl(a)),
+            )
         return 0
 
     return run_loop(run())

@@ -16,7 +16,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidelog.client.connection import NodeConnection
 from tidelog.errors import TidelogError
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -39,33 +38,14 @@ class ClusterView:
         self._address_asked: dict[int, float] = {}
         self._learning: dict[int, asyncio.Future[None]] = {}
         self._leaders: dict[tuple[str, int], tuple[int, int, float]] = {}  # -> leader, epoch, at
-        self._connections: dict[int, NodeConnection] = {}
 
     def close(self) -> None:
-        for conn in self._connections.values():
-            conn.close()
-        self._connections.clear()
+        """(The connections it asks over are the node's: NodeCore.asker.)"""
 
     async def ask(
         self, node: int, key: ApiKey, request: Any, timeout_s: float = ASK_TIMEOUT_S
     ) -> dict[str, Any]:
-        """One request to another node over tidelog's client protocol; its answer's header (its
-        error raised)."""
-        conn = self._connections.get(node)
-        if conn is None or conn.closed:
-            entry = self.core.registry.nodes().get(node)
-            if entry is None:
-                raise TidelogError(f"node {node} is not in the registry")
-            conn = await NodeConnection.open(
-                (entry.host, entry.port), ASK_TIMEOUT_S, self.core.config.tls_dialing
-            )
-            self._connections[node] = conn
-        frame = await conn.request(key, api.encode(request), timeout_s=timeout_s)
-        assert frame is not None
-        error = api.error_of(frame.header)
-        if error is not None:
-            raise error
-        return frame.header
+        return await self.core.asker.ask(node, key, request, timeout_s)
 
     # -- Kafka addresses --------------------------------------------------------------------------
 

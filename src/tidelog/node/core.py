@@ -49,6 +49,7 @@ from tidelog.errors import (
     from_wire,
 )
 from tidelog.node.access import Access, Operation, Principal
+from tidelog.node.asking import NodeAsker
 from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
@@ -172,6 +173,7 @@ class NodeCore:
         )
         self.counters = Counters()
         self.quotas = Quotas(self._quota_limits)
+        self.asker = NodeAsker(self)  # requests to other nodes' client listeners
         self._acls_seen: tuple[object, int] | None = None
         self._acl_list: list[Acl] = []
         self.hosts: dict[str, PartitionHost] = {}
@@ -276,6 +278,7 @@ class NodeCore:
                 log.error("%s: close failed: %s", host.group, exc)
         if self._flusher is not None:
             self._flusher.shutdown()
+        self.asker.close()
 
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -1153,29 +1156,14 @@ class NodeCore:
         leader = host.leader_hint
         if host.replica.is_leader or leader is None or leader == self.node_id:
             return None
-        entry = self.registry.nodes().get(leader)
-        if entry is None:
-            return None
-        from tidelog.client.connection import NodeConnection
-
+        forwarded = api.AuthenticateRequest(req.token, forwarded=True)
         try:
-            conn = await NodeConnection.open((entry.host, entry.port), 2.0, self.config.tls_dialing)
+            header = await self.asker.ask(leader, ApiKey.AUTHENTICATE, forwarded, 10.0)
+        except AuthenticationFailed:
+            raise
         except TidelogError:
-            return None
-        try:
-            forwarded = api.AuthenticateRequest(req.token, forwarded=True)
-            frame = await conn.request(ApiKey.AUTHENTICATE, api.encode(forwarded), timeout_s=10.0)
-        except TidelogError:
-            return None
-        finally:
-            conn.close()
-        assert frame is not None
-        error = api.error_of(frame.header)
-        if isinstance(error, AuthenticationFailed):
-            raise error
-        if error is not None:
-            return None  # the leader could not decide either: ask again
-        return api.decode(api.AuthenticateResponse, frame.header)
+            return None  # unreachable, or it could not decide either: ask again
+        return api.decode(api.AuthenticateResponse, header)
 
     async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
         if req.op in ("list", "describe"):
