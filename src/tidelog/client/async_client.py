@@ -360,8 +360,16 @@ class AsyncClient:
 
     # -- metadata -------------------------------------------------------------------------------
 
-    async def refresh_metadata(self, topics: list[str] | None = None) -> None:
-        header, _ = await self._any_node(ApiKey.METADATA, api.MetadataRequest(topics))
+    async def refresh_metadata(
+        self, topics: list[str] | None = None, at_metadata_leader: bool = False
+    ) -> None:
+        """at_metadata_leader: read what was just changed (any other node may not have
+        applied it yet)."""
+        request = api.MetadataRequest(topics)
+        if at_metadata_leader:
+            header = await self._to_metadata_leader(ApiKey.METADATA, request)
+        else:
+            header, _ = await self._any_node(ApiKey.METADATA, request)
         resp = api.decode(api.MetadataResponse, header)
         self._meta.nodes = {int(n["node_id"]): (str(n["host"]), int(n["port"])) for n in resp.nodes}
         self._meta.metadata_leader = resp.metadata_leader
@@ -506,7 +514,8 @@ class AsyncClient:
             name, partitions, replication_factor, dict(configs or {}), kind
         )
         await self._to_metadata_leader(ApiKey.CREATE_TOPIC, request)
-        info = await self.topic(name, refresh=True)
+        await self.refresh_metadata([name], at_metadata_leader=True)
+        info = await self.topic(name)
         if wait_for_leaders:
             await self.wait_for_leaders(name)
         return info
