@@ -145,7 +145,7 @@ class Access:
                 principal=principal.name,
                 operation=operation.value,
                 resource=resource.kind.value,
-                name=target or resource.name,
+                resource_name=target or resource.name,
             )
 
     def allows(
