@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +128,13 @@ class ScramExchange:
     user: str = ""
     stored: dict[str, Any] | None = None
     client_first_bare: str = ""
+    gs2_header: str = ""  # "n,," (or with an authorization id): client-final's c= repeats it
     server_first: str = ""
     nonce: str = ""
 
-    def first(self, client_first: bytes, stored_of: Any) -> bytes:
+    def first(
+        self, client_first: bytes, stored_of: Callable[[str], dict[str, Any] | None]
+    ) -> bytes:
         """stored_of(user) -> stored credentials of this mechanism, or None."""
         try:
             text = client_first.decode()
@@ -153,6 +157,7 @@ class ScramExchange:
             raise AuthenticationFailed("a SCRAM authorization id must be the user itself")
         self.stored = stored_of(self.user) or decoy(self.mechanism, self.user)
         self.client_first_bare = bare
+        self.gs2_header = f"{gs2},{authzid},"
         self.nonce = fields["r"] + base64.b64encode(os.urandom(18)).decode()
         assert self.stored is not None
         self.server_first = (
@@ -172,7 +177,7 @@ class ScramExchange:
         fields = _attributes(text)
         if not sep or not proof_part.startswith("p=") or fields.get("r") != self.nonce:
             raise AuthenticationFailed("SCRAM client-final message does not match the exchange")
-        if fields.get("c") not in ("biws", "eSws"):  # base64 of "n,," and "y,,"
+        if fields.get("c") != _b64(self.gs2_header.encode()):  # no channel binding
             raise AuthenticationFailed("SCRAM channel binding is not supported")
         auth_message = f"{self.client_first_bare},{self.server_first},{without_proof}".encode()
         try:
