@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,13 +109,6 @@ class Acl:
             return Acl(principal, granted, ResourceKind.TOPIC, prefix, Pattern.PREFIX)
         return Acl(principal, granted, ResourceKind.TOPIC, str(topic))
 
-    @property
-    def key(self) -> str:
-        """Identity in the metadata state: adding the same ACL twice keeps one."""
-        return "\x1f".join(
-            (self.principal, self.permission.value, self.kind.value, self.pattern.value, self.name)
-        )
-
     def covers(self, permission: Permission, resource: Resource) -> bool:
         if self.kind is ResourceKind.CLUSTER:
             return True  # cluster admin: everything
@@ -158,5 +152,16 @@ class Acl:
         return f"{self.principal}: {self.permission.value} on {where}"
 
 
-def permitted(acls: list[Acl], principal: str, permission: Permission, resource: Resource) -> bool:
+def permitted(
+    acls: Iterable[Acl], principal: str, permission: Permission, resource: Resource
+) -> bool:
     return any(a.applies_to(principal) and a.covers(permission, resource) for a in acls)
+
+
+def permitted_somewhere(acls: Iterable[Acl], principal: str, permission: Permission) -> bool:
+    """Whether principal holds permission on some topic (or is cluster admin): what Kafka's
+    group membership (read) and producer ids (write), which name no topic, need."""
+    return any(
+        a.applies_to(principal) and (a.kind is ResourceKind.CLUSTER or a.permission is permission)
+        for a in acls
+    )

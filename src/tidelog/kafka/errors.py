@@ -47,6 +47,7 @@ from tidelog.errors import (
     UnsupportedApi,
     UnsupportedCompression,
 )
+from tidelog.node.access import Operation
 
 NONE = 0
 UNKNOWN_SERVER_ERROR = -1
@@ -123,7 +124,7 @@ def kafka_code(error: TidelogError, not_leader: int = NOT_LEADER_OR_FOLLOWER) ->
     if isinstance(error, NotLeader):
         return not_leader
     if isinstance(error, NotAuthorized):
-        if error.details.get("operation") == "use consumer groups":
+        if error.details.get("operation") == Operation.GROUP.value:
             return 30  # GROUP_AUTHORIZATION_FAILED
         if error.details.get("resource") == "cluster":
             return 31  # CLUSTER_AUTHORIZATION_FAILED

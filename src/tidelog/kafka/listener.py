@@ -34,7 +34,6 @@ from tidelog.kafka.sasl import (
     SASL_HANDSHAKE,
     SaslSession,
     failed_answer,
-    token_checker,
 )
 from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
@@ -70,11 +69,7 @@ class KafkaConnection(FrameConnection):
             self.address, Origin.KAFKA, transport.get_extra_info("peercert")
         )
         tls = transport.get_extra_info("sslcontext") is not None
-        self.sasl = SaslSession(
-            self.broker.core,
-            plain_allowed=tls or is_loopback(self.host),
-            check_token=token_checker(self.broker.core, self.principal),
-        )
+        self.sasl = SaslSession(self.broker, tls or is_loopback(self.host), self.principal)
 
     def tune(self, transport: asyncio.Transport) -> None:
         tune_socket(transport, receive_buffer=False)
@@ -158,10 +153,9 @@ class KafkaConnection(FrameConnection):
         if values is None:  # acks=0: no answer, and so no place in the queue
             self._answer(slot, None)
             return
-        held = self.broker.core.quotas.throttle_ms(self.principal.name)
+        held = self.hold_for_quota(self.broker.core.quotas, self.principal.name)
         if held:
             values = {**values, "throttle_time": held}  # kio names throttle_time_ms so
-            self.hold_for(held / 1000)
         data = encode_response(request.api_key, request.api_version, request.correlation_id, values)
         self._answer(slot, data)
 

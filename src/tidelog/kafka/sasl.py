@@ -14,13 +14,15 @@ anonymous, and ACLs decide what that may do.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidelog.errors import AuthenticationFailed, TidelogError
-from tidelog.node.core import NodeCore
+from tidelog.node.access import Principal
 from tidelog.protocol import api
 from tidelog.scram import MECHANISMS, ScramExchange, credentials
+
+if TYPE_CHECKING:
+    from tidelog.kafka.broker import KafkaBroker
 
 SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
@@ -37,15 +39,10 @@ def _admin_credentials(secret: str) -> dict[str, dict[str, Any]]:
 class SaslSession:
     """One connection's SASL state."""
 
-    def __init__(
-        self,
-        core: NodeCore,
-        plain_allowed: bool,
-        check_token: Callable[[str], Awaitable[str]],
-    ) -> None:
-        self.core = core
+    def __init__(self, broker: KafkaBroker, plain_allowed: bool, connection: Principal) -> None:
+        self.broker = broker
+        self.connection = connection  # who the connection was before SASL (TLS, or anonymous)
         self.mechanisms = (["PLAIN"] if plain_allowed else []) + list(MECHANISMS)
-        self.check_token = check_token  # NAME:SECRET -> the principal, or AuthenticationFailed
         self.mechanism = ""
         self.scram: ScramExchange | None = None
         self.done = False
@@ -71,7 +68,10 @@ class SaslSession:
             authzid, user, password = (p.decode(errors="replace") for p in parts)
             if authzid and authzid != user:
                 raise AuthenticationFailed("a SASL/PLAIN authorization id must be the user")
-            proved, out = await self.check_token(f"{user}:{password}"), b""
+            # Checked as tidelog's AUTHENTICATE checks a token, through the core's one entry.
+            request = api.AuthenticateRequest(f"{user}:{password}")
+            answer = await self.broker._call(self.connection, request)
+            proved, out = answer.principal, b""
         elif self.scram is None:
             self.scram = ScramExchange(self.mechanism)
             out = self.scram.first(auth_bytes, self._stored)
@@ -81,10 +81,11 @@ class SaslSession:
         return {"error_code": 0, "auth_bytes": out, "session_lifetime": 0}, proved
 
     def _stored(self, user: str) -> dict[str, Any] | None:
-        admin = self.core.config.admin_token
+        core = self.broker.core
+        admin = core.config.admin_token
         if admin is not None and user == admin[0]:
             return _admin_credentials(admin[1])[self.mechanism]
-        entry = self.core.metadata.principals.get(user)
+        entry = core.metadata.principals.get(user)
         found = None if entry is None else entry.get("scram", {}).get(self.mechanism)
         return dict(found) if found else None
 
@@ -96,16 +97,3 @@ def failed_answer(exc: TidelogError) -> dict[str, Any]:
         "auth_bytes": b"",
         "session_lifetime": 0,
     }
-
-
-def token_checker(core: NodeCore, principal: Any) -> Callable[[str], Awaitable[str]]:
-    """Checks a token as tidelog's AUTHENTICATE does (through the core's one entry)."""
-
-    async def check(token: str) -> str:
-        result = core.handle(principal, api.AuthenticateRequest(token), b"")
-        if isinstance(result, Awaitable):
-            result = await result
-        assert isinstance(result, api.AuthenticateResponse)
-        return result.principal
-
-    return check

@@ -16,10 +16,10 @@ In both, only authenticated peers replicate.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from tidelog.acls import ANONYMOUS, Acl, Permission, Resource, ResourceKind, permitted
+from tidelog.acls import ANONYMOUS, Acl, Permission, Resource, permitted, permitted_somewhere
 from tidelog.errors import AuthenticationFailed, NotAuthorized
 from tidelog.tls import peer_subject
 
@@ -110,7 +110,7 @@ class Access:
         self,
         authorization: Authorization = Authorization.NONE,
         super_users: Iterable[str] = (),
-        acls: Callable[[], Iterable[Acl]] = lambda: (),
+        acls: Callable[[], Sequence[Acl]] = lambda: (),
         principal_exists: Callable[[str], bool] = lambda name: False,
     ) -> None:
         self.authorization = authorization
@@ -170,14 +170,10 @@ class Access:
             return True
         if operation in (Operation.GROUP, Operation.PRODUCER_ID):
             wanted = Permission.READ if operation is Operation.GROUP else Permission.WRITE
-            return any(
-                a.applies_to(principal.name)
-                and (a.kind is ResourceKind.CLUSTER or a.permission is wanted)
-                for a in self.acls()
-            )
-        return permitted(list(self.acls()), principal.name, NEEDS[operation], resource)
+            return permitted_somewhere(self.acls(), principal.name, wanted)
+        return permitted(self.acls(), principal.name, NEEDS[operation], resource)
 
     def is_cluster_admin(self, principal: Principal) -> bool:
         return principal.name in self.super_users or permitted(
-            list(self.acls()), principal.name, Permission.ADMIN, Resource.cluster()
+            self.acls(), principal.name, Permission.ADMIN, Resource.cluster()
         )

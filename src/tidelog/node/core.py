@@ -992,6 +992,7 @@ class NodeCore:
         node = {
             "counters": self.counters.snapshot(),
             "authorization_denied": self.access.denied,
+            "quota_throttled_answers": self.quotas.throttled_answers,
             "directory_id": self.identity.directory_id,
             "cluster_id": self.identity.cluster_id,
             "replaced_peers": self.replaced_peers(),
@@ -1075,7 +1076,8 @@ class NodeCore:
     async def _acls(self, req: api.AclsRequest, payload: bytes) -> api.AclsResponse:
         if req.op == "list":
             found = [a for a in self._parsed_acls() if req.principal in ("", a.principal)]
-            return api.AclsResponse([a.to_wire() for a in sorted(found, key=lambda a: a.key)])
+            listed = sorted((a.to_wire() for a in found), key=acl_key)
+            return api.AclsResponse(listed)
         if req.op not in ("add", "remove"):
             raise InvalidRequest(f"unknown acl op {req.op!r}")
         acl = Acl.from_wire(req.acl)

@@ -37,6 +37,7 @@ from tidelog.errors import InvalidRequest
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.metrics import Counters
+from tidelog.node.quotas import Quotas
 from tidelog.node.transport import FrameWriter, Payload, tune_socket
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind
 from tidelog.tls import HANDSHAKE_TIMEOUT_S
@@ -266,9 +267,16 @@ class FrameConnection(asyncio.Protocol):
         if reason in HOLDING_PAUSES and self.decoder.pending_bytes:
             asyncio.get_running_loop().call_soon(self._pump)  # frames that arrived meanwhile
 
-    def hold_for(self, seconds: float) -> None:
-        """Read nothing more from this connection for this long: a quota's throttle, sent
-        first in the answer's throttle_time_ms (Kafka's KIP-219)."""
+    def hold_for_quota(self, quotas: Quotas, principal: str) -> int:
+        """How long principal, over a quota, is held (ms, 0 if not): the answer says so in its
+        throttle_time_ms, and nothing more is read from this connection for that long
+        (Kafka's KIP-219)."""
+        held = quotas.throttle_ms(principal)
+        if held:
+            self._hold_for(held / 1000)
+        return held
+
+    def _hold_for(self, seconds: float) -> None:
         until = time.monotonic() + seconds
         if until <= self._held_until:
             return

@@ -136,10 +136,9 @@ class ClientConnection(FrameConnection):
 
     def _throttled(self, answer: tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
         """The answer, with how long a principal over its quota is held (and the hold)."""
-        held = self.core.quotas.throttle_ms(self.principal.name)
+        held = self.hold_for_quota(self.core.quotas, self.principal.name)
         if held:
             answer[0]["throttle_time_ms"] = held
-            self.hold_for(held / 1000)
         return answer
 
     def _answer(self, slot: _Slot, header: dict[str, Any], payload: Any = None) -> None:
