@@ -146,7 +146,15 @@ def stop_follower_until_passed(
         lambda: row(client, topic)["leader"] if row(client, topic)["leader"] > 0 else None,
     )
     follower = next(n for n in cluster.node_ids if n != leader)
-    behind = row(client, topic)["replicas"][str(follower)]["log_end_offset"]
+    # A node restarted just before may still be opening this partition: its own row comes later.
+    behind = wait_for(
+        "the follower's own status row",
+        lambda: [
+            rep["log_end_offset"]
+            for rep in [row(client, topic)["replicas"].get(str(follower))]
+            if rep is not None
+        ],
+    )[0]
     cluster.kill(follower)
     produce()
     wait_for(
