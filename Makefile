@@ -4,11 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean java kcat cc
+.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(wildcard src/tidelog/record/*.c src/tidelog/record/*.h) | java kcat cc
+$(STAMP): pyproject.toml $(wildcard src/tidelog/record/*.c src/tidelog/record/*.h) | java kcat cc chromium
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/python -m pip install --quiet -e '.[spark,dev]'
@@ -35,6 +35,14 @@ kcat:
 	  echo "kcat not found: installing it"; \
 	  (sudo -n true 2>/dev/null && SUDO=sudo || SUDO=); \
 	  $$SUDO apt-get install -y -qq kcat || { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }; }
+
+# The console's browser test (tests/test_console.py) drives Debian's chromium with Playwright;
+# Playwright's own browser download is never used.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "chromium not found: installing it"; \
+	  (sudo -n true 2>/dev/null && SUDO=sudo || SUDO=); \
+	  $$SUDO apt-get install -y -qq chromium || { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
 
 demo: setup
 	$(BIN)/tidelog demo

@@ -246,7 +246,7 @@ class Workload:
 
 
 def leader_of(client: Client, partition: int) -> int:
-    from tidelog.cli.main import merge_status
+    from tidelog.cluster_status import merge_status
 
     rows = merge_status(client.status([TOPIC]), TOPIC)
     for row in rows:

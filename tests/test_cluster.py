@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
 from tidelog.errors import NotEnoughReplicas, TidelogError
 from tidelog.record import ProducerRecord
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
 from tidelog.errors import CursorInvalidated, InvalidRequest, StorageFull
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey

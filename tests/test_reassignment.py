@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
 from tidelog.errors import InvalidReplicaAssignment, TidelogError, UnknownTopicOrPartition
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from test_cluster import leader_of, wait_converged
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
 from tidelog.errors import TidelogError
 from tidelog.record.batch import ProducerRecord
 

@@ -25,8 +25,8 @@ pytest.importorskip("pyspark")
 from invalid_batches import INVALID
 from test_cluster import leader_of
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
 from tidelog.errors import TidelogError
 from tidelog.record import ProducerRecord
 

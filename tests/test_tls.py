@@ -6,12 +6,16 @@ certificate where one is required."""
 from __future__ import annotations
 
 import json
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import run_tidelog
 from tidelog.cli.cluster import LocalCluster
@@ -53,6 +57,7 @@ def cluster(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
         serve_args=serve_args(certs),
         log_level="WARNING",
         kafka=True,
+        http=True,
     ) as c:
         yield c
 
@@ -196,3 +201,20 @@ def test_the_spark_source_and_sink_over_tls(
     with Client(cluster.bootstrap, tls=tls) as client:
         copied = sorted(r.value for p in range(2) for r in client.consume("spark-out", p))
         assert copied == sorted(b"in-%d-%d" % (p, i) for p in range(2) for i in range(50))
+
+
+def test_metrics_and_the_console_are_served_over_tls(cluster: LocalCluster, certs: Path) -> None:
+    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    url = cluster.http_url(1)
+    assert url.startswith("https://")
+    with urllib.request.urlopen(url + "/metrics", context=context, timeout=10) as answer:
+        names = {f.name for f in text_string_to_metric_families(answer.read().decode())}
+    assert "tidelog_partition_high_watermark" in names
+    with urllib.request.urlopen(url + "/", context=context, timeout=10) as answer:
+        assert b"tidelog" in answer.read()
+    # Plain HTTP to the TLS listener, and a client that does not trust its CA: refused.
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(url.replace("https", "http") + "/metrics", timeout=10).read()
+    with pytest.raises(urllib.error.URLError) as info:
+        urllib.request.urlopen(url + "/metrics", context=ssl.create_default_context(), timeout=10)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)

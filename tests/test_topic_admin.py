@@ -11,8 +11,8 @@ import pytest
 
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
 from tidelog.config import InvalidConfig
 from tidelog.errors import InvalidRequest, UnknownTopicOrPartition
 from tidelog.node.access import Principal

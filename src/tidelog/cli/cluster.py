@@ -60,6 +60,7 @@ class LocalCluster:
         die_with_parent: bool = False,
         kafka: bool = False,
         kafka_ports: list[int] | None = None,
+        http: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.die_with_parent = die_with_parent
@@ -80,6 +81,13 @@ class LocalCluster:
                 taken = set(self.ports.values()) | set(self.peer_ports.values())
                 kafka_ports = [p for p in free_ports(3 * nodes) if p not in taken][:nodes]
             self.kafka_ports = dict(zip(self.node_ids, kafka_ports, strict=True))
+        # Each node's HTTP listener (--http-listen: /metrics and the console), when asked for.
+        self.http_ports: dict[int, int] = {}
+        if http:
+            taken = set(self.ports.values()) | set(self.peer_ports.values())
+            taken |= set(self.kafka_ports.values())
+            found = [p for p in free_ports(4 * nodes) if p not in taken][:nodes]
+            self.http_ports = dict(zip(self.node_ids, found, strict=True))
         self.serve_args = list(serve_args or [])
         self.env = dict(os.environ, **(env or {}))
         self.log_level = log_level
@@ -148,6 +156,11 @@ class LocalCluster:
     def address(self, node_id: int) -> str:
         return f"127.0.0.1:{self.ports[node_id]}"
 
+    def http_url(self, node_id: int) -> str:
+        """Where node_id serves /metrics and the console (a cluster made with http=True)."""
+        scheme = "https" if "--tls-cert" in self.serve_args else "http"
+        return f"{scheme}://127.0.0.1:{self.http_ports[node_id]}"
+
     def log_path(self, node_id: int) -> Path:
         return self.data_dir / f"node-{node_id}.log"
 
@@ -175,6 +188,11 @@ class LocalCluster:
                 *(
                     ["--kafka-listen", f"127.0.0.1:{self.kafka_ports[n]}"]
                     if n in self.kafka_ports
+                    else []
+                ),
+                *(
+                    ["--http-listen", f"127.0.0.1:{self.http_ports[n]}"]
+                    if n in self.http_ports
                     else []
                 ),
                 "--cluster-secret-file",

@@ -141,7 +141,7 @@ class Demo:
         )
 
     def _kill_leader(self, topic: str, partition: int) -> int:
-        from tidelog.cli.main import merge_status
+        from tidelog.cluster_status import merge_status
 
         rows = merge_status(self.client.status([topic]), topic)
         leader = next(r["leader"] for r in rows if r["partition"] == partition)
@@ -150,7 +150,7 @@ class Demo:
         return int(leader)
 
     def _status(self, clicks: Clickstream) -> None:
-        from tidelog.cli.main import merge_status
+        from tidelog.cluster_status import merge_status
 
         try:
             rows = merge_status(self.client.status(["events"]), "events")

@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 from tidelog.cli.connect import client_of
-from tidelog.cli.main import answered_nodes, merge_status
 from tidelog.cli.reassign import add_reassign_command
 from tidelog.client.async_client import AsyncClient
+from tidelog.cluster_status import answered_nodes, merge_status
 from tidelog.errors import InvalidRequest, NoEligibleLeader, TidelogError
 from tidelog.replication.metadata import METADATA_TOPIC
 

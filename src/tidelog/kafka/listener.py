@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
+import re
+import time
 from typing import Any
 
 from tidelog.errors import AuthenticationFailed, InvalidRequest, NotAuthorized, TidelogError
@@ -101,7 +104,7 @@ class KafkaConnection(FrameConnection):
             self.pause("authenticating")
             slot.task = asyncio.get_running_loop().create_task(self._sasl(slot, request))
             return
-        slot.task = asyncio.get_running_loop().create_task(self._serve(slot, request))
+        slot.task = asyncio.get_running_loop().create_task(self._serve(slot, request, len(frame)))
 
     async def _sasl(self, slot: _Slot, request: KafkaRequest) -> None:
         failed = False
@@ -125,7 +128,8 @@ class KafkaConnection(FrameConnection):
         else:
             self.resume("authenticating")
 
-    async def _serve(self, slot: _Slot, request: KafkaRequest) -> None:
+    async def _serve(self, slot: _Slot, request: KafkaRequest, size: int) -> None:
+        started = time.monotonic()
         try:
             values = await self.broker.handle(self.principal, request)
         except asyncio.CancelledError:
@@ -157,6 +161,9 @@ class KafkaConnection(FrameConnection):
         if held:
             values = {**values, "throttle_time": held}  # kio names throttle_time_ms so
         data = encode_response(request.api_key, request.api_version, request.correlation_id, values)
+        self.broker.core.request_metrics("kafka", request_name(request)).answered(
+            time.monotonic() - started, size, len(data)
+        )
         self._answer(slot, data)
 
     def _answer(self, slot: _Slot, data: bytes | None) -> None:
@@ -186,3 +193,15 @@ def kafka_listener(broker: KafkaBroker, limits: ConnectionLimits) -> Listener:
         zero_copy=False,
         fail_stop=broker.core.fail_stop,
     )
+
+
+def request_name(request: KafkaRequest) -> str:
+    return _snake_name(type(request.body).__name__)
+
+
+@functools.cache
+def _snake_name(class_name: str) -> str:
+    """ProduceRequest → produce, ListOffsetsRequest → list_offsets: Kafka's API names, written
+    as tidelog's own requests are in the metrics."""
+    name = class_name.removesuffix("Request")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

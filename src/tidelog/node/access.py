@@ -28,9 +28,10 @@ class Listener(enum.Enum):
     CLIENT = "client"
     PEER = "peer"
     KAFKA = "kafka"  # the Kafka-protocol listener (tidelog.kafka): a client like any other
+    HTTP = "http"  # metrics and the console (node/listeners/http.py): status only
 
 
-CLIENT_LISTENERS = frozenset({Listener.CLIENT, Listener.KAFKA})
+CLIENT_LISTENERS = frozenset({Listener.CLIENT, Listener.KAFKA, Listener.HTTP})
 
 
 class Operation(enum.Enum):

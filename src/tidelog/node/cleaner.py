@@ -40,6 +40,7 @@ class Cleaner:
         self._scrubbing: PartitionHost | None = None
         self.passes = 0
         self.deleted_segments = 0
+        self.deleted_bytes = 0
 
     def scrub_later(self, host: PartitionHost) -> None:
         """Check, in the background, what host's log held when it opened (storage/scrub.py)."""
@@ -128,6 +129,7 @@ class Cleaner:
         self.passes += 1
         before = host.log.log_start_offset
         lwm = host.driver.clean(lambda: self.facts(host))
+        host.low_watermark_seen = lwm  # what /metrics reports until the next pass
         if lwm is not None and host.log.log_start_offset > before:
             log.info(
                 "%s: log start %d -> %d (low-water mark set by %s)",
@@ -143,9 +145,11 @@ class Cleaner:
         host.after_cleaning()
 
     def delete_below_log_start(self, host: PartitionHost) -> None:
+        size = host.log.size_bytes
         deleted = host.log.delete_segments_below_log_start()
         if deleted:
             self.deleted_segments += len(deleted)
+            self.deleted_bytes += max(0, size - host.log.size_bytes)
             log.info(
                 "%s: deleted %d segment(s) below log start %d: %s",
                 host.group,

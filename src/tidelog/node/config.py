@@ -103,6 +103,8 @@ class NodeConfig:
     # what Kafka clients are told to connect to (default: the bound address, with the client
     # listener's host when bound to every interface).
     kafka_listen: tuple[str, int] | None = None
+    # Prometheus /metrics and the web console (node/listeners/http.py): None for none.
+    http_listen: tuple[str, int] | None = None
     kafka_advertised: tuple[str, int] | None = None
     # -- what a client connection may cost (each a limit with a named setting) --------------
     frame_bytes_max: int = 64 * MiB  # socket.request.max.bytes: checked before buffering
@@ -183,6 +185,7 @@ class NodeConfig:
                 ("--listen", self.listen),
                 ("--peer-listen", self.peer_listen),
                 ("--kafka-listen", self.kafka_listen),
+                ("--http-listen", self.http_listen),
             )
             if address is not None and not is_loopback(host := address[0])
         ]
@@ -351,7 +354,7 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
                 raise InvalidConfig(f"{key}: {values[key]!r} is not an integer", key=key) from None
     if "zero_copy" in values:
         kwargs["zero_copy"] = bool(values["zero_copy"])
-    for key in ("peer_listen", "kafka_listen", "kafka_advertised"):
+    for key in ("peer_listen", "kafka_listen", "kafka_advertised", "http_listen"):
         if values.get(key):
             kwargs[key] = parse_address(str(values[key]))
     join = values.get("join")

@@ -23,9 +23,11 @@ import contextlib
 import hmac
 import json
 import logging
+import shutil
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from tidelog import __version__
@@ -54,7 +56,7 @@ from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
-from tidelog.node.metrics import Counters
+from tidelog.node.metrics import Counters, Histograms, RequestMetrics
 from tidelog.node.partition import PartitionHost
 from tidelog.node.quotas import (
     ADMIN_REQUEST_RATE,
@@ -172,6 +174,8 @@ class NodeCore:
             lambda name: name in self.metadata.principals,
         )
         self.counters = Counters()
+        self.histograms = Histograms()
+        self._request_metrics: dict[tuple[str, int | str], RequestMetrics] = {}
         self.quotas = Quotas(self._quota_limits)
         self.asker = NodeAsker(self)  # requests to other nodes' client listeners
         self._acls_seen: tuple[object, int] | None = None
@@ -346,6 +350,8 @@ class NodeCore:
             machine=machine,
             on_roll=self.cleaner.request,
             on_invalidate=self.cleaner.on_cursor_past_cap,
+            counters=self.counters,
+            fsync_seconds=self.histograms.get("tidelog_fsync_seconds"),
             directory_id=self.identity.directory_id,
             known_directories=self.peer_directories,
             topic_id=topic_id,
@@ -493,6 +499,20 @@ class NodeCore:
         self.track(asyncio.get_running_loop().create_task(propose()))
 
     # -- the client entry -----------------------------------------------------------------------
+
+    def request_metrics(self, listener: str, request: int | str) -> RequestMetrics:
+        """A listener's figures for one request type (tidelog's api key, or a name)."""
+        found = self._request_metrics.get((listener, request))
+        if found is None:
+            name = request
+            if isinstance(request, int):
+                try:
+                    name = ApiKey(request).name.lower()
+                except ValueError:
+                    name = str(request)
+            found = RequestMetrics(self.counters, self.histograms, listener, str(name))
+            self._request_metrics[(listener, request)] = found
+        return found
 
     def request_type(self, key: int) -> type[Any]:
         """The typed request an api key carries (UnsupportedApi for one the core does not
@@ -990,6 +1010,7 @@ class NodeCore:
             "storage_max_bytes": self.config.storage_max_bytes,
         }
         node = {
+            **disk_usage(self.config.data_dir),
             "counters": self.counters.snapshot(),
             "authorization_denied": self.access.denied,
             "quota_throttled_answers": self.quotas.throttled_answers,
@@ -1323,3 +1344,12 @@ class NodeCore:
         return api.ApiVersionsResponse(
             self.node_id, __version__, self.api_keys, self.peer_port, self.kafka_address
         )
+
+
+def disk_usage(directory: Path) -> dict[str, int]:
+    """The data directory's disk, as status and the console show it."""
+    try:
+        disk = shutil.disk_usage(directory)
+    except OSError:
+        return {}
+    return {"disk_free_bytes": disk.free, "disk_total_bytes": disk.total}

@@ -22,11 +22,13 @@ from tidelog.config import TopicConfig
 from tidelog.errors import NotLeader, StorageFull, TidelogError, Timeout
 from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
+from tidelog.node.metrics import Counters, Histogram
 from tidelog.node.state_machine import Machine, StateMachineDriver
 from tidelog.record.validation import BatchRules
 from tidelog.replication.driver import PartitionDriver
+from tidelog.replication.low_watermark import LowWatermark
 from tidelog.replication.messages import Message
-from tidelog.replication.replica import QuorumState, Ready, Replica, ReplicaConfig
+from tidelog.replication.replica import QuorumState, Ready, Replica, ReplicaConfig, Role
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.compaction import (
     CompactionPlan,
@@ -63,6 +65,8 @@ class PartitionHost:
         directory_id: str = "",
         known_directories: Mapping[int, str] | None = None,
         topic_id: int = -1,
+        counters: Counters | None = None,
+        fsync_seconds: Histogram | None = None,
     ) -> None:
         self.topic = topic
         self.topic_id = topic_id  # which incarnation of the topic's name (-1: the metadata log)
@@ -75,6 +79,8 @@ class PartitionHost:
         self._on_high_watermark = on_high_watermark
         self._on_roll = on_roll
         self._on_invalidate = on_invalidate
+        self._counters = counters if counters is not None else Counters()
+        self._fsync_seconds = fsync_seconds if fsync_seconds is not None else Histogram()
         self.log = SegmentedLog(directory, config)
         # Batches no reader can read, found by the scrubber (what was in the log when it
         # opened), compaction or the state machine; reported in status, skipped by readers.
@@ -129,6 +135,8 @@ class PartitionHost:
         self.flush_seconds_max = 0.0
         self.flushed_records = 0
         self.compactions = 0
+        # The leader's LWM as the cleaner's last pass decided it (None: not decided here).
+        self.low_watermark_seen: LowWatermark | None = None
         self.compacting = False
         self._waiters: list[asyncio.Future[None]] = []
         self._checkpointed_hw = self.log.high_watermark
@@ -219,7 +227,8 @@ class PartitionHost:
             self._on_invalidate(self, name, reason)
 
     def handled(self, ready: Ready) -> None:
-        pass
+        if ready.role_changed and self.replica.role is Role.LEADER:
+            self._counters.inc("tidelog_leader_elections_won_total")
 
     def _topic_rules(self, base: ReplicaConfig, config: TopicConfig) -> ReplicaConfig:
         """The replica's settings that come from the topic's config."""
@@ -380,6 +389,7 @@ class PartitionHost:
         self.flush_count += 1
         self.flush_seconds += job.seconds
         self.flush_seconds_max = max(self.flush_seconds_max, job.seconds)
+        self._fsync_seconds.observe(job.seconds)
         self.flushed_records += max(0, job.target - self.log.durable_end_offset)
         self.log.complete_flush(job)
         self.driver.flushed()

@@ -5,6 +5,8 @@
                                                  membership; replication happens only here
     Kafka listener (tidelog/kafka/)               the Kafka protocol, for Kafka clients and
                                                  tools (--kafka-listen)
+    HTTP listener (node/listeners/http.py)        Prometheus's /metrics and the web console
+                                                 (--http-listen)
 
 A single node is a cluster of one: the metadata log and every partition are replica groups;
 with one voter each, every group elects this node at start.
@@ -27,6 +29,7 @@ from tidelog.node.core import METADATA_GROUP, NodeCore
 from tidelog.node.join import join_cluster, load_joined
 from tidelog.node.listeners.base import ConnectionLimits, Listener
 from tidelog.node.listeners.client import client_listener
+from tidelog.node.listeners.http import HttpListener
 from tidelog.node.listeners.peer import PeerChannel, PeerListener
 from tidelog.node.partition import PartitionHost
 from tidelog.replication.metadata import MetadataState
@@ -53,6 +56,10 @@ class Node:
         if config.kafka_listen is not None:
             self.kafka = KafkaBroker(self.core, config.kafka_listen)
             self.kafka_listener = kafka_listener(self.kafka, limits)
+        self.http: HttpListener | None = None
+        if config.http_listen is not None:
+            self.http = HttpListener(self.core)
+        self.http_address: tuple[str, int] | None = None
         self.peer_address: tuple[str, int] = ("", -1)
         self._stopped: asyncio.Event | None = None
         self.started_at = time.time()
@@ -128,6 +135,10 @@ class Node:
                 "TIDELOG_CLUSTER_SECRET",
                 *self.peer_address,
             )
+        if self.http is not None:
+            assert config.http_listen is not None
+            plain = None if tls is None else tls.server_context("none")
+            self.http_address = await self.http.start(*config.http_listen, plain)
         self.peer_channel = PeerChannel(self.core, config.cluster_secret)
         self.peer_listener.on_bound = self.peer_channel.peer_is_up
         self._nodes_changed()  # dials every node this node knows of
@@ -191,6 +202,11 @@ class Node:
                     if self.kafka_listener is not None
                     else {}
                 ),
+                **(
+                    {"http": {"address": "{}:{}".format(*self.http_address)}}
+                    if self.http_address is not None
+                    else {}
+                ),
             },
             "peers": self.peer_channel.stats() if self.peer_channel is not None else {},
         }
@@ -222,6 +238,8 @@ class Node:
 
     def _fail_stop(self, exc: BaseException) -> None:
         # No graceful anything: no checkpoint, no flush, no answer; peers see a dead node.
+        if self.http is not None:
+            self.core.track(asyncio.get_running_loop().create_task(self.http.close()))
         self._close_kafka()
         self.client_listener.close()
         self.peer_listener.close()
@@ -241,6 +259,8 @@ class Node:
         if self._stopped is None or self._stopped.is_set():
             return
         log.info("node %d stopping", self.node_id)
+        if self.http is not None:
+            await self.http.close()
         self._close_kafka()
         self.client_listener.close()
         self.peer_listener.close()

@@ -15,6 +15,7 @@ import asyncio
 import collections
 import json
 import logging
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -34,9 +35,21 @@ HELD_BYTES_MAX = 4 * 1024 * 1024  # answers ready but queued behind one that is 
 
 
 class _Slot:
-    __slots__ = ("api", "correlation_id", "header", "held_bytes", "payload", "ready", "task")
+    __slots__ = (
+        "api",
+        "bytes_in",
+        "correlation_id",
+        "header",
+        "held_bytes",
+        "payload",
+        "ready",
+        "started",
+        "task",
+    )
 
     def __init__(self, frame: Frame) -> None:
+        self.started = time.monotonic()
+        self.bytes_in = len(frame.payload)
         self.api = frame.api
         self.correlation_id = frame.correlation_id
         self.ready = False
@@ -143,6 +156,9 @@ class ClientConnection(FrameConnection):
 
     def _answer(self, slot: _Slot, header: dict[str, Any], payload: Any = None) -> None:
         slot.header, slot.payload, slot.ready = header, payload, True
+        self.core.request_metrics("client", slot.api).answered(
+            time.monotonic() - slot.started, slot.bytes_in, _payload_size(payload)
+        )
         slot.task = None
         slots = self._slots
         while slots and slots[0].ready:
@@ -174,10 +190,13 @@ class ClientConnection(FrameConnection):
 
 
 def _size(header: dict[str, Any], payload: Any) -> int:
-    body = len(json.dumps(header, separators=(",", ":")))
+    return len(json.dumps(header, separators=(",", ":"))) + _payload_size(payload)
+
+
+def _payload_size(payload: Any) -> int:
     if payload is None:
-        return body
-    return body + (len(payload) if isinstance(payload, bytes | bytearray) else int(payload.size))
+        return 0
+    return len(payload) if isinstance(payload, bytes | bytearray) else int(payload.size)
 
 
 def _encoded(result: Any) -> tuple[dict[str, Any], Any]:

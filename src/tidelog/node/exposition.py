@@ -1,0 +1,267 @@
+"""The node's figures in Prometheus's text format (`GET /metrics`): read from the core when
+scraped, never kept twice. Per partition replica: the offsets that bound its zones (log start,
+LWM, HW, LEO), its size, leader and epoch; on the leader, the in-sync set and the hold that sets
+the LWM; per cursor, how far it trails and how long it has been idle. Then what the node counted
+(node/metrics.py), its disk, and the cleaner's work.
+
+The LWM here is the one the cleaner's last pass decided (cached on each leader's host), so a
+scrape of many partitions costs a read of each, not a new decision; status decides afresh."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from tidelog import __version__
+from tidelog.node.core import disk_usage
+from tidelog.replication.replica import Role
+
+if TYPE_CHECKING:
+    from tidelog.node.core import NodeCore
+    from tidelog.node.partition import PartitionHost
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PARTITION = ["topic", "partition"]
+
+
+def scrape(core: NodeCore) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(core))
+    return generate_latest(registry)
+
+
+class NodeCollector(Collector):
+    def __init__(self, core: NodeCore) -> None:
+        self.core = core
+
+    def collect(self) -> Iterable[Metric]:
+        core = self.core
+        yield from self._node()
+        yield from self._partitions(
+            sorted(
+                (h for h in core.hosts.values() if h is not core.metadata_host),
+                key=lambda h: (h.topic, h.partition),
+            )
+        )
+        yield from self._counted()
+
+    # -- the node ------------------------------------------------------------------------------
+
+    def _node(self) -> Iterator[Metric]:
+        core = self.core
+        info = InfoMetricFamily("tidelog_node", "This node", labels=["node_id"])
+        identity = getattr(core, "identity", None)
+        info.add_metric(
+            [str(core.node_id)],
+            {
+                "version": __version__,
+                "cluster_id": identity.cluster_id if identity is not None else "",
+                "directory_id": identity.directory_id if identity is not None else "",
+            },
+        )
+        yield info
+        mh = core.metadata_host.replica
+        yield _gauge(
+            "tidelog_metadata_leader", "Node that leads the metadata log (-1: none)", mh.leader_id
+        )
+        yield _gauge("tidelog_metadata_epoch", "The metadata log's leader epoch", mh.epoch)
+        yield _gauge(
+            "tidelog_metadata_applied_offset",
+            "Metadata log entries this node has applied",
+            core.metadata.applied_offset,
+        )
+        yield _gauge("tidelog_topics", "Topics in the cluster", len(core.metadata.topics))
+        stored = sum(h.log.size_bytes for h in core.hosts.values())
+        yield _gauge("tidelog_storage_bytes", "Bytes of segments this node stores", stored)
+        yield _gauge(
+            "tidelog_storage_max_bytes",
+            "storage.max.bytes: past it produce is refused with StorageFull (-1: no cap)",
+            core.config.storage_max_bytes,
+        )
+        disk = disk_usage(core.config.data_dir)
+        if disk:
+            yield _gauge(
+                "tidelog_disk_free_bytes",
+                "Free bytes on the data directory's disk",
+                disk["disk_free_bytes"],
+            )
+            yield _gauge(
+                "tidelog_disk_total_bytes",
+                "Size of the data directory's disk",
+                disk["disk_total_bytes"],
+            )
+        cleaner = core.cleaner
+        yield _counter("tidelog_cleaner_passes", "Cleaner passes over a partition", cleaner.passes)
+        yield _counter(
+            "tidelog_cleaner_deleted_segments",
+            "Segments the cleaner deleted below the log start",
+            cleaner.deleted_segments,
+        )
+        yield _counter(
+            "tidelog_cleaner_deleted_bytes",
+            "Bytes of segments the cleaner deleted below the log start",
+            cleaner.deleted_bytes,
+        )
+        invalidated = GaugeMetricFamily(
+            "tidelog_cursor_invalidated",
+            "1 for a cursor that no longer holds the log (past a cap, or invalidated by hand)",
+            labels=["cursor", "topic"],
+        )
+        for name, cursor in sorted(core.metadata.cursors.items()):
+            invalidated.add_metric([name, cursor.topic], 1 if cursor.invalidated else 0)
+        yield invalidated
+
+    # -- partitions ----------------------------------------------------------------------------
+
+    def _partitions(self, hosts: list[PartitionHost]) -> Iterator[Metric]:
+        def family(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=[*PARTITION, *extra])
+
+        start = family("tidelog_partition_log_start_offset", "First offset a reader may read")
+        hw = family("tidelog_partition_high_watermark", "Offsets below it are committed")
+        leo = family("tidelog_partition_log_end_offset", "The next offset this replica appends")
+        durable = family(
+            "tidelog_partition_durable_end_offset", "Offsets below it are fsynced on this replica"
+        )
+        size = family("tidelog_partition_size_bytes", "Bytes of this replica's segments")
+        segments = family("tidelog_partition_segments", "Segments of this replica")
+        leader = family("tidelog_partition_leader", "Node this replica knows as leader (-1: none)")
+        epoch = family("tidelog_partition_epoch", "Leader epoch")
+        leading = family("tidelog_partition_is_leader", "1 where this node leads the partition")
+        compactions = CounterMetricFamily(
+            "tidelog_partition_compactions", "Compactions of this replica", labels=PARTITION
+        )
+        replicas = family("tidelog_partition_replicas", "Voters (leader only)")
+        in_sync = family("tidelog_partition_in_sync_replicas", "Replicas in sync (leader only)")
+        under = family(
+            "tidelog_partition_under_replicated", "1 when fewer replicas are in sync than vote"
+        )
+        under_min = family(
+            "tidelog_partition_under_min_isr",
+            "1 when fewer replicas are in sync than min.insync.replicas (acks=all is refused)",
+        )
+        lag = family(
+            "tidelog_partition_replica_lag_records",
+            "How far each replica trails the leader's log end (leader only)",
+            ("replica",),
+        )
+        lwm = family(
+            "tidelog_partition_low_watermark",
+            "Nothing below it is needed: the cleaner may delete it (leader only)",
+        )
+        hold = family(
+            "tidelog_partition_low_watermark_hold_offset",
+            "Each hold on the LWM: the offset it needs kept (set_by=1 for the one that sets it)",
+            ("kind", "name", "live", "set_by"),
+        )
+        cursor_lag = family(
+            "tidelog_cursor_lag_records", "Committed records the cursor has not read", ("cursor",)
+        )
+        cursor_lead = family(
+            "tidelog_cursor_lead_records",
+            "Records between the log start and the cursor: how far retention is from it",
+            ("cursor",),
+        )
+        cursor_lag_bytes = family(
+            "tidelog_cursor_lag_bytes", "Bytes stored from the cursor to the log end", ("cursor",)
+        )
+        cursor_idle = family(
+            "tidelog_cursor_idle_seconds", "Seconds since the cursor last committed", ("cursor",)
+        )
+        for host in hosts:
+            labels = [host.topic, str(host.partition)]
+            log, replica = host.log, host.replica
+            start.add_metric(labels, log.log_start_offset)
+            hw.add_metric(labels, log.high_watermark)
+            leo.add_metric(labels, log.log_end_offset)
+            durable.add_metric(labels, log.durable_end_offset)
+            size.add_metric(labels, log.size_bytes)
+            segments.add_metric(labels, log.segment_count)
+            leader.add_metric(labels, replica.leader_id)
+            epoch.add_metric(labels, replica.epoch)
+            is_leader = replica.role is Role.LEADER
+            leading.add_metric(labels, 1 if is_leader else 0)
+            compactions.add_metric(labels, host.compactions)
+            if not is_leader:
+                continue
+            synced = replica.in_sync_replicas()
+            voters = replica.voters
+            replicas.add_metric(labels, len(voters))
+            in_sync.add_metric(labels, len(synced))
+            under.add_metric(labels, 1 if len(synced & set(voters)) < len(voters) else 0)
+            needed = min(host.config.min_insync_replicas, len(voters))
+            under_min.add_metric(labels, 1 if len(synced & set(voters)) < needed else 0)
+            end = log.log_end_offset
+            for rid, progress in sorted(replica.progress.items()):
+                lag.add_metric([*labels, str(rid)], max(0, end - progress.match_offset))
+            decided = host.low_watermark_seen
+            if decided is None:
+                decided = host.low_watermark_seen = self.core.cleaner.low_watermark(host)
+            lwm.add_metric(labels, decided.offset)
+            for h in decided.holds:
+                sets = "1" if h is decided.hold else "0"
+                live = "true" if h.live else "false"
+                hold.add_metric([*labels, h.kind, h.name, live, sets], h.offset)
+            for name, stats in sorted(decided.cursor_stats.items()):
+                cursor_lag.add_metric([*labels, name], stats["lag"])
+                cursor_lead.add_metric([*labels, name], stats["lead"])
+                cursor_lag_bytes.add_metric([*labels, name], stats["lag_bytes"])
+                cursor_idle.add_metric([*labels, name], stats["idle_ms"] / 1000)
+        yield from (start, hw, leo, durable, size, segments, leader, epoch, leading)
+        yield from (compactions, replicas, in_sync, under, under_min, lag, lwm, hold)
+        yield from (cursor_lag, cursor_lead, cursor_lag_bytes, cursor_idle)
+
+    # -- what the node counted -----------------------------------------------------------------
+
+    def _counted(self) -> Iterator[Metric]:
+        families: dict[str, CounterMetricFamily] = {}
+        for name, labels, value in self.core.counters.items():
+            keys = [k for k, _ in labels]
+            found = families.get(name)
+            if found is None:  # every count of one name has the same label names
+                found = families[name] = CounterMetricFamily(name, _doc(name), labels=keys)
+            found.add_metric([v for _, v in labels], value)
+        yield from families.values()
+        histograms: dict[str, HistogramMetricFamily] = {}
+        for name, labels, histogram in self.core.histograms.items():
+            keys = [k for k, _ in labels]
+            hfound = histograms.get(name)
+            if hfound is None:
+                hfound = histograms[name] = HistogramMetricFamily(name, _doc(name), labels=keys)
+            hfound.add_metric(
+                [v for _, v in labels],
+                [(le, float(count)) for le, count in histogram.cumulative()],
+                histogram.sum,
+            )
+        yield from histograms.values()
+
+
+DOCS = {
+    "tidelog_request_seconds": "Time from a request's arrival to its answer, by listener and request",
+    "tidelog_request_bytes_total": "Payload bytes that came in with requests",
+    "tidelog_response_bytes_total": "Payload bytes that went out in answers",
+    "tidelog_fsync_seconds": "Time of each fsync of a partition's log",
+    "tidelog_leader_elections_won_total": "Times a replica on this node became leader",
+}
+
+
+def _doc(name: str) -> str:
+    return DOCS.get(name, name.removeprefix("tidelog_").replace("_", " "))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)

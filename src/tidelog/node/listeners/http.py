@@ -1,0 +1,200 @@
+"""The HTTP listener (--http-listen): Prometheus's `/metrics`, the web console at `/`, and the
+JSON it draws from.
+
+    GET /metrics       this node's figures in Prometheus's text format (node/exposition.py)
+    GET /api/status    this node's own status (what `tidelog status --json` gets from it)
+    GET /api/cluster   every node's status merged into one row per partition (the console's
+                       source): this node asks the others over tidelog's protocol
+    GET /              the console (static files shipped in tidelog/console/)
+
+A layer over the same core as the other listeners: each request is authorized there, as a
+describe of the cluster (open to every connection, as `tidelog status` is). Served with the
+node's TLS when it has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import ssl
+import time
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from tidelog.cluster_status import merge_status
+from tidelog.errors import NotAuthorized, TidelogError
+from tidelog.node.access import Listener as Origin
+from tidelog.node.access import Principal
+from tidelog.node.core import NodeCore
+from tidelog.node.exposition import CONTENT_TYPE, scrape
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+
+log = logging.getLogger(__name__)
+
+CLUSTER_ASK_TIMEOUT_S = 2.0
+# Many consoles open at once share one gathering of the cluster's status at most this often.
+CLUSTER_VIEW_MAX_AGE_S = 0.25
+CONSOLE_FILES = {
+    "index.html": "text/html",
+    "console.js": "text/javascript",
+    "console.css": "text/css",
+}
+
+
+class HttpListener:
+    def __init__(self, core: NodeCore) -> None:
+        self.core = core
+        self._runner: web.AppRunner | None = None
+        self._view: tuple[float, dict[str, Any]] | None = None
+        self._gathering: asyncio.Future[dict[str, Any]] | None = None
+        self.scrapes = 0
+
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[str, int]:
+        app = web.Application(middlewares=[self._authorized])
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api/status", self._status)
+        app.router.add_get("/api/cluster", self._cluster)
+        app.router.add_get("/", self._index)
+        app.router.add_get("/console/{name}", self._console_file)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setblocking(False)
+        bound = sock.getsockname()
+        await web.SockSite(self._runner, sock, ssl_context=tls).start()
+        return bound[0], bound[1]
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    @web.middleware
+    async def _authorized(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        principal = Principal.anonymous(request.remote or "", Origin.HTTP)
+        try:
+            self.core.authorize(principal, api.StatusRequest())
+        except NotAuthorized as exc:
+            return web.json_response({"error": exc.to_wire()}, status=403)
+        try:
+            response: web.StreamResponse = await handler(request)
+        except TidelogError as exc:
+            return web.json_response({"error": exc.to_wire()}, status=503)
+        return response
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.scrapes += 1
+        return web.Response(body=scrape(self.core), headers={"Content-Type": CONTENT_TYPE})
+
+    def _own_status(self) -> dict[str, Any]:
+        result = self.core.handle(Principal.anonymous("", Origin.HTTP), api.StatusRequest(), b"")
+        assert isinstance(result, api.StatusResponse)
+        return api.encode(result)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return _json(self._own_status())
+
+    async def _cluster(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        if self._view is not None and now - self._view[0] < CLUSTER_VIEW_MAX_AGE_S:
+            return _json(self._view[1])
+        if self._gathering is None:
+            self._gathering = asyncio.ensure_future(self._gather())
+        gathering = self._gathering
+        try:
+            view = await asyncio.shield(gathering)
+        finally:
+            if gathering.done() and self._gathering is gathering:
+                self._gathering = None
+        return _json(view)
+
+    async def _gather(self) -> dict[str, Any]:
+        core = self.core
+        own = self._own_status()
+
+        async def ask(node_id: int) -> dict[str, Any]:
+            try:
+                return await core.asker.ask(
+                    node_id, ApiKey.STATUS, api.StatusRequest(), CLUSTER_ASK_TIMEOUT_S
+                )
+            except (TimeoutError, TidelogError, OSError) as exc:
+                error = (
+                    exc if isinstance(exc, TidelogError) else TidelogError(str(exc) or "timeout")
+                )
+                return {
+                    "node_id": node_id,
+                    "error": error.to_wire(),
+                    "partitions": [],
+                    "metadata": {},
+                }
+
+        others = [n for n in sorted(core.registry.nodes()) if n != core.node_id]
+        nodes = [own, *await asyncio.gather(*(ask(n) for n in others))]
+        nodes.sort(key=lambda n: int(n["node_id"]))
+        view = {
+            "node_id": core.node_id,
+            "generated_ms": int(time.time() * 1000),
+            "nodes": [_node_summary(n) for n in nodes],
+            "partitions": merge_status(nodes, None),
+        }
+        self._view = (time.monotonic(), view)
+        return view
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return _console_file("index.html")
+
+    async def _console_file(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in CONSOLE_FILES:
+            raise web.HTTPNotFound()
+        return _console_file(name)
+
+
+def _console_file(name: str) -> web.Response:
+    body = resources.files("tidelog.console").joinpath(name).read_bytes()
+    return web.Response(
+        body=body,
+        content_type=CONSOLE_FILES[name],
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+def _node_summary(node: dict[str, Any]) -> dict[str, Any]:
+    """What the console shows of a node besides its replicas: who leads the metadata log, its
+    storage and disk, or why it did not answer."""
+    meta = node.get("metadata", {})
+    info = node.get("node", {})
+    summary: dict[str, Any] = {"node_id": int(node["node_id"])}
+    if "error" in node:
+        summary["error"] = node["error"]
+        return summary
+    summary.update(
+        metadata_leader=meta.get("leader"),
+        storage_bytes=meta.get("storage_bytes", 0),
+        storage_max_bytes=meta.get("storage_max_bytes", 0),
+        disk_free_bytes=info.get("disk_free_bytes"),
+        disk_total_bytes=info.get("disk_total_bytes"),
+    )
+    return summary
+
+
+def _json(value: Any) -> web.Response:
+    return web.Response(
+        text=json.dumps(value, default=_jsonable, separators=(",", ":")),
+        content_type="application/json",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
