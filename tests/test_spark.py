@@ -451,6 +451,7 @@ def test_the_demo_runs_and_its_final_check_passes(tmp_path: Path) -> None:
     assert "page_counts table:" in out and "equal to what was produced" in out
     assert "LWM" in out and "CURSOR LAG" in out
     assert "demo PASSED" in out
+    assert "the console at http://127.0.0.1:" in out and "/metrics" in out
     assert not list(tmp_path.glob("tidelog-demo-*")), "the demo left its data behind"
 
 

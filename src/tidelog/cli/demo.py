@@ -57,7 +57,7 @@ def say(message: str) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     data = args.data or Path(tempfile.mkdtemp(prefix="tidelog-demo-"))
-    cluster = LocalCluster(data / "cluster", args.nodes, log_level="WARNING", kafka=True)
+    cluster = LocalCluster(data / "cluster", args.nodes, log_level="WARNING", kafka=True, http=True)
     say(f"starting a {args.nodes}-node cluster in {data}")
     started = time.monotonic()
     try:
@@ -93,6 +93,10 @@ class Demo:
         say(
             f"tidelog clients connect to {bootstrap}; Kafka clients and tools (kcat, "
             f"kafka-console-consumer, librdkafka) to {self.cluster.kafka_bootstrap}"
+        )
+        say(
+            f"watch the watermarks live: the console at {self.cluster.http_url(1)}/ "
+            f"(Prometheus metrics at {self.cluster.http_url(1)}/metrics, on every node)"
         )
         say(f"starting Spark ({self.args.spark_master}) and the page_counts streaming queries")
         spark = spark_session("tidelog-demo", self.args.spark_master)

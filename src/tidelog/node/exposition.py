@@ -9,8 +9,9 @@ scrape of many partitions costs a read of each, not a new decision; status decid
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -34,17 +35,76 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PARTITION = ["topic", "partition"]
 
 
-def scrape(core: NodeCore) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(core))
-    return generate_latest(registry)
+def snapshot(core: NodeCore) -> list[Family]:
+    """The node's figures now, as plain values (on the event loop, where the core lives)."""
+    return list(NodeCollector(core).collect())
 
 
-class NodeCollector(Collector):
+async def render(families: list[Family]) -> bytes:
+    """The text format, by prometheus_client, one family at a time with the event loop let run
+    in between: with thousands of partitions the whole takes long enough that the node's own
+    work must not wait for it (and a worker thread would starve behind the loop for the GIL)."""
+    chunks = []
+    for family in families:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Built([family]))
+        chunks.append(generate_latest(registry))
+        await asyncio.sleep(0)
+    return b"".join(chunks)
+
+
+class Family:
+    """A metric family's values, kept as plain tuples until render() builds prometheus_client's
+    objects from them."""
+
+    __slots__ = ("doc", "kind", "labels", "name", "samples")
+
+    def __init__(
+        self, kind: str, name: str, doc: str, labels: Sequence[str] = (), value: float | None = None
+    ) -> None:
+        self.kind, self.name, self.doc, self.labels = kind, name, doc, list(labels)
+        self.samples: list[tuple[Sequence[str], Any, float]] = []
+        if value is not None:
+            self.samples.append(((), value, 0.0))
+
+    def add_metric(self, labels: Sequence[str], value: Any, sum_value: float = 0.0) -> None:
+        self.samples.append((labels, value, sum_value))
+
+    def build(self) -> Metric:
+        doc, labels = self.doc, self.labels
+        if self.kind == "info":
+            info = InfoMetricFamily(self.name, doc, labels=labels)
+            for values, mapping, _ in self.samples:
+                info.add_metric(values, mapping)
+            return info
+        if self.kind == "histogram":
+            histogram = HistogramMetricFamily(self.name, doc, labels=labels)
+            for values, buckets, total in self.samples:
+                histogram.add_metric(values, buckets, total)
+            return histogram
+        family: GaugeMetricFamily | CounterMetricFamily
+        if self.kind == "counter":
+            family = CounterMetricFamily(self.name, doc, labels=labels)
+        else:
+            family = GaugeMetricFamily(self.name, doc, labels=labels)
+        for values, value, _ in self.samples:
+            family.add_metric(values, value)
+        return family
+
+
+class _Built(Collector):
+    def __init__(self, families: list[Family]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return (f.build() for f in self.families)
+
+
+class NodeCollector:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterator[Family]:
         core = self.core
         yield from self._node()
         yield from self._partitions(
@@ -57,9 +117,9 @@ class NodeCollector(Collector):
 
     # -- the node ------------------------------------------------------------------------------
 
-    def _node(self) -> Iterator[Metric]:
+    def _node(self) -> Iterator[Family]:
         core = self.core
-        info = InfoMetricFamily("tidelog_node", "This node", labels=["node_id"])
+        info = Family("info", "tidelog_node", "This node", ["node_id"])
         identity = getattr(core, "identity", None)
         info.add_metric(
             [str(core.node_id)],
@@ -112,10 +172,11 @@ class NodeCollector(Collector):
             "Bytes of segments the cleaner deleted below the log start",
             cleaner.deleted_bytes,
         )
-        invalidated = GaugeMetricFamily(
+        invalidated = Family(
+            "gauge",
             "tidelog_cursor_invalidated",
             "1 for a cursor that no longer holds the log (past a cap, or invalidated by hand)",
-            labels=["cursor", "topic"],
+            ["cursor", "topic"],
         )
         for name, cursor in sorted(core.metadata.cursors.items()):
             invalidated.add_metric([name, cursor.topic], 1 if cursor.invalidated else 0)
@@ -123,9 +184,9 @@ class NodeCollector(Collector):
 
     # -- partitions ----------------------------------------------------------------------------
 
-    def _partitions(self, hosts: list[PartitionHost]) -> Iterator[Metric]:
-        def family(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=[*PARTITION, *extra])
+    def _partitions(self, hosts: list[PartitionHost]) -> Iterator[Family]:
+        def family(name: str, doc: str, extra: tuple[str, ...] = ()) -> Family:
+            return Family("gauge", name, doc, [*PARTITION, *extra])
 
         start = family("tidelog_partition_log_start_offset", "First offset a reader may read")
         hw = family("tidelog_partition_high_watermark", "Offsets below it are committed")
@@ -138,8 +199,8 @@ class NodeCollector(Collector):
         leader = family("tidelog_partition_leader", "Node this replica knows as leader (-1: none)")
         epoch = family("tidelog_partition_epoch", "Leader epoch")
         leading = family("tidelog_partition_is_leader", "1 where this node leads the partition")
-        compactions = CounterMetricFamily(
-            "tidelog_partition_compactions", "Compactions of this replica", labels=PARTITION
+        compactions = Family(
+            "counter", "tidelog_partition_compactions", "Compactions of this replica", PARTITION
         )
         replicas = family("tidelog_partition_replicas", "Voters (leader only)")
         in_sync = family("tidelog_partition_in_sync_replicas", "Replicas in sync (leader only)")
@@ -223,21 +284,21 @@ class NodeCollector(Collector):
 
     # -- what the node counted -----------------------------------------------------------------
 
-    def _counted(self) -> Iterator[Metric]:
-        families: dict[str, CounterMetricFamily] = {}
+    def _counted(self) -> Iterator[Family]:
+        families: dict[str, Family] = {}
         for name, labels, value in self.core.counters.items():
             keys = [k for k, _ in labels]
             found = families.get(name)
             if found is None:  # every count of one name has the same label names
-                found = families[name] = CounterMetricFamily(name, _doc(name), labels=keys)
+                found = families[name] = Family("counter", name, _doc(name), keys)
             found.add_metric([v for _, v in labels], value)
         yield from families.values()
-        histograms: dict[str, HistogramMetricFamily] = {}
+        histograms: dict[str, Family] = {}
         for name, labels, histogram in self.core.histograms.items():
             keys = [k for k, _ in labels]
             hfound = histograms.get(name)
             if hfound is None:
-                hfound = histograms[name] = HistogramMetricFamily(name, _doc(name), labels=keys)
+                hfound = histograms[name] = Family("histogram", name, _doc(name), keys)
             hfound.add_metric(
                 [v for _, v in labels],
                 [(le, float(count)) for le, count in histogram.cumulative()],
@@ -259,9 +320,9 @@ def _doc(name: str) -> str:
     return DOCS.get(name, name.removeprefix("tidelog_").replace("_", " "))
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value)
+def _gauge(name: str, doc: str, value: float) -> Family:
+    return Family("gauge", name, doc, value=value)
 
 
-def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, value=value)
+def _counter(name: str, doc: str, value: float) -> Family:
+    return Family("counter", name, doc, value=value)

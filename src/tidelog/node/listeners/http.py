@@ -30,7 +30,7 @@ from tidelog.errors import NotAuthorized, TidelogError
 from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
 from tidelog.node.core import NodeCore
-from tidelog.node.exposition import CONTENT_TYPE, scrape
+from tidelog.node.exposition import CONTENT_TYPE, render, snapshot
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 
@@ -92,7 +92,8 @@ class HttpListener:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.scrapes += 1
-        return web.Response(body=scrape(self.core), headers={"Content-Type": CONTENT_TYPE})
+        body = await render(snapshot(self.core))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     def _own_status(self) -> dict[str, Any]:
         result = self.core.handle(Principal.anonymous("", Origin.HTTP), api.StatusRequest(), b"")
