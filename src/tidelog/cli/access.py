@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidelog.cli.connect import client_of
+from tidelog.cli.tables import table_lines
 from tidelog.node.quotas import check_limits
 
 RESOURCE_HELP = "exactly one of --topic, --topic-prefix, --cluster"
@@ -156,10 +157,7 @@ def print_listing(
     if as_json:
         print(json.dumps(found))
         return
-    rows = [headings, *(row(item) for item in found)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(headings) - 1)]
-    for r in rows:
-        print("  ".join([*(cell.ljust(w) for cell, w in zip(r, widths, strict=False)), r[-1]]))
+    print("\n".join(table_lines(headings, [row(item) for item in found])))
 
 
 def describe_acl(acl: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from tidelog import __version__
 from tidelog.cli.connect import add_connection_options, add_tls_options, client_of
+from tidelog.cli.tables import add_watch_option, show, table_lines
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.cluster_status import merge_status
@@ -243,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("name")
         if verb != "delete":
             c.add_argument("--json", action="store_true")
+            add_watch_option(c)
         c.set_defaults(func=cmd_cursors)
 
     table = sub.add_parser("table", help="read a table topic's committed state")
@@ -266,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = with_bootstrap(sub.add_parser("status", help="partition watermarks and sizes"))
     status.add_argument("topic", nargs="?")
     status.add_argument("--json", action="store_true")
+    add_watch_option(status)
     status.set_defaults(func=cmd_status)
 
     from tidelog.cli.elect import add_partitions_command
@@ -672,27 +675,41 @@ def cmd_cursors(args: argparse.Namespace) -> int:
                 await client.delete_cursor(args.name)
                 print(f"deleted cursor {args.name}")
             else:
-                rows = await cursor_rows(
-                    client, args.name if args.cursors_command == "describe" else None
-                )
-                if args.json:
-                    print(json.dumps(rows, indent=2))
-                    return
-                print(
-                    f"{'CURSOR':<24} {'TOPIC':<16} {'PART':>4} {'POSITION':>10} {'LAG':>10} "
-                    f"{'LEAD':>10} {'IDLE_S':>7}  STATE"
-                )
-                for r in rows:
-                    state = "backup" if r["backup"] else "live"
-                    if r["invalidated"]:
-                        state = f"INVALIDATED: {r['invalidated']}"
-                    print(
-                        f"{r['name']:<24} {r['topic']:<16} {r['partition']:>4} {r['position']:>10} "
-                        f"{r['lag']:>10} {r['lead']:>10} {r['idle_ms'] // 1000:>7}  {state}"
-                    )
+                name = args.name if args.cursors_command == "describe" else None
 
-    asyncio.run(run())
+                async def render() -> tuple[Any, str]:
+                    rows = await cursor_rows(client, name)
+                    return rows, cursors_text(rows)
+
+                await show(render, args.json, args.watch)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
     return 0
+
+
+CURSOR_HEADINGS = ("CURSOR", "TOPIC", "PART", "POSITION", "LAG", "LEAD", "IDLE_S", "STATE")
+
+
+def cursors_text(rows: list[dict[str, Any]]) -> str:
+    table = []
+    for r in rows:
+        state = "backup" if r["backup"] else "live"
+        if r["invalidated"]:
+            state = f"INVALIDATED: {r['invalidated']}"
+        table.append(
+            (
+                r["name"],
+                r["topic"],
+                r["partition"],
+                r["position"],
+                r["lag"],
+                r["lead"],
+                r["idle_ms"] // 1000,
+                state,
+            )
+        )
+    return "\n".join(table_lines(CURSOR_HEADINGS, table, frozenset(range(2, 7))))
 
 
 async def cursor_rows(client: AsyncClient, name: str | None) -> list[dict[str, Any]]:
@@ -762,64 +779,91 @@ def cmd_delete_records(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with client_of(args) as client:
-            nodes = await client.status([args.topic] if args.topic else None)
-            rows = merge_status(nodes, args.topic)
-            if args.json:
-                print(
-                    json.dumps(
-                        {
-                            "partitions": rows,
-                            "nodes": [
-                                {
-                                    "node_id": n.get("node_id"),
-                                    "error": n.get("error"),
-                                    "metadata": n.get("metadata"),
-                                }
-                                for n in nodes
-                            ],
-                        },
-                        indent=2,
-                    )
-                )
-                return
-            print(
-                f"{'TOPIC':<20} {'PART':>4} {'LEADER':>6} {'EPOCH':>5} {'LOG_START':>10} {'LWM':>10} "
-                f"{'HW':>10} {'LEO':>10} {'BYTES':>12} {'SEGS':>5}  REPLICAS"
-            )
-            for r in rows:
-                reps = " ".join(
-                    f"{rid}:{'leader' if rep['role'] == 'leader' else rep['role'][:4]}"
-                    f"{'' if rep.get('in_sync') else '(out)'}"
-                    for rid, rep in sorted(r["replicas"].items())
-                )
-                flag = (
-                    "  UNDER-REPLICATED" if r["under_replicated"] and len(r["replicas"]) > 1 else ""
-                )
-                lwm = r.get("low_watermark") or {}
-                print(
-                    f"{r['topic']:<20} {r['partition']:>4} {r['leader']:>6} {r['epoch']:>5} "
-                    f"{r['log_start_offset']:>10} {lwm.get('offset', '-'):>10} "
-                    f"{r['high_watermark']:>10} {r['log_end_offset']:>10} "
-                    f"{r['size_bytes']:>12} {r['segment_count']:>5}  {reps}{flag}"
-                )
-                if lwm:
-                    print(f"{'':<26}LWM set by {lwm.get('set_by')}")
-                for name, c in sorted((r.get("cursors") or {}).items()):
-                    print(
-                        f"{'':<26}cursor {name}: position {c['position']}, lag {c['lag']}, "
-                        f"lead {c['lead']}"
-                    )
-                if r.get("no_leader"):
-                    print(f"{'':<26}{r['no_leader']}")
-                for b in r.get("invalid_batches", []):
-                    print(
-                        f"{'':<26}INVALID batch at offsets {b['base_offset']}..{b['last_offset']}"
-                        f" ({b['error']}: {b['reason']}) on nodes {b['nodes']}; readers pass over "
-                        "it with --skip-invalid"
-                    )
 
-    asyncio.run(run())
+            async def render() -> tuple[Any, str]:
+                nodes = await client.status([args.topic] if args.topic else None)
+                rows = merge_status(nodes, args.topic)
+                value = {
+                    "partitions": rows,
+                    "nodes": [
+                        {
+                            "node_id": n.get("node_id"),
+                            "error": n.get("error"),
+                            "metadata": n.get("metadata"),
+                        }
+                        for n in nodes
+                    ],
+                }
+                return value, status_text(rows)
+
+            await show(render, args.json, args.watch)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
     return 0
+
+
+STATUS_HEADINGS = (
+    "TOPIC",
+    "PART",
+    "LEADER",
+    "EPOCH",
+    "LOG_START",
+    "LWM",
+    "HW",
+    "LEO",
+    "BYTES",
+    "SEGS",
+    "REPLICAS",
+)
+
+
+def status_text(rows: list[dict[str, Any]]) -> str:
+    """One line per partition, then what holds its LWM, its cursors, why it has no leader and
+    the batches nobody can read, each on a line of its own."""
+    table, notes = [], []
+    for r in rows:
+        reps = " ".join(
+            f"{rid}:{'leader' if rep['role'] == 'leader' else rep['role'][:4]}"
+            f"{'' if rep.get('in_sync') else '(out)'}"
+            for rid, rep in sorted(r["replicas"].items())
+        )
+        if r["under_replicated"] and len(r["replicas"]) > 1:
+            reps += "  UNDER-REPLICATED"
+        lwm = r.get("low_watermark") or {}
+        table.append(
+            (
+                r["topic"],
+                r["partition"],
+                r["leader"],
+                r["epoch"],
+                r["log_start_offset"],
+                lwm.get("offset", "-"),
+                r["high_watermark"],
+                r["log_end_offset"],
+                r["size_bytes"],
+                r["segment_count"],
+                reps,
+            )
+        )
+        lines = []
+        if lwm:
+            lines.append(f"LWM set by {lwm.get('set_by')}")
+        for name, c in sorted((r.get("cursors") or {}).items()):
+            lines.append(
+                f"cursor {name}: position {c['position']}, lag {c['lag']}, lead {c['lead']}"
+            )
+        if r.get("no_leader"):
+            lines.append(r["no_leader"])
+        for b in r.get("invalid_batches", []):
+            lines.append(
+                f"INVALID batch at offsets {b['base_offset']}..{b['last_offset']}"
+                f" ({b['error']}: {b['reason']}) on nodes {b['nodes']}; readers pass over "
+                "it with --skip-invalid"
+            )
+        notes.append(lines)
+    numbers = frozenset(range(1, 10))
+    return "\n".join(table_lines(STATUS_HEADINGS, table, numbers, notes))
 
 
 if __name__ == "__main__":

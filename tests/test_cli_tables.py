@@ -1,0 +1,116 @@
+"""Golden text for `tidelog status` and `tidelog cursors list` on a fixed scenario (one node,
+known records, known cursor positions): columns as wide as their widest cell, nothing cut, what
+holds the LWM and each cursor on lines of their own. Only the cursor's idle seconds (wall-clock)
+are masked. Also --watch: printed again until interrupted, and as JSON lines with --json.
+
+To accept a deliberate change of the layout: TIDELOG_GOLDEN_UPDATE=1 pytest tests/test_cli_tables.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+
+GOLDEN = Path(__file__).parent / "golden"
+LONG_TOPIC = "orders-from-the-web-shop-and-the-mobile-app"
+LONG_CURSOR = "nightly-backup-to-the-warehouse-in-the-other-region"
+
+
+def cli(bootstrap: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "tidelog", *args, "--bootstrap", bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def masked_idle(text: str) -> str:
+    """The IDLE_S column (seconds since a commit) is wall-clock: shown as zeros of its width."""
+    return re.sub(
+        r"(?m)(\s)(\d+)(  (?:live|backup|INVALIDATED.*))$",
+        lambda m: m.group(1) + "0".rjust(len(m.group(2))) + m.group(3),
+        text,
+    )
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("TIDELOG_GOLDEN_UPDATE"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed:\n{text}"
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> str:
+    with (
+        LocalCluster(tmp_path_factory.mktemp("tables"), nodes=1, log_level="WARNING") as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        cluster.wait_ready()
+        client.create_topic(LONG_TOPIC, partitions=2)
+        client.create_topic("t", partitions=1, configs={"retention.bytes": "100000"})
+        client.produce(LONG_TOPIC, [b"order-%02d" % i for i in range(10)], partition=0)
+        client.produce(LONG_TOPIC, [b"order-%02d" % i for i in range(3)], partition=1)
+        client.produce("t", [b"x" * 50 for _ in range(4)], partition=0)
+        run = client._run
+        run(client.async_client.create_cursor(LONG_CURSOR, LONG_TOPIC, "earliest", backup=True))
+        run(client.async_client.commit_cursor(LONG_CURSOR, {0: 4, 1: 3}))
+        run(client.async_client.create_cursor("etl", "t", "earliest"))
+        run(client.async_client.commit_cursor("etl", {0: 1}))
+        yield cluster.bootstrap
+
+
+def test_status_is_a_table_that_cuts_nothing(scenario: str) -> None:
+    text = cli(scenario, "status")
+    check_golden("status.txt", text)
+    assert LONG_TOPIC in text and "LWM set by" in text
+
+
+def test_cursors_list_is_a_table_that_cuts_nothing(scenario: str) -> None:
+    text = masked_idle(cli(scenario, "cursors", "list"))
+    check_golden("cursors.txt", text)
+    assert LONG_CURSOR in text
+
+
+def test_watch_prints_again_until_interrupted(scenario: str) -> None:
+    for extra in ([], ["--json"]):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "status",
+                "t",
+                "--watch",
+                "0.3",
+                *extra,
+                "--bootstrap",
+                scenario,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        if extra:
+            docs = [json.loads(line) for line in out.splitlines() if line.strip()]
+            assert len(docs) >= 2 and all(d["partitions"][0]["topic"] == "t" for d in docs)
+        else:
+            assert out.count("every 0.3s") >= 2 and out.count("LOG_START") >= 2
