@@ -23,6 +23,8 @@ from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.cluster_status import merge_status
 from tidelog.errors import TidelogError
+from tidelog.logs import FORMATS
+from tidelog.logs import configure as configure_logs
 from tidelog.node.failstop import EXIT_CODE as FAIL_STOP_EXIT_CODE
 from tidelog.record.batch import Record
 
@@ -36,10 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=getattr(logging, str(getattr(args, "log_level", "WARNING")).upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    configure_logs(
+        str(getattr(args, "log_level", "WARNING")), str(getattr(args, "log_format", "text"))
     )
     try:
         result = args.func(args)
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         add_connection_options(p)
         p.add_argument("--log-level", default="WARNING")
+        p.add_argument("--log-format", choices=FORMATS, default="text")
         return p
 
     serve = sub.add_parser("serve", help="run a node")
@@ -160,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="uvloop (default: fastest here) or asyncio (sends fetches with sendfile)",
     )
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="json: one JSON object per line, with event names and fields for elections, "
+        "truncations, cursor invalidations, cleaner deletions and StorageFull",
+    )
     serve.set_defaults(func=cmd_serve)
 
     from tidelog.cli.cluster import add_cluster_commands

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tidelog.errors import TidelogError
+from tidelog.logs import event
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.low_watermark import CursorFact, LowWatermark, LowWatermarkFacts
 
@@ -39,8 +40,6 @@ class Cleaner:
         self._to_scrub: collections.deque[PartitionHost] = collections.deque()
         self._scrubbing: PartitionHost | None = None
         self.passes = 0
-        self.deleted_segments = 0
-        self.deleted_bytes = 0
 
     def scrub_later(self, host: PartitionHost) -> None:
         """Check, in the background, what host's log held when it opened (storage/scrub.py)."""
@@ -131,12 +130,18 @@ class Cleaner:
         lwm = host.driver.clean(lambda: self.facts(host))
         host.low_watermark_seen = lwm  # what /metrics reports until the next pass
         if lwm is not None and host.log.log_start_offset > before:
-            log.info(
-                "%s: log start %d -> %d (low-water mark set by %s)",
-                host.group,
-                before,
-                host.log.log_start_offset,
-                lwm.hold.describe(),
+            after = host.log.log_start_offset
+            event(
+                log,
+                logging.INFO,
+                "log_start_moved",
+                f"{host.group}: log start {before} -> {after} "
+                f"(low-water mark set by {lwm.hold.describe()})",
+                topic=host.topic,
+                partition=host.partition,
+                previous_log_start_offset=before,
+                log_start_offset=after,
+                set_by=lwm.hold.describe(),
             )
         self.delete_below_log_start(host)
         host.log.expire_producers()
@@ -145,18 +150,8 @@ class Cleaner:
         host.after_cleaning()
 
     def delete_below_log_start(self, host: PartitionHost) -> None:
-        size = host.log.size_bytes
-        deleted = host.log.delete_segments_below_log_start()
-        if deleted:
-            self.deleted_segments += len(deleted)
-            self.deleted_bytes += max(0, size - host.log.size_bytes)
-            log.info(
-                "%s: deleted %d segment(s) below log start %d: %s",
-                host.group,
-                len(deleted),
-                host.log.log_start_offset,
-                ", ".join(f"{b:020d}" for b in deleted),
-            )
+        """Whole segments below the log start go (the host logs and counts them)."""
+        host.log.delete_segments_below_log_start()
 
     # -- cursor invalidation --------------------------------------------------------------------
 
@@ -168,7 +163,15 @@ class Cleaner:
         if name in self._invalidating:
             return
         self._invalidating.add(name)
-        log.warning("cursor %s no longer holds %s: %s; invalidating it", name, group, reason)
+        event(
+            log,
+            logging.WARNING,
+            "cursor_invalidated",
+            f"cursor {name} no longer holds {group}: {reason}; invalidating it",
+            cursor=name,
+            group=group,
+            reason=reason,
+        )
         node = self.node
         header: dict[str, Any] = {"op": "invalidate", "name": name, "reason": reason}
         if node.metadata_host.replica.is_leader:

@@ -50,6 +50,7 @@ from tidelog.errors import (
     UnsupportedApi,
     from_wire,
 )
+from tidelog.logs import event
 from tidelog.node.access import Access, Operation, Principal
 from tidelog.node.asking import NodeAsker
 from tidelog.node.cleaner import Cleaner, wall_ms
@@ -101,6 +102,8 @@ from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
 
 log = logging.getLogger(__name__)
+
+STORAGE_FULL_LOG_EVERY_S = 10.0  # a refused produce is logged at most this often
 
 
 AUTHENTICATE_WAIT_S = 5.0  # how long a token check waits for a metadata leader to decide
@@ -207,6 +210,7 @@ class NodeCore:
         self._background_proposals: set[str] = set()
         self._storage_bytes = 0
         self._storage_checked = 0.0
+        self._storage_full_logged = -STORAGE_FULL_LOG_EVERY_S
         # request type -> (handler, what it does to which resource)
         self._handlers: dict[type[Any], tuple[Handler, Scope]] = {
             api.ProduceRequest: (self._produce, on_topic(Operation.WRITE, "topic")),
@@ -357,7 +361,16 @@ class NodeCore:
             topic_id=topic_id,
         )
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
-            log.warning("%s: recovered with truncation: %s", host.group, host.recovery)
+            event(
+                log,
+                logging.WARNING,
+                "recovered_truncated",
+                f"{host.group}: recovered with truncation: {host.recovery}",
+                topic=topic,
+                partition=partition,
+                truncated_bytes=host.recovery.truncated_bytes,
+                removed_segments=host.recovery.removed_segments,
+            )
         self.hosts[host.group] = host
         self.cleaner.scrub_later(host)
         host.process_ready()
@@ -684,6 +697,17 @@ class NodeCore:
             self._storage_bytes = sum(h.log.size_bytes for h in self.hosts.values())
             self._storage_checked = now
         if self._storage_bytes >= limit:
+            if now - self._storage_full_logged > STORAGE_FULL_LOG_EVERY_S:
+                self._storage_full_logged = now
+                event(
+                    log,
+                    logging.WARNING,
+                    "storage_full",
+                    f"node {self.node_id}: produce refused: {self._storage_bytes} bytes stored, "
+                    f"storage.max.bytes is {limit}",
+                    stored_bytes=self._storage_bytes,
+                    limit_bytes=limit,
+                )
             raise StorageFull(
                 f"node {self.node_id} stores {self._storage_bytes} bytes, storage.max.bytes is {limit}",
                 stored_bytes=self._storage_bytes,
@@ -1290,7 +1314,14 @@ class NodeCore:
             )
         for cursor in in_the_way:
             reason = f"delete-records --force before offset {target} on {host.group}"
-            log.warning("cursor %s invalidated: %s", cursor.name, reason)
+            event(
+                log,
+                logging.WARNING,
+                "cursor_invalidated",
+                f"cursor {cursor.name} invalidated: {reason}",
+                cursor=cursor.name,
+                reason=reason,
+            )
             await self.propose_metadata(
                 {
                     "type": "invalidate_cursor",

@@ -162,16 +162,6 @@ class NodeCollector:
             )
         cleaner = core.cleaner
         yield _counter("tidelog_cleaner_passes", "Cleaner passes over a partition", cleaner.passes)
-        yield _counter(
-            "tidelog_cleaner_deleted_segments",
-            "Segments the cleaner deleted below the log start",
-            cleaner.deleted_segments,
-        )
-        yield _counter(
-            "tidelog_cleaner_deleted_bytes",
-            "Bytes of segments the cleaner deleted below the log start",
-            cleaner.deleted_bytes,
-        )
         invalidated = Family(
             "gauge",
             "tidelog_cursor_invalidated",
@@ -313,6 +303,8 @@ DOCS = {
     "tidelog_response_bytes_total": "Payload bytes that went out in answers",
     "tidelog_fsync_seconds": "Time of each fsync of a partition's log",
     "tidelog_leader_elections_won_total": "Times a replica on this node became leader",
+    "tidelog_segments_deleted_total": "Segments deleted below the log start",
+    "tidelog_segments_deleted_bytes_total": "Bytes of segments deleted below the log start",
 }
 
 

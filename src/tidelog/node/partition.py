@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tidelog.config import TopicConfig
 from tidelog.errors import NotLeader, StorageFull, TidelogError, Timeout
+from tidelog.logs import event
 from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
 from tidelog.node.metrics import Counters, Histogram
@@ -82,6 +83,7 @@ class PartitionHost:
         self._counters = counters if counters is not None else Counters()
         self._fsync_seconds = fsync_seconds if fsync_seconds is not None else Histogram()
         self.log = SegmentedLog(directory, config)
+        self.log.on_retired = self._segments_deleted
         # Batches no reader can read, found by the scrubber (what was in the log when it
         # opened), compaction or the state machine; reported in status, skipped by readers.
         self.invalid_batches: dict[int, InvalidBatch] = {}
@@ -226,9 +228,56 @@ class PartitionHost:
         if self._on_invalidate is not None:
             self._on_invalidate(self, name, reason)
 
+    def _segments_deleted(self, bases: list[int], freed: int) -> None:
+        """Segments below the log start went: by the cleaner's pass on the leader, or as a
+        follower followed its leader's log start."""
+        self._counters.inc("tidelog_segments_deleted_total", len(bases))
+        self._counters.inc("tidelog_segments_deleted_bytes_total", freed)
+        start = self.log.log_start_offset
+        event(
+            log,
+            logging.INFO,
+            "segments_deleted",
+            f"{self.group}: deleted {len(bases)} segment(s) below log start {start}: "
+            + ", ".join(f"{b:020d}" for b in bases),
+            topic=self.topic,
+            partition=self.partition,
+            segments=len(bases),
+            bytes=freed,
+            log_start_offset=start,
+        )
+
     def handled(self, ready: Ready) -> None:
-        if ready.role_changed and self.replica.role is Role.LEADER:
+        replica = self.replica
+        facts = {"topic": self.topic, "partition": self.partition, "epoch": replica.epoch}
+        if ready.role_changed and replica.role is Role.LEADER:
             self._counters.inc("tidelog_leader_elections_won_total")
+            event(
+                log,
+                logging.INFO,
+                "leader_elected",
+                f"{self.group}: leader in epoch {replica.epoch}",
+                **facts,
+            )
+        elif ready.lost_leadership:
+            event(
+                log,
+                logging.INFO,
+                "leader_lost",
+                f"{self.group}: no longer leader (epoch {replica.epoch}, leader {replica.leader_id})",
+                **facts,
+            )
+        if ready.truncated:
+            end = self.log.log_end_offset
+            event(
+                log,
+                logging.WARNING,
+                "log_truncated",
+                f"{self.group}: log cut back to {end} to agree with leader {replica.leader_id}",
+                log_end_offset=end,
+                leader=replica.leader_id,
+                **facts,
+            )
 
     def _topic_rules(self, base: ReplicaConfig, config: TopicConfig) -> ReplicaConfig:
         """The replica's settings that come from the topic's config."""
@@ -381,7 +430,15 @@ class PartitionHost:
             return
         if exc is not None:
             error = exc if isinstance(exc, TidelogError) else StorageFull(str(exc))
-            log.error("%s: flush failed: %s", self.group, error)
+            event(
+                log,
+                logging.ERROR,
+                "storage_full" if isinstance(error, StorageFull) else "flush_failed",
+                f"{self.group}: flush failed: {error}",
+                topic=self.topic,
+                partition=self.partition,
+                error=str(error),
+            )
             self.flush_error = error
             self._fail(self.driver.owed.fail_durable(), error)
             return

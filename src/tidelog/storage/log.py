@@ -119,6 +119,8 @@ class SegmentedLog:
         self._unflushed_messages = 0
         self._last_flush_ms = clock_ms()
         self._retired: list[tuple[int, LogSegment]] = []
+        # Told of every retirement below the log start (base offsets, bytes), whoever asked.
+        self.on_retired: Callable[[list[int], int], None] | None = None
         self.epochs = EpochHistory()
         self.producers = ProducerState()
         self.recovery = RecoveryReport()
@@ -593,8 +595,11 @@ class SegmentedLog:
             self._sync_directory()  # one directory fsync for the whole batch
             due = self._clock_ms() + self.config.file_delete_delay_ms
             self._retired.extend((due, seg) for seg in retired)
+            freed = sum(seg.size_bytes for seg in retired)
             if self.config.file_delete_delay_ms == 0:
                 self.purge_retired()
+            if self.on_retired is not None:
+                self.on_retired([seg.base_offset for seg in retired], freed)
         return [seg.base_offset for seg in retired]
 
     def _retire(self, seg: LogSegment, delay_ms: int) -> None:
