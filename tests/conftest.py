@@ -23,12 +23,14 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 @pytest.fixture(scope="session")
-def spark_session() -> Iterator[Any]:
+def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local Spark for every test that needs one in-process (a JVM takes ~10 s to start):
-    2 threads, 2 attempts per task."""
+    2 threads, 2 attempts per task; its scratch files in pytest's temp directory, not /tmp."""
     pytest.importorskip("pyspark")
     from tidelog.spark.session import local_spark
 
-    session = local_spark("tidelog-tests", master="local[2,2]")
+    session = local_spark(
+        "tidelog-tests", master="local[2,2]", local_dir=tmp_path_factory.mktemp("spark-local")
+    )
     yield session
     session.stop()

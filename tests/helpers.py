@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from typing import Any
 
 from tidelog.record import ProducerRecord, build_batch, decode_records, iter_headers
 
@@ -30,3 +32,14 @@ def run_tidelog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]
         text=True,
         timeout=120,
     )
+
+
+def wait_for(what: str, check: Any, timeout_s: float = 30.0) -> Any:
+    """check()'s first truthy value, asked every 50 ms; fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import signal
 import subprocess
@@ -114,3 +115,36 @@ def test_watch_prints_again_until_interrupted(scenario: str) -> None:
             assert len(docs) >= 2 and all(d["partitions"][0]["topic"] == "t" for d in docs)
         else:
             assert out.count("every 0.3s") >= 2 and out.count("LOG_START") >= 2
+
+
+def test_produce_from_a_file_shows_progress_on_a_terminal_only(
+    scenario: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "lines.txt"
+    data.write_bytes(b"".join(b"line %06d\n" % i for i in range(20_000)))
+    command = [sys.executable, "-m", "tidelog", "produce", "t", "--partition", "0"]
+    command += ["--file", str(data), "--bootstrap", scenario]
+    # Not a terminal: nothing but errors on stderr.
+    quiet = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    # A terminal: a progress line with the rate and how far along.
+    primary, secondary = pty.openpty()
+    try:
+        shown = subprocess.run(command, stderr=secondary, stdout=subprocess.PIPE, timeout=120)
+        os.close(secondary)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(primary)
+    assert shown.returncode == 0
+    text = drawn.decode()
+    assert "produce to t: 20.0k records" in text and "100%" in text and "/s" in text, text
+    with Client(scenario) as client:
+        assert client.list_offsets("t", 0, "latest") >= 20_000

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from helpers import wait_for
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -35,16 +36,6 @@ def row(client: Client, topic: str, partition: int = 0) -> dict[str, Any]:
             assert found, f"{topic}/{partition} is not in the status after 15 s"
             return found[0]
         time.sleep(0.1)
-
-
-def wait_for(what: str, check: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def disk_use(directory: Path) -> int:

@@ -6,16 +6,15 @@ elections) moves as clients work. Also /api/status, and the exposure rule for --
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from helpers import wait_for
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -45,16 +44,6 @@ def value(families: dict[str, list[Sample]], name: str, **labels: str) -> float:
     ]
     assert len(found) == 1, f"{name} {labels}: {found}"
     return found[0]
-
-
-def wait_for(what: str, check: Any, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.timeout(120)

@@ -271,7 +271,11 @@ class Feeder(threading.Thread):
 
 
 def start_driver(work: Path, cluster: LocalCluster, crash_at: str = "") -> subprocess.Popen[str]:
-    env = dict(os.environ, TIDELOG_CRASH_AT=crash_at, PYTHONPATH=str(ROOT))
+    # Spark's scratch (block manager, the JVM's temp files) in the test's own directory: a
+    # SIGKILLed driver cannot clean it up, so it must not be /tmp.
+    scratch = work / "driver-tmp"
+    scratch.mkdir(exist_ok=True)
+    env = dict(os.environ, TIDELOG_CRASH_AT=crash_at, PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
     return subprocess.Popen(
         [
             sys.executable,
@@ -302,6 +306,11 @@ def wait_batches(driver: subprocess.Popen[str], count: int, timeout_s: float = 1
     return lines
 
 
+def spark_temp_dirs() -> set[str]:
+    """What Spark leaves in the system temp directory when its driver dies."""
+    return {p.name for p in Path("/tmp").iterdir() if p.name.startswith(("blockmgr-", "spark-"))}
+
+
 def kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -315,6 +324,7 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
 ) -> None:
     client.create_topic("copy_in", partitions=3, replication_factor=3)
     client.create_topic("copy_out", partitions=3, replication_factor=3)
+    spark_dirs_before = spark_temp_dirs()
     feeder = Feeder(cluster.bootstrap, "copy_in")
     feeder.start()
     drivers: list[subprocess.Popen[str]] = []
@@ -365,6 +375,10 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
     copied = Counter(v for p in range(3) for v in committed(client, "copy_out", p).values())
     assert copied == Counter(source.values()), "the tidelog sink lost or duplicated records"
     assert feeder.sent > 0 and len(source) >= feeder.sent
+
+    # Three drivers SIGKILLed: their scratch stayed in the test's directory, none in /tmp.
+    assert spark_temp_dirs() <= spark_dirs_before
+    assert list((tmp_path / "driver-tmp").glob("blockmgr-*"))
 
     files = parquet_rows(spark, tmp_path / "parquet")
     # No uncommitted read: every row the source returned is the committed record at its offset.

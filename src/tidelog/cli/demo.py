@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from tidelog.cli.clickstream import Clickstream
 from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.progress import Progress
 from tidelog.client.sync_client import Client
 
 EVENTS_CONFIG = {
@@ -52,6 +54,8 @@ def add_demo_command(sub: Any) -> None:
 
 
 def say(message: str) -> None:
+    if sys.stdout.isatty():
+        sys.stdout.write("\r\x1b[2K")  # over a progress line, if one is drawn
     print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
@@ -99,7 +103,9 @@ class Demo:
             f"(Prometheus metrics at {self.cluster.http_url(1)}/metrics, on every node)"
         )
         say(f"starting Spark ({self.args.spark_master}) and the page_counts streaming queries")
-        spark = spark_session("tidelog-demo", self.args.spark_master)
+        spark = spark_session(
+            "tidelog-demo", self.args.spark_master, local_dir=self.work / "spark-local"
+        )
         clicks = Clickstream(bootstrap, "events", 3, self.args.rate, self.args.duration)
         queries: tuple[Any, ...] = ()
         try:
@@ -123,8 +129,10 @@ class Demo:
         kill_at = None if self.args.no_kill else self.args.duration / 2
         killed: int | None = None
         next_status = 0.0
+        progress = Progress("clickstream", self.args.duration, unit="views")
         while clicks.is_alive():
             now = time.monotonic() - started
+            progress.advance(clicks.produced - progress.count, now - progress.amount)
             self._raise_if_failed(queries)
             if kill_at is not None and now >= kill_at and killed is None:
                 killed = self._kill_leader("events", 0)
@@ -135,6 +143,7 @@ class Demo:
                 self._status(clicks)
                 next_status = now + self.args.status_every
             time.sleep(0.5)
+        progress.close()
         if killed is not None and not self.cluster.alive(killed):
             self.cluster.start(killed)
         if clicks.error is not None:

@@ -12,12 +12,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tidelog import __version__
 from tidelog.cli.connect import add_connection_options, add_tls_options, client_of
+from tidelog.cli.progress import Progress
 from tidelog.cli.tables import add_watch_option, show, table_lines
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
@@ -210,8 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     grow.add_argument("--partitions", type=int, required=True, help="the new total")
     grow.set_defaults(func=cmd_topics_add_partitions)
 
-    produce = with_bootstrap(sub.add_parser("produce", help="produce lines from stdin"))
+    produce = with_bootstrap(
+        sub.add_parser("produce", help="produce lines from stdin (or --file), one record each")
+    )
     produce.add_argument("topic")
+    produce.add_argument(
+        "--file", type=Path, help="read lines from FILE instead of stdin (progress shows how far)"
+    )
     produce.add_argument("--partition", type=int)
     produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
     produce.add_argument("--key-separator", help="split each line into KEY<SEP>VALUE")
@@ -518,31 +524,48 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 client, acks=args.acks, linger_ms=args.linger_ms, batch_bytes=args.batch_bytes
             )
             futures = []
-            loop = asyncio.get_running_loop()
-            reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
-            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+            total = args.file.stat().st_size if args.file is not None else None
+            progress = Progress(f"produce to {args.topic}", total)
             failures = 0
-            while True:
-                line = await reader.readline()
-                if not line:
-                    break
+            sep = args.key_separator.encode() if args.key_separator else None
+            async for line in _input_lines(args.file):
                 text = line.rstrip(b"\n")
                 key: bytes | None = None
-                if args.key_separator:
-                    sep = args.key_separator.encode()
-                    if sep in text:
-                        key, text = text.split(sep, 1)
+                if sep is not None and sep in text:
+                    key, text = text.split(sep, 1)
                 futures.append(
                     await producer.send(args.topic, text, key=key, partition=args.partition)
                 )
+                progress.advance(1, len(line))
                 if len(futures) >= 10_000:
                     failures += await _report(futures, args.print_offsets)
                     futures = []
             await producer.flush()
             failures += await _report(futures, args.print_offsets)
+            progress.close()
             return 1 if failures else 0
 
     return asyncio.run(run())
+
+
+async def _input_lines(path: Path | None) -> AsyncIterator[bytes]:
+    """Lines of the file, or of stdin."""
+    if path is not None:
+        try:
+            with path.open("rb") as f:
+                for line in f:
+                    yield line
+        except OSError as exc:
+            raise TidelogError(f"cannot read {path}: {exc.strerror}") from None
+        return
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while True:
+        line = await reader.readline()
+        if not line:
+            return
+        yield line
 
 
 async def _report(futures: list[asyncio.Future[Any]], print_offsets: bool) -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.errors import TidelogError
 from tidelog.logs import event
+from tidelog.node.status import CachedLowWatermark
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.low_watermark import CursorFact, LowWatermark, LowWatermarkFacts
 
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
     from tidelog.node.partition import PartitionHost
 
 log = logging.getLogger(__name__)
+
+# A cached LWM whose facts have not changed is reused for this long (cached_low_watermark).
+LWM_MAX_AGE_S = 1.0
 
 CLEANER_TICK_S = 0.1
 
@@ -121,14 +125,48 @@ class Cleaner:
         )
 
     def low_watermark(self, host: PartitionHost) -> LowWatermark:
-        return host.driver.low_watermark(self.facts(host))
+        """Decided now, from the facts as they are."""
+        lwm = host.driver.low_watermark(self.facts(host))
+        self._remember(host, lwm)
+        return lwm
+
+    def cached_low_watermark(self, host: PartitionHost) -> LowWatermark:
+        """The last LWM decided for host if nothing it was decided from has changed since and it
+        is younger than LWM_MAX_AGE_S; else decided now. Status and /metrics read this, so a
+        node with many idle partitions answers them without deciding every LWM each time."""
+        cached = host.low_watermark_cache
+        if (
+            cached is not None
+            and cached.key == self._facts_key(host)
+            and time.monotonic() - cached.decided_at < LWM_MAX_AGE_S
+        ):
+            return cached.value
+        return self.low_watermark(host)
+
+    def _facts_key(self, host: PartitionHost) -> tuple[int, ...]:
+        """What changes when an LWM's facts do (but time): the log's bounds, the replicas'
+        leadership, the metadata (cursors, configs)."""
+        slog, replica = host.log, host.replica
+        return (
+            slog.log_start_offset,
+            slog.high_watermark,
+            slog.log_end_offset,
+            slog.segment_count,
+            replica.epoch,
+            replica.leader_id,
+            self.node.metadata.applied_offset,
+        )
+
+    def _remember(self, host: PartitionHost, lwm: LowWatermark) -> None:
+        host.low_watermark_cache = CachedLowWatermark(self._facts_key(host), time.monotonic(), lwm)
 
     def clean(self, host: PartitionHost) -> None:
         """One pass over one partition."""
         self.passes += 1
         before = host.log.log_start_offset
         lwm = host.driver.clean(lambda: self.facts(host))
-        host.low_watermark_seen = lwm  # what /metrics reports until the next pass
+        if lwm is not None:
+            self._remember(host, lwm)
         if lwm is not None and host.log.log_start_offset > before:
             after = host.log.log_start_offset
             event(

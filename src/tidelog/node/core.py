@@ -1016,11 +1016,8 @@ class NodeCore:
             if (wanted is None and host.topic != METADATA_TOPIC) or (
                 wanted is not None and host.topic in wanted
             ):
-                st = host.status()
-                lwm = self.cleaner.low_watermark(host)
-                st["low_watermark"] = lwm.to_dict()
-                st["cursors"] = dict(lwm.cursor_stats)
-                partitions.append(st)
+                lwm = self.cleaner.cached_low_watermark(host)
+                partitions.append(host.status(lwm).to_wire())
         mh = self.metadata_host
         metadata = {
             "leader": mh.replica.leader_id,

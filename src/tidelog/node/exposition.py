@@ -4,8 +4,9 @@ LWM, HW, LEO), its size, leader and epoch; on the leader, the in-sync set and th
 the LWM; per cursor, how far it trails and how long it has been idle. Then what the node counted
 (node/metrics.py), its disk, and the cleaner's work.
 
-The LWM here is the one the cleaner's last pass decided (cached on each leader's host), so a
-scrape of many partitions costs a read of each, not a new decision; status decides afresh."""
+Each partition's figures are its typed status (node/status.py), the one `tidelog status` answers
+with; its LWM the cached one (cleaner.cached_low_watermark), so a scrape of many idle partitions
+reads each LWM rather than deciding it again."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from tidelog import __version__
 from tidelog.node.core import disk_usage
-from tidelog.replication.replica import Role
 
 if TYPE_CHECKING:
     from tidelog.node.core import NodeCore
@@ -229,35 +229,36 @@ class NodeCollector:
         cursor_idle = family(
             "tidelog_cursor_idle_seconds", "Seconds since the cursor last committed", ("cursor",)
         )
+        cleaner = self.core.cleaner
         for host in hosts:
-            labels = [host.topic, str(host.partition)]
-            log, replica = host.log, host.replica
-            start.add_metric(labels, log.log_start_offset)
-            hw.add_metric(labels, log.high_watermark)
-            leo.add_metric(labels, log.log_end_offset)
-            durable.add_metric(labels, log.durable_end_offset)
-            size.add_metric(labels, log.size_bytes)
-            segments.add_metric(labels, log.segment_count)
-            leader.add_metric(labels, replica.leader_id)
-            epoch.add_metric(labels, replica.epoch)
-            is_leader = replica.role is Role.LEADER
-            leading.add_metric(labels, 1 if is_leader else 0)
-            compactions.add_metric(labels, host.compactions)
-            if not is_leader:
+            # The same typed status `tidelog status` answers with; the LWM as cached.
+            st = host.status(cleaner.cached_low_watermark(host))
+            labels = [st.topic, str(st.partition)]
+            rs = st.replica
+            start.add_metric(labels, rs.log_start_offset)
+            hw.add_metric(labels, rs.high_watermark)
+            leo.add_metric(labels, rs.log_end_offset)
+            durable.add_metric(labels, st.durable_end_offset)
+            size.add_metric(labels, st.size_bytes)
+            segments.add_metric(labels, st.segment_count)
+            leader.add_metric(labels, rs.leader)
+            epoch.add_metric(labels, rs.epoch)
+            leading.add_metric(labels, 1 if rs.is_leader else 0)
+            compactions.add_metric(labels, st.flushes.compactions)
+            if not rs.is_leader:
                 continue
-            synced = replica.in_sync_replicas()
-            voters = replica.voters
-            replicas.add_metric(labels, len(voters))
-            in_sync.add_metric(labels, len(synced))
-            under.add_metric(labels, 1 if len(synced & set(voters)) < len(voters) else 0)
-            needed = min(host.config.min_insync_replicas, len(voters))
-            under_min.add_metric(labels, 1 if len(synced & set(voters)) < needed else 0)
-            end = log.log_end_offset
-            for rid, progress in sorted(replica.progress.items()):
-                lag.add_metric([*labels, str(rid)], max(0, end - progress.match_offset))
-            decided = host.low_watermark_seen
+            voters, synced = len(rs.voters), rs.in_sync_voters
+            replicas.add_metric(labels, voters)
+            in_sync.add_metric(labels, sum(1 for v in rs.replicas.values() if v.in_sync))
+            under.add_metric(labels, 1 if synced < voters else 0)
+            needed = min(host.config.min_insync_replicas, voters)
+            under_min.add_metric(labels, 1 if synced < needed else 0)
+            for rid, view in sorted(rs.replicas.items()):
+                if rid != rs.leader:
+                    lag.add_metric([*labels, str(rid)], view.lag)
+            decided = st.low_watermark
             if decided is None:
-                decided = host.low_watermark_seen = self.core.cleaner.low_watermark(host)
+                continue
             lwm.add_metric(labels, decided.offset)
             for h in decided.holds:
                 sets = "1" if h is decided.hold else "0"

@@ -25,6 +25,7 @@ from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
 from tidelog.node.metrics import Counters, Histogram
 from tidelog.node.state_machine import Machine, StateMachineDriver
+from tidelog.node.status import CachedLowWatermark, FlushFigures, PartitionStatus
 from tidelog.record.validation import BatchRules
 from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.low_watermark import LowWatermark
@@ -137,8 +138,8 @@ class PartitionHost:
         self.flush_seconds_max = 0.0
         self.flushed_records = 0
         self.compactions = 0
-        # The leader's LWM as the cleaner's last pass decided it (None: not decided here).
-        self.low_watermark_seen: LowWatermark | None = None
+        # The LWM as last decided here, by the cleaner's pass or for a status (cleaner.py).
+        self.low_watermark_cache: CachedLowWatermark | None = None
         self.compacting = False
         self._waiters: list[asyncio.Future[None]] = []
         self._checkpointed_hw = self.log.high_watermark
@@ -506,24 +507,24 @@ class PartitionHost:
             self.log.write_state_checkpoint()
             self._checkpointed_hw = self.log.high_watermark
 
-    def status(self) -> dict[str, object]:
-        st = self.replica.status()
-        st.update(
+    def status(self, low_watermark: LowWatermark | None = None) -> PartitionStatus:
+        return PartitionStatus(
             topic=self.topic,
             partition=self.partition,
+            replica=self.replica.status(),
             size_bytes=self.log.size_bytes,
             segment_count=self.log.segment_count,
             durable_end_offset=self.log.durable_end_offset,
+            flushes=FlushFigures(
+                self.compactions,
+                self.flush_count,
+                self.flush_seconds,
+                self.flush_seconds_max,
+                self.flushed_records,
+            ),
             invalid_batches=self.invalid_batches_present(),
-            metrics={
-                "compactions": self.compactions,
-                "flush_count": self.flush_count,
-                "flush_seconds_total": round(self.flush_seconds, 6),
-                "flush_seconds_max": round(self.flush_seconds_max, 6),
-                "flushed_records": self.flushed_records,
-            },
+            low_watermark=low_watermark,
         )
-        return st
 
     @property
     def closed(self) -> bool:

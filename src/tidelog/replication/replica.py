@@ -68,6 +68,7 @@ from tidelog.replication.messages import (
     claimed_sender,
 )
 from tidelog.replication.quorum import isr_offset, majority, quorum_offset
+from tidelog.replication.status import ReplicaStatus, ReplicaView
 
 NO_LEADER = -1
 NO_VOTE = -1
@@ -620,47 +621,41 @@ class Replica:
             if self.now - p.last_caught_up_tick <= lag and self._counts(r)
         }
 
-    def status(self) -> dict[str, object]:
-        replicas: dict[int, dict[str, object]] = {}
+    def status(self) -> ReplicaStatus:
+        replicas: dict[int, ReplicaView] = {}
         if self.role is Role.LEADER:
             in_sync = self.in_sync_replicas()
             leo = self.log.log_end_offset
-            replicas[self.node_id] = {
-                "log_end_offset": leo,
-                "durable_end_offset": self.log.effective_durable_end,
-                "in_sync": True,
-                "lag": 0,
-            }
+            replicas[self.node_id] = ReplicaView(
+                leo, True, 0, durable_end_offset=self.log.effective_durable_end
+            )
             for r, p in sorted(self.progress.items()):
-                replicas[r] = {
-                    "log_end_offset": p.fetch_offset if r in self.observers else p.match_offset,
-                    "high_watermark": p.known_hw,
-                    "in_sync": r in in_sync,
-                    "lag": max(0, leo - p.match_offset),
-                    "last_fetch_ticks_ago": self.now - p.last_fetch_tick,
-                }
-                if r in self.observers:
-                    replicas[r]["observer_until"] = self.observers[r][1]
-                if r in self.learners:
-                    replicas[r]["learner"] = True
-        return {
-            "role": self.role.value,
-            "epoch": self.epoch,
-            "leader": self.leader_id,
-            "voted_for": self.voted_for,
-            "high_watermark": self.log.high_watermark,
-            "log_end_offset": self.log.log_end_offset,
-            "log_start_offset": self.log.log_start_offset,
-            "replicas": replicas,
-            "directory_id": self.config.directory_id,
-            "voters": list(self.voters),
-            "learners": list(self.learners),
-            "committed_voters": list(self.history.at(self.log.high_watermark).voters),
-            # A replaced disk: this replica catches up without voting (see is_observer).
-            "observer": self.is_observer,
-            # Voters seen with a directory this replica has not admitted (replaced disks).
-            "replaced": {str(n): d for n, d in sorted(self.replaced.items())},
-        }
+                observing = self.observers.get(r)
+                replicas[r] = ReplicaView(
+                    p.fetch_offset if observing is not None else p.match_offset,
+                    r in in_sync,
+                    max(0, leo - p.match_offset),
+                    high_watermark=p.known_hw,
+                    last_fetch_ticks_ago=self.now - p.last_fetch_tick,
+                    observer_until=observing[1] if observing is not None else None,
+                    learner=r in self.learners,
+                )
+        return ReplicaStatus(
+            role=self.role.value,
+            epoch=self.epoch,
+            leader=self.leader_id,
+            voted_for=self.voted_for,
+            high_watermark=self.log.high_watermark,
+            log_end_offset=self.log.log_end_offset,
+            log_start_offset=self.log.log_start_offset,
+            directory_id=self.config.directory_id,
+            voters=tuple(self.voters),
+            learners=tuple(self.learners),
+            committed_voters=tuple(self.history.at(self.log.high_watermark).voters),
+            observer=self.is_observer,
+            replicas=replicas,
+            replaced=dict(self.replaced),
+        )
 
     # -- elections ------------------------------------------------------------------------------
 

@@ -26,8 +26,12 @@ def local_spark(
     app_name: str = "tidelog",
     master: str = "local[2]",
     config: dict[str, str] | None = None,
+    local_dir: Path | None = None,
 ) -> Any:
-    """Start (or return) this process's SparkSession with the tidelog source registered."""
+    """Start (or return) this process's SparkSession with the tidelog source registered.
+    Spark's scratch files (block manager, shuffle, the driver JVM's temp files) go under
+    local_dir, by default the temp directory ($TMPDIR or /tmp): a driver that is killed leaves
+    them there, so a job (or a test) that may be killed gives each run a directory of its own."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -36,14 +40,19 @@ def local_spark(
 
     from tidelog.spark.source import TidelogDataSource
 
-    log4j = Path(tempfile.gettempdir()) / "tidelog-spark-log4j2.properties"
+    scratch = Path(local_dir) if local_dir is not None else Path(tempfile.gettempdir())
+    scratch.mkdir(parents=True, exist_ok=True)
+    log4j = scratch / "tidelog-spark-log4j2.properties"
     log4j.write_text(LOG4J)
     settings = {
+        "spark.local.dir": str(scratch),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
+        "spark.driver.extraJavaOptions": (
+            f"-Dlog4j2.configurationFile=file:{log4j} -Djava.io.tmpdir={scratch}"
+        ),
         "spark.sql.shuffle.partitions": "4",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
@@ -61,6 +70,7 @@ def spark_session(
     app_name: str = "tidelog",
     master: str = "local[2]",
     config: dict[str, str] | None = None,
+    local_dir: Path | None = None,
 ) -> Any:
     """local_spark, or a session on a Spark cluster (`spark://HOST:PORT`: executors in their
     own JVMs and Python workers on the cluster's machines, running this interpreter), or over
@@ -82,4 +92,4 @@ def spark_session(
     if not master.startswith("local"):
         settings.setdefault("spark.pyspark.python", sys.executable)
         settings.setdefault("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-    return local_spark(app_name, master, settings)
+    return local_spark(app_name, master, settings, local_dir)
