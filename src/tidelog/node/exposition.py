@@ -305,6 +305,7 @@ DOCS = {
     "tidelog_fsync_seconds": "Time of each fsync of a partition's log",
     "tidelog_leader_elections_won_total": "Times a replica on this node became leader",
     "tidelog_segments_deleted_total": "Segments deleted below the log start",
+    "tidelog_http_requests_total": "Requests to the HTTP listener, by path",
     "tidelog_segments_deleted_bytes_total": "Bytes of segments deleted below the log start",
 }
 

@@ -52,7 +52,6 @@ class HttpListener:
         self._runner: web.AppRunner | None = None
         self._view: tuple[float, dict[str, Any]] | None = None
         self._gathering: asyncio.Future[dict[str, Any]] | None = None
-        self.scrapes = 0
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[str, int]:
         app = web.Application(middlewares=[self._authorized])
@@ -79,6 +78,9 @@ class HttpListener:
 
     @web.middleware
     async def _authorized(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        path = route.canonical if route is not None else "other"
+        self.core.counters.inc("tidelog_http_requests_total", path=path)
         principal = Principal.anonymous(request.remote or "", Origin.HTTP)
         try:
             self.core.authorize(principal, api.StatusRequest())
@@ -91,7 +93,6 @@ class HttpListener:
         return response
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self.scrapes += 1
         body = await render(snapshot(self.core))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
@@ -108,14 +109,14 @@ class HttpListener:
         if self._view is not None and now - self._view[0] < CLUSTER_VIEW_MAX_AGE_S:
             return _json(self._view[1])
         if self._gathering is None:
-            self._gathering = asyncio.ensure_future(self._gather())
-        gathering = self._gathering
-        try:
-            view = await asyncio.shield(gathering)
-        finally:
-            if gathering.done() and self._gathering is gathering:
-                self._gathering = None
-        return _json(view)
+            # One gathering for every request waiting now; it finishes even if they go away.
+            self._gathering = gathering = asyncio.ensure_future(self._gather())
+            gathering.add_done_callback(self._gathered)
+        return _json(await asyncio.shield(self._gathering))
+
+    def _gathered(self, gathering: asyncio.Future[dict[str, Any]]) -> None:
+        if self._gathering is gathering:
+            self._gathering = None
 
     async def _gather(self) -> dict[str, Any]:
         core = self.core
