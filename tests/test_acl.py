@@ -340,6 +340,25 @@ def test_a_node_beyond_loopback_needs_tls_and_acls_or_insecure(tmp_path: Path) -
         node_config_from({"data": str(tmp_path), "authorization": "everyone"})
     done = run_tidelog("serve", "--data", str(tmp_path / "n"), "--listen", "0.0.0.0:0")
     assert done.returncode != 0 and "InvalidConfig" in done.stderr and "--insecure" in done.stderr
+    # `--set insecure=false` says no: it never turns the check off.
+    with pytest.raises(InvalidConfig):
+        node_config_from({**base, "insecure": "false"})
+    with pytest.raises(InvalidConfig) as refused:
+        node_config_from({**base, "insecure": "perhaps"})
+    assert refused.value.details["key"] == "insecure"
+
+
+def test_a_misspelt_or_impossible_node_setting_is_refused(tmp_path: Path) -> None:
+    base = {"data": str(tmp_path)}
+    with pytest.raises(InvalidConfig) as refused:
+        node_config_from({**base, "max.conections": "10"})
+    assert "did you mean 'max.connections'" in str(refused.value)
+    with pytest.raises(InvalidConfig) as refused:
+        node_config_from({**base, "flush_threads": "0"})
+    assert refused.value.details["key"] == "flush_threads"
+    assert node_config_from({**base, "zero_copy": "off"}).zero_copy is False
+    done = run_tidelog("serve", "--data", str(tmp_path / "n"), "--set", "tick.ms=5")
+    assert done.returncode != 0 and "unknown node setting 'tick.ms'" in done.stderr
 
 
 # -- the Kafka port -----------------------------------------------------------------------------

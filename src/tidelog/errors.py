@@ -23,6 +23,7 @@
     ├── CursorInvalidated(log_start, reason)
     ├── UnknownCursor
     ├── StorageFull                         retriable: writes resume when space returns
+    ├── StorageError                        a file could not be written or read as a whole
     ├── DuplicateSequence                   an idempotent producer's replay (harmless)
     ├── OutOfOrderSequence
     ├── NetworkError                        retriable: the connection broke (client side only)
@@ -32,7 +33,7 @@
     ├── DataLoss(topic, partition, first, last)  a reader needed offsets the log no longer has
     ├── NodeIdentityError                   a data directory belongs to another node id
     │   └── InconsistentClusterId           ... or to another cluster
-    ├── NoEligibleLeader(reasons)           no replica that holds everything committed is up
+    ├── NoEligibleLeader                    no replica that holds everything committed is up
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
 """

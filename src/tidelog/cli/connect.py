@@ -28,17 +28,17 @@ def add_tls_options(parser: argparse.ArgumentParser, env: bool = True) -> None:
         "--tls-ca",
         default=default("TIDELOG_TLS_CA"),
         help="PEM file of the CA that signs the nodes' certificates: connect with TLS and "
-        "verify them (env TIDELOG_TLS_CA)",
+        "verify them" + (" (env TIDELOG_TLS_CA)" if env else ""),
     )
     parser.add_argument(
         "--tls-cert",
         default=default("TIDELOG_TLS_CERT"),
-        help="PEM certificate to present (env TIDELOG_TLS_CERT)",
+        help="PEM certificate to present" + (" (env TIDELOG_TLS_CERT)" if env else ""),
     )
     parser.add_argument(
         "--tls-key",
         default=default("TIDELOG_TLS_KEY"),
-        help="PEM private key of --tls-cert (env TIDELOG_TLS_KEY)",
+        help="PEM private key of --tls-cert" + (" (env TIDELOG_TLS_KEY)" if env else ""),
     )
 
 

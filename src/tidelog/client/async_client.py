@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 ACKS = {"0": api.ACKS_NONE, "1": api.ACKS_LEADER, "all": api.ACKS_ALL, "-1": api.ACKS_ALL}
 PRODUCER_EPOCH_MAX = 0x7FFF
 # Concurrent sends to one partition that go together as one batch, at most (below the default
-# max.message.bytes of 1 MiB; one send larger than this still goes, alone).
+# max.message.bytes of 8 MiB; one send larger than this still goes, alone).
 COALESCE_BYTES_MAX = 512 * 1024
 CONSUME_FETCH_BYTES = 1024 * 1024  # per fetch of consume(): Kafka's max.partition.fetch.bytes
 

@@ -3,7 +3,7 @@ client-side assignors: the coordinator collects the members, names a leader, han
 member's subscription, and passes the leader's assignment on to each member.
 
 The coordinator is the metadata log's leader (FindCoordinator names it), because a group's
-committed offsets are tidelog cursors kept in the metadata log (kafka/offsets.py): committing
+committed offsets are tidelog cursors kept in the metadata log (kafka/broker.py): committing
 is a metadata proposal, which only the metadata leader makes. A group's settled membership (its
 generation, members, assignor and assignments) is kept in the metadata log too, before the
 leader's SyncGroup is answered (as Kafka writes it to __consumer_offsets): when the metadata

@@ -19,6 +19,7 @@ the peer's client listener where its peer channel is.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import ipaddress
 import os
@@ -130,6 +131,9 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.node_id < 0:
             raise InvalidConfig("node id must be >= 0", key="node_id")
+        for key in ("tick_ms", "flush_threads", "election_timeout_ms"):
+            if getattr(self, key) < 1:
+                raise InvalidConfig(f"{key} must be >= 1, not {getattr(self, key)}", key=key)
         if self.join and self.peers:
             raise InvalidConfig(
                 "a node that joins a running cluster (--join) learns its peers there: "
@@ -331,10 +335,68 @@ _INT_SETTINGS = {
     "fetch.max.bytes": "fetch_max_bytes",
 }
 NODE_SETTINGS = sorted(k for k in _INT_SETTINGS if "." in k)
+# Every key node_config_from reads (TOML, --set and serve's flags): any other is refused, so
+# that a misspelt setting is never silently left at its default.
+KNOWN_SETTINGS = frozenset(_INT_SETTINGS) | {
+    "data",
+    "data_dir",
+    "node_id",
+    "listen",
+    "peers",
+    "join",
+    "defaults",
+    "zero_copy",
+    "peer_listen",
+    "kafka_listen",
+    "kafka_advertised",
+    "http_listen",
+    "cluster_id",
+    "cluster_secret_file",
+    "event_loop",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "tls.ca",
+    "tls.cert",
+    "tls.key",
+    "tls_client_auth",
+    "tls.client.auth",
+    "authorization",
+    "super_users",
+    "super.users",
+    "admin_token_file",
+    "insecure",
+}
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _flag(values: dict[str, Any], key: str) -> bool:
+    """A boolean setting: TOML's true/false, or --set's words for them (`insecure=false` is
+    false; anything else is refused)."""
+    value = values[key]
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise InvalidConfig(f"{key}: {value!r} is not true or false", key=key)
+
+
+def _check_known(values: dict[str, Any]) -> None:
+    unknown = sorted(k for k in values if k not in KNOWN_SETTINGS)
+    if unknown:
+        key = unknown[0]
+        near = difflib.get_close_matches(key, sorted(KNOWN_SETTINGS), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise InvalidConfig(f"unknown node setting {key!r}{hint}", key=key)
 
 
 def node_config_from(values: dict[str, Any]) -> NodeConfig:
     """Build a NodeConfig from merged TOML and CLI values (CLI wins, done by the caller)."""
+    _check_known(values)
     data = values.get("data") or values.get("data_dir")
     if not data:
         raise InvalidConfig("a data directory is required (--data)", key="data")
@@ -353,7 +415,7 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
             except (TypeError, ValueError):
                 raise InvalidConfig(f"{key}: {values[key]!r} is not an integer", key=key) from None
     if "zero_copy" in values:
-        kwargs["zero_copy"] = bool(values["zero_copy"])
+        kwargs["zero_copy"] = _flag(values, "zero_copy")
     for key in ("peer_listen", "kafka_listen", "kafka_advertised", "http_listen"):
         if values.get(key):
             kwargs[key] = parse_address(str(values[key]))
@@ -386,8 +448,8 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
     admin_file = values.get("admin_token_file")
     if admin_file:
         kwargs["admin_token"] = read_admin_token(Path(str(admin_file)))
-    if values.get("insecure"):
-        kwargs["insecure"] = True
+    if "insecure" in values:
+        kwargs["insecure"] = _flag(values, "insecure")
     secret_file = values.get("cluster_secret_file")
     if secret_file:
         kwargs["cluster_secret"] = read_secret(Path(str(secret_file)))

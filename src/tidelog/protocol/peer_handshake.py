@@ -14,7 +14,8 @@ MAC is HMAC-SHA256 keyed by the cluster secret; each side's nonce makes every pr
 recorded handshake cannot be replayed. The dialer's cluster and directory ids are bound into its
 proof, so they cannot be changed in flight; the directory id is how the listener tells a peer
 that kept its disk from one that came back empty (replication/directories.py). Nothing but these two requests is read on a peer
-connection until it is bound. Mutual TLS replaces the secret later; the binding stays.
+connection until it is bound. Under TLS the channel is mutual TLS as well, and the secret is
+still proved: a certificate from the CA proves a machine, the secret proves a member.
 """
 
 from __future__ import annotations
