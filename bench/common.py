@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tidelog.cli.progress import Progress
 from tidelog.client.async_client import AsyncClient
 from tidelog.record import ProducerRecord, build_batch
 from tidelog.tls import TlsFiles
@@ -134,18 +135,22 @@ async def run_producers(
         await c.topic(topic)
     latencies: list[float] = []
     sent = [0]
-    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    deadline = start + seconds
+    progress = Progress(f"{producers} producer(s) to {topic}", seconds, unit="batches")
 
     async def one(client: AsyncClient) -> None:
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
             await client.produce_batch(topic, 0, batch, acks)
-            latencies.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            latencies.append(t1 - t0)
             sent[0] += 1
+            progress.update(sent[0], t1 - start)
 
-    start = time.perf_counter()
     await asyncio.gather(*(one(clients[i % connections]) for i in range(producers)))
     elapsed = time.perf_counter() - start
+    progress.close()
     for c in clients:
         await c.close()
     return sent[0], elapsed, latencies

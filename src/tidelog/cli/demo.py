@@ -132,7 +132,7 @@ class Demo:
         progress = Progress("clickstream", self.args.duration, unit="views")
         while clicks.is_alive():
             now = time.monotonic() - started
-            progress.advance(clicks.produced - progress.count, now - progress.amount)
+            progress.update(clicks.produced, now)
             self._raise_if_failed(queries)
             if kill_at is not None and now >= kill_at and killed is None:
                 killed = self._kill_leader("events", 0)

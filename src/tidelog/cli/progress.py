@@ -40,8 +40,11 @@ class Progress:
         self._drawn = 0.0
 
     def advance(self, count: int = 1, amount: float = 0.0) -> None:
-        self.count += count
-        self.amount += amount
+        self.update(self.count + count, self.amount + amount)
+
+    def update(self, count: int, amount: float) -> None:
+        """Where it is now: count done, amount of the total (bytes read, seconds run, ...)."""
+        self.count, self.amount = count, amount
         if self.shown:
             now = time.monotonic()
             if now - self._drawn >= REDRAW_S:
