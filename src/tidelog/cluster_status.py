@@ -1,13 +1,146 @@
 """The cluster's status as one row per partition: every node's own view of its replicas,
-merged around the leader's (the CLI's `status`, the console's `/api/cluster`)."""
+merged around the leader's. `partition_rows` gives them typed (the CLI's `status` and
+`cursors list`, the demo, `partitions elect`); `merge_status` as the JSON `tidelog status
+--json` prints and the console's `/api/cluster` serves."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True)
+class ReplicaRow:
+    """One replica of a partition, as its own node reports it, with the leader's word on
+    whether it is in sync."""
+
+    node_id: int
+    role: str
+    epoch: int
+    log_end_offset: int
+    high_watermark: int
+    log_start_offset: int
+    size_bytes: int
+    segment_count: int
+    observer: bool
+    in_sync: bool
+    lag: int | None  # behind the leader's log end; None without a leader's view
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == "leader"
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    topic: str
+    partition: int
+    leader: int  # -1: none
+    epoch: int
+    voters: tuple[int, ...]
+    replicas: Mapping[int, ReplicaRow]
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    size_bytes: int
+    segment_count: int
+    under_replicated: bool
+    # The leader's: the LWM ({"offset", "set_by", "holds"}) and each cursor's figures.
+    low_watermark: Mapping[str, Any] = field(default_factory=dict)
+    cursors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    no_leader: str = ""  # why, in words, when leader < 0
+    invalid_batches: Sequence[Mapping[str, Any]] = ()
+
+    @property
+    def group(self) -> str:
+        return f"{self.topic}/{self.partition}"
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "topic": self.topic,
+            "partition": self.partition,
+            "leader": self.leader,
+            "epoch": self.epoch,
+            "replicas": {
+                str(n): {
+                    "observer": r.observer,
+                    "role": r.role,
+                    "epoch": r.epoch,
+                    "log_end_offset": r.log_end_offset,
+                    "high_watermark": r.high_watermark,
+                    "log_start_offset": r.log_start_offset,
+                    "size_bytes": r.size_bytes,
+                    "segment_count": r.segment_count,
+                    "in_sync": r.in_sync,
+                    "lag": r.lag,
+                }
+                for n, r in self.replicas.items()
+            },
+            "invalid_batches": [dict(b) for b in self.invalid_batches],
+            "voters": list(self.voters),
+            "log_start_offset": self.log_start_offset,
+            "high_watermark": self.high_watermark,
+            "log_end_offset": self.log_end_offset,
+            "size_bytes": self.size_bytes,
+            "segment_count": self.segment_count,
+            "under_replicated": self.under_replicated,
+        }
+        if self.leader >= 0:
+            out["low_watermark"] = dict(self.low_watermark)
+            out["cursors"] = {k: dict(v) for k, v in self.cursors.items()}
+        else:
+            out["no_leader"] = self.no_leader
+        return out
+
+
 def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, Any]]:
+    """partition_rows as JSON-ready dicts."""
+    return [row.to_wire() for row in partition_rows(nodes, topic)]
+
+
+def partition_rows(nodes: list[dict[str, Any]], topic: str | None) -> list[PartitionRow]:
     """One row per partition: the leader's view, with every replica's own numbers."""
+    return [_typed(row) for row in _merged(nodes, topic)]
+
+
+def _typed(row: dict[str, Any]) -> PartitionRow:
+    return PartitionRow(
+        topic=row["topic"],
+        partition=int(row["partition"]),
+        leader=int(row["leader"]),
+        epoch=int(row["epoch"]),
+        voters=tuple(int(v) for v in row.get("voters", [])),
+        replicas={
+            int(n): ReplicaRow(
+                node_id=int(n),
+                role=r["role"],
+                epoch=int(r["epoch"]),
+                log_end_offset=int(r["log_end_offset"]),
+                high_watermark=int(r["high_watermark"]),
+                log_start_offset=int(r["log_start_offset"]),
+                size_bytes=int(r["size_bytes"]),
+                segment_count=int(r["segment_count"]),
+                observer=bool(r["observer"]),
+                in_sync=bool(r["in_sync"]),
+                lag=r["lag"],
+            )
+            for n, r in sorted(row["replicas"].items(), key=lambda kv: int(kv[0]))
+        },
+        log_start_offset=int(row["log_start_offset"]),
+        high_watermark=int(row["high_watermark"]),
+        log_end_offset=int(row["log_end_offset"]),
+        size_bytes=int(row["size_bytes"]),
+        segment_count=int(row["segment_count"]),
+        under_replicated=bool(row["under_replicated"]),
+        low_watermark=row.get("low_watermark") or {},
+        cursors=row.get("cursors") or {},
+        no_leader=row.get("no_leader", ""),
+        invalid_batches=row.get("invalid_batches", []),
+    )
+
+
+def _merged(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, Any]]:
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for node in nodes:
         for st in node.get("partitions", []):

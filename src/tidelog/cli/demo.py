@@ -21,7 +21,9 @@ from typing import Any
 from tidelog.cli.clickstream import Clickstream
 from tidelog.cli.cluster import LocalCluster
 from tidelog.cli.progress import Progress
+from tidelog.cli.tables import table_lines
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import partition_rows
 
 EVENTS_CONFIG = {
     # Small segments and a short retention, so that the cleaner deletes during the demo and the
@@ -154,38 +156,35 @@ class Demo:
         )
 
     def _kill_leader(self, topic: str, partition: int) -> int:
-        from tidelog.cluster_status import merge_status
-
-        rows = merge_status(self.client.status([topic]), topic)
-        leader = next(r["leader"] for r in rows if r["partition"] == partition)
+        rows = partition_rows(self.client.status([topic]), topic)
+        leader = next(r.leader for r in rows if r.partition == partition)
         say(f"killing node {leader} (SIGKILL), the leader of {topic}/{partition}")
         self.cluster.kill(leader)
         return int(leader)
 
     def _status(self, clicks: Clickstream) -> None:
-        from tidelog.cluster_status import merge_status
-
         try:
-            rows = merge_status(self.client.status(["events"]), "events")
+            rows = partition_rows(self.client.status(["events"]), "events")
         except Exception as exc:  # a status line is not worth failing the demo for
             say(f"status unavailable: {exc}")
             return
         say(f"{clicks.produced} views produced")
-        print(
-            f"    {'PART':<9}{'LEADER':>6} {'LOG_START':>9} {'LWM':>7} {'HELD BY':<32}"
-            f"{'HW':>7} {'LEO':>7}  CURSOR LAG (records)",
-            flush=True,
-        )
-        for r in rows:
-            lwm = r.get("low_watermark") or {}
-            cursors = r.get("cursors") or {}
-            lag = ", ".join(f"{name} {c['lag']}" for name, c in sorted(cursors.items()))
-            print(
-                f"    events/{r['partition']:<2}{r['leader']:>6} {r.get('log_start_offset', -1):>9} "
-                f"{lwm.get('offset', -1):>7} {str(lwm.get('set_by', '-'))[:31]:<32}"
-                f"{r.get('high_watermark', -1):>7} {r.get('log_end_offset', -1):>7}  {lag}",
-                flush=True,
+        table = [
+            (
+                r.group,
+                r.leader,
+                r.log_start_offset,
+                r.low_watermark.get("offset", "-"),
+                r.high_watermark,
+                r.log_end_offset,
+                ", ".join(f"{name} {c['lag']}" for name, c in sorted(r.cursors.items())),
             )
+            for r in rows
+        ]
+        notes = [[f"LWM held by {r.low_watermark.get('set_by', '-')}"] for r in rows]
+        headings = ("PART", "LEADER", "LOG_START", "LWM", "HW", "LEO", "CURSOR LAG (records)")
+        for line in table_lines(headings, table, frozenset(range(1, 6)), notes):
+            print("    " + line, flush=True)
 
     def _raise_if_failed(self, queries: tuple[Any, ...]) -> None:
         for q in queries:

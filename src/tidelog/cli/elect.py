@@ -19,7 +19,7 @@ from typing import Any
 from tidelog.cli.connect import client_of
 from tidelog.cli.reassign import add_reassign_command
 from tidelog.client.async_client import AsyncClient
-from tidelog.cluster_status import answered_nodes, merge_status
+from tidelog.cluster_status import ReplicaRow, answered_nodes, partition_rows
 from tidelog.errors import InvalidRequest, NoEligibleLeader, TidelogError
 from tidelog.replication.metadata import METADATA_TOPIC
 
@@ -67,7 +67,7 @@ def cmd_elect(args: argparse.Namespace) -> int:
                 return
             if args.unclean and topic != METADATA_TOPIC:
                 metadata, _, _ = await replicas_of(client, METADATA_TOPIC, 0)
-                if not any(rep["role"] == "leader" for rep in metadata.values()):
+                if not any(rep.is_leader for rep in metadata.values()):
                     print(f"the cluster's metadata log ({METADATA_TOPIC}/0) has no leader:")
                     await elect(client, METADATA_TOPIC, 0, unclean=True)
             await elect(client, topic, partition, unclean=args.unclean)
@@ -78,14 +78,13 @@ def cmd_elect(args: argparse.Namespace) -> int:
 
 async def replicas_of(
     client: AsyncClient, topic: str, partition: int
-) -> tuple[dict[int, dict[str, Any]], set[int], set[int]]:
+) -> tuple[dict[int, ReplicaRow], set[int], set[int]]:
     """(reachable replicas' status by node, every voter, the nodes that answered)."""
     nodes = await client.status([topic])
-    row = next((r for r in merge_status(nodes, topic) if r["partition"] == partition), None)
+    row = next((r for r in partition_rows(nodes, topic) if r.partition == partition), None)
     if row is None:
         return {}, set(), answered_nodes(nodes)
-    found = {int(rid): rep for rid, rep in row["replicas"].items()}
-    return found, {int(v) for v in row["voters"]}, answered_nodes(nodes)
+    return dict(row.replicas), set(row.voters), answered_nodes(nodes)
 
 
 async def elect(client: AsyncClient, topic: str, partition: int, unclean: bool) -> None:
@@ -98,12 +97,12 @@ async def elect(client: AsyncClient, topic: str, partition: int, unclean: bool) 
         found, voters, answered = await replicas_of(client, topic, partition)
     if not found:
         raise NoEligibleLeader(f"no reachable node holds a replica of {group}")
-    leaders = [n for n, st in found.items() if st["role"] == "leader"]
+    leaders = [n for n, st in found.items() if st.is_leader]
     if leaders and not unclean:
-        print(f"{group}: {leaders[0]} already leads in epoch {found[leaders[0]]['epoch']}")
+        print(f"{group}: {leaders[0]} already leads in epoch {found[leaders[0]].epoch}")
         return
-    candidate = max(found, key=lambda n: (found[n]["log_end_offset"], -n))
-    end = found[candidate]["log_end_offset"]
+    candidate = max(found, key=lambda n: (found[n].log_end_offset, -n))
+    end = found[candidate].log_end_offset
     if unclean:
         print(describe_loss(group, found, voters, answered, candidate))
         for node in sorted(found):
@@ -116,10 +115,10 @@ async def elect(client: AsyncClient, topic: str, partition: int, unclean: bool) 
         raise NoEligibleLeader(f"{group}: node {candidate} could not stand: {exc}") from exc
     while time.monotonic() < deadline:
         found, _, _ = await replicas_of(client, topic, partition)
-        leaders = [n for n, st in found.items() if st["role"] == "leader"]
+        leaders = [n for n, st in found.items() if st.is_leader]
         if leaders:
             st = found[leaders[0]]
-            print(f"{group}: {leaders[0]} leads in epoch {st['epoch']} (log end {end})")
+            print(f"{group}: {leaders[0]} leads in epoch {st.epoch} (log end {end})")
             return
         await asyncio.sleep(0.2)
     raise NoEligibleLeader(
@@ -130,13 +129,13 @@ async def elect(client: AsyncClient, topic: str, partition: int, unclean: bool) 
 
 def describe_loss(
     group: str,
-    found: dict[int, dict[str, Any]],
+    found: dict[int, ReplicaRow],
     voters: set[int],
     answered: set[int],
     candidate: int,
 ) -> str:
-    end = found[candidate]["log_end_offset"]
-    highest_hw = max(st["high_watermark"] for st in found.values())
+    end = found[candidate].log_end_offset
+    highest_hw = max(st.high_watermark for st in found.values())
     lines = [
         f"unclean election for {group}: node {candidate} will lead with its log ending at "
         f"offset {end}."

@@ -22,7 +22,7 @@ from tidelog.cli.progress import Progress
 from tidelog.cli.tables import add_watch_option, show, table_lines
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
-from tidelog.cluster_status import merge_status
+from tidelog.cluster_status import PartitionRow, partition_rows
 from tidelog.errors import TidelogError
 from tidelog.logs import FORMATS
 from tidelog.logs import configure as configure_logs
@@ -462,10 +462,10 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
                 print("configs " + " ".join(f"{k}={v}" for k, v in sorted(info.configs.items())))
             leaders = list(info.leaders) + [-1] * (info.partitions - len(info.leaders))
             if -1 in leaders:  # the node that answered hosts no replica of some partitions
-                for row in merge_status(await client.status([info.name]), info.name):
-                    p, found = int(row["partition"]), row.get("leader")
-                    if 0 <= p < info.partitions and leaders[p] < 0 and isinstance(found, int):
-                        leaders[p] = found
+                for row in partition_rows(await client.status([info.name]), info.name):
+                    p = row.partition
+                    if 0 <= p < info.partitions and leaders[p] < 0:
+                        leaders[p] = row.leader
             for p, replicas in enumerate(info.assignments):
                 leader = leaders[p]
                 moving = f"  moving off {info.reassigning[p]}" if p in info.reassigning else ""
@@ -749,16 +749,16 @@ async def cursor_rows(client: AsyncClient, name: str | None) -> list[dict[str, A
     cursors = await client.cursors(name)
     topics = {c["topic"] for c in cursors}
     stats = {
-        (row["topic"], row["partition"]): row
-        for row in merge_status(await client.status(sorted(topics)), None)
+        (row.topic, row.partition): row
+        for row in partition_rows(await client.status(sorted(topics)), None)
     }
     now_ms = int(time.time() * 1000)
     rows = []
     for c in cursors:
         for p, position in sorted(c["positions"].items(), key=lambda kv: int(kv[0])):
-            st = stats.get((c["topic"], int(p)), {})
-            hw = int(st.get("high_watermark", position))
-            start = int(st.get("log_start_offset", 0))
+            st = stats.get((c["topic"], int(p)))
+            hw = st.high_watermark if st is not None else position
+            start = st.log_start_offset if st is not None else 0
             rows.append(
                 {
                     "name": c["name"],
@@ -813,9 +813,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
             async def render() -> tuple[Any, str]:
                 nodes = await client.status([args.topic] if args.topic else None)
-                rows = merge_status(nodes, args.topic)
+                rows = partition_rows(nodes, args.topic)
                 value = {
-                    "partitions": rows,
+                    "partitions": [r.to_wire() for r in rows],
                     "nodes": [
                         {
                             "node_id": n.get("node_id"),
@@ -849,44 +849,43 @@ STATUS_HEADINGS = (
 )
 
 
-def status_text(rows: list[dict[str, Any]]) -> str:
+def status_text(rows: list[PartitionRow]) -> str:
     """One line per partition, then what holds its LWM, its cursors, why it has no leader and
     the batches nobody can read, each on a line of its own."""
     table, notes = [], []
     for r in rows:
         reps = " ".join(
-            f"{rid}:{'leader' if rep['role'] == 'leader' else rep['role'][:4]}"
-            f"{'' if rep.get('in_sync') else '(out)'}"
-            for rid, rep in sorted(r["replicas"].items())
+            f"{n}:{'leader' if rep.is_leader else rep.role[:4]}{'' if rep.in_sync else '(out)'}"
+            for n, rep in sorted(r.replicas.items())
         )
-        if r["under_replicated"] and len(r["replicas"]) > 1:
+        if r.under_replicated and len(r.replicas) > 1:
             reps += "  UNDER-REPLICATED"
-        lwm = r.get("low_watermark") or {}
+        lwm = r.low_watermark
         table.append(
             (
-                r["topic"],
-                r["partition"],
-                r["leader"],
-                r["epoch"],
-                r["log_start_offset"],
+                r.topic,
+                r.partition,
+                r.leader,
+                r.epoch,
+                r.log_start_offset,
                 lwm.get("offset", "-"),
-                r["high_watermark"],
-                r["log_end_offset"],
-                r["size_bytes"],
-                r["segment_count"],
+                r.high_watermark,
+                r.log_end_offset,
+                r.size_bytes,
+                r.segment_count,
                 reps,
             )
         )
         lines = []
         if lwm:
             lines.append(f"LWM set by {lwm.get('set_by')}")
-        for name, c in sorted((r.get("cursors") or {}).items()):
+        for name, c in sorted(r.cursors.items()):
             lines.append(
                 f"cursor {name}: position {c['position']}, lag {c['lag']}, lead {c['lead']}"
             )
-        if r.get("no_leader"):
-            lines.append(r["no_leader"])
-        for b in r.get("invalid_batches", []):
+        if r.no_leader:
+            lines.append(r.no_leader)
+        for b in r.invalid_batches:
             lines.append(
                 f"INVALID batch at offsets {b['base_offset']}..{b['last_offset']}"
                 f" ({b['error']}: {b['reason']}) on nodes {b['nodes']}; readers pass over "
