@@ -20,6 +20,7 @@ from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 from tidelog.errors import InvalidConfig
 from tidelog.node.config import NodeConfig
+from tidelog.record import ProducerRecord
 
 FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
 
@@ -136,6 +137,41 @@ def test_a_scrape_reports_what_status_reports(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(url + "/console/../../etc/passwd", timeout=10)
         assert info.value.code == 404
+
+
+@pytest.mark.timeout(120)
+def test_compaction_is_measured(tmp_path: Path) -> None:
+    with (
+        LocalCluster(tmp_path, nodes=1, http=True, log_level="WARNING") as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        cluster.wait_ready()
+        client.create_topic(
+            "k",
+            configs={
+                "cleanup.policy": "compact",
+                "segment.bytes": "2048",
+                "min.cleanable.dirty.ratio": "0.01",
+                **FAST,
+            },
+        )
+        for round_ in range(6):
+            for key in range(10):
+                client.produce("k", [ProducerRecord(b"key%d" % key, b"v%d" % round_)], partition=0)
+        labels = {"topic": "k", "partition": "0"}
+        families = wait_for(
+            "a compaction",
+            lambda: (
+                (f := scrape(cluster.http_url(1)))
+                and value(f, "tidelog_partition_compactions_total", **labels) >= 1
+                and f
+            ),
+        )
+        ratio = value(families, "tidelog_partition_compaction_ratio", **labels)
+        before = value(families, "tidelog_compaction_bytes_before_total")
+        after = value(families, "tidelog_compaction_bytes_after_total")
+        assert 0 < ratio < 1 and 0 < after < before
+        assert value(families, "tidelog_compaction_records_removed_total") > 0
 
 
 def test_http_listen_beyond_loopback_needs_tls_and_acls() -> None:

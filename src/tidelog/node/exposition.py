@@ -192,6 +192,10 @@ class NodeCollector:
         compactions = Family(
             "counter", "tidelog_partition_compactions", "Compactions of this replica", PARTITION
         )
+        ratio = family(
+            "tidelog_partition_compaction_ratio",
+            "Bytes after / bytes before of this replica's last compaction (1: none yet)",
+        )
         replicas = family("tidelog_partition_replicas", "Voters (leader only)")
         in_sync = family("tidelog_partition_in_sync_replicas", "Replicas in sync (leader only)")
         under = family(
@@ -245,6 +249,7 @@ class NodeCollector:
             epoch.add_metric(labels, rs.epoch)
             leading.add_metric(labels, 1 if rs.is_leader else 0)
             compactions.add_metric(labels, st.flushes.compactions)
+            ratio.add_metric(labels, host.compaction_ratio)
             if not rs.is_leader:
                 continue
             voters, synced = len(rs.voters), rs.in_sync_voters
@@ -270,7 +275,7 @@ class NodeCollector:
                 cursor_lag_bytes.add_metric([*labels, name], stats["lag_bytes"])
                 cursor_idle.add_metric([*labels, name], stats["idle_ms"] / 1000)
         yield from (start, hw, leo, durable, size, segments, leader, epoch, leading)
-        yield from (compactions, replicas, in_sync, under, under_min, lag, lwm, hold)
+        yield from (compactions, ratio, replicas, in_sync, under, under_min, lag, lwm, hold)
         yield from (cursor_lag, cursor_lead, cursor_lag_bytes, cursor_idle)
 
     # -- what the node counted -----------------------------------------------------------------
@@ -306,6 +311,9 @@ DOCS = {
     "tidelog_leader_elections_won_total": "Times a replica on this node became leader",
     "tidelog_segments_deleted_total": "Segments deleted below the log start",
     "tidelog_http_requests_total": "Requests to the HTTP listener, by path",
+    "tidelog_compaction_bytes_before_total": "Bytes of the segments compaction read",
+    "tidelog_compaction_bytes_after_total": "Bytes of those segments after compaction",
+    "tidelog_compaction_records_removed_total": "Records compaction removed (superseded keys)",
     "tidelog_segments_deleted_bytes_total": "Bytes of segments deleted below the log start",
 }
 

@@ -138,6 +138,7 @@ class PartitionHost:
         self.flush_seconds_max = 0.0
         self.flushed_records = 0
         self.compactions = 0
+        self.compaction_ratio = 1.0  # the last compaction's bytes after / bytes before
         # The LWM as last decided here, by the cleaner's pass or for a status (cleaner.py).
         self.low_watermark_cache: CachedLowWatermark | None = None
         self.compacting = False
@@ -348,12 +349,19 @@ class PartitionHost:
         report = apply_compaction(self.log, plan)
         if report.segments_rewritten:
             self.compactions += 1
+            if report.bytes_before:
+                self.compaction_ratio = report.bytes_after / report.bytes_before
+            counters = self._counters
+            counters.inc("tidelog_compaction_bytes_before_total", report.bytes_before)
+            counters.inc("tidelog_compaction_bytes_after_total", report.bytes_after)
+            counters.inc("tidelog_compaction_records_removed_total", report.records_removed)
             log.info(
-                "%s: compacted %d segment(s): %d records removed (%d tombstones), %+d bytes",
+                "%s: compacted %d segment(s): %d records removed (%d tombstones), %d -> %d bytes",
                 self.group,
                 report.segments_rewritten,
                 report.records_removed,
                 report.tombstones_removed,
+                report.bytes_before,
                 report.bytes_after,
             )
 

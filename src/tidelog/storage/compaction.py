@@ -31,8 +31,8 @@ class CompactionReport:
     segments_rewritten: int = 0
     records_removed: int = 0
     tombstones_removed: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
+    bytes_before: int = 0  # of the segments compaction read
+    bytes_after: int = 0  # of the same segments once the rewritten ones are swapped in
     skipped: str = ""
     invalid_batches: list[InvalidBatch] = field(default_factory=list)  # kept as they are
 
@@ -131,6 +131,7 @@ def apply_compaction(
 ) -> CompactionReport:
     """On the log's own thread: swap the rewritten segments in, one by one, crash-safely."""
     report = plan.report
+    report.bytes_after = report.bytes_before  # the segments scanned, as they are once swapped
     for seg, cleaned, size in plan.cleaned:
         before = seg.size_bytes
         if log.swap_in_cleaned(seg, cleaned, crash_point):
