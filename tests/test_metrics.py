@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,131 +48,134 @@ def value(families: dict[str, list[Sample]], name: str, **labels: str) -> float:
     return found[0]
 
 
-@pytest.mark.timeout(120)
-def test_a_scrape_reports_what_status_reports(tmp_path: Path) -> None:
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[tuple[LocalCluster, Client]]:
+    """One node with an HTTP listener, and a client of it."""
     with (
         LocalCluster(tmp_path, nodes=1, http=True, log_level="WARNING") as cluster,
         Client(cluster.bootstrap) as client,
     ):
         cluster.wait_ready()
-        url = cluster.http_url(1)
-        # Everything is past retention at once: only the cursor holds the log.
-        client.create_topic(
-            "m", partitions=2, configs={"segment.bytes": "2048", "retention.ms": "1", **FAST}
-        )
-        client._run(client.async_client.create_cursor("etl", "m", "earliest"))
-        for i in range(40):
-            client.produce("m", [b"r%03d" % i + b"." * 60], partition=0)
-        client._run(client.async_client.commit_cursor("etl", {0: 15}))
-        got = [r.value for r in client.consume("m", 0, "earliest", max_records=40)]
-        assert len(got) == 40
-
-        labels = {"topic": "m", "partition": "0"}
-        # The cursor's figures come from the cleaner's last pass (cached per pass): wait for
-        # the pass after the one that moved the log start up to the cursor.
-        families = wait_for(
-            "the cleaner's pass to see the cursor's commit",
-            lambda: (
-                (f := scrape(url))
-                and value(f, "tidelog_cursor_lag_records", cursor="etl", **labels) == 25
-                and value(f, "tidelog_cursor_lead_records", cursor="etl", **labels) == 0
-                and f
-            ),
-        )
-        row = merge_status(client.status(["m"]), "m")[0]
-        start = row["log_start_offset"]
-        assert value(families, "tidelog_partition_high_watermark", **labels) == 40
-        assert value(families, "tidelog_partition_log_end_offset", **labels) == 40
-        assert value(families, "tidelog_partition_log_start_offset", **labels) == start == 15
-        assert value(families, "tidelog_partition_high_watermark", topic="m", partition="1") == 0
-        assert row["high_watermark"] == 40 and row["segment_count"] > 1
-        assert value(families, "tidelog_partition_segments", **labels) == row["segment_count"]
-        assert value(families, "tidelog_partition_size_bytes", **labels) == row["size_bytes"]
-        assert value(families, "tidelog_partition_is_leader", **labels) == 1
-        assert value(families, "tidelog_partition_leader", **labels) == 1
-        assert value(families, "tidelog_partition_in_sync_replicas", **labels) == 1
-        assert value(families, "tidelog_partition_under_replicated", **labels) == 0
-        assert value(families, "tidelog_partition_under_min_isr", **labels) == 0
-        assert value(families, "tidelog_cursor_lead_records", cursor="etl", **labels) == 0
-        assert value(families, "tidelog_cursor_invalidated", cursor="etl", topic="m") == 0
-        # The cursor at 15 is what keeps the LWM there (nothing else holds below the HW).
-        sets = [
-            s
-            for s in families["tidelog_partition_low_watermark_hold_offset"]
-            if s.labels["set_by"] == "1" and s.labels["partition"] == "0"
-        ]
-        assert len(sets) == 1 and sets[0].labels["kind"] == "cursor"
-        assert sets[0].labels["name"] == "etl" and sets[0].value == 15
-        assert value(families, "tidelog_partition_low_watermark", **labels) == 15
-
-        # What the node counted: 40 produce requests answered, their bytes, fsyncs, elections.
-        produce = {"listener": "client", "request": "produce"}
-        assert value(families, "tidelog_request_seconds_count", **produce) >= 40
-        buckets = [
-            s
-            for s in families["tidelog_request_seconds"]
-            if s.name == "tidelog_request_seconds_bucket"
-            and s.labels["request"] == "produce"
-            and s.labels["listener"] == "client"
-        ]
-        counts = [s.value for s in buckets]
-        assert counts == sorted(counts) and buckets[-1].labels["le"] == "+Inf"
-        assert value(families, "tidelog_request_bytes_total", **produce) >= 40 * 60
-        fetch = {"listener": "client", "request": "fetch"}
-        assert value(families, "tidelog_response_bytes_total", **fetch) >= 40 * 60
-        assert value(families, "tidelog_fsync_seconds_count") > 0
-        assert value(families, "tidelog_leader_elections_won_total") >= 3  # metadata + 2
-        assert value(families, "tidelog_disk_free_bytes") > 0
-        before = value(families, "tidelog_request_seconds_count", **produce)
-        client.produce("m", [b"one more"], partition=0)
-        after = scrape(url)
-        assert value(after, "tidelog_request_seconds_count", **produce) == before + 1
-        assert value(after, "tidelog_partition_high_watermark", **labels) == 41
-
-        # /api/status: the node's own status, as `tidelog status --json` gets it.
-        with urllib.request.urlopen(url + "/api/status", timeout=10) as answer:
-            status = json.loads(answer.read())
-        assert status["node_id"] == 1
-        mine = [p for p in status["partitions"] if p["topic"] == "m" and p["partition"] == 0]
-        assert mine[0]["high_watermark"] == 41
-        with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(url + "/console/../../etc/passwd", timeout=10)
-        assert info.value.code == 404
+        yield cluster, client
 
 
 @pytest.mark.timeout(120)
-def test_compaction_is_measured(tmp_path: Path) -> None:
-    with (
-        LocalCluster(tmp_path, nodes=1, http=True, log_level="WARNING") as cluster,
-        Client(cluster.bootstrap) as client,
-    ):
-        cluster.wait_ready()
-        client.create_topic(
-            "k",
-            configs={
-                "cleanup.policy": "compact",
-                "segment.bytes": "2048",
-                "min.cleanable.dirty.ratio": "0.01",
-                **FAST,
-            },
-        )
-        for round_ in range(6):
-            for key in range(10):
-                client.produce("k", [ProducerRecord(b"key%d" % key, b"v%d" % round_)], partition=0)
-        labels = {"topic": "k", "partition": "0"}
-        families = wait_for(
-            "a compaction",
-            lambda: (
-                (f := scrape(cluster.http_url(1)))
-                and value(f, "tidelog_partition_compactions_total", **labels) >= 1
-                and f
-            ),
-        )
-        ratio = value(families, "tidelog_partition_compaction_ratio", **labels)
-        before = value(families, "tidelog_compaction_bytes_before_total")
-        after = value(families, "tidelog_compaction_bytes_after_total")
-        assert 0 < ratio < 1 and 0 < after < before
-        assert value(families, "tidelog_compaction_records_removed_total") > 0
+def test_a_scrape_reports_what_status_reports(node: tuple[LocalCluster, Client]) -> None:
+    cluster, client = node
+    url = cluster.http_url(1)
+    # Everything is past retention at once: only the cursor holds the log.
+    client.create_topic(
+        "m", partitions=2, configs={"segment.bytes": "2048", "retention.ms": "1", **FAST}
+    )
+    client._run(client.async_client.create_cursor("etl", "m", "earliest"))
+    for i in range(40):
+        client.produce("m", [b"r%03d" % i + b"." * 60], partition=0)
+    client._run(client.async_client.commit_cursor("etl", {0: 15}))
+    got = [r.value for r in client.consume("m", 0, "earliest", max_records=40)]
+    assert len(got) == 40
+
+    labels = {"topic": "m", "partition": "0"}
+    # The cursor's figures come from the cleaner's last pass (cached per pass): wait for
+    # the pass after the one that moved the log start up to the cursor.
+    families = wait_for(
+        "the cleaner's pass to see the cursor's commit",
+        lambda: (
+            (f := scrape(url))
+            and value(f, "tidelog_cursor_lag_records", cursor="etl", **labels) == 25
+            and value(f, "tidelog_cursor_lead_records", cursor="etl", **labels) == 0
+            and f
+        ),
+    )
+    row = merge_status(client.status(["m"]), "m")[0]
+    start = row["log_start_offset"]
+    assert value(families, "tidelog_partition_high_watermark", **labels) == 40
+    assert value(families, "tidelog_partition_log_end_offset", **labels) == 40
+    assert value(families, "tidelog_partition_log_start_offset", **labels) == start == 15
+    assert value(families, "tidelog_partition_high_watermark", topic="m", partition="1") == 0
+    assert row["high_watermark"] == 40 and row["segment_count"] > 1
+    assert value(families, "tidelog_partition_segments", **labels) == row["segment_count"]
+    assert value(families, "tidelog_partition_size_bytes", **labels) == row["size_bytes"]
+    assert value(families, "tidelog_partition_is_leader", **labels) == 1
+    assert value(families, "tidelog_partition_leader", **labels) == 1
+    assert value(families, "tidelog_partition_in_sync_replicas", **labels) == 1
+    assert value(families, "tidelog_partition_under_replicated", **labels) == 0
+    assert value(families, "tidelog_partition_under_min_isr", **labels) == 0
+    assert value(families, "tidelog_cursor_lead_records", cursor="etl", **labels) == 0
+    assert value(families, "tidelog_cursor_invalidated", cursor="etl", topic="m") == 0
+    # The cursor at 15 is what keeps the LWM there (nothing else holds below the HW).
+    sets = [
+        s
+        for s in families["tidelog_partition_low_watermark_hold_offset"]
+        if s.labels["set_by"] == "1" and s.labels["partition"] == "0"
+    ]
+    assert len(sets) == 1 and sets[0].labels["kind"] == "cursor"
+    assert sets[0].labels["name"] == "etl" and sets[0].value == 15
+    assert value(families, "tidelog_partition_low_watermark", **labels) == 15
+
+    # What the node counted: 40 produce requests answered, their bytes, fsyncs, elections.
+    produce = {"listener": "client", "request": "produce"}
+    assert value(families, "tidelog_request_seconds_count", **produce) >= 40
+    buckets = [
+        s
+        for s in families["tidelog_request_seconds"]
+        if s.name == "tidelog_request_seconds_bucket"
+        and s.labels["request"] == "produce"
+        and s.labels["listener"] == "client"
+    ]
+    counts = [s.value for s in buckets]
+    assert counts == sorted(counts) and buckets[-1].labels["le"] == "+Inf"
+    assert value(families, "tidelog_request_bytes_total", **produce) >= 40 * 60
+    fetch = {"listener": "client", "request": "fetch"}
+    assert value(families, "tidelog_response_bytes_total", **fetch) >= 40 * 60
+    assert value(families, "tidelog_fsync_seconds_count") > 0
+    assert value(families, "tidelog_leader_elections_won_total") >= 3  # metadata + 2
+    assert value(families, "tidelog_disk_free_bytes") > 0
+    before = value(families, "tidelog_request_seconds_count", **produce)
+    client.produce("m", [b"one more"], partition=0)
+    after = scrape(url)
+    assert value(after, "tidelog_request_seconds_count", **produce) == before + 1
+    assert value(after, "tidelog_partition_high_watermark", **labels) == 41
+
+    # /api/status: the node's own status, as `tidelog status --json` gets it.
+    with urllib.request.urlopen(url + "/api/status", timeout=10) as answer:
+        status = json.loads(answer.read())
+    assert status["node_id"] == 1
+    mine = [p for p in status["partitions"] if p["topic"] == "m" and p["partition"] == 0]
+    assert mine[0]["high_watermark"] == 41
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(url + "/console/../../etc/passwd", timeout=10)
+    assert info.value.code == 404
+
+
+@pytest.mark.timeout(120)
+def test_compaction_is_measured(node: tuple[LocalCluster, Client]) -> None:
+    cluster, client = node
+    client.create_topic(
+        "k",
+        configs={
+            "cleanup.policy": "compact",
+            "segment.bytes": "2048",
+            "min.cleanable.dirty.ratio": "0.01",
+            **FAST,
+        },
+    )
+    for round_ in range(6):
+        for key in range(10):
+            client.produce("k", [ProducerRecord(b"key%d" % key, b"v%d" % round_)], partition=0)
+    labels = {"topic": "k", "partition": "0"}
+    families = wait_for(
+        "a compaction",
+        lambda: (
+            (f := scrape(cluster.http_url(1)))
+            and value(f, "tidelog_partition_compactions_total", **labels) >= 1
+            and f
+        ),
+    )
+    ratio = value(families, "tidelog_partition_compaction_ratio", **labels)
+    before = value(families, "tidelog_compaction_bytes_before_total")
+    after = value(families, "tidelog_compaction_bytes_after_total")
+    assert 0 < ratio < 1 and 0 < after < before
+    assert value(families, "tidelog_compaction_records_removed_total") > 0
 
 
 def test_http_listen_beyond_loopback_needs_tls_and_acls() -> None:
