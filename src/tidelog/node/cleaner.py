@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tidelog.errors import TidelogError
 from tidelog.logs import event
 from tidelog.node.status import CachedLowWatermark
+from tidelog.node.turns import Turns
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.low_watermark import CursorFact, LowWatermark, LowWatermarkFacts
 
@@ -71,6 +72,7 @@ class Cleaner:
             self.node.topics.check_moves()
             self.node.registry.check()
             now = time.monotonic()
+            turns = Turns()
             for host in list(self.node.hosts.values()):
                 due = self._next_due.get(host.group, 0.0)
                 if now < due or host.closed:
@@ -80,6 +82,7 @@ class Cleaner:
                     self.clean(host)
                 except TidelogError as exc:
                     log.error("%s: cleaning failed: %s", host.group, exc)
+                await turns.take()
 
     def request(self, host: PartitionHost) -> None:
         """A pass for this partition soon (a segment rolled): retention.bytes holds between

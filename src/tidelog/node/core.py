@@ -70,6 +70,7 @@ from tidelog.node.quotas import (
 from tidelog.node.registry import NodeRegistry
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
+from tidelog.node.turns import Turns
 from tidelog.principals import check, check_hash, check_name, token_name
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -289,35 +290,48 @@ class NodeCore:
         self.asker.close()
 
     async def _tick_loop(self) -> None:
+        """Every replica's clock. A round over many replicas takes turns with everything else
+        the loop serves (requests, peers' messages): it yields after each slice of work
+        (node/turns.py), so no round holds the event loop for long. How long
+        rounds take, and how late the loop wakes for them, are measured."""
         loop = asyncio.get_running_loop()
         tick_s = self.config.tick_ms / 1000
+        rounds = self.histograms.get("tidelog_tick_round_seconds")
+        late = self.histograms.get("tidelog_event_loop_lag_seconds")
         next_tick = loop.time()
         while True:
             next_tick += tick_s
             delay = next_tick - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+                late.observe(max(0.0, loop.time() - next_tick))
             elif delay < -1.0:
                 next_tick = loop.time()  # we were frozen; do not replay a second of ticks at once
+            started = loop.time()
+            turns = Turns()
             for host in list(self.hosts.values()):
                 if self.fail_stop.failed is not None:
                     return  # halted: a cancelled task runs on until its next await
                 try:
-                    host.tick()
+                    host.tick()  # a host removed while the round yielded is stopped: a no-op
                 except Exception as exc:
                     # One partition's failure must not stop the clock for the others, unless
                     # it broke an invariant: then the node stops.
                     self.fail_stop.check(exc, f"{host.group} tick")
                     log.exception("%s: tick failed", host.group)
+                await turns.take()
+            rounds.observe(loop.time() - started)
 
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
+            turns = Turns()
             for host in list(self.hosts.values()):
                 try:
                     host.checkpoint()
                 except (OSError, TidelogError) as exc:
                     log.error("%s: checkpoint failed: %s", host.group, exc)
+                await turns.take()
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task alive until it finishes (and cancel it on stop)."""

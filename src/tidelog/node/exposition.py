@@ -10,7 +10,6 @@ reads each LWM rather than deciding it again."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from tidelog import __version__
 from tidelog.node.core import disk_usage
+from tidelog.node.turns import Turns
 
 if TYPE_CHECKING:
     from tidelog.node.core import NodeCore
@@ -45,11 +45,12 @@ async def render(families: list[Family]) -> bytes:
     in between: with thousands of partitions the whole takes long enough that the node's own
     work must not wait for it (and a worker thread would starve behind the loop for the GIL)."""
     chunks = []
+    turns = Turns()
     for family in families:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Built([family]))
         chunks.append(generate_latest(registry))
-        await asyncio.sleep(0)
+        await turns.take()
     return b"".join(chunks)
 
 
@@ -311,6 +312,8 @@ DOCS = {
     "tidelog_leader_elections_won_total": "Times a replica on this node became leader",
     "tidelog_segments_deleted_total": "Segments deleted below the log start",
     "tidelog_http_requests_total": "Requests to the HTTP listener, by path",
+    "tidelog_tick_round_seconds": "Time of one round of ticks over every replica (yields included)",
+    "tidelog_event_loop_lag_seconds": "How late the event loop woke the tick loop: a busy node's delay",
     "tidelog_compaction_bytes_before_total": "Bytes of the segments compaction read",
     "tidelog_compaction_bytes_after_total": "Bytes of those segments after compaction",
     "tidelog_compaction_records_removed_total": "Records compaction removed (superseded keys)",

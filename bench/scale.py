@@ -1,0 +1,159 @@
+"""What a node costs as its partition count grows, with nothing produced (issue 18).
+
+    .venv/bin/python bench/scale.py [--partitions 10,100,1000] [--idle-seconds 5]
+
+One node per row, one topic of N partitions (RF 1). Reported per row: the time to create the
+topic and see every leader, the node's CPU (share of one core) while idle, its RSS and open file
+descriptors, the metadata request's p99 and a one-record acks=all produce's p50 while idle, and
+how late the event loop woke the tick loop (p99, from the node's own /metrics histogram). The
+bound each row is held to: idle CPU under 2 % of a core; metadata p99 under 50 ms; produce p50
+at most 1.5x the first row's (same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import urllib.request
+from typing import NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from common import percentile, print_table, scratch_dir
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def loop_lag_p99(url: str) -> float:
+    """The p99 of tidelog_event_loop_lag_seconds, from its buckets."""
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as answer:
+        text = answer.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "tidelog_event_loop_lag_seconds":
+            buckets = [
+                (float(s.labels["le"]), s.value)
+                for s in family.samples
+                if s.name.endswith("_bucket")
+            ]
+            total = buckets[-1][1]
+            for le, count in buckets:
+                if count >= 0.99 * total:
+                    return le
+    return float("nan")
+
+
+class Row(NamedTuple):
+    partitions: int
+    created_s: float
+    idle_cpu: float  # share of one core
+    rss: int
+    fds: int
+    metadata_p99: float
+    produce_p50: float
+    loop_lag_p99: float
+
+
+def measure(partitions: int, idle_s: float) -> Row:
+    with (
+        LocalCluster(scratch_dir("scale-"), 1, http=True, log_level="WARNING") as cluster,
+        Client(cluster.bootstrap, request_timeout_ms=600_000) as client,
+    ):
+        cluster.wait_ready()
+        pid = cluster.procs[1].pid
+        started = time.monotonic()
+        client.create_topic("t", partitions=partitions)
+        client.wait_for_leaders("t", timeout_s=600)
+        created = time.monotonic() - started
+        time.sleep(2)  # settle
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(idle_s)
+        idle_cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+        metadata = []
+        for _ in range(200):
+            t = time.perf_counter()
+            client._run(client.async_client.topic("t", refresh=True))
+            metadata.append(time.perf_counter() - t)
+        produce = []
+        for i in range(100):
+            t = time.perf_counter()
+            client.produce("t", [b"x"], partition=i % partitions, acks="all")
+            produce.append(time.perf_counter() - t)
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        lag = loop_lag_p99(cluster.http_url(1))
+        return Row(
+            partitions,
+            created,
+            idle_cpu,
+            rss_bytes(pid),
+            fds,
+            percentile(metadata, 99),
+            percentile(produce, 50),
+            lag,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--partitions", default="10,100,1000")
+    parser.add_argument("--idle-seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    rows = [measure(int(n), args.idle_seconds) for n in args.partitions.split(",")]
+    first = rows[0].produce_p50
+    table = []
+    for r in rows:
+        ratio = r.produce_p50 / first
+        verdicts = [
+            "cpu ok" if r.idle_cpu < 0.02 else "cpu NOT",
+            "meta ok" if r.metadata_p99 < 0.05 else "meta NOT",
+            "produce ok" if ratio <= 1.5 else "produce NOT",
+        ]
+        table.append(
+            [
+                r.partitions,
+                f"{r.created_s:.1f}",
+                f"{r.idle_cpu * 100:.1f} %",
+                f"{r.rss / 2**20:.0f} MiB",
+                r.fds,
+                f"{r.metadata_p99 * 1000:.1f}",
+                f"{r.produce_p50 * 1000:.2f}",
+                f"{ratio:.2f}",
+                f"{r.loop_lag_p99 * 1000:.1f}",
+                ", ".join(verdicts),
+            ]
+        )
+    print_table(
+        [
+            "partitions",
+            "create s",
+            "idle CPU",
+            "RSS",
+            "fds",
+            "metadata p99 ms",
+            "produce p50 ms",
+            "produce / first",
+            "loop lag p99 ms",
+            "bounds",
+        ],
+        table,
+    )
+
+
+if __name__ == "__main__":
+    main()
