@@ -319,7 +319,8 @@ class NodeCore:
                     # it broke an invariant: then the node stops.
                     self.fail_stop.check(exc, f"{host.group} tick")
                     log.exception("%s: tick failed", host.group)
-                await turns.take()
+                if turns.due():  # checked, not awaited, per replica: ticks are small
+                    await turns.give()
             rounds.observe(loop.time() - started)
 
     async def _checkpoint_loop(self) -> None:

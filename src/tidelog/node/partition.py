@@ -250,6 +250,9 @@ class PartitionHost:
         )
 
     def handled(self, ready: Ready) -> None:
+        """After every step of the driver (each tick too): only a change is logged."""
+        if not (ready.role_changed or ready.lost_leadership or ready.truncated):
+            return
         replica = self.replica
         facts = {"topic": self.topic, "partition": self.partition, "epoch": replica.epoch}
         if ready.role_changed and replica.role is Role.LEADER:

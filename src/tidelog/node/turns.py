@@ -15,8 +15,16 @@ class Turns:
         self._loop = asyncio.get_running_loop()
         self._ends = self._loop.time() + slice_s
 
+    def due(self) -> bool:
+        """This turn's slice is used up (ask after each unit of work; cheap: no await)."""
+        return self._loop.time() >= self._ends
+
+    async def give(self) -> None:
+        """Let the rest of the loop run, then start a new slice."""
+        await asyncio.sleep(0)
+        self._ends = self._loop.time() + self.slice_s
+
     async def take(self) -> None:
-        """Yield if this turn's slice is used up (call after each unit of work)."""
-        if self._loop.time() >= self._ends:
-            await asyncio.sleep(0)
-            self._ends = self._loop.time() + self.slice_s
+        """give() if due(): for loops whose units are large enough that an await is nothing."""
+        if self.due():
+            await self.give()
