@@ -168,8 +168,8 @@ class Cleaner:
         self.passes += 1
         before = host.log.log_start_offset
         lwm = host.driver.clean(lambda: self.facts(host))
-        if lwm is not None:
-            self._remember(host, lwm)
+        if lwm is not None and host.log.log_start_offset == before:
+            self._remember(host, lwm)  # (a moved log start changes its figures: decided anew)
         if lwm is not None and host.log.log_start_offset > before:
             after = host.log.log_start_offset
             event(
