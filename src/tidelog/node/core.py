@@ -328,6 +328,8 @@ class NodeCore:
             await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
             turns = Turns()
             for host in list(self.hosts.values()):
+                if host.closed:  # deleted or closed while this round gave its turn
+                    continue
                 try:
                     host.checkpoint()
                 except (OSError, TidelogError) as exc:
