@@ -51,52 +51,20 @@ class PartitionRow:
     cursors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     no_leader: str = ""  # why, in words, when leader < 0
     invalid_batches: Sequence[Mapping[str, Any]] = ()
+    wire: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the row as JSON
 
     @property
     def group(self) -> str:
         return f"{self.topic}/{self.partition}"
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "topic": self.topic,
-            "partition": self.partition,
-            "leader": self.leader,
-            "epoch": self.epoch,
-            "replicas": {
-                str(n): {
-                    "observer": r.observer,
-                    "role": r.role,
-                    "epoch": r.epoch,
-                    "log_end_offset": r.log_end_offset,
-                    "high_watermark": r.high_watermark,
-                    "log_start_offset": r.log_start_offset,
-                    "size_bytes": r.size_bytes,
-                    "segment_count": r.segment_count,
-                    "in_sync": r.in_sync,
-                    "lag": r.lag,
-                }
-                for n, r in self.replicas.items()
-            },
-            "invalid_batches": [dict(b) for b in self.invalid_batches],
-            "voters": list(self.voters),
-            "log_start_offset": self.log_start_offset,
-            "high_watermark": self.high_watermark,
-            "log_end_offset": self.log_end_offset,
-            "size_bytes": self.size_bytes,
-            "segment_count": self.segment_count,
-            "under_replicated": self.under_replicated,
-        }
-        if self.leader >= 0:
-            out["low_watermark"] = dict(self.low_watermark)
-            out["cursors"] = {k: dict(v) for k, v in self.cursors.items()}
-        else:
-            out["no_leader"] = self.no_leader
-        return out
+        """The row as `tidelog status --json` prints it (what it was read from)."""
+        return dict(self.wire)
 
 
 def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, Any]]:
-    """partition_rows as JSON-ready dicts."""
-    return [row.to_wire() for row in partition_rows(nodes, topic)]
+    """One row per partition as JSON-ready dicts (partition_rows reads them typed)."""
+    return _merged(nodes, topic)
 
 
 def partition_rows(nodes: list[dict[str, Any]], topic: str | None) -> list[PartitionRow]:
@@ -137,6 +105,7 @@ def _typed(row: dict[str, Any]) -> PartitionRow:
         cursors=row.get("cursors") or {},
         no_leader=row.get("no_leader", ""),
         invalid_batches=row.get("invalid_batches", []),
+        wire=row,
     )
 
 

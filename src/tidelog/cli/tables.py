@@ -67,16 +67,13 @@ async def show(
     if watch <= 0:
         raise SystemExit("--watch: SECONDS must be > 0")
     redraw = sys.stdout.isatty() and not as_json
-    try:
-        while True:
-            value, text = await render()
-            if as_json:
-                print(json.dumps(value), flush=True)
-            else:
-                stamp = time.strftime("%H:%M:%S")
-                if redraw:
-                    sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: redrawn in place
-                print(f"every {watch:g}s, {stamp} (Ctrl-C stops)\n{text}\n", flush=True)
-            await asyncio.sleep(watch)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        return
+    while True:  # until Ctrl-C: the caller's asyncio.run raises KeyboardInterrupt
+        value, text = await render()
+        if as_json:
+            print(json.dumps(value), flush=True)
+        else:
+            stamp = time.strftime("%H:%M:%S")
+            if redraw:
+                sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: redrawn in place
+            print(f"every {watch:g}s, {stamp} (Ctrl-C stops)\n{text}\n", flush=True)
+        await asyncio.sleep(watch)

@@ -336,6 +336,10 @@ class NodeCore:
                     log.error("%s: checkpoint failed: %s", host.group, exc)
                 await turns.take()
 
+    def stored_bytes(self) -> int:
+        """Bytes of every replica's segments on this node (storage.max.bytes counts these)."""
+        return sum(h.log.size_bytes for h in self.hosts.values())
+
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task alive until it finishes (and cancel it on stop)."""
         self._background.add(task)
@@ -711,7 +715,7 @@ class NodeCore:
             return
         now = time.monotonic()
         if now - self._storage_checked > 0.05:
-            self._storage_bytes = sum(h.log.size_bytes for h in self.hosts.values())
+            self._storage_bytes = self.stored_bytes()
             self._storage_checked = now
         if self._storage_bytes >= limit:
             if now - self._storage_full_logged > STORAGE_FULL_LOG_EVERY_S:
@@ -1044,7 +1048,7 @@ class NodeCore:
             "applied_offset": self.metadata.applied_offset,
             "topics": len(self.metadata.topics),
             "cursors": len(self.metadata.cursors),
-            "storage_bytes": sum(h.log.size_bytes for h in self.hosts.values()),
+            "storage_bytes": self.stored_bytes(),
             "storage_max_bytes": self.config.storage_max_bytes,
         }
         node = {

@@ -20,7 +20,7 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from tidelog import __version__
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from tidelog.node.core import NodeCore
     from tidelog.node.partition import PartitionHost
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# What generate_latest writes: the classic text format.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 PARTITION = ["topic", "partition"]
 
 
@@ -142,8 +143,9 @@ class NodeCollector:
             core.metadata.applied_offset,
         )
         yield _gauge("tidelog_topics", "Topics in the cluster", len(core.metadata.topics))
-        stored = sum(h.log.size_bytes for h in core.hosts.values())
-        yield _gauge("tidelog_storage_bytes", "Bytes of segments this node stores", stored)
+        yield _gauge(
+            "tidelog_storage_bytes", "Bytes of segments this node stores", core.stored_bytes()
+        )
         yield _gauge(
             "tidelog_storage_max_bytes",
             "storage.max.bytes: past it produce is refused with StorageFull (-1: no cap)",

@@ -5,7 +5,7 @@ and the console read these; `to_wire()` is what travels (`tidelog status --json`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tidelog.replication.low_watermark import LowWatermark
 from tidelog.replication.status import ReplicaStatus
@@ -65,4 +65,4 @@ class CachedLowWatermark:
 
     key: tuple[int, ...]
     decided_at: float
-    value: LowWatermark = field(compare=False)
+    value: LowWatermark
