@@ -51,6 +51,29 @@ class TopicConfig:
     snapshot_entries: int = 10_000
     snapshot_retain: int = 3
     snapshot_catchup_entries: int = 1000
+    # The archive (tidelog/archive, KIP-405's names): with remote.storage.enable the leader
+    # copies closed segments below the HW to the node's --archive store; local.retention.*
+    # then bound what stays on each node's disk (-2: the same as retention.*), retention.* the
+    # whole log, archive included.
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2
+    local_retention_bytes: int = -2
+    # What stays local waiting for the archive (bytes from the archived end to the log end)
+    # may not exceed this (-1: no bound but the disk's): archive.lag.policy=refuse refuses
+    # produce (ArchiveLagExceeded), release lets the local cleaner go on without the archive,
+    # leaving a gap in it, loudly.
+    archive_max_lag_bytes: int = -1
+    archive_lag_policy: str = "refuse"
+
+    @property
+    def effective_local_retention_ms(self) -> int:
+        return self.retention_ms if self.local_retention_ms == -2 else self.local_retention_ms
+
+    @property
+    def effective_local_retention_bytes(self) -> int:
+        if self.local_retention_bytes == -2:
+            return self.retention_bytes
+        return self.local_retention_bytes
 
     @property
     def fsync_before_ack(self) -> bool:
@@ -114,6 +137,28 @@ class TopicConfig:
         need(0.0 <= self.min_cleanable_dirty_ratio <= 1.0, "min.cleanable.dirty.ratio", "in [0, 1]")
         need(self.snapshot_entries >= 2, "snapshot.entries", "must be >= 2")
         need(self.snapshot_retain >= 1, "snapshot.retain", "must be >= 1")
+        for key, value, whole in (
+            ("local.retention.ms", self.local_retention_ms, self.retention_ms),
+            ("local.retention.bytes", self.local_retention_bytes, self.retention_bytes),
+        ):
+            need(value >= -2, key, "must be -2 (as retention), -1 (unlimited) or >= 0")
+            # Kafka's rule: what stays local is part of the whole log, never more than it.
+            need(
+                value in (-2, -1) or whole == -1 or value <= whole,
+                key,
+                f"must not exceed {key.removeprefix('local.')} ({whole})",
+            )
+        need(self.archive_max_lag_bytes >= -1, "archive.max.lag.bytes", "must be -1 or >= 0")
+        need(
+            self.archive_lag_policy in ("refuse", "release"),
+            "archive.lag.policy",
+            "must be refuse or release",
+        )
+        need(
+            not self.remote_storage_enable or self.cleanup_policy == "delete",
+            "remote.storage.enable",
+            "needs cleanup.policy=delete (compacted topics are not archived, as in Kafka)",
+        )
 
 
 def _dotted(name: str) -> str:

@@ -34,6 +34,15 @@
     ├── NodeIdentityError                   a data directory belongs to another node id
     │   └── InconsistentClusterId           ... or to another cluster
     ├── NoEligibleLeader                    no replica that holds everything committed is up
+    ├── ArchiveError(url)                   the archive (an object store or a directory) failed
+    │   ├── InvalidArchiveUrl               not file:///DIR or s3://BUCKET/PREFIX
+    │   ├── ArchiveUnavailable              retriable: the store does not answer
+    │   ├── ArchiveAccessDenied             the store refused the credentials
+    │   ├── ArchiveBucketMissing            the bucket (or directory) does not exist
+    │   ├── ArchiveCorrupt(key)             an object's size or checksum is not the manifest's
+    │   ├── ArchiveObjectMissing(key)       an object the manifest names is not in the store
+    │   └── ArchiveClusterMismatch          the prefix holds another cluster's archive
+    ├── ArchiveLagExceeded                  retriable: produce refused, the archive is too far behind
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
 """
@@ -264,6 +273,64 @@ class InconsistentClusterId(NodeIdentityError):
     """A data directory (or a peer) belongs to another cluster (Kafka's name)."""
 
     code = 106
+
+
+class ArchiveError(TidelogError):
+    """The archive (tidelog/archive) could not do what was asked; details name the URL."""
+
+    code = 110
+
+
+class InvalidArchiveUrl(ArchiveError):
+    """An --archive URL that is not file:///DIR or s3://BUCKET[/PREFIX]."""
+
+    code = 111
+
+
+class ArchiveUnavailable(ArchiveError):
+    """The store did not answer (connection refused, timed out): retried with backoff."""
+
+    code = 112
+    retriable = True
+
+
+class ArchiveAccessDenied(ArchiveError):
+    """The store refused the credentials or the operation."""
+
+    code = 113
+
+
+class ArchiveBucketMissing(ArchiveError):
+    """The bucket (or the file:// directory) does not exist."""
+
+    code = 114
+
+
+class ArchiveCorrupt(ArchiveError):
+    """An archived object is truncated, or its checksum or contents are not what its manifest
+    says: never read as data."""
+
+    code = 115
+
+
+class ArchiveObjectMissing(ArchiveError):
+    """An object the archive needs is not in the store (deleted by hand, or never written)."""
+
+    code = 118
+
+
+class ArchiveClusterMismatch(ArchiveError):
+    """The archive prefix belongs to another cluster (its cluster id differs)."""
+
+    code = 116
+
+
+class ArchiveLagExceeded(TidelogError):
+    """Produce refused: more than archive.max.lag.bytes of the partition wait to be archived
+    (archive.lag.policy=refuse). Writes resume when the archive catches up."""
+
+    code = 117
+    retriable = True
 
 
 _BY_CODE: dict[int, type[TidelogError]] = {}

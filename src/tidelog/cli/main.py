@@ -90,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
         "port 0 picks a free one)",
     )
     serve.add_argument(
+        "--archive",
+        help="where topics with remote.storage.enable=true are archived: file:///DIR or "
+        "s3://BUCKET/PREFIX (credentials and region from the AWS environment variables)",
+    )
+    serve.add_argument(
+        "--archive-endpoint",
+        help="URL of an S3-compatible store for an s3:// archive (default: AWS_ENDPOINT_URL, "
+        "else AWS)",
+    )
+    serve.add_argument(
         "--peer-listen",
         help="HOST:PORT of the peer channel, where nodes replicate (default: the --listen host, "
         "a port of its own)",
@@ -352,6 +362,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("kafka_listen", args.kafka_listen),
         ("kafka_advertised", args.kafka_advertised),
         ("http_listen", args.http_listen),
+        ("archive", args.archive),
+        ("archive_endpoint", args.archive_endpoint),
         ("node_id", args.node_id),
         ("peers", args.peers),
         ("join", args.join),

@@ -12,6 +12,8 @@ request), the caller says which.
 from __future__ import annotations
 
 from tidelog.errors import (
+    ArchiveError,
+    ArchiveLagExceeded,
     AuthenticationFailed,
     CorruptRecord,
     CursorInvalidated,
@@ -114,6 +116,8 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     NodeIdentityError: UNKNOWN_SERVER_ERROR,
     InconsistentClusterId: 104,  # INCONSISTENT_CLUSTER_ID
     NoEligibleLeader: LEADER_NOT_AVAILABLE,
+    ArchiveError: 56,  # KAFKA_STORAGE_ERROR (the remote storage behind the log)
+    ArchiveLagExceeded: 56,  # retriable, as writes resume when the archive catches up
 }
 
 

@@ -125,6 +125,7 @@ class Cleaner:
             cursors=cursors,
             snapshot_offset=host.snapshot_offset(),
             state_machine=host.state_machine is not None,
+            archive=self.node.archive_fact(host),
         )
 
     def low_watermark(self, host: PartitionHost) -> LowWatermark:

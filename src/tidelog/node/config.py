@@ -106,6 +106,10 @@ class NodeConfig:
     kafka_listen: tuple[str, int] | None = None
     # Prometheus /metrics and the web console (node/listeners/http.py): None for none.
     http_listen: tuple[str, int] | None = None
+    # The archive (node/archiver.py): file:///DIR or s3://BUCKET/PREFIX; "" for none. The
+    # endpoint is an S3-compatible store's URL (else AWS_ENDPOINT_URL, else AWS itself).
+    archive: str = ""
+    archive_endpoint: str = ""
     kafka_advertised: tuple[str, int] | None = None
     # -- what a client connection may cost (each a limit with a named setting) --------------
     frame_bytes_max: int = 64 * MiB  # socket.request.max.bytes: checked before buffering
@@ -350,6 +354,9 @@ KNOWN_SETTINGS = frozenset(_INT_SETTINGS) | {
     "kafka_listen",
     "kafka_advertised",
     "http_listen",
+    "archive",
+    "archive_endpoint",
+    "archive.endpoint",
     "cluster_id",
     "cluster_secret_file",
     "event_loop",
@@ -419,6 +426,13 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
     for key in ("peer_listen", "kafka_listen", "kafka_advertised", "http_listen"):
         if values.get(key):
             kwargs[key] = parse_address(str(values[key]))
+    if values.get("archive"):
+        from tidelog.archive.store import open_store
+
+        kwargs["archive"] = str(values["archive"])
+        endpoint = values.get("archive_endpoint") or values.get("archive.endpoint") or ""
+        kwargs["archive_endpoint"] = str(endpoint)
+        open_store(kwargs["archive"], kwargs["archive_endpoint"])  # a bad URL fails here, named
     join = values.get("join")
     if join:
         items = join if isinstance(join, list) else str(join).split(",")

@@ -52,6 +52,7 @@ from tidelog.errors import (
 )
 from tidelog.logs import event
 from tidelog.node.access import Access, Operation, Principal
+from tidelog.node.archiver import Archiver
 from tidelog.node.asking import NodeAsker
 from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
@@ -78,6 +79,7 @@ from tidelog.protocol.replication_codec import decode_message, encode_message
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import validate_produced
 from tidelog.replication.directories import decode_directories
+from tidelog.replication.low_watermark import ArchiveFact
 from tidelog.replication.messages import Message
 from tidelog.replication.metadata import (
     CURSOR_NAME,
@@ -101,6 +103,7 @@ from tidelog.replication.metadata import (
 from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
+from tidelog.storage.segment import BytesSlice
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +198,9 @@ class NodeCore:
             self.topics.on_topic_changed, self.topics.on_reset, lambda: self.on_nodes_changed()
         )
         self.cleaner = Cleaner(self)
+        self.archiver = (
+            Archiver(self, config.archive, config.archive_endpoint) if config.archive else None
+        )
         self.peer_port = -1  # set by the node once its peer channel listens
         self.kafka_address = ""  # HOST:PORT its Kafka listener advertises, once it listens
         self._flusher: Flusher | None = None
@@ -265,6 +271,8 @@ class NodeCore:
         self._tasks.append(loop.create_task(self._tick_loop()))
         self._tasks.append(loop.create_task(self._checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
+        if self.archiver is not None:
+            self._tasks.append(loop.create_task(self.archiver.run()))
 
     def halt(self) -> None:
         """Stop at once after a fail-stop: no more ticks, flushes or checkpoints."""
@@ -654,6 +662,8 @@ class NodeCore:
         if host.flush_error is not None and host.log.needs_flush:
             raise host.flush_error
         self._check_storage_space()
+        if self.archiver is not None:
+            self.archiver.check_produce(host)
         try:
             batches = validate_produced(payload, host.batch_rules, wall_ms())
         except TidelogError as exc:
@@ -769,10 +779,16 @@ class NodeCore:
                 if replica.is_leader
                 else max(hlog.log_end_offset, replica.leader_high_watermark)
             )
+            if req.offset < hlog.log_start_offset and self.archiver is not None:
+                # Below the local log start: the archive serves it, on any replica.
+                archived = await self.archiver.read(host, req.offset, req.max_bytes)
+                if archived:
+                    return self._fetch_answer(host, hw), BytesSlice(archived, req.offset)
             if req.offset < hlog.log_start_offset or req.offset > limit:
+                start = self.log_start_offset(host)
                 raise OffsetOutOfRange(
-                    f"offset {req.offset} is outside [{hlog.log_start_offset}, {limit}] of {host.group}",
-                    log_start=hlog.log_start_offset,
+                    f"offset {req.offset} is outside [{start}, {limit}] of {host.group}",
+                    log_start=start,
                     high_watermark=hw,
                 )
             # A client chooses max_bytes; the node bounds what one answer may hold in memory.
@@ -780,16 +796,42 @@ class NodeCore:
             records = hlog.read(req.offset, max_bytes, hw) if req.offset < hw else None
             remaining = deadline - loop.time()
             if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
-                response = api.FetchResponse(
-                    hw,
-                    hlog.log_start_offset,
-                    hlog.log_end_offset,
-                    replica.epoch,
-                    self.node_id,
-                    replica.is_leader,
-                )
-                return response, records
+                return self._fetch_answer(host, hw), records
             await host.wait_for_change(remaining)
+
+    def _fetch_answer(self, host: PartitionHost, hw: int) -> api.FetchResponse:
+        return api.FetchResponse(
+            hw,
+            self.log_start_offset(host),
+            host.log.log_end_offset,
+            host.replica.epoch,
+            self.node_id,
+            host.replica.is_leader,
+            host.log.log_start_offset,
+        )
+
+    def log_start_offset(self, host: PartitionHost) -> int:
+        """The whole log's first offset: the archive's when it holds what is below the local
+        log start, else the local log start."""
+        if self.archiver is None or not host.config.remote_storage_enable:
+            return host.log.log_start_offset
+        return self.archiver.log_start_offset(host)
+
+    def archive_fact(self, host: PartitionHost) -> ArchiveFact | None:
+        """The archive's hold on host's LWM; a topic archived on a node with no --archive
+        holds everything (nothing unarchived is deleted)."""
+        if not host.config.remote_storage_enable:
+            return None
+        if self.archiver is None:
+            start = host.log.log_start_offset
+            return ArchiveFact(
+                name="(none)",
+                archived_end=start,
+                start_offset=-1,
+                detail=f"remote.storage.enable, but node {self.node_id} has no --archive",
+                error="ArchiveError",
+            )
+        return self.archiver.fact(host)
 
     def _list_offsets(self, req: api.ListOffsetsRequest, payload: bytes) -> api.ListOffsetsResponse:
         host = self._host(req.topic, req.partition)
@@ -797,7 +839,10 @@ class NodeCore:
             raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
         hlog = host.log
         hw = hlog.high_watermark
+        start = self.log_start_offset(host)
         if req.spec == "earliest":
+            offset = start
+        elif req.spec == "earliest-local":
             offset = hlog.log_start_offset
         elif req.spec == "latest":
             offset = hw
@@ -805,8 +850,10 @@ class NodeCore:
             found = hlog.offset_for_timestamp(req.timestamp_ms)
             offset = hw if found is None or found >= hw else found
         else:
-            raise InvalidRequest(f"spec must be earliest, latest or timestamp, not {req.spec!r}")
-        return api.ListOffsetsResponse(offset, hlog.log_start_offset, hw)
+            raise InvalidRequest(
+                f"spec must be earliest, earliest-local, latest or timestamp, not {req.spec!r}"
+            )
+        return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
 
     def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
         names = req.topics if req.topics is not None else sorted(self.metadata.topics)
@@ -1038,7 +1085,9 @@ class NodeCore:
                 wanted is not None and host.topic in wanted
             ):
                 lwm = self.cleaner.cached_low_watermark(host)
-                partitions.append(host.status(lwm).to_wire())
+                archive = self.archiver.status(host) if self.archiver is not None else None
+                start = self.log_start_offset(host)
+                partitions.append(host.status(lwm, start, archive).to_wire())
         mh = self.metadata_host
         metadata = {
             "leader": mh.replica.leader_id,

@@ -518,7 +518,12 @@ class PartitionHost:
             self.log.write_state_checkpoint()
             self._checkpointed_hw = self.log.high_watermark
 
-    def status(self, low_watermark: LowWatermark | None = None) -> PartitionStatus:
+    def status(
+        self,
+        low_watermark: LowWatermark | None = None,
+        log_start_offset: int = -1,
+        archive: Mapping[str, object] | None = None,
+    ) -> PartitionStatus:
         return PartitionStatus(
             topic=self.topic,
             partition=self.partition,
@@ -535,6 +540,8 @@ class PartitionHost:
             ),
             invalid_batches=self.invalid_batches_present(),
             low_watermark=low_watermark,
+            log_start_offset=log_start_offset,
+            archive=archive,
         )
 
     @property

@@ -40,9 +40,19 @@ class PartitionStatus:
     flushes: FlushFigures
     invalid_batches: Sequence[Mapping[str, object]] = ()
     low_watermark: LowWatermark | None = None  # as the cleaner last decided it (cached)
+    # The whole log's first offset, the archive included (-1: the local log start, no archive)
+    log_start_offset: int = -1
+    archive: Mapping[str, object] | None = None  # node/archiver.py's status of its archive
 
     def to_wire(self) -> dict[str, object]:
         out = self.replica.to_wire()
+        local = out["log_start_offset"]
+        out.update(
+            local_log_start_offset=local,
+            log_start_offset=local if self.log_start_offset < 0 else self.log_start_offset,
+        )
+        if self.archive is not None:
+            out["archive"] = dict(self.archive)
         out.update(
             topic=self.topic,
             partition=self.partition,

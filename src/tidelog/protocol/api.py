@@ -98,13 +98,14 @@ class FetchResponse:
     leader_epoch: int
     node_id: int
     is_leader: bool = True
+    local_log_start_offset: int = -1  # this replica's own first offset (-1: log_start_offset)
 
 
 @dataclass(frozen=True)
 class ListOffsetsRequest:
     topic: str
     partition: int
-    spec: str = "latest"  # earliest | latest | timestamp
+    spec: str = "latest"  # earliest | earliest-local | latest | timestamp
     timestamp_ms: int = -1
     replica_read: bool = False
 
@@ -112,8 +113,9 @@ class ListOffsetsRequest:
 @dataclass(frozen=True)
 class ListOffsetsResponse:
     offset: int
-    log_start_offset: int
+    log_start_offset: int  # the whole log's, the archive included
     high_watermark: int
+    local_log_start_offset: int = -1  # the first offset on the answering node's disk
 
 
 @dataclass(frozen=True)

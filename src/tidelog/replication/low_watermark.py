@@ -15,12 +15,16 @@ The holds, each named and inspectable:
   snapshot   state-machine logs: the newest snapshot minus snapshot.catchup.entries
   cursor     a named consumer position (backup: a backup cursor), until cursor.max.lag.bytes
              or cursor.max.idle.ms; cursors.hold=false makes cursors advisory
+  archive    topics with remote.storage.enable: what the archive has not copied yet; there
+             local.retention.* stands in for retention.*, and a cursor holds locally only what
+             the archive cannot serve it (archive.lag.policy=release caps it)
   high-watermark  the ceiling: nothing uncommitted is ever discarded
 A hold past its cap is reported but does not hold, and says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,6 +37,7 @@ KIND_BACKUP = "backup"
 KIND_SNAPSHOT = "snapshot"
 KIND_RETENTION = "retention"
 KIND_HIGH_WATERMARK = "high-watermark"
+KIND_ARCHIVE = "archive"
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,19 @@ class CursorFact:
 
 
 @dataclass(frozen=True)
+class ArchiveFact:
+    name: str  # the archive's URL
+    archived_end: int  # everything below is archived (the log start when nothing is)
+    start_offset: int  # the archive's first offset (-1: it holds nothing)
+    detail: str = ""
+    live: bool = True
+    why_not: str = ""
+    lag_bytes: int = 0
+    segments_behind: int = 0
+    error: str = ""  # the name of the error the last attempt met ("" if it worked)
+
+
+@dataclass(frozen=True)
 class LowWatermarkFacts:
     log_start_offset: int
     high_watermark: int
@@ -90,6 +108,7 @@ class LowWatermarkFacts:
     cursors: tuple[CursorFact, ...] = ()
     snapshot_offset: int | None = None  # the newest durable snapshot (state-machine logs)
     state_machine: bool = False
+    archive: ArchiveFact | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,18 @@ class LowWatermark:
 def decide_low_watermark(facts: LowWatermarkFacts) -> LowWatermark:
     holds = list(facts.replicas)
     holds.extend(_log_holds(facts))
+    archive = facts.archive
+    if archive is not None:
+        holds.append(
+            Hold(
+                KIND_ARCHIVE,
+                archive.name,
+                archive.archived_end,
+                archive.detail,
+                archive.live,
+                archive.why_not,
+            )
+        )
     to_invalidate: list[tuple[str, str]] = []
     stats: dict[str, Mapping[str, int]] = {}
     for cursor in sorted(facts.cursors, key=lambda c: c.name):
@@ -167,6 +198,13 @@ def _log_holds(facts: LowWatermarkFacts) -> list[Hold]:
         keep = max(keep, snap - config.snapshot_catchup_entries)
         detail = f"snapshot at {snap}, keeping {config.snapshot_catchup_entries} entries behind it"
         return [Hold(KIND_SNAPSHOT, "latest", keep, detail)]
+    if facts.archive is not None:
+        # Local retention: what stays on this disk; the whole log's retention is the archive's.
+        config = dataclasses.replace(
+            config,
+            retention_ms=config.effective_local_retention_ms,
+            retention_bytes=config.effective_local_retention_bytes,
+        )
     if "delete" in config.cleanup_policy:
         verdict = retention_keep_from(facts.segments, facts.log_start_offset, config, facts.now_ms)
     else:  # compact only: retention never deletes, compaction keeps the latest per key
@@ -187,13 +225,22 @@ def _cursor_hold(cursor: CursorFact, facts: LowWatermarkFacts) -> tuple[Hold, st
     idle_ms = max(0, facts.now_ms - cursor.committed_ms)
     detail = f"idle {human_ms(idle_ms)}, {human_bytes(cursor.lag_bytes)} behind"
     position = cursor.position
+    readable_from = facts.log_start_offset
+    archive = facts.archive
+    if archive is not None:
+        # What the archive holds, it serves: the cursor holds locally only from there.
+        if 0 <= archive.start_offset < readable_from:
+            readable_from = archive.start_offset
+        if position < archive.archived_end:
+            detail += f", position {position} is read from the archive"
+            position = archive.archived_end
     if not config.cursors_hold:
         return Hold(kind, cursor.name, position, detail, False, "cursors.hold=false"), ""
     if cursor.invalidated:
         return Hold(kind, cursor.name, position, detail, False, cursor.invalidated), ""
     why = ""
-    if position < facts.log_start_offset:
-        why = f"position {position} is below the log start {facts.log_start_offset}"
+    if cursor.position < readable_from:
+        why = f"position {cursor.position} is below the log start {readable_from}"
     elif 0 <= config.cursor_max_lag_bytes < cursor.lag_bytes:
         why = (
             f"{human_bytes(cursor.lag_bytes)} behind > cursor.max.lag.bytes "

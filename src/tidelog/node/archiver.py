@@ -1,0 +1,506 @@
+"""The node's side of the archive (tidelog/archive): uploads, the archive's hold on the local
+low-water mark, reads below the local log start, and the archive's own cleaner.
+
+For each partition of a topic with remote.storage.enable that this node hosts:
+- its leader copies every closed segment lying wholly below the HW into the store, in objects of
+  at most OBJECT_BYTES cut at batch boundaries, each read back and checked before the manifest
+  names it (archive/manifest.py); one upload at a time node-wide, in a worker thread;
+- every replica keeps the manifest it last read (the leader its own, others refreshed every
+  MANIFEST_REFRESH_S) so that any replica can serve a fetch below its local log start;
+- the archived end is a hold on the LWM (replication/low_watermark.py): the local cleaner never
+  deletes what is not archived, unless archive.lag.policy=release says so, loudly;
+- the leader deletes archived objects below what retention.ms / retention.bytes keep of the
+  whole log (the archive included) and below every live cursor, manifest first.
+
+A store that fails is retried with backoff (1 s doubling to 30 s); the error is kept and shown
+as the hold's reason until an upload succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from tidelog.archive.manifest import (
+    CLUSTER_KEY,
+    ArchivedSegment,
+    Manifest,
+    check_object,
+    describe_object,
+    manifest_key,
+    partition_prefix,
+)
+from tidelog.archive.reader import read_batches
+from tidelog.archive.store import ArchiveStore, VersionConflict, open_store
+from tidelog.errors import (
+    ArchiveClusterMismatch,
+    ArchiveError,
+    ArchiveLagExceeded,
+    StorageError,
+    TidelogError,
+)
+from tidelog.logs import event
+from tidelog.replication.low_watermark import ArchiveFact, human_bytes
+
+if TYPE_CHECKING:
+    from tidelog.node.core import NodeCore
+    from tidelog.node.partition import PartitionHost
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_TICK_S = 0.2
+MANIFEST_REFRESH_S = 2.0
+OBJECT_BYTES = 64 * 1024 * 1024
+BACKOFF_MIN_S = 1.0
+BACKOFF_MAX_S = 30.0
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class ArchiveState:
+    """What this node knows of one partition's archive."""
+
+    manifest: Manifest | None = None
+    version: str | None = None  # the manifest's version as last read or written (CAS)
+    loaded_at: float = -1e9
+    error: ArchiveError | None = None
+    error_since: float = 0.0
+    retry_at: float = 0.0
+    backoff_s: float = BACKOFF_MIN_S
+    uploaded_objects: int = 0
+    uploaded_bytes: int = 0
+    released: list[str] = field(default_factory=list)
+
+    @property
+    def archived_end(self) -> int | None:
+        if self.manifest is None:
+            return None
+        return self.manifest.end_offset if self.manifest.segments else None
+
+    def failed(self, error: ArchiveError) -> None:
+        now = time.monotonic()
+        if self.error is None or self.error.message != error.message:
+            self.error_since = now
+        self.error = error
+        self.retry_at = now + self.backoff_s
+        self.backoff_s = min(BACKOFF_MAX_S, self.backoff_s * 2)
+
+    def succeeded(self) -> None:
+        self.error = None
+        self.backoff_s = BACKOFF_MIN_S
+        self.retry_at = 0.0
+
+
+class Archiver:
+    def __init__(self, node: NodeCore, url: str, endpoint: str = "") -> None:
+        self.node = node
+        self.url = url
+        self.store: ArchiveStore = open_store(url, endpoint)
+        self.states: dict[str, ArchiveState] = {}
+        self._cluster_checked = False
+        self.cluster_error: ArchiveError | None = None
+
+    # -- what others ask ------------------------------------------------------------------------
+
+    def state(self, host: PartitionHost) -> ArchiveState:
+        state = self.states.get(host.group)
+        if state is None:
+            state = self.states[host.group] = ArchiveState()
+        return state
+
+    def fact(self, host: PartitionHost) -> ArchiveFact | None:
+        """The archive's hold on host's local LWM (None: the topic is not archived)."""
+        if not host.config.remote_storage_enable:
+            return None
+        state = self.state(host)
+        slog = host.log
+        end = state.archived_end
+        error = state.error or self.cluster_error
+        behind_from = slog.log_start_offset if end is None else max(end, slog.log_start_offset)
+        lag = slog.bytes_from(behind_from) if behind_from < slog.log_end_offset else 0
+        behind = sum(
+            1
+            for seg, nxt in zip(slog.segments, slog.segments[1:], strict=False)
+            if nxt.base_offset > behind_from
+        )
+        detail = f"{behind} segment{'s' if behind != 1 else ''} behind, {human_bytes(lag)}"
+        if state.manifest is None:
+            detail = "manifest not read yet"
+        if error is not None:
+            detail += f"; {error.name}: {error.message}"
+        config = host.config
+        live, why_not = True, ""
+        if config.archive_lag_policy == "release" and 0 <= config.archive_max_lag_bytes < lag:
+            live = False
+            why_not = (
+                f"{human_bytes(lag)} not archived > archive.max.lag.bytes "
+                f"{human_bytes(config.archive_max_lag_bytes)} (archive.lag.policy=release)"
+            )
+        start = state.manifest.start_offset if state.manifest and state.manifest.segments else -1
+        return ArchiveFact(
+            name=self.url,
+            archived_end=slog.log_start_offset if end is None else end,
+            start_offset=start,
+            detail=detail,
+            live=live,
+            why_not=why_not,
+            lag_bytes=lag,
+            segments_behind=behind,
+            error=error.name if error is not None else "",
+        )
+
+    def log_start_offset(self, host: PartitionHost) -> int:
+        """The whole log's first offset: the archive's when it reaches the local log start."""
+        local = host.log.log_start_offset
+        state = self.states.get(host.group)
+        if state is None or state.manifest is None or not state.manifest.segments:
+            return local
+        manifest = state.manifest
+        if manifest.end_offset >= local and manifest.start_offset < local:
+            return manifest.start_offset
+        return local
+
+    def check_produce(self, host: PartitionHost) -> None:
+        config = host.config
+        if (
+            not config.remote_storage_enable
+            or config.archive_max_lag_bytes < 0
+            or config.archive_lag_policy != "refuse"
+        ):
+            return
+        fact = self.fact(host)
+        if fact is not None and fact.lag_bytes > config.archive_max_lag_bytes:
+            raise ArchiveLagExceeded(
+                f"{host.group}: {fact.lag_bytes} bytes wait for the archive {self.url}, "
+                f"archive.max.lag.bytes is {config.archive_max_lag_bytes}"
+                + (f" ({fact.error})" if fact.error else ""),
+                lag_bytes=fact.lag_bytes,
+                limit_bytes=config.archive_max_lag_bytes,
+            )
+
+    async def read(self, host: PartitionHost, offset: int, max_bytes: int) -> bytes | None:
+        """Whole batches from offset (below the local log start) out of the archive; None if the
+        archive does not hold offset."""
+        state = self.states.get(host.group)
+        manifest = state.manifest if state is not None else None
+        if manifest is None or not manifest.segments:
+            return None
+        if not manifest.start_offset <= offset < manifest.end_offset:
+            return None
+        seg = manifest.segment_for(offset)
+        if seg is None:
+            return None
+        return await asyncio.to_thread(read_batches, self.store, seg, offset, max_bytes)
+
+    def status(self, host: PartitionHost) -> dict[str, object] | None:
+        fact = self.fact(host)
+        if fact is None:
+            return None
+        state = self.state(host)
+        manifest = state.manifest
+        return {
+            "url": self.url,
+            "start_offset": fact.start_offset,
+            "archived_end_offset": state.archived_end if state.archived_end is not None else -1,
+            "objects": len(manifest.segments) if manifest else 0,
+            "bytes": manifest.size_bytes if manifest else 0,
+            "lag_bytes": fact.lag_bytes,
+            "segments_behind": fact.segments_behind,
+            "error": fact.error,
+            "error_message": (state.error or self.cluster_error).message  # type: ignore[union-attr]
+            if fact.error
+            else "",
+            "uploaded_objects": state.uploaded_objects,
+            "uploaded_bytes": state.uploaded_bytes,
+        }
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(ARCHIVE_TICK_S)
+            if not await self._check_cluster():
+                continue
+            for host in list(self.node.hosts.values()):
+                if host.closed or not host.config.remote_storage_enable:
+                    continue
+                state = self.state(host)
+                if time.monotonic() < state.retry_at:
+                    continue
+                try:
+                    await self._step(host, state)
+                except ArchiveError as exc:
+                    if state.error is None or state.error.message != exc.message:
+                        log.warning("%s: archive %s: %s", host.group, self.url, exc)
+                    state.failed(exc)
+                except (TidelogError, OSError) as exc:
+                    error = ArchiveError(f"{type(exc).__name__}: {exc}", url=self.url)
+                    log.warning("%s: archiving failed: %s", host.group, error)
+                    state.failed(error)
+
+    async def _check_cluster(self) -> bool:
+        """cluster.json names the cluster that owns the prefix: another cluster's is refused."""
+        if self._cluster_checked:
+            return True
+        cluster_id = self.node.identity.cluster_id
+        try:
+            await asyncio.to_thread(claim_archive, self.store, cluster_id)
+        except ArchiveClusterMismatch as exc:
+            if self.cluster_error is None:
+                log.error("archive %s refused: %s", self.url, exc)
+            self.cluster_error = exc
+            return False
+        except ArchiveError as exc:
+            if self.cluster_error is None or self.cluster_error.message != exc.message:
+                log.warning("archive %s: %s", self.url, exc)
+            self.cluster_error = exc
+            await asyncio.sleep(BACKOFF_MIN_S)
+            return False
+        self.cluster_error = None
+        self._cluster_checked = True
+        return True
+
+    async def _step(self, host: PartitionHost, state: ArchiveState) -> None:
+        leader = host.replica.is_leader
+        stale = time.monotonic() - state.loaded_at > MANIFEST_REFRESH_S
+        if state.manifest is None or (stale and not leader):
+            await self._load(host, state)
+        if not leader:
+            return
+        uploaded = await self._upload_next(host, state)
+        if not uploaded:
+            await self._clean(host, state)
+        state.succeeded()
+
+    async def _load(self, host: PartitionHost, state: ArchiveState) -> None:
+        key = manifest_key(host.topic, host.topic_id, host.partition)
+        versioned = await asyncio.to_thread(self.store.get_versioned, key)
+        if versioned is None:
+            state.manifest = self._new_manifest(host)
+            state.version = None
+        else:
+            manifest = Manifest.from_bytes(versioned.data, key)
+            self._check_owner(manifest)
+            state.manifest, state.version = manifest, versioned.version
+        state.loaded_at = time.monotonic()
+
+    def _new_manifest(self, host: PartitionHost) -> Manifest:
+        meta = self.node.metadata.topics.get(host.topic)
+        return Manifest(
+            cluster_id=self.node.identity.cluster_id,
+            topic=host.topic,
+            topic_id=host.topic_id,
+            partition=host.partition,
+            configs=host.config.overrides(),
+            partitions=len(meta.assignments) if meta is not None else 1,
+        )
+
+    def _check_owner(self, manifest: Manifest) -> None:
+        if manifest.cluster_id != self.node.identity.cluster_id:
+            raise ArchiveClusterMismatch(
+                f"{self.url}: {manifest.topic}/{manifest.partition} belongs to cluster "
+                f"{manifest.cluster_id}, this is {self.node.identity.cluster_id}",
+                url=self.url,
+            )
+
+    def _next_range(
+        self, host: PartitionHost, state: ArchiveState
+    ) -> tuple[str, int, int, int] | None:
+        """(segment file, start position, end position, first offset) of the next object: the
+        rest of the closed segment the archive ends in, wholly below the HW; None if none."""
+        slog = host.log
+        manifest = state.manifest
+        assert manifest is not None
+        next_offset = manifest.end_offset if manifest.segments else slog.log_start_offset
+        next_offset = max(next_offset, slog.log_start_offset)
+        segments = slog.segments
+        for seg, nxt in itertools.pairwise(segments):
+            if nxt.base_offset <= next_offset:
+                continue
+            if nxt.base_offset > slog.high_watermark:
+                return None  # not wholly committed yet
+            start = seg.position_of(next_offset)
+            if start >= seg.size_bytes:
+                return None
+            end = seg.batch_boundary_at_or_before(start + OBJECT_BYTES, start)
+            if end <= start:  # one batch larger than an object: it goes alone
+                found = seg.find(next_offset)
+                end = start + (found[1].size_bytes if found else 0)
+            return str(seg.log_path), start, end, next_offset
+        return None
+
+    async def _upload_next(self, host: PartitionHost, state: ArchiveState) -> bool:
+        found = self._next_range(host, state)
+        if found is None:
+            return False
+        path, start, end, first_offset = found
+        manifest = state.manifest
+        assert manifest is not None
+        epoch = host.replica.epoch
+        node_id = self.node.node_id
+        prefix = partition_prefix(host.topic, host.topic_id, host.partition)
+
+        def upload() -> ArchivedSegment:
+            data = _read_file_range(path, start, end)
+            probe = describe_object(data, "")
+            if probe.base_offset != first_offset:
+                raise ArchiveError(
+                    f"{path} at {start}: batch starts at {probe.base_offset}, the archive "
+                    f"ends at {first_offset}",
+                    url=self.url,
+                )
+            key = (
+                f"{prefix}/{probe.base_offset:020d}-{probe.end_offset:020d}-e{epoch}-"
+                f"{uuid.uuid4().hex[:8]}.log"
+            )
+            seg = replace(probe, key=key, uploaded_by=node_id, uploaded_ms=wall_ms())
+            self.store.put(key, data)
+            check_object(seg, self.store.get(key))  # counts only once it reads back whole
+            return seg
+
+        seg = await asyncio.to_thread(upload)
+        if not host.replica.is_leader or host.replica.epoch != epoch:
+            await asyncio.to_thread(self.store.delete, seg.key)
+            return False
+        if seg.base_offset > manifest.end_offset >= 0:
+            event(
+                log,
+                logging.WARNING,
+                "archive_gap",
+                f"{host.group}: offsets [{manifest.end_offset}, {seg.base_offset}) were deleted "
+                "locally before they were archived: the archive records the gap",
+                topic=host.topic,
+                partition=host.partition,
+                start_offset=manifest.end_offset,
+                end_offset=seg.base_offset,
+            )
+        new = manifest.appended(seg, epoch)
+        key = manifest_key(host.topic, host.topic_id, host.partition)
+        try:
+            await asyncio.to_thread(self.store.put_if, key, new.to_bytes(), state.version)
+        except VersionConflict:
+            # Someone else (a leader before us, still finishing) wrote it: read it again, and
+            # let the object we wrote go (it is in no manifest).
+            await asyncio.to_thread(self.store.delete, seg.key)
+            state.manifest = None
+            return False
+        written = await asyncio.to_thread(self.store.get_versioned, key)
+        state.manifest = new
+        state.version = written.version if written is not None else None
+        state.loaded_at = time.monotonic()
+        state.uploaded_objects += 1
+        state.uploaded_bytes += seg.size
+        self.node.counters.inc("tidelog_archive_uploaded_bytes_total", seg.size)
+        self.node.counters.inc("tidelog_archive_uploaded_objects_total")
+        host.low_watermark_cache = None
+        return True
+
+    async def _clean(self, host: PartitionHost, state: ArchiveState) -> None:
+        """Objects the whole log's retention no longer keeps, below the local log start and
+        every live cursor, leave the archive: the manifest first, then the objects."""
+        manifest = state.manifest
+        if manifest is None or not manifest.segments:
+            return
+        keep_from = self._archive_keep_from(host, manifest)
+        new, gone = manifest.without_below(keep_from)
+        if not gone:
+            return
+        key = manifest_key(host.topic, host.topic_id, host.partition)
+        try:
+            await asyncio.to_thread(self.store.put_if, key, new.to_bytes(), state.version)
+        except VersionConflict:
+            state.manifest = None
+            return
+        written = await asyncio.to_thread(self.store.get_versioned, key)
+        state.manifest = new
+        state.version = written.version if written is not None else None
+        for seg in gone:
+            await asyncio.to_thread(self.store.delete, seg.key)
+        self.node.counters.inc("tidelog_archive_deleted_objects_total", len(gone))
+        log.info(
+            "%s: archive start %d -> %d (%d objects deleted)",
+            host.group,
+            manifest.start_offset,
+            new.start_offset,
+            len(gone),
+        )
+
+    def _archive_keep_from(self, host: PartitionHost, manifest: Manifest) -> int:
+        config = host.config
+        slog = host.log
+        keep = manifest.start_offset
+        now = wall_ms()
+        candidates = [s for s in manifest.segments if s.end_offset <= slog.log_start_offset]
+        if config.retention_ms >= 0:
+            for seg in candidates:
+                if now - seg.max_timestamp > config.retention_ms:
+                    keep = max(keep, seg.end_offset)
+                else:
+                    break
+        if config.retention_bytes >= 0:
+            local = slog.size_bytes
+            total = local + sum(
+                s.size for s in manifest.segments if s.end_offset <= slog.log_start_offset
+            )
+            for seg in candidates:
+                if total <= config.retention_bytes:
+                    break
+                total -= seg.size
+                keep = max(keep, seg.end_offset)
+        for cursor in self.node.metadata.cursors.values():
+            if cursor.topic == host.topic and cursor.live and config.cursors_hold:
+                position = cursor.positions.get(host.partition)
+                if position is not None:
+                    keep = min(keep, max(position, manifest.start_offset))
+        return keep
+
+
+def claim_archive(store: ArchiveStore, cluster_id: str) -> None:
+    """Make the archive this cluster's, or refuse one that is another's."""
+    import json
+
+    versioned = store.get_versioned(CLUSTER_KEY)
+    if versioned is None:
+        body = json.dumps({"format": 1, "cluster_id": cluster_id}).encode()
+        try:
+            store.put_if(CLUSTER_KEY, body, None)
+        except VersionConflict:
+            pass
+        versioned = store.get_versioned(CLUSTER_KEY)
+        if versioned is None:
+            raise ArchiveError(f"{store.url}: {CLUSTER_KEY} vanished", url=store.url)
+    try:
+        owner = str(json.loads(versioned.data)["cluster_id"])
+    except (ValueError, KeyError, TypeError):
+        raise ArchiveClusterMismatch(
+            f"{store.url}: {CLUSTER_KEY} is not a tidelog archive's", url=store.url
+        ) from None
+    if owner != cluster_id:
+        raise ArchiveClusterMismatch(
+            f"{store.url} is the archive of cluster {owner}; this is cluster {cluster_id}",
+            url=store.url,
+            archive_cluster_id=owner,
+        )
+
+
+def _read_file_range(path: str, start: int, end: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise StorageError(f"{path} is gone (deleted since it was chosen)") from None
+    try:
+        data = os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
+    if len(data) != end - start:
+        raise StorageError(f"{path}: {len(data)} bytes at {start}, expected {end - start}")
+    return data
