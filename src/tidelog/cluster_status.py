@@ -51,6 +51,8 @@ class PartitionRow:
     cursors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     no_leader: str = ""  # why, in words, when leader < 0
     invalid_batches: Sequence[Mapping[str, Any]] = ()
+    local_log_start_offset: int = -1  # the leader's disk's first offset (archived topics)
+    archive: Mapping[str, Any] = field(default_factory=dict)  # the leader's archive status
     wire: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the row as JSON
 
     @property
@@ -96,6 +98,8 @@ def _typed(row: dict[str, Any]) -> PartitionRow:
             for n, r in sorted(row["replicas"].items(), key=lambda kv: int(kv[0]))
         },
         log_start_offset=int(row["log_start_offset"]),
+        local_log_start_offset=int(row.get("local_log_start_offset", row["log_start_offset"])),
+        archive=row.get("archive") or {},
         high_watermark=int(row["high_watermark"]),
         log_end_offset=int(row["log_end_offset"]),
         size_bytes=int(row["size_bytes"]),
@@ -141,6 +145,7 @@ def _merged(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, An
                 "log_end_offset": st["log_end_offset"],
                 "high_watermark": st["high_watermark"],
                 "log_start_offset": st["log_start_offset"],
+                "local_log_start_offset": st.get("local_log_start_offset", st["log_start_offset"]),
                 "size_bytes": st["size_bytes"],
                 "segment_count": st["segment_count"],
             }
@@ -149,6 +154,9 @@ def _merged(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, An
                     leader=node_id,
                     epoch=st["epoch"],
                     log_start_offset=st["log_start_offset"],
+                    local_log_start_offset=st.get(
+                        "local_log_start_offset", st["log_start_offset"]
+                    ),
                     high_watermark=st["high_watermark"],
                     log_end_offset=st["log_end_offset"],
                     size_bytes=st["size_bytes"],
@@ -158,6 +166,8 @@ def _merged(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, An
                     low_watermark=st.get("low_watermark", {}),
                     cursors=st.get("cursors", {}),
                 )
+                if "archive" in st:
+                    row["archive"] = st["archive"]
     out = []
     for key in sorted(rows):
         row = rows[key]

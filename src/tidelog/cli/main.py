@@ -321,8 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     certs.set_defaults(func=cmd_dev_certs)
 
+    from tidelog.cli.archive import add_archive_commands
     from tidelog.cli.demo import add_demo_command
 
+    add_archive_commands(sub)
     add_demo_command(sub)
     return parser
 

@@ -50,6 +50,7 @@ from tidelog.replication.metadata import CURSOR_NAME, Cursor, MetadataState
 log = logging.getLogger(__name__)
 
 EARLIEST = -2
+EARLIEST_LOCAL = -4  # KIP-405: the first offset on the leader's disk (the archive holds below)
 LATEST = -1
 CONFIG_SOURCE_TOPIC = 1  # DYNAMIC_TOPIC_CONFIG
 CONFIG_SOURCE_DEFAULT = 5  # DEFAULT_CONFIG
@@ -507,7 +508,11 @@ class KafkaBroker:
             partitions = []
             for part in topic.partitions:
                 ts = int(part.timestamp)
-                spec = "earliest" if ts == EARLIEST else "latest" if ts == LATEST else "timestamp"
+                spec = {
+                    EARLIEST: "earliest",
+                    LATEST: "latest",
+                    EARLIEST_LOCAL: "earliest-local",
+                }.get(ts, "timestamp")
                 entry: dict[str, Any] = {
                     "partition_index": part.partition_index,
                     "error_code": kerr.NONE,
@@ -515,7 +520,7 @@ class KafkaBroker:
                     "offset": -1,
                     "leader_epoch": -1,
                 }
-                if ts < EARLIEST:
+                if ts < EARLIEST and ts != EARLIEST_LOCAL:
                     entry["error_code"] = kerr.UNSUPPORTED_VERSION  # max-timestamp (-3) and others
                 else:
                     try:
@@ -1029,5 +1034,5 @@ def _empty_fetch(broker: KafkaBroker, topic: str, partition: int) -> api.FetchRe
     """What a partition the byte budget did not reach answers: nothing, with its marks."""
     host = broker.core.hosts.get(f"{topic}/{partition}")
     hw = host.log.high_watermark if host is not None else -1
-    start = host.log.log_start_offset if host is not None else -1
+    start = broker.core.log_start_offset(host) if host is not None else -1
     return api.FetchResponse(hw, start, hw, -1, broker.core.node_id)

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 ARCHIVE_TICK_S = 0.2
 MANIFEST_REFRESH_S = 2.0
 OBJECT_BYTES = 64 * 1024 * 1024
+UPLOAD_TURN_S = 2.0  # one partition's uploads in a row, at most, before the next's
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
 
@@ -190,8 +191,13 @@ class Archiver:
     async def read(self, host: PartitionHost, offset: int, max_bytes: int) -> bytes | None:
         """Whole batches from offset (below the local log start) out of the archive; None if the
         archive does not hold offset."""
-        state = self.states.get(host.group)
-        manifest = state.manifest if state is not None else None
+        state = self.state(host)
+        manifest = state.manifest
+        if manifest is None or manifest.end_offset <= offset:
+            # A follower's copy of the manifest may be older than the log start the leader
+            # moved past it: read it again rather than tell a reader the offset is gone.
+            await self._load(host, state)
+            manifest = state.manifest
         if manifest is None or not manifest.segments:
             return None
         if not manifest.start_offset <= offset < manifest.end_offset:
@@ -276,9 +282,14 @@ class Archiver:
             await self._load(host, state)
         if not leader:
             return
-        uploaded = await self._upload_next(host, state)
-        if not uploaded:
-            await self._clean(host, state)
+        # Everything ready goes now (each object in a worker thread; the loop is free
+        # meanwhile), within a time budget so that other partitions get their turn.
+        budget_ends = time.monotonic() + UPLOAD_TURN_S
+        while await self._upload_next(host, state):
+            state.succeeded()
+            if time.monotonic() > budget_ends:
+                return
+        await self._clean(host, state)
         state.succeeded()
 
     async def _load(self, host: PartitionHost, state: ArchiveState) -> None:

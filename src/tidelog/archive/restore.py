@@ -1,0 +1,252 @@
+"""`tidelog restore --archive URL --topic T --to-offset N | --to-time ISO8601 --data DIR`:
+a topic rebuilt from its archive, up to a point, into a new node's data directory.
+
+The directory is made the ordinary way -- a real node (`tidelog serve`) starts on it and creates
+the topic with its archived configs (without remote.storage.enable: the restored node does not
+write into the archive it came from) and partition count -- and stops; then each partition's log
+is rebuilt from the archived batches, exactly as the leader wrote them (offsets, epochs,
+producer ids), from the archive's start up to the point: offsets below N, or records stamped at
+or before the time. A batch the point cuts through is rebuilt holding only the records before
+it, so the restored log is exactly the original's prefix. A node started on DIR serves it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidelog.archive.manifest import Manifest
+from tidelog.archive.reader import iter_batches
+from tidelog.archive.store import ArchiveStore
+from tidelog.archive.verify import manifest_keys
+from tidelog.config import TopicConfig
+from tidelog.errors import ArchiveError, InvalidRequest
+from tidelog.record.batch import BatchHeader, Record, decode_records, read_header, rebuild_batch
+from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
+from tidelog.storage.log import SegmentedLog
+
+# Topic settings that belong to the archived cluster, not to the restored copy.
+NOT_RESTORED = (
+    "remote.storage.enable",
+    "local.retention.ms",
+    "local.retention.bytes",
+    "archive.max.lag.bytes",
+    "archive.lag.policy",
+    "min.insync.replicas",  # the restored copy is one replica
+)
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    to_offset: int | None = None  # restore offsets < to_offset
+    to_time_ms: int | None = None  # restore records stamped <= to_time_ms
+
+    @staticmethod
+    def parse(to_offset: int | None, to_time: str | None) -> RestorePoint:
+        if (to_offset is None) == (to_time is None):
+            raise InvalidRequest("restore needs exactly one of --to-offset and --to-time")
+        if to_offset is not None:
+            if to_offset < 0:
+                raise InvalidRequest(f"--to-offset must be >= 0, not {to_offset}")
+            return RestorePoint(to_offset=to_offset)
+        assert to_time is not None
+        try:
+            moment = datetime.datetime.fromisoformat(to_time)
+        except ValueError:
+            raise InvalidRequest(f"--to-time {to_time!r} is not ISO 8601") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=datetime.UTC)
+        return RestorePoint(to_time_ms=int(moment.timestamp() * 1000))
+
+    def describe(self) -> str:
+        if self.to_offset is not None:
+            return f"offsets below {self.to_offset}"
+        assert self.to_time_ms is not None
+        when = datetime.datetime.fromtimestamp(self.to_time_ms / 1000, datetime.UTC)
+        return f"records stamped at or before {when.isoformat()}"
+
+
+@dataclass(frozen=True)
+class RestoredPartition:
+    partition: int
+    start_offset: int
+    end_offset: int
+    records: int
+    note: str = ""
+
+
+def latest_manifests(store: ArchiveStore, topic: str) -> list[Manifest]:
+    """The newest incarnation of topic in the archive, a manifest per partition."""
+    found: dict[int, list[Manifest]] = {}
+    for key in manifest_keys(store, topic):
+        manifest = Manifest.from_bytes(store.get(key), key)
+        if manifest.topic == topic:
+            found.setdefault(manifest.topic_id, []).append(manifest)
+    if not found:
+        raise ArchiveError(f"{store.url} holds no archive of topic {topic!r}", url=store.url)
+    return sorted(found[max(found)], key=lambda m: m.partition)
+
+
+def restore_topic(
+    store: ArchiveStore, topic: str, point: RestorePoint, data_dir: Path
+) -> list[RestoredPartition]:
+    if data_dir.exists() and any(data_dir.iterdir()):
+        raise InvalidRequest(f"--data {data_dir} is not empty: restore makes a new node's data")
+    manifests = latest_manifests(store, topic)
+    partitions = max(max(m.partitions for m in manifests), max(m.partition for m in manifests) + 1)
+    configs = {k: v for k, v in manifests[0].configs.items() if k not in NOT_RESTORED}
+    create_topic_offline(data_dir, topic, partitions, configs)
+    config = TopicConfig.from_mapping(configs)
+    by_partition = {m.partition: m for m in manifests}
+    done = []
+    for p in range(partitions):
+        manifest = by_partition.get(p)
+        done.append(
+            _restore_partition(store, manifest, point, data_dir / f"{topic}-{p}", config, p)
+        )
+    return done
+
+
+def _restore_partition(
+    store: ArchiveStore,
+    manifest: Manifest | None,
+    point: RestorePoint,
+    directory: Path,
+    config: TopicConfig,
+    partition: int,
+) -> RestoredPartition:
+    if manifest is None or not manifest.segments:
+        return RestoredPartition(partition, 0, 0, 0, "nothing archived")
+    slog = SegmentedLog(directory, config)
+    note = ""
+    records = 0
+    max_epoch = 0
+    try:
+        slog.truncate_fully_and_start_at(manifest.start_offset)
+        for header, batch in _batches_to(store, manifest, point):
+            if header.base_offset != slog.log_end_offset:
+                note = f"stopped at the archive's gap at {slog.log_end_offset}"
+                break
+            slog.append_as_follower(batch)
+            records += header.records_count
+            max_epoch = max(max_epoch, header.partition_leader_epoch)
+        slog.flush()
+        slog.set_high_watermark(slog.log_end_offset)
+        slog.write_state_checkpoint()
+        end = slog.log_end_offset
+    finally:
+        slog.close()
+    # The restored replica's next election must start past every epoch its batches carry.
+    state_path = directory / "quorum-state"
+    state = read_checkpoint(state_path) or {}
+    state["epoch"] = max(int(state.get("epoch", 0)), max_epoch)
+    state["voted_for"] = -1
+    write_checkpoint(state_path, state)
+    return RestoredPartition(partition, manifest.start_offset, end, records, note)
+
+
+def _batches_to(
+    store: ArchiveStore, manifest: Manifest, point: RestorePoint
+) -> Iterator[tuple[BatchHeader, bytes]]:
+    """The archived batches up to the point, the last one cut where the point falls in it."""
+    end = point.to_offset if point.to_offset is not None else 1 << 63
+    until = point.to_time_ms if point.to_time_ms is not None else 1 << 63
+
+    def keep(record: Record) -> bool:
+        return record.offset < end and record.timestamp <= until
+
+    for seg in manifest.segments:
+        for header, batch in iter_batches(store, seg):
+            if header.last_offset < end and header.max_timestamp <= until:
+                yield header, batch
+                continue
+            if header.base_offset < end:
+                records = _keep_while(batch, keep)
+                if records:
+                    yield _cut_records(header, records)
+            return
+
+
+def _keep_while(batch: bytes, keep: Callable[[Record], bool]) -> list[Record]:
+    """The batch's records up to the first that keep refuses: a prefix, never a selection."""
+    out = []
+    for record in decode_records(batch):
+        if not keep(record):
+            break
+        out.append(record)
+    return out
+
+
+def _cut_records(header: BatchHeader, records: list[Record]) -> tuple[BatchHeader, bytes]:
+    """The batch holding only records (its first ones), ending at the last of them."""
+    cut = header._replace(last_offset_delta=records[-1].offset - header.base_offset)
+    data = rebuild_batch(cut, records)
+    return read_header(data), data
+
+
+def create_topic_offline(
+    data_dir: Path, topic: str, partitions: int, configs: dict[str, str]
+) -> None:
+    """A real node makes the directory and the topic, then stops."""
+    from tidelog.cli.cluster import free_ports
+    from tidelog.client.sync_client import Client
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port, peer_port = free_ports(2)
+    log_path = data_dir.parent / f".{data_dir.name}.restore.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "serve",
+                "--data",
+                str(data_dir),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--peers",
+                f"1=127.0.0.1:{port}/{peer_port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise ArchiveError(
+                    f"the node restore started exited ({proc.returncode}): "
+                    + log_path.read_text(errors="replace")[-2000:]
+                )
+            try:
+                with Client(f"127.0.0.1:{port}") as client:
+                    client.create_topic(
+                        topic, partitions=partitions, replication_factor=1, configs=configs
+                    )
+                    client.wait_for_leaders(topic)
+                break
+            except (OSError, ConnectionError) as exc:
+                if time.monotonic() > deadline:
+                    raise ArchiveError(f"the node restore started did not answer: {exc}") from None
+                time.sleep(0.2)
+            except Exception as exc:  # a typed error from the node: retried until the deadline
+                if time.monotonic() > deadline or not getattr(exc, "retriable", True):
+                    raise
+                time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    log_path.unlink(missing_ok=True)

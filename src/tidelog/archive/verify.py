@@ -1,0 +1,105 @@
+"""`tidelog archive verify URL [--topic T]`: every object against its manifest entry (size,
+CRC-32C of the whole object, every batch's own CRC, offsets inside the object's range and in
+order), and every manifest's continuity (no hole that is not a recorded gap, no overlap, leader
+epochs never decreasing), and that one cluster owns it all."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from tidelog.archive.manifest import CLUSTER_KEY, Manifest, check_object
+from tidelog.archive.reader import iter_batches
+from tidelog.archive.store import ArchiveStore
+from tidelog.errors import ArchiveError
+
+
+@dataclass
+class PartitionReport:
+    topic: str
+    topic_id: int
+    partition: int
+    start_offset: int
+    end_offset: int
+    objects: int
+    bytes: int
+    batches: int = 0
+    gaps: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        state = "ok" if not self.problems else f"{len(self.problems)} problem(s)"
+        text = (
+            f"{self.topic}/{self.partition} (topic id {self.topic_id}): {self.objects} objects, "
+            f"offsets [{self.start_offset}, {self.end_offset}), {self.bytes:,} bytes, "
+            f"{self.batches:,} batches: {state}"
+        )
+        for gap in self.gaps:
+            text += f"\n  gap (recorded): {gap}"
+        for problem in self.problems:
+            text += f"\n  PROBLEM: {problem}"
+        return text
+
+
+@dataclass
+class VerifyReport:
+    url: str
+    cluster_id: str
+    partitions: list[PartitionReport]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(not p.problems for p in self.partitions)
+
+
+def manifest_keys(store: ArchiveStore, topic: str | None = None) -> list[str]:
+    return [k for k in store.list(topic or "") if k.endswith("/manifest.json")]
+
+
+def verify_archive(store: ArchiveStore, topic: str | None = None) -> VerifyReport:
+    problems: list[str] = []
+    cluster_id = ""
+    try:
+        cluster_id = str(json.loads(store.get(CLUSTER_KEY))["cluster_id"])
+    except ArchiveError as exc:
+        problems.append(f"{CLUSTER_KEY}: {exc.message}")
+    except (ValueError, KeyError, TypeError):
+        problems.append(f"{CLUSTER_KEY} is not a tidelog archive's")
+    reports = []
+    for key in manifest_keys(store, topic):
+        try:
+            manifest = Manifest.from_bytes(store.get(key), key)
+        except ArchiveError as exc:
+            problems.append(exc.message)
+            continue
+        reports.append(verify_partition(store, manifest, cluster_id))
+    if topic is not None and not reports:
+        problems.append(f"no manifest of topic {topic!r} in {store.url}")
+    return VerifyReport(store.url, cluster_id, reports, problems)
+
+
+def verify_partition(store: ArchiveStore, manifest: Manifest, cluster_id: str) -> PartitionReport:
+    report = PartitionReport(
+        manifest.topic,
+        manifest.topic_id,
+        manifest.partition,
+        manifest.start_offset,
+        manifest.end_offset,
+        len(manifest.segments),
+        manifest.size_bytes,
+        gaps=[f"[{g.start_offset}, {g.end_offset}): {g.reason}" for g in manifest.gaps],
+    )
+    if cluster_id and manifest.cluster_id != cluster_id:
+        report.problems.append(
+            f"manifest of cluster {manifest.cluster_id}, the archive is cluster {cluster_id}"
+        )
+    report.problems.extend(manifest.check_continuity())
+    for seg in manifest.segments:
+        try:
+            check_object(seg, store.get(seg.key))
+            for _ in iter_batches(store, seg):
+                report.batches += 1
+        except ArchiveError as exc:
+            report.problems.append(exc.message)
+    return report

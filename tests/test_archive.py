@@ -1,0 +1,644 @@
+"""The archive (issue 17): closed segments copied to a directory or an S3-compatible store, a hold
+on the low-water mark, reads below the local log start served from it, verify and restore.
+
+Real node processes; file:// archives; moto's S3 server started as its own process and reached
+through the same obstore client code as real S3 (a TCP relay in front of it makes it go away and
+come back)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import run_tidelog, wait_for
+from tidelog.archive.manifest import (
+    ArchivedSegment,
+    Gap,
+    Manifest,
+    check_object,
+    describe_object,
+)
+from tidelog.archive.reader import iter_batches, read_batches
+from tidelog.archive.store import FileStore, VersionConflict, open_store
+from tidelog.cli.cluster import LocalCluster, free_ports
+from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
+from tidelog.errors import (
+    ArchiveAccessDenied,
+    ArchiveBucketMissing,
+    ArchiveCorrupt,
+    InvalidArchiveUrl,
+    InvalidConfig,
+    TidelogError,
+)
+from tidelog.record.batch import ProducerRecord, build_batch, decode_records, read_header
+
+FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
+ARCHIVED = {
+    "remote.storage.enable": "true",
+    "segment.bytes": "16384",
+    "local.retention.bytes": "32768",
+    **FAST,
+}
+BASE_TS = int(time.time() * 1000) - 3_600_000  # an hour ago: inside every timestamp window
+
+
+def value(i: int) -> bytes:
+    return b"v%06d-" % i + b"x" * 150
+
+
+def record(i: int) -> ProducerRecord:
+    return ProducerRecord(b"k%d" % (i % 7), value(i), (), BASE_TS + i)
+
+
+def status_row(client: Client, topic: str, partition: int = 0) -> dict[str, Any]:
+    rows = merge_status(client.status([topic]), topic)
+    return next((dict(r) for r in rows if r["partition"] == partition), {})
+
+
+# -- the store, the manifest and objects, without a node ----------------------------------------------
+
+
+def batches(first: int, count: int, per_batch: int = 5, epoch: int = 1) -> bytes:
+    out = bytearray()
+    for base in range(first, first + count, per_batch):
+        n = min(per_batch, first + count - base)
+        recs = [record(i) for i in range(base, base + n)]
+        out.extend(build_batch(recs, base_offset=base, partition_leader_epoch=epoch))
+    return bytes(out)
+
+
+def test_objects_manifests_and_the_file_store(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}")
+    assert isinstance(store, FileStore)
+    data = batches(100, 50)
+    seg = describe_object(data, "t/1/0/a.log")
+    assert (seg.base_offset, seg.end_offset, seg.size) == (100, 150, len(data))
+    store.put(seg.key, data)
+    check_object(seg, store.get(seg.key))
+    # A read from the middle returns whole batches from the one holding the offset.
+    got = read_batches(store, seg, 123, 1)  # at least one batch, however small max_bytes
+    assert read_header(got).base_offset == 120 and len(got) == read_header(got).size_bytes
+    assert [h.base_offset for h, _ in iter_batches(store, seg, 123)] == [
+        120,
+        125,
+        130,
+        135,
+        140,
+        145,
+    ]
+    assert b"".join(b for _, b in iter_batches(store, seg)) == data
+    # Compare-and-swap of the manifest: a stale writer loses.
+    store.put_if("m.json", b"1", None)
+    with pytest.raises(VersionConflict):
+        store.put_if("m.json", b"2", None)
+    current = store.get_versioned("m.json")
+    assert current is not None
+    store.put_if("m.json", b"2", current.version)
+    with pytest.raises(VersionConflict):
+        store.put_if("m.json", b"3", current.version)
+    # Damage: a flipped byte and a truncation are named, never read as data.
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0xFF
+    store.put(seg.key, bytes(damaged))
+    with pytest.raises(ArchiveCorrupt):
+        check_object(seg, store.get(seg.key))
+    with pytest.raises(ArchiveCorrupt):
+        list(iter_batches(store, seg))
+    store.put(seg.key, data[:-10])
+    with pytest.raises(ArchiveCorrupt):
+        read_batches(store, seg, 145, 1 << 20)
+    # Continuity: a hole, an overlap and an epoch going back are found; a recorded gap is not.
+    a = describe_object(batches(0, 10, epoch=2), "a")
+    b = describe_object(batches(10, 10, epoch=2), "b")
+    c = describe_object(batches(30, 10, epoch=1), "c")
+    m = Manifest("cid", "t", 1, 0).appended(a, 2).appended(b, 2)
+    assert m.check_continuity() == [] and (m.start_offset, m.end_offset) == (0, 20)
+    holed = Manifest("cid", "t", 1, 0, 2, 0, (a, b, c))
+    problems = holed.check_continuity()
+    assert any("hole [20, 30)" in p for p in problems)
+    assert any("epoch 1 after 2" in p for p in problems)
+    overlap = Manifest("cid", "t", 1, 0, 2, 0, (a, a))
+    assert any("overlap" in p for p in overlap.check_continuity())
+    gapped = Manifest("cid", "t", 1, 0, 2, 0, (a, b), (Gap(20, 30, "released"),))
+    assert Manifest.from_bytes(gapped.to_bytes()) == gapped
+    with pytest.raises(InvalidArchiveUrl):
+        open_store("gopher://x/y")
+    with pytest.raises(InvalidArchiveUrl):
+        open_store("file://relative/dir")
+    with pytest.raises(ArchiveBucketMissing):
+        open_store(f"file://{tmp_path}/missing").check()
+    assert isinstance(a, ArchivedSegment)
+
+
+def test_archive_topic_configs_are_checked() -> None:
+    from tidelog.config import TopicConfig
+
+    config = TopicConfig.from_mapping({"remote.storage.enable": "true"})
+    assert config.effective_local_retention_ms == config.retention_ms
+    with pytest.raises(InvalidConfig, match=r"local\.retention\.bytes"):
+        TopicConfig.from_mapping({"retention.bytes": "1000", "local.retention.bytes": "2000"})
+    with pytest.raises(InvalidConfig, match=r"remote\.storage\.enable"):
+        TopicConfig.from_mapping({"remote.storage.enable": "true", "cleanup.policy": "compact"})
+    with pytest.raises(InvalidConfig, match=r"archive\.lag\.policy"):
+        TopicConfig.from_mapping({"archive.lag.policy": "maybe"})
+
+
+# -- a 3-node cluster with a file:// archive ----------------------------------------------------------
+
+
+def produce_all(
+    client: Client, topic: str, first: int, count: int, per: int = 10, pause_s: float = 0.0
+) -> list[int]:
+    """Values first..first+count in batches, retried until acknowledged; returns the acked."""
+    acked = []
+    for base in range(first, first + count, per):
+        time.sleep(pause_s)
+        recs = [record(i) for i in range(base, min(base + per, first + count))]
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.produce(topic, recs, partition=0)
+                break
+            except TidelogError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        acked.extend(range(base, base + len(recs)))
+    return acked
+
+
+@contextlib.contextmanager
+def serve_restored(data: Path) -> Iterator[str]:
+    port, peer = free_ports(2)
+    log = open(data.parent / f"{data.name}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tidelog",
+            "serve",
+            "--data",
+            str(data),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--peers",
+            f"1=127.0.0.1:{port}/{peer}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        log.close()
+
+
+@pytest.mark.timeout(420)
+def test_tiered_log_on_three_nodes_with_a_leader_killed(tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"file://{archive}"
+    with (
+        LocalCluster(tmp_path / "c", nodes=3, serve_args=["--archive", url]) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic(
+            "tiered",
+            replication_factor=3,
+            # A killed replica stops holding the log after a second (replica.max.lag.ms), so
+            # what bounds the disks here is local retention and the archive.
+            configs={**ARCHIVED, "min.insync.replicas": "2", "replica.max.lag.ms": "1000"},
+        )
+        client.wait_for_leaders("tiered")
+        sizes: list[int] = []
+        stop = threading.Event()
+
+        def sample() -> None:  # every replica's disk, all along (a client of its own)
+            with Client(cluster.bootstrap) as watcher:
+                while not stop.is_set():
+                    with contextlib.suppress(TidelogError):
+                        for node in watcher.status(["tiered"]):
+                            for row in node.get("partitions", []):
+                                sizes.append(int(row["size_bytes"]))
+                    time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        # ~300 records (50 KB) a second: ~600 KB in all, against a disk bound of ~170 KB
+        acked = produce_all(client, "tiered", 0, 1500, pause_s=0.03)
+        leader = client.topic("tiered", refresh=True).leaders[0]
+        cluster.kill(leader)  # mid-upload: the leader uploads as the log rolls
+        acked += produce_all(client, "tiered", 1500, 1500, pause_s=0.03)
+        cluster.start(leader)
+        cluster.wait_ready()
+        acked += produce_all(client, "tiered", 3000, 500, pause_s=0.03)
+        stop.set()
+        sampler.join()
+
+        row = wait_for(
+            "the archive to hold everything below the local log start, the log start to move",
+            lambda: (
+                (r := status_row(client, "tiered")).get("local_log_start_offset", 0) > 2000
+                and r.get("archive", {}).get("archived_end_offset", -1)
+                >= r["local_log_start_offset"]
+                and r
+            ),
+            60,
+        )
+        assert row["log_start_offset"] == 0, row
+        holds = {h["kind"]: h for h in row["low_watermark"]["holds"]}
+        assert holds["archive"]["name"] == url and holds["archive"]["live"]
+        # Every replica's disk stays bounded: local.retention.bytes, the active segment, one
+        # closed segment waiting for a pass, and what arrives while a failover's new leader
+        # waits out the dead replica's hold (replica.max.lag.ms, 1 s) and catches up its
+        # uploads (~2 s at 50 KB/s) -- never by what was produced (~600 KB).
+        bound = 32768 + 2 * 16384 + 3 * 50_000
+        assert max(sizes) <= bound, (max(sizes), bound)
+        # One continuous log: earliest is the archive's start, earliest-local the disk's.
+        assert client.list_offsets("tiered", 0, "earliest") == 0
+        assert client.list_offsets("tiered", 0, "earliest-local") == row["local_log_start_offset"]
+        got = [r.value for r in client.consume("tiered", 0, "earliest")]
+        assert len(got) >= len(acked)
+        values = [value(i) for i in acked]
+        pos = 0
+        for v in got:  # every acknowledged value, in order (a retried unknown outcome may repeat)
+            if pos < len(values) and v == values[pos]:
+                pos += 1
+        assert pos == len(values), f"acknowledged value {acked[pos]} missing"
+        # Any replica serves the archived range, from the store.
+        for node in cluster.node_ids:
+            mine = [
+                r.value
+                for r in client.consume(
+                    "tiered", 0, "earliest", replica_read=True, prefer_node=node
+                )
+            ]
+            assert mine[:500] == got[:500]
+
+        verify = run_tidelog("archive", "verify", url, "--topic", "tiered", "--json")
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        report = json.loads(verify.stdout)
+        (part,) = report["partitions"]
+        assert part["problems"] == [] and part["gaps"] == [] and part["start_offset"] == 0
+        # The archive equals the log: the archived batches, read straight from the store, hold
+        # the records the nodes served, offset for offset.
+        store = open_store(url)
+        manifest = Manifest.from_bytes(
+            store.get(next(k for k in store.list("tiered") if k.endswith("manifest.json")))
+        )
+        archived = [
+            rec.value
+            for seg in manifest.segments
+            for header, batch in iter_batches(store, seg)
+            if not header.is_control  # a new leader's marker, as consumers skip it
+            for rec in decode_records(batch)
+        ]
+        assert archived == got[: len(archived)] and manifest.end_offset > 2000
+        assert manifest.leader_epoch >= 2  # the leader after the kill wrote it too
+
+        # Restore to an offset, and to a time: a node started on each serves exactly the prefix.
+        restored = tmp_path / "restored-offset"
+        out = run_tidelog(
+            "restore", "--archive", url, "--topic", "tiered", "--to-offset", "1234",
+            "--data", str(restored),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        with serve_restored(restored) as address, Client(address) as other:
+            other.wait_for_leaders("tiered")
+            assert [r.value for r in other.consume("tiered", 0, "earliest")] == got[:1234]
+        cut_value = got[777]
+        cut_ts = BASE_TS + int(cut_value[1:7])
+        restored = tmp_path / "restored-time"
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(cut_ts // 1000))
+        when += f".{cut_ts % 1000:03d}+00:00"
+        out = run_tidelog(
+            "restore", "--archive", url, "--topic", "tiered", "--to-time", when,
+            "--data", str(restored),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        with serve_restored(restored) as address, Client(address) as other:
+            other.wait_for_leaders("tiered")
+            prefix = [r for r in other.consume("tiered", 0, "earliest")]
+            assert [r.value for r in prefix] == got[:778]
+            assert all(r.timestamp <= cut_ts for r in prefix)
+        # Restoring into a directory that is not empty is refused.
+        again = run_tidelog(
+            "restore", "--archive", url, "--topic", "tiered", "--to-offset", "5",
+            "--data", str(restored),
+        )  # fmt: skip
+        assert again.returncode == 1 and "not empty" in again.stderr
+
+
+# -- S3 (moto's server), a store that goes away, bad input ---------------------------------------
+
+
+class Relay:
+    """A TCP relay in front of a server: stop() makes the server unreachable (connections
+    refused, open ones cut), start() brings it back on the same port."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        (self.port,) = free_ports(1)
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for s in self._conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self._conns = []
+
+
+@pytest.fixture
+def s3() -> Iterator[dict[str, str]]:
+    """moto's S3 server with authentication on: a user with a key allowed s3:*, a bucket."""
+    import boto3
+
+    (port,) = free_ports(1)
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="4")
+    server = Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        anonymous = {
+            "endpoint_url": endpoint,
+            "region_name": "us-east-1",
+            "aws_access_key_id": "setup",
+            "aws_secret_access_key": "setup",
+        }
+
+        def up() -> bool:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                return True
+            return False
+
+        wait_for("moto's server", up)
+        iam = boto3.client("iam", **anonymous)  # type: ignore[call-overload]
+        iam.create_user(UserName="tidelog")
+        key = iam.create_access_key(UserName="tidelog")["AccessKey"]
+        iam.put_user_policy(
+            UserName="tidelog",
+            PolicyName="s3",
+            PolicyDocument=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+                }
+            ),
+        )
+        boto3.client(  # type: ignore[call-overload]
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=key["AccessKeyId"],
+            aws_secret_access_key=key["SecretAccessKey"],
+        ).create_bucket(Bucket="tidelog-archive")
+        yield {
+            "port": str(port),
+            "endpoint": endpoint,
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+            "AWS_REGION": "us-east-1",
+        }
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def aws_env(s3: dict[str, str], **changes: str) -> dict[str, str]:
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+    return {**{k: s3[k] for k in keys}, **changes}
+
+
+@pytest.mark.timeout(300)
+def test_an_s3_archive_that_goes_away_and_comes_back(
+    tmp_path: Path, s3: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relay = Relay(int(s3["port"]))
+    relay.start()
+    url = "s3://tidelog-archive/prod"
+    endpoint = f"http://127.0.0.1:{relay.port}"
+    try:
+        with (
+            LocalCluster(
+                tmp_path / "c",
+                nodes=1,
+                serve_args=["--archive", url, "--archive-endpoint", endpoint],
+                env=aws_env(s3),
+            ) as cluster,
+            Client(cluster.bootstrap) as client,
+        ):
+            client.create_topic("s", replication_factor=1, configs=ARCHIVED)
+            client.wait_for_leaders("s")
+            acked = produce_all(client, "s", 0, 600)
+            before = wait_for(
+                "the first uploads",
+                lambda: (
+                    (r := status_row(client, "s")).get("archive", {}).get("objects", 0) > 2 and r
+                ),
+            )
+            relay.stop()  # the store goes away
+            acked += produce_all(client, "s", 600, 1200)
+            stuck = wait_for(
+                "the archive hold to name the error",
+                lambda: (
+                    (r := status_row(client, "s"))["archive"]["error"] == "ArchiveUnavailable" and r
+                ),
+            )
+            archived_end = stuck["archive"]["archived_end_offset"]
+            # Nothing unarchived was deleted: the local log still starts at or below what the
+            # archive holds, however far past local.retention.bytes the partition is.
+            assert stuck["local_log_start_offset"] <= archived_end
+            assert stuck["size_bytes"] > 65536
+            hold = next(h for h in stuck["low_watermark"]["holds"] if h["kind"] == "archive")
+            assert "ArchiveUnavailable" in hold["detail"] and hold["live"]
+            assert before["archive"]["archived_end_offset"] <= archived_end
+            out = run_tidelog("status", "s", "--bootstrap", cluster.bootstrap)
+            assert "archive s3://tidelog-archive/prod" in out.stdout, out.stdout
+            relay.start()  # and comes back: uploads resume, the local log start moves on
+            done = wait_for(
+                "uploads to resume and the local log start to move",
+                lambda: (
+                    (r := status_row(client, "s"))["archive"]["error"] == ""
+                    and r["local_log_start_offset"] > archived_end
+                    and r
+                ),
+                90,
+            )
+            assert done["archive"]["archived_end_offset"] > archived_end
+            got = [r.value for r in client.consume("s", 0, "earliest")]
+            assert got == [value(i) for i in acked]
+        # verify, from outside, through the same client code
+        env = {**os.environ, **aws_env(s3)}
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "archive",
+                "verify",
+                url,
+                "--archive-endpoint",
+                endpoint,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+        # Bad input: a missing bucket and wrong credentials are named.
+        missing = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "archive",
+                "verify",
+                "s3://no-such-bucket/x",
+                "--archive-endpoint",
+                endpoint,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert missing.returncode == 1 and "ArchiveBucketMissing" in missing.stderr
+        wrong = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "archive",
+                "verify",
+                url,
+                "--archive-endpoint",
+                endpoint,
+            ],
+            capture_output=True,
+            text=True,
+            env={**env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"},
+        )
+        assert wrong.returncode == 1 and "ArchiveAccessDenied" in wrong.stderr, wrong.stderr
+        for name, setting in aws_env(s3, AWS_SECRET_ACCESS_KEY="wrong").items():
+            monkeypatch.setenv(name, setting)
+        with pytest.raises(ArchiveAccessDenied):
+            open_store(url, endpoint).check()
+    finally:
+        relay.stop()
+
+
+@pytest.mark.timeout(240)
+def test_damage_and_another_clusters_archive_are_named(tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"file://{archive}"
+    bad = run_tidelog("serve", "--data", str(tmp_path / "x"), "--archive", "ftp://h/p")
+    assert bad.returncode != 0 and "InvalidArchiveUrl" in bad.stderr
+    with (
+        LocalCluster(tmp_path / "c", nodes=1, serve_args=["--archive", url]) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic("d", replication_factor=1, configs=ARCHIVED)
+        client.wait_for_leaders("d")
+        produce_all(client, "d", 0, 800)
+        wait_for(
+            "the local log start to pass the first object",
+            lambda: status_row(client, "d").get("local_log_start_offset", 0) > 200,
+        )
+        store = open_store(url)
+        manifest = Manifest.from_bytes(
+            store.get(next(k for k in store.list("d") if k.endswith("manifest.json")))
+        )
+        first = manifest.segments[0]
+        path = archive / first.key
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x5A
+        path.write_bytes(bytes(data))
+        verify = run_tidelog("archive", "verify", url)
+        assert verify.returncode == 1 and first.key in verify.stdout, verify.stdout
+        assert "CRC-32C" in verify.stdout
+        with pytest.raises(ArchiveCorrupt):
+            list(client.consume("d", 0, "earliest"))
+        second = manifest.segments[1]
+        (archive / second.key).write_bytes((archive / second.key).read_bytes()[:-100])
+        with pytest.raises(ArchiveCorrupt):
+            list(client.consume("d", 0, second.base_offset))
+        assert "truncated" in run_tidelog("archive", "verify", url).stdout
+
+    # Another cluster pointed at the same archive is refused, and deletes nothing unarchived.
+    with (
+        LocalCluster(tmp_path / "other", nodes=1, serve_args=["--archive", url]) as other,
+        Client(other.bootstrap) as client,
+    ):
+        client.create_topic("d", replication_factor=1, configs=ARCHIVED)
+        client.wait_for_leaders("d")
+        produce_all(client, "d", 0, 500)
+        row = wait_for(
+            "the archive's refusal in status",
+            lambda: (
+                (r := status_row(client, "d")).get("archive", {}).get("error")
+                == "ArchiveClusterMismatch"
+                and r
+            ),
+        )
+        assert row["local_log_start_offset"] == 0
+        assert "ArchiveClusterMismatch" in json.dumps(row["low_watermark"])
