@@ -39,6 +39,7 @@ from tidelog.errors import (
     ArchiveAccessDenied,
     ArchiveBucketMissing,
     ArchiveCorrupt,
+    ArchiveLagExceeded,
     InvalidArchiveUrl,
     InvalidConfig,
     TidelogError,
@@ -642,3 +643,56 @@ def test_damage_and_another_clusters_archive_are_named(tmp_path: Path) -> None:
         )
         assert row["local_log_start_offset"] == 0
         assert "ArchiveClusterMismatch" in json.dumps(row["low_watermark"])
+
+
+@pytest.mark.timeout(240)
+def test_an_archive_too_far_behind_refuses_produce_or_releases_its_hold(tmp_path: Path) -> None:
+    """archive.max.lag.bytes with archive.lag.policy=refuse (the default) and =release, while the
+    archive directory does not exist; then it appears and the archive catches up."""
+    archive = tmp_path / "archive-later"
+    url = f"file://{archive}"
+    cap = {"archive.max.lag.bytes": "40000"}
+    with (
+        LocalCluster(tmp_path / "c", nodes=1, serve_args=["--archive", url]) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic("refuse", replication_factor=1, configs={**ARCHIVED, **cap})
+        client.create_topic(
+            "release",
+            replication_factor=1,
+            configs={**ARCHIVED, **cap, "archive.lag.policy": "release"},
+        )
+        client.wait_for_leaders("refuse")
+        client.wait_for_leaders("release")
+        with pytest.raises(ArchiveLagExceeded):
+            for i in range(2000):
+                client.produce("refuse", [record(i)], partition=0, timeout_ms=2000)
+        refused = status_row(client, "refuse")
+        assert refused["local_log_start_offset"] == 0  # nothing unarchived went
+        assert refused["archive"]["error"] == "ArchiveBucketMissing"
+        produce_all(client, "release", 0, 2000)
+        released = wait_for(
+            "the released hold to let the local cleaner go on",
+            lambda: (r := status_row(client, "release"))["local_log_start_offset"] > 0 and r,
+        )
+        assert released["size_bytes"] < 40000 + 32768 + 2 * 16384
+        said = cluster.log_path(1).read_text()
+        assert "archive_hold_released" in said or "the local cleaner goes on without it" in said
+        archive.mkdir()  # the store appears: uploads begin, produce is accepted again
+        wait_for(
+            "the archive to catch up",
+            lambda: (
+                status_row(client, "refuse")["archive"]["lag_bytes"] < 40000
+                and status_row(client, "refuse")["archive"]["error"] == ""
+            ),
+            60,
+        )
+        client.produce("refuse", [record(5000)], partition=0)
+        wait_for(
+            "the released topic's archive to resume",
+            lambda: status_row(client, "release")["archive"]["objects"] > 0,
+        )
+    # What was released before the archive existed is absent from it, and says so in verify.
+    verify = run_tidelog("archive", "verify", url, "--topic", "release")
+    assert verify.returncode == 0, verify.stdout
+    assert "offsets [0," not in verify.stdout  # it starts where the local log started

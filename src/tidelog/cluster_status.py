@@ -154,9 +154,7 @@ def _merged(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, An
                     leader=node_id,
                     epoch=st["epoch"],
                     log_start_offset=st["log_start_offset"],
-                    local_log_start_offset=st.get(
-                        "local_log_start_offset", st["log_start_offset"]
-                    ),
+                    local_log_start_offset=st.get("local_log_start_offset", st["log_start_offset"]),
                     high_watermark=st["high_watermark"],
                     log_end_offset=st["log_end_offset"],
                     size_bytes=st["size_bytes"],

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tidelog.archive.manifest import (
@@ -79,7 +79,9 @@ class ArchiveState:
     backoff_s: float = BACKOFF_MIN_S
     uploaded_objects: int = 0
     uploaded_bytes: int = 0
-    released: list[str] = field(default_factory=list)
+    # Bumped whenever what the hold says changes (manifest, error): cached LWMs key on it.
+    changes: int = 0
+    released_logged: float = -1e9
 
     @property
     def archived_end(self) -> int | None:
@@ -91,11 +93,14 @@ class ArchiveState:
         now = time.monotonic()
         if self.error is None or self.error.message != error.message:
             self.error_since = now
+            self.changes += 1
         self.error = error
         self.retry_at = now + self.backoff_s
         self.backoff_s = min(BACKOFF_MAX_S, self.backoff_s * 2)
 
     def succeeded(self) -> None:
+        if self.error is not None:
+            self.changes += 1
         self.error = None
         self.backoff_s = BACKOFF_MIN_S
         self.retry_at = 0.0
@@ -117,6 +122,17 @@ class Archiver:
         if state is None:
             state = self.states[host.group] = ArchiveState()
         return state
+
+    def facts_key(self, host: PartitionHost) -> tuple[int, ...]:
+        """What changes when the archive's hold on host does (cached LWMs compare it)."""
+        state = self.state(host)
+        manifest = state.manifest
+        return (
+            state.changes,
+            -2 if manifest is None else manifest.end_offset,
+            -2 if manifest is None else manifest.start_offset,
+            0 if self.cluster_error is None else 1 + len(self.cluster_error.message),
+        )
 
     def fact(self, host: PartitionHost) -> ArchiveFact | None:
         """The archive's hold on host's local LWM (None: the topic is not archived)."""
@@ -146,6 +162,20 @@ class Archiver:
                 f"{human_bytes(lag)} not archived > archive.max.lag.bytes "
                 f"{human_bytes(config.archive_max_lag_bytes)} (archive.lag.policy=release)"
             )
+            if host.replica.is_leader and time.monotonic() - state.released_logged > 10:
+                state.released_logged = time.monotonic()
+                event(
+                    log,
+                    logging.WARNING,
+                    "archive_hold_released",
+                    f"{host.group}: the archive {self.url} is {human_bytes(lag)} behind, past "
+                    "archive.max.lag.bytes: the local cleaner goes on without it and what it "
+                    "deletes will be missing from the archive",
+                    topic=host.topic,
+                    partition=host.partition,
+                    lag_bytes=lag,
+                    error=error.name if error is not None else "",
+                )
         start = state.manifest.start_offset if state.manifest and state.manifest.segments else -1
         return ArchiveFact(
             name=self.url,

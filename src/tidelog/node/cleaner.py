@@ -149,8 +149,10 @@ class Cleaner:
 
     def _facts_key(self, host: PartitionHost) -> tuple[int, ...]:
         """What changes when an LWM's facts do (but time): the log's bounds, the replicas'
-        leadership, the metadata (cursors, configs)."""
+        leadership, the metadata (cursors, configs), the archive's hold."""
         slog, replica = host.log, host.replica
+        archiver = self.node.archiver
+        archive = archiver.facts_key(host) if archiver is not None else ()
         return (
             slog.log_start_offset,
             slog.high_watermark,
@@ -159,6 +161,7 @@ class Cleaner:
             replica.epoch,
             replica.leader_id,
             self.node.metadata.applied_offset,
+            *archive,
         )
 
     def _remember(self, host: PartitionHost, lwm: LowWatermark) -> None:
