@@ -696,3 +696,72 @@ def test_an_archive_too_far_behind_refuses_produce_or_releases_its_hold(tmp_path
     verify = run_tidelog("archive", "verify", url, "--topic", "release")
     assert verify.returncode == 0, verify.stdout
     assert "offsets [0," not in verify.stdout  # it starts where the local log started
+
+
+@pytest.mark.timeout(300)
+def test_the_spark_source_reads_archived_ranges_from_the_store(
+    tmp_path: Path, spark_session: Any
+) -> None:
+    """A range that is only in the archive: the executors read it from the store themselves
+    (and the nodes serve it the same when told not to), the same rows as the node gives."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"file://{archive}"
+    with (
+        LocalCluster(tmp_path / "c", nodes=1, serve_args=["--archive", url]) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic("sp", partitions=2, replication_factor=1, configs=ARCHIVED)
+        client.wait_for_leaders("sp")
+        for p in (0, 1):
+            produce_all_to(client, "sp", p, 1200)
+        rows = wait_for(
+            "both partitions' local log starts past half of what they hold",
+            lambda: (
+                all(
+                    (r := status_row(client, "sp", p)).get("local_log_start_offset", 0) > 600
+                    and r["archive"]["archived_end_offset"] >= r["local_log_start_offset"]
+                    for p in (0, 1)
+                )
+                and [status_row(client, "sp", p) for p in (0, 1)]
+            ),
+        )
+        local_start = {r["partition"]: r["local_log_start_offset"] for r in rows}
+        expected = sorted(
+            (p, r.offset, r.value) for p in (0, 1) for r in client.consume("sp", p, "earliest")
+        )
+        ending = json.dumps({"sp": {str(p): local_start[p] for p in (0, 1)}})
+
+        def read(**options: str) -> list[tuple[int, int, bytes]]:
+            df = (
+                spark_session.read.format("tidelog")
+                .option("bootstrap", cluster.bootstrap)
+                .option("subscribe", "sp")
+                .option("minPartitions", "4")
+                .options(**options)
+                .load()
+            )
+            return sorted(
+                (r["partition"], r["offset"], bytes(r["value"]))
+                for r in df.select("partition", "offset", "value").collect()
+            )
+
+        def node_reads() -> int:
+            counters = client.status(["sp"])[0]["node"]["counters"]
+            return int(counters.get("tidelog_archive_reads_total", 0))
+
+        # Everything (archive, then local), and a range wholly below the local log start: the
+        # executors read the archived part from the store, the node serves none of it.
+        before = node_reads()
+        assert read() == expected
+        only_archived = [row for row in expected if row[1] < local_start[row[0]]]
+        assert read(endingOffsets=ending) == only_archived
+        assert node_reads() == before
+        # archive.direct=false: the same rows, through the node.
+        assert read(endingOffsets=ending, **{"archive.direct": "false"}) == only_archived
+        assert node_reads() > before
+
+
+def produce_all_to(client: Client, topic: str, partition: int, count: int) -> None:
+    for base in range(0, count, 50):
+        client.produce(topic, [record(i) for i in range(base, base + 50)], partition=partition)

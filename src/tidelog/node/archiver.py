@@ -235,7 +235,10 @@ class Archiver:
         seg = manifest.segment_for(offset)
         if seg is None:
             return None
-        return await asyncio.to_thread(read_batches, self.store, seg, offset, max_bytes)
+        data = await asyncio.to_thread(read_batches, self.store, seg, offset, max_bytes)
+        self.node.counters.inc("tidelog_archive_reads_total")
+        self.node.counters.inc("tidelog_archive_read_bytes_total", len(data))
+        return data
 
     def status(self, host: PartitionHost) -> dict[str, object] | None:
         fact = self.fact(host)
@@ -245,6 +248,7 @@ class Archiver:
         manifest = state.manifest
         return {
             "url": self.url,
+            "prefix": partition_prefix(host.topic, host.topic_id, host.partition),
             "start_offset": fact.start_offset,
             "archived_end_offset": state.archived_end if state.archived_end is not None else -1,
             "objects": len(manifest.segments) if manifest else 0,

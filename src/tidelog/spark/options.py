@@ -106,6 +106,10 @@ class SourceOptions:
     fetch_max_bytes: int = FETCH_BYTES_DEFAULT
     tls: TlsFiles | None = None
     token: str | None = field(default=None, repr=False)  # NAME:SECRET of a principal
+    # Archived ranges (remote.storage.enable) read by the executors straight from the store
+    # (archive.direct, default true), an S3-compatible store's URL if not AWS_ENDPOINT_URL's.
+    archive_direct: bool = True
+    archive_endpoint: str = ""
 
     @staticmethod
     def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -194,6 +198,8 @@ class SourceOptions:
             fetch_max_bytes=_int(opts, "fetchmaxbytes") or FETCH_BYTES_DEFAULT,
             tls=_tls(opts),
             token=opts.get("token") or None,
+            archive_direct=_bool(opts, "archive.direct", True),
+            archive_endpoint=opts.get("archive.endpoint", ""),
         )
 
 

@@ -27,6 +27,43 @@ Offsets = dict[TopicPartition, int]
 
 
 @dataclass(frozen=True)
+class ArchiveLocation:
+    url: str
+    prefix: str  # the partition's objects and manifest under url
+    endpoint: str  # an S3-compatible store's URL ("": the environment's)
+    archived_end: int  # what the archive held when planned: below it, read from the store
+
+
+def archive_locations(
+    client: Client, opts: SourceOptions, topics: set[str]
+) -> dict[TopicPartition, ArchiveLocation]:
+    """The archived partitions among topics, as their leaders' status says (asked only for
+    topics with remote.storage.enable)."""
+    from tidelog.cluster_status import partition_rows
+
+    if not opts.archive_direct:
+        return {}
+    archived = [
+        t for t in sorted(topics) if client.topic(t).configs.get("remote.storage.enable") == "true"
+    ]
+    if not archived:
+        return {}
+    out: dict[TopicPartition, ArchiveLocation] = {}
+    nodes = client.status(archived)
+    for topic in archived:
+        for row in partition_rows(nodes, topic):
+            archive = row.archive
+            if archive and archive.get("prefix") and int(archive["archived_end_offset"]) > 0:
+                out[(row.topic, row.partition)] = ArchiveLocation(
+                    str(archive["url"]),
+                    str(archive["prefix"]),
+                    opts.archive_endpoint,
+                    int(archive["archived_end_offset"]),
+                )
+    return out
+
+
+@dataclass(frozen=True)
 class OffsetRange:
     """What one Spark task reads; everything read() needs travels in it (it is pickled)."""
 
@@ -42,6 +79,9 @@ class OffsetRange:
     columns: tuple[str, ...] = ()  # what the query's schema asks for; () = the default schema
     tls: TlsFiles | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
+    # Where the executor reads the range's archived part itself (planning found the partition
+    # archived): None reads everything through the nodes.
+    archive: ArchiveLocation | None = None
 
     @property
     def size(self) -> int:
@@ -189,9 +229,14 @@ def pack_ranges(
 
 
 def plan_tasks(
-    opts: SourceOptions, start: Offsets, end: Offsets, columns: tuple[str, ...] = ()
+    opts: SourceOptions,
+    start: Offsets,
+    end: Offsets,
+    columns: tuple[str, ...] = (),
+    archives: Mapping[TopicPartition, ArchiveLocation] | None = None,
 ) -> list[tuple[OffsetRange, ...]]:
     """minPartitions splits large ranges, then maxPartitions packs them into fewer tasks."""
+    archives = archives or {}
     ranges = [
         OffsetRange(
             opts.bootstrap,
@@ -206,6 +251,7 @@ def plan_tasks(
             columns,
             opts.tls,
             opts.token,
+            archives.get(tp) if start.get(tp, end[tp]) < end[tp] else None,
         )
         for tp in sorted(end)
     ]

@@ -44,6 +44,7 @@ from tidelog.spark.connection import client_of, with_retries
 from tidelog.spark.options import SinkOptions, SourceOptions, offsets_from_json, offsets_to_json
 from tidelog.spark.planning import (
     Offsets,
+    archive_locations,
     high_watermarks,
     plan_tasks,
     rate_limit,
@@ -132,7 +133,9 @@ class BatchReader(DataSourceReader):
                 key="endingOffsets",
             )
         start = {tp: min(start[tp], end[tp]) for tp in tps}
-        return [InputPartition(t) for t in plan_tasks(self.opts, start, end, self.columns)]
+        archives = archive_locations(client, self.opts, {t for t, _ in tps})
+        tasks = plan_tasks(self.opts, start, end, self.columns, archives)
+        return [InputPartition(t) for t in tasks]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_ranges(partition.value)
@@ -276,7 +279,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = offsets_from_json(start)
         finish = offsets_from_json(end)
         begin = {tp: begin.get(tp, 0) for tp in finish}
-        return [InputPartition(t) for t in plan_tasks(self.opts, begin, finish, self.columns)]
+        archives = archive_locations(client_of(self.opts), self.opts, {t for t, _ in finish})
+        tasks = plan_tasks(self.opts, begin, finish, self.columns, archives)
+        return [InputPartition(t) for t in tasks]
 
     def commit(self, end: dict[str, Any]) -> None:
         if not self.opts.cursor:
