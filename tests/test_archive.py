@@ -765,3 +765,69 @@ def test_the_spark_source_reads_archived_ranges_from_the_store(
 def produce_all_to(client: Client, topic: str, partition: int, count: int) -> None:
     for base in range(0, count, 50):
         client.produce(topic, [record(i) for i in range(base, base + 50)], partition=partition)
+
+
+@pytest.mark.timeout(240)
+def test_whole_log_retention_deletes_from_the_archive_below_every_cursor(tmp_path: Path) -> None:
+    """retention.bytes bounds the whole log, archive included: the archive's cleaner deletes
+    its oldest objects (manifest first), never below a live cursor; earliest follows."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"file://{archive}"
+    with (
+        LocalCluster(tmp_path / "c", nodes=1, serve_args=["--archive", url], http=True) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic(
+            "w", replication_factor=1, configs={**ARCHIVED, "retention.bytes": "120000"}
+        )
+        client.wait_for_leaders("w")
+        client.create_cursor("reader", "w", {0: 0})
+        produce_all(client, "w", 0, 1500, per=50)
+        held = wait_for(
+            "the local log start to move while the cursor holds the archive",
+            lambda: (r := status_row(client, "w"))["local_log_start_offset"] > 600 and r,
+        )
+        time.sleep(1)  # several archive cleaner rounds
+        assert status_row(client, "w")["log_start_offset"] == 0, held  # the cursor at 0 holds
+        assert client.list_offsets("w", 0, "earliest") == 0
+        client.commit_cursor("reader", {0: 700})
+        row = wait_for(
+            "the archive's start to move up to the cursor",
+            lambda: (r := status_row(client, "w"))["log_start_offset"] > 0 and r,
+        )
+        start = row["log_start_offset"]
+        assert 0 < start <= 700 and row["archive"]["start_offset"] == start
+        assert client.list_offsets("w", 0, "earliest") == start
+        first = next(iter(client.consume("w", 0, "earliest")))
+        assert first.offset >= start
+        client.delete_cursor("reader")
+        row = wait_for(
+            "the whole log to come within retention.bytes",
+            lambda: (
+                (r := status_row(client, "w"))["archive"]["bytes"] + r["size_bytes"]
+                <= 120000 + 16384
+                and r
+            ),
+        )
+        # The objects below the archive's start are gone from the store, not just unlisted.
+        store = open_store(url)
+        key = next(k for k in store.list("w") if k.endswith("manifest.json"))
+        manifest = Manifest.from_bytes(store.get(key))
+        named = {s.key for s in manifest.segments}
+        on_disk = {k for k in store.list("w") if k.endswith(".log")}
+        assert on_disk == named and manifest.start_offset == row["log_start_offset"]
+        # /metrics says both starts, the archive's end and its lag
+        import urllib.request
+
+        with urllib.request.urlopen(cluster.http_url(1) + "/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        labels = '{partition="0",topic="w"}'
+        for name in (
+            "tidelog_partition_log_start_offset",
+            "tidelog_partition_local_log_start_offset",
+            "tidelog_partition_archive_end_offset",
+            "tidelog_partition_archive_lag_bytes",
+        ):
+            assert f"{name}{labels}" in text, name
+        assert "tidelog_archive_uploaded_bytes_total" in text

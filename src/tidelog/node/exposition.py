@@ -181,7 +181,26 @@ class NodeCollector:
         def family(name: str, doc: str, extra: tuple[str, ...] = ()) -> Family:
             return Family("gauge", name, doc, [*PARTITION, *extra])
 
-        start = family("tidelog_partition_log_start_offset", "First offset a reader may read")
+        start = family(
+            "tidelog_partition_log_start_offset",
+            "First offset a reader may read (the archive's, for an archived partition)",
+        )
+        local_start = family(
+            "tidelog_partition_local_log_start_offset", "First offset on this replica's disk"
+        )
+        archive_end = family(
+            "tidelog_partition_archive_end_offset",
+            "Offsets below it are in the archive (archived partitions; -1: nothing yet)",
+        )
+        archive_lag = family(
+            "tidelog_partition_archive_lag_bytes",
+            "Bytes on this replica's disk not yet archived (archived partitions)",
+        )
+        archive_failing = family(
+            "tidelog_partition_archive_failing",
+            "1 while the archive's last attempt for this partition failed",
+            ("error",),
+        )
         hw = family("tidelog_partition_high_watermark", "Offsets below it are committed")
         leo = family("tidelog_partition_log_end_offset", "The next offset this replica appends")
         durable = family(
@@ -242,7 +261,14 @@ class NodeCollector:
             st = host.status(cleaner.cached_low_watermark(host))
             labels = [st.topic, str(st.partition)]
             rs = st.replica
-            start.add_metric(labels, rs.log_start_offset)
+            start.add_metric(labels, self.core.log_start_offset(host))
+            local_start.add_metric(labels, rs.log_start_offset)
+            archived = self.core.archive_fact(host)
+            if archived is not None:
+                known = self.core.archiver.state(host).archived_end if self.core.archiver else None
+                archive_end.add_metric(labels, -1 if known is None else known)
+                archive_lag.add_metric(labels, archived.lag_bytes)
+                archive_failing.add_metric([*labels, archived.error], 1 if archived.error else 0)
             hw.add_metric(labels, rs.high_watermark)
             leo.add_metric(labels, rs.log_end_offset)
             durable.add_metric(labels, st.durable_end_offset)
@@ -277,7 +303,8 @@ class NodeCollector:
                 cursor_lead.add_metric([*labels, name], stats["lead"])
                 cursor_lag_bytes.add_metric([*labels, name], stats["lag_bytes"])
                 cursor_idle.add_metric([*labels, name], stats["idle_ms"] / 1000)
-        yield from (start, hw, leo, durable, size, segments, leader, epoch, leading)
+        yield from (start, local_start, hw, leo, durable, size, segments, leader, epoch, leading)
+        yield from (archive_end, archive_lag, archive_failing)
         yield from (compactions, ratio, replicas, in_sync, under, under_min, lag, lwm, hold)
         yield from (cursor_lag, cursor_lead, cursor_lag_bytes, cursor_idle)
 
