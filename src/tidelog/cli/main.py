@@ -897,6 +897,16 @@ def status_text(rows: list[PartitionRow]) -> str:
             lines.append(
                 f"cursor {name}: position {c['position']}, lag {c['lag']}, lead {c['lead']}"
             )
+        if r.archive:
+            a = r.archive
+            line = (
+                f"archive {a['url']}: offsets [{a['start_offset']}, {a['archived_end_offset']}) "
+                f"in {a['objects']} objects; local log start {r.local_log_start_offset}; "
+                f"{a['lag_bytes']} bytes waiting"
+            )
+            if a.get("error"):
+                line += f"; {a['error']}: {a.get('error_message', '')}"
+            lines.append(line)
         if r.no_leader:
             lines.append(r.no_leader)
         for b in r.invalid_batches:
