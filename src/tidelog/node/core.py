@@ -779,7 +779,11 @@ class NodeCore:
                 if replica.is_leader
                 else max(hlog.log_end_offset, replica.leader_high_watermark)
             )
-            if req.offset < hlog.log_start_offset and self.archiver is not None:
+            if (
+                req.offset < hlog.log_start_offset
+                and self.archiver is not None
+                and host.config.remote_storage_enable
+            ):
                 # Below the local log start: the archive serves it, on any replica.
                 archived = await self.archiver.read(host, req.offset, req.max_bytes)
                 if archived:
