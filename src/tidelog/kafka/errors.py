@@ -12,8 +12,14 @@ request), the caller says which.
 from __future__ import annotations
 
 from tidelog.errors import (
+    ArchiveAccessDenied,
+    ArchiveBucketMissing,
+    ArchiveClusterMismatch,
+    ArchiveCorrupt,
     ArchiveError,
     ArchiveLagExceeded,
+    ArchiveObjectMissing,
+    ArchiveUnavailable,
     AuthenticationFailed,
     CorruptRecord,
     CursorInvalidated,
@@ -21,6 +27,7 @@ from tidelog.errors import (
     DuplicateSequence,
     FencedEpoch,
     InconsistentClusterId,
+    InvalidArchiveUrl,
     InvalidConfig,
     InvalidRecord,
     InvalidReplicaAssignment,
@@ -117,6 +124,13 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     InconsistentClusterId: 104,  # INCONSISTENT_CLUSTER_ID
     NoEligibleLeader: LEADER_NOT_AVAILABLE,
     ArchiveError: 56,  # KAFKA_STORAGE_ERROR (the remote storage behind the log)
+    InvalidArchiveUrl: 56,
+    ArchiveUnavailable: 56,
+    ArchiveAccessDenied: 56,
+    ArchiveBucketMissing: 56,
+    ArchiveObjectMissing: 56,
+    ArchiveClusterMismatch: 56,
+    ArchiveCorrupt: 2,  # CORRUPT_MESSAGE: a damaged archived batch is never served
     ArchiveLagExceeded: 56,  # retriable, as writes resume when the archive catches up
 }
 
