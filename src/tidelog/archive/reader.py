@@ -31,8 +31,16 @@ def load_manifest(
 
 def read_batches(store: ArchiveStore, seg: ArchivedSegment, offset: int, max_bytes: int) -> bytes:
     """Whole batches of seg holding offsets >= offset, up to max_bytes (at least one batch)."""
+    return read_chunk(store, seg, offset, max_bytes)[0]
+
+
+def read_chunk(
+    store: ArchiveStore, seg: ArchivedSegment, offset: int, max_bytes: int
+) -> tuple[bytes, int]:
+    """read_batches, and the offset after the last batch it holds (where a reader goes next)."""
     out: list[bytes] = []
     taken = 0
+    next_offset = offset
     for header, batch in _batches(store, seg, offset, max(max_bytes, MIN_READ_BYTES)):
         if header.last_offset < offset:
             continue
@@ -40,7 +48,8 @@ def read_batches(store: ArchiveStore, seg: ArchivedSegment, offset: int, max_byt
             break
         out.append(batch)
         taken += len(batch)
-    return b"".join(out)
+        next_offset = header.next_offset
+    return b"".join(out), next_offset
 
 
 def iter_batches(

@@ -36,7 +36,7 @@ from tidelog.archive.manifest import (
     manifest_key,
     partition_prefix,
 )
-from tidelog.archive.reader import read_batches
+from tidelog.archive.reader import read_chunk
 from tidelog.archive.store import ArchiveStore, VersionConflict, open_store
 from tidelog.errors import (
     ArchiveClusterMismatch,
@@ -60,6 +60,8 @@ OBJECT_BYTES = 64 * 1024 * 1024
 UPLOAD_TURN_S = 2.0  # one partition's uploads in a row, at most, before the next's
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
+READ_AHEAD_MAX = 8  # ranges read ahead for readers of the archive, node-wide
+READ_AHEAD_S = 5.0  # how long one waits for its reader
 
 
 def wall_ms() -> int:
@@ -114,6 +116,10 @@ class Archiver:
         self.states: dict[str, ArchiveState] = {}
         self._cluster_checked = False
         self.cluster_error: ArchiveError | None = None
+        # (group, offset, max_bytes) -> (object, its read in a worker thread)
+        self._ahead: dict[
+            tuple[str, int, int], tuple[ArchivedSegment, asyncio.Task[tuple[bytes, int]]]
+        ] = {}
 
     # -- what others ask ------------------------------------------------------------------------
 
@@ -235,10 +241,45 @@ class Archiver:
         seg = manifest.segment_for(offset)
         if seg is None:
             return None
-        data = await asyncio.to_thread(read_batches, self.store, seg, offset, max_bytes)
+        ahead = self._ahead.pop((host.group, offset, max_bytes), None)
+        if ahead is not None and ahead[0].key == seg.key:
+            data, next_offset = await ahead[1]
+        else:
+            data, next_offset = await asyncio.to_thread(
+                read_chunk, self.store, seg, offset, max_bytes
+            )
         self.node.counters.inc("tidelog_archive_reads_total")
         self.node.counters.inc("tidelog_archive_read_bytes_total", len(data))
+        self._read_ahead(host, manifest, next_offset, max_bytes)
         return data
+
+    def _read_ahead(
+        self, host: PartitionHost, manifest: Manifest, offset: int, max_bytes: int
+    ) -> None:
+        """A reader of the archive reads on: the next range is read while it handles this one.
+        At most READ_AHEAD_MAX ranges are held node-wide (bounded memory); one nobody asks for
+        within READ_AHEAD_S goes."""
+        if offset >= manifest.end_offset or len(self._ahead) >= READ_AHEAD_MAX:
+            return
+        seg = manifest.segment_for(offset)
+        if seg is None:
+            return
+        key = (host.group, offset, max_bytes)
+        task = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(read_chunk, self.store, seg, offset, max_bytes)
+        )
+        self._ahead[key] = (seg, task)
+
+        def forget() -> None:
+            found = self._ahead.get(key)
+            if found is not None and found[1] is task:
+                del self._ahead[key]
+
+        task.add_done_callback(
+            lambda _: asyncio.get_running_loop().call_later(READ_AHEAD_S, forget)
+        )
+        # A read-ahead nobody used may fail (the store went away): its error is not anyone's.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def status(self, host: PartitionHost) -> dict[str, object] | None:
         fact = self.fact(host)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
+import heapq
 import hmac
 import json
 import logging
@@ -100,6 +102,7 @@ from tidelog.replication.metadata import (
     validate_reassign,
     validate_remove_node,
 )
+from tidelog.replication.replica import Clock
 from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
@@ -188,6 +191,12 @@ class NodeCore:
         self._acls_seen: tuple[object, int] | None = None
         self._acl_list: list[Acl] = []
         self.hosts: dict[str, PartitionHost] = {}
+        # Time as deadlines (_tick_loop): the node's clock, the replicas due at each tick, and
+        # those an event made dirty.
+        self.clock = Clock()
+        self._deadlines: list[tuple[int, int, PartitionHost]] = []
+        self._deadline_seq = 0
+        self._dirty: dict[str, PartitionHost] = {}
         self.topics = TopicReplicas(self)
         self.registry = NodeRegistry(self)
         # The metadata log's first voters: --peers, or for a node that joined a running cluster
@@ -306,6 +315,7 @@ class NodeCore:
         tick_s = self.config.tick_ms / 1000
         rounds = self.histograms.get("tidelog_tick_round_seconds")
         late = self.histograms.get("tidelog_event_loop_lag_seconds")
+        acted = self.counters.key("tidelog_replica_acts_total")
         next_tick = loop.time()
         while True:
             next_tick += tick_s
@@ -315,9 +325,10 @@ class NodeCore:
                 late.observe(max(0.0, loop.time() - next_tick))
             elif delay < -1.0:
                 next_tick = loop.time()  # we were frozen; do not replay a second of ticks at once
+            self.clock.ticks += 1
             started = loop.time()
             turns = Turns()
-            for host in list(self.hosts.values()):
+            for host in self._due_hosts():
                 if self.fail_stop.failed is not None:
                     return  # halted: a cancelled task runs on until its next await
                 try:
@@ -327,9 +338,38 @@ class NodeCore:
                     # it broke an invariant: then the node stops.
                     self.fail_stop.check(exc, f"{host.group} tick")
                     log.exception("%s: tick failed", host.group)
+                finally:
+                    self._schedule(host)
+                self.counters.add(acted)
                 if turns.due():  # checked, not awaited, per replica: ticks are small
                     await turns.give()
             rounds.observe(loop.time() - started)
+
+    def _due_hosts(self) -> list[PartitionHost]:
+        """The replicas that act this tick: those an event made dirty since they last acted,
+        and those whose deadline has come. Every other replica costs nothing this tick."""
+        now = self.clock.ticks
+        due = {g: h for g, h in self._dirty.items() if h.driver.dirty}
+        self._dirty = {}
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            at, _, host = heapq.heappop(heap)
+            if host.tick_at == at:  # else a later act rescheduled it: a stale entry
+                host.tick_at = None
+                due[host.group] = host
+        return [h for h in due.values() if not h.closed]
+
+    def _schedule(self, host: PartitionHost) -> None:
+        at = host.driver.next_deadline()
+        if at is None or host.closed:
+            host.tick_at = None
+        elif host.tick_at is None or at != host.tick_at:
+            host.tick_at = at
+            self._deadline_seq += 1
+            heapq.heappush(self._deadlines, (at, self._deadline_seq, host))
+
+    def _dirtied(self, host: PartitionHost) -> None:
+        self._dirty[host.group] = host
 
     async def _checkpoint_loop(self) -> None:
         while True:
@@ -388,7 +428,10 @@ class NodeCore:
             directory_id=self.identity.directory_id,
             known_directories=self.peer_directories,
             topic_id=topic_id,
+            clock=self.clock,
         )
+        host.driver.on_dirty = functools.partial(self._dirtied, host)
+        self._dirtied(host)
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
             event(
                 log,
@@ -785,7 +828,8 @@ class NodeCore:
                 and host.config.remote_storage_enable
             ):
                 # Below the local log start: the archive serves it, on any replica.
-                archived = await self.archiver.read(host, req.offset, req.max_bytes)
+                max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
+                archived = await self.archiver.read(host, req.offset, max_bytes)
                 if archived:
                     return self._fetch_answer(host, hw), BytesSlice(archived, req.offset)
             if req.offset < hlog.log_start_offset or req.offset > limit:

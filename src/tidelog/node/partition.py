@@ -30,7 +30,14 @@ from tidelog.record.validation import BatchRules
 from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.low_watermark import LowWatermark
 from tidelog.replication.messages import Message
-from tidelog.replication.replica import QuorumState, Ready, Replica, ReplicaConfig, Role
+from tidelog.replication.replica import (
+    Clock,
+    QuorumState,
+    Ready,
+    Replica,
+    ReplicaConfig,
+    Role,
+)
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.compaction import (
     CompactionPlan,
@@ -69,6 +76,7 @@ class PartitionHost:
         topic_id: int = -1,
         counters: Counters | None = None,
         fsync_seconds: Histogram | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.topic = topic
         self.topic_id = topic_id  # which incarnation of the topic's name (-1: the metadata log)
@@ -125,12 +133,14 @@ class PartitionHost:
             random.Random(seed),
             self.state_machine,
             known_directories,
+            clock,
         )
         self.driver: PartitionDriver[asyncio.Future[None]] = PartitionDriver(
             self.replica, self.log, self, self.state_machine
         )
         if self.state_machine is not None:
             self.state_machine.catch_up()
+        self.tick_at: int | None = None  # the node's clock tick it next acts at (core.py)
         self.flushing = False
         self.flush_error: TidelogError | None = None
         self.flush_count = 0
@@ -176,6 +186,8 @@ class PartitionHost:
             )
 
     def tick(self) -> None:
+        """Do what the clock makes due (NodeCore._tick_loop; a host made without the node's
+        clock, in a test, advances its own by one tick)."""
         self.driver.tick()
 
     # -- the driver's effects -------------------------------------------------------------------

@@ -15,6 +15,7 @@ with one voter each, every group elects this node at start.
 from __future__ import annotations
 
 import asyncio
+import resource
 import hashlib
 import logging
 import time
@@ -93,6 +94,7 @@ class Node:
     async def start(self) -> None:
         self._stopped = asyncio.Event()
         self._watch_background_failures(asyncio.get_running_loop())
+        raise_open_files_limit()
         data = self.config.data_dir
         data.mkdir(parents=True, exist_ok=True)
         joined = load_joined(data)
@@ -269,3 +271,19 @@ class Node:
         await self.core.stop()
         self._stopped.set()
         log.info("node %d stopped cleanly", self.node_id)
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Every segment holds a descriptor: take the hard limit the system allows (as Kafka's
+    packaging sets nofile), and say what the node has."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    log.info("open files: soft limit %d, hard limit %d", soft, hard)
+    return soft, hard
+

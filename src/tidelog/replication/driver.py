@@ -101,6 +101,10 @@ class PartitionDriver(Generic[W]):
         self.owed: OwedAcks[W] = OwedAcks()
         self.stopped = False
         self._segments_seen = log.segment_count
+        # Something happened since the last act() (a message, a write, a flush): the node acts
+        # on it at its next tick, whatever next_deadline() says. on_dirty tells it so.
+        self.dirty = True
+        self.on_dirty: Callable[[], None] | None = None
 
     # -- acknowledgements (replication/acks.py) -------------------------------------------------
 
@@ -135,12 +139,35 @@ class PartitionDriver(Generic[W]):
     # -- inputs ---------------------------------------------------------------------------------
 
     def tick(self) -> None:
+        """One tick of the replica's own clock (the simulator's dense ticking)."""
         if self.stopped:
             return
         self.replica.tick()
+        self._acted()
+
+    def act(self) -> None:
+        """The shared clock moved (a node's loop): do what is due (Replica.act)."""
+        if self.stopped:
+            return
+        self.replica.act()
+        self._acted()
+
+    def _acted(self) -> None:
         self.process_ready()
         if self.log.flush_due():
             self.effects.start_flush()  # flush.ms, for logs that do not fsync before acking
+        self.dirty = False
+
+    def next_deadline(self) -> int | None:
+        """When act() is next due without an event (Replica.next_deadline); a log holding
+        unflushed data is looked at every tick (flush.ms may make it due) until it is flushed."""
+        if self.stopped:
+            return None
+        due = self.replica.next_deadline()
+        if self.log.needs_flush:
+            soon = self.replica.now + 1
+            due = soon if due is None else min(due, soon)
+        return due
 
     def step(self, sender: int, message: Message, directory: str = "") -> TidelogError | None:
         """A message arrived. A follower that cannot append it (its disk is full, say) drops
@@ -164,6 +191,10 @@ class PartitionDriver(Generic[W]):
     def process_ready(self) -> None:
         if self.stopped:
             return
+        if not self.dirty:
+            self.dirty = True
+            if self.on_dirty is not None:
+                self.on_dirty()
         ready = self.replica.ready()
         fx = self.effects
         if ready.state is not None:

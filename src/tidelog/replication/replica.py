@@ -122,6 +122,16 @@ class Role(enum.Enum):
     LEADER = "leader"
 
 
+class Clock:
+    """Ticks, read by every replica that shares it. A node's replicas share one that its loop
+    advances; a replica made without one has its own, which tick() advances (the simulator)."""
+
+    __slots__ = ("ticks",)
+
+    def __init__(self, ticks: int = 0) -> None:
+        self.ticks = ticks
+
+
 @dataclass(frozen=True)
 class QuorumState:
     """What must be durable before this replica answers a vote or announces leadership."""
@@ -205,8 +215,12 @@ class Replica:
         rng: RandomSource,
         snapshots: SnapshotAccess | None = None,
         known_directories: Mapping[int, str] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.config = config
+        self._owns_clock = clock is None
+        self.clock = clock if clock is not None else Clock()
+        self._acted_at = self.clock.ticks
         self.log = log
         self.snapshots = snapshots
         self.installing: int | None = None  # a snapshot being fetched (-1: offset not known yet)
@@ -217,7 +231,6 @@ class Replica:
         self.voted_for = state.voted_for
         self.role = Role.FOLLOWER
         self.leader_id = NO_LEADER
-        self.now = 0
         self.progress: dict[int, Progress] = {}
         self.epoch_start_offset = 0
         self.leader_since_tick = 0
@@ -264,10 +277,24 @@ class Replica:
     def is_leader(self) -> bool:
         return self.role is Role.LEADER
 
+    @property
+    def now(self) -> int:
+        return self.clock.ticks
+
     def tick(self) -> None:
-        self.now += 1
+        """One tick passes (a replica with its own clock) and what is due is done."""
+        if self._owns_clock:
+            self.clock.ticks += 1
+        self.act()
+
+    def act(self) -> None:
+        """Do what the time makes due: elections, fetch retries, parked fetches' answers,
+        check-quorum. A node calls it only when next_deadline() has come or after an event; a
+        replica that has nothing due costs nothing in between."""
+        elapsed = self.now - self._acted_at
+        self._acted_at = self.now
         if self.role is Role.LEADER:
-            self._leader_tick()
+            self._leader_tick(max(1, elapsed))
         elif self.role is Role.FOLLOWER:
             if self.now >= self.election_deadline and (self.is_observer or self.is_learner):
                 # A replaced disk or a learner catches up; it does not campaign.
@@ -893,12 +920,18 @@ class Replica:
         hw = self.log.high_watermark
         return self.history.current.offset < hw and self.epoch_start_offset < hw
 
-    def _maybe_change_membership(self) -> None:
-        if self.target is None or self.role is not Role.LEADER:
-            return
+    def _changing_membership(self) -> bool:
+        """A target the group is not at yet (the leader walks it there)."""
+        if self.target is None:
+            return False
         current = self.history.current
-        if self.target == tuple(sorted(current.voters)) and not current.learners:
-            return  # there already
+        return not (self.target == tuple(sorted(current.voters)) and not current.learners)
+
+    def _maybe_change_membership(self) -> None:
+        if self.role is not Role.LEADER or not self._changing_membership():
+            return  # no target, or there already
+        current = self.history.current
+        assert self.target is not None
         lag = self.config.replica_lag_ticks
 
         def caught_up(n: int) -> bool:
@@ -1013,11 +1046,56 @@ class Replica:
 
     # -- leader side of replication -------------------------------------------------------------
 
-    def _leader_tick(self) -> None:
+    def next_deadline(self) -> int | None:
+        """The tick at which act() next has something to do if nothing happens meanwhile (no
+        message, no write), or None: then only an event gives it work. A leader of one replica
+        with nothing in flight, and a follower whose leader is parked on its fetch, cost nothing
+        until then."""
+        now, config = self.now, self.config
+        if self.role is Role.LEADER:
+            return self._leader_deadline()
+        if self.role is Role.FOLLOWER:
+            due = self.election_deadline  # (an observer or learner only re-arms its timer)
+            if self.leader_id != NO_LEADER:
+                if not self.fetch_in_flight:
+                    return now + 1
+                due = min(due, self.fetch_sent_tick + config.fetch_retry_ticks)
+            return due
+        if self.is_observer or self.is_learner:
+            return None
+        return self.election_deadline
+
+    def _leader_deadline(self) -> int | None:
+        now, config = self.now, self.config
+        due: int | None = None
+        if self._changing_membership():
+            return now + 1  # a membership change (and its throttled catch-up) walks tick by tick
+        hw = self.log.high_watermark
+        retry = config.fetch_retry_ticks
+        quorum_at: int | None = None  # when the count of recently heard voters next drops
+        for r, p in self.progress.items():
+            if p.pending is not None:
+                at = now + 1 if p.pending.high_watermark < hw else p.pending_deadline
+            else:
+                at = max(p.last_fetch_tick, p.begin_sent_tick) + retry
+            if config.hw_policy == "isr":
+                at = min(at, p.last_caught_up_tick + config.replica_lag_ticks + 1)
+            if self._counts(r):
+                drops = p.last_fetch_tick + config.check_quorum_ticks + 1
+                quorum_at = drops if quorum_at is None else min(quorum_at, drops)
+            due = at if due is None else min(due, at)
+        if self.progress:
+            first_check = self.leader_since_tick + config.check_quorum_ticks
+            check = first_check if quorum_at is None else max(quorum_at, first_check)
+            due = check if due is None else min(due, check)
+        return None if due is None else max(due, now + 1)
+
+    def _leader_tick(self, elapsed: int = 1) -> None:
         retry = self.config.fetch_retry_ticks
         if self.learner_bytes_per_tick > 0:
             self._learner_budget = min(
-                self._learner_budget + self.learner_bytes_per_tick, 10 * self.learner_bytes_per_tick
+                self._learner_budget + self.learner_bytes_per_tick * elapsed,
+                10 * self.learner_bytes_per_tick,
             )
         self._maybe_change_membership()
         if self.role is not Role.LEADER:

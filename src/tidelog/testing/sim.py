@@ -108,6 +108,9 @@ class SimParams:
     spares: int = 0  # nodes outside the group at first, that reassignments may move it onto
     reassign_rate: float = 0.0  # chance per tick that the group is given new target voters
     transfer_rate: float = 0.0  # chance per tick that a replica asks to lead (an operator)
+    # A replica acts only when its next_deadline() has come or an event made it dirty, as on a
+    # node (time kept as deadlines); False: it acts every tick.
+    sparse_ticks: bool = False
     replica_max_lag_ticks: int = 60
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
@@ -157,6 +160,7 @@ class SimParams:
             spares=rng.choice([0, 1, 2]),
             reassign_rate=maybe(0.4, rng.uniform(0.002, 0.02)),
             transfer_rate=maybe(0.3, rng.uniform(0.002, 0.01)),
+            sparse_ticks=rng.random() < 0.5,
         )
         return params if params.reassign_rate else dataclasses.replace(params, spares=0)
 
@@ -921,7 +925,14 @@ class Simulation:
         for n in self.node_ids:
             node = self.nodes[n]
             if node.driver is not None and node.paused_until <= self.now:
-                node.driver.tick()
+                if self.params.sparse_ticks:
+                    replica = node.driver.replica
+                    replica.clock.ticks += 1
+                    due = node.driver.next_deadline()
+                    if node.driver.dirty or (due is not None and due <= replica.now):
+                        node.driver.act()
+                else:
+                    node.driver.tick()
                 if self.now % 25 == 0:
                     node.log.write_state_checkpoint()
         self.deliver_due()

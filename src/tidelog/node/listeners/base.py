@@ -534,6 +534,7 @@ class DescriptorGauge:
         now = time.monotonic()
         if now - self._counted_at > self.RECOUNT_S:
             self._counted_at = now
+            self.limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # the node may raise it
             try:
                 self._open = len(os.listdir("/proc/self/fd"))
             except OSError:

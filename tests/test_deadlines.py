@@ -1,0 +1,82 @@
+"""Time as deadlines (issue 18): a replica acts when its next deadline comes or an event makes
+it dirty, not at every tick; one with nothing to do costs nothing.
+
+The simulator runs the real core both ways (SimParams.sparse_ticks, drawn per seed): a deadline
+the core forgets shows up there as a stall its liveness checker fails."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+from tidelog.replication.replica import Clock, QuorumState, Replica, ReplicaConfig
+from tidelog.storage.memory_log import MemoryLog
+from tidelog.testing.sim import SimParams, Simulation
+
+
+def replica(voters: tuple[int, ...], clock: Clock) -> Replica:
+    import random
+
+    config = ReplicaConfig(node_id=1, voters=voters)
+    return Replica(config, MemoryLog(), QuorumState(), random.Random(1), clock=clock)
+
+
+def test_a_lone_leader_with_nothing_to_do_has_no_deadline() -> None:
+    clock = Clock()
+    r = replica((1,), clock)
+    r.ready()  # a single voter makes itself leader at once (after its pre-vote)
+    for _ in range(300):
+        clock.ticks += 1
+        if r.next_deadline() is not None and r.next_deadline() <= clock.ticks:  # type: ignore[operator]
+            r.act()
+            r.ready()
+    assert r.is_leader
+    assert r.next_deadline() is None
+
+
+def test_a_follower_without_a_leader_waits_for_its_election_deadline() -> None:
+    clock = Clock()
+    r = replica((1, 2, 3), clock)
+    due = r.next_deadline()
+    assert due == r.election_deadline and due > clock.ticks
+    clock.ticks = due
+    r.act()
+    r.ready()
+    # it stood for election (a pre-vote): now it waits for answers until its next deadline
+    assert not r.is_leader and r.next_deadline() is not None
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_simulator_seeds_both_ways(sparse: bool) -> None:
+    """The same seeds with every replica acting every tick and acting only when due: both
+    keep every acknowledged write and converge after healing."""
+    for seed in range(40):
+        params = dataclasses.replace(SimParams.from_seed(seed), sparse_ticks=sparse)
+        Simulation(params).run()
+
+
+@pytest.mark.timeout(180)
+def test_idle_partitions_cost_no_acts(tmp_path: Path) -> None:
+    """300 idle partitions (RF 1) on one node: between two status reads 1.5 s apart, the
+    replicas act a handful of times, not 300 x 150 ticks; a write still commits at once."""
+    with LocalCluster(tmp_path, nodes=1) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic("idle", partitions=300, replication_factor=1)
+        client.wait_for_leaders("idle")
+        time.sleep(1.0)
+
+        def acts() -> int:
+            return int(client.status(["idle"])[0]["node"]["counters"]["tidelog_replica_acts_total"])
+
+        before = acts()
+        time.sleep(1.5)
+        during = acts() - before
+        assert during < 300, f"{during} acts in 1.5 s of idle"
+        t0 = time.perf_counter()
+        client.produce("idle", [b"x"], partition=123)
+        assert time.perf_counter() - t0 < 1.0
+        assert [r.value for r in client.consume("idle", 123, "earliest")] == [b"x"]
