@@ -102,7 +102,7 @@ from tidelog.replication.metadata import (
     validate_reassign,
     validate_remove_node,
 )
-from tidelog.replication.replica import Clock
+from tidelog.replication.replica import MonotonicClock
 from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
@@ -193,7 +193,8 @@ class NodeCore:
         self.hosts: dict[str, PartitionHost] = {}
         # Time as deadlines (_tick_loop): the node's clock, the replicas due at each tick, and
         # those an event made dirty.
-        self.clock = Clock()
+        self.clock = MonotonicClock(config.tick_ms / 1000, time.monotonic)
+        self._wake = asyncio.Event()  # set when a replica is dirtied: the tick loop wakes
         self._deadlines: list[tuple[int, int, PartitionHost]] = []
         self._deadline_seq = 0
         self._dirty: dict[str, PartitionHost] = {}
@@ -307,26 +308,40 @@ class NodeCore:
         self.asker.close()
 
     async def _tick_loop(self) -> None:
-        """Every replica's clock. A round over many replicas takes turns with everything else
-        the loop serves (requests, peers' messages): it yields after each slice of work
-        (node/turns.py), so no round holds the event loop for long. How long
-        rounds take, and how late the loop wakes for them, are measured."""
-        loop = asyncio.get_running_loop()
-        tick_s = self.config.tick_ms / 1000
+        """The replicas' clock, kept as deadlines: the loop sleeps until the earliest replica
+        deadline, or until an event (a message, a write, a flush) makes a replica dirty, and
+        then acts, at a tick boundary, on the replicas that are due or dirty; the others cost
+        nothing. A round over many replicas takes turns with everything else the loop serves
+        (node/turns.py). How long rounds take, and how late the loop wakes, are measured."""
         rounds = self.histograms.get("tidelog_tick_round_seconds")
         late = self.histograms.get("tidelog_event_loop_lag_seconds")
         acted = self.counters.key("tidelog_replica_acts_total")
-        next_tick = loop.time()
+        clock = self.clock
         while True:
-            next_tick += tick_s
-            delay = next_tick - loop.time()
+            now = clock.ticks
+            if self._dirty:
+                at: int | None = now + 1
+            elif self._deadlines:
+                at = max(self._deadlines[0][0], now + 1)
+            else:
+                at = None
+            self._wake.clear()
+            if at is None:
+                await self._wake.wait()  # nothing due until an event
+                continue
+            wake_at = clock.time_of(at)
+            delay = wake_at - time.monotonic()
             if delay > 0:
-                await asyncio.sleep(delay)
-                late.observe(max(0.0, loop.time() - next_tick))
-            elif delay < -1.0:
-                next_tick = loop.time()  # we were frozen; do not replay a second of ticks at once
-            self.clock.ticks += 1
-            started = loop.time()
+                if self._dirty:
+                    await asyncio.sleep(delay)
+                else:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                        continue  # dirtied before the deadline: act at the next tick instead
+                    except TimeoutError:
+                        pass
+            late.observe(max(0.0, time.monotonic() - wake_at))
+            started = time.monotonic()
             turns = Turns()
             for host in self._due_hosts():
                 if self.fail_stop.failed is not None:
@@ -343,7 +358,7 @@ class NodeCore:
                 self.counters.add(acted)
                 if turns.due():  # checked, not awaited, per replica: ticks are small
                     await turns.give()
-            rounds.observe(loop.time() - started)
+            rounds.observe(time.monotonic() - started)
 
     def _due_hosts(self) -> list[PartitionHost]:
         """The replicas that act this tick: those an event made dirty since they last acted,
@@ -370,6 +385,8 @@ class NodeCore:
 
     def _dirtied(self, host: PartitionHost) -> None:
         self._dirty[host.group] = host
+        if not self._wake.is_set():
+            self._wake.set()
 
     async def _checkpoint_loop(self) -> None:
         while True:

@@ -31,12 +31,12 @@ from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.low_watermark import LowWatermark
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import (
-    Clock,
     QuorumState,
     Ready,
     Replica,
     ReplicaConfig,
     Role,
+    TickSource,
 )
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.compaction import (
@@ -76,7 +76,7 @@ class PartitionHost:
         topic_id: int = -1,
         counters: Counters | None = None,
         fsync_seconds: Histogram | None = None,
-        clock: Clock | None = None,
+        clock: TickSource | None = None,
     ) -> None:
         self.topic = topic
         self.topic_id = topic_id  # which incarnation of the topic's name (-1: the metadata log)

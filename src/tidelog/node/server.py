@@ -15,9 +15,9 @@ with one voter each, every group elects this node at start.
 from __future__ import annotations
 
 import asyncio
-import resource
 import hashlib
 import logging
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -286,4 +286,3 @@ def raise_open_files_limit() -> tuple[int, int]:
             log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
     log.info("open files: soft limit %d, hard limit %d", soft, hard)
     return soft, hard
-

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidelog.node.state_machine import TableMachine
+from tidelog.node.turns import Turns
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import METADATA_TOPIC, MetadataState, TopicMeta, topic_command
 from tidelog.storage.durable import fsync_dir, write_file
@@ -54,6 +55,9 @@ class TopicReplicas:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
         self._moving: set[str] = set()  # groups hosted here whose partition is being moved
+        # Topics being reconciled (a task each, taking turns), and those changed again meanwhile
+        self._reconciling: set[str] = set()
+        self._again: set[str] = set()
 
     # -- metadata callbacks ---------------------------------------------------------------------
 
@@ -70,6 +74,27 @@ class TopicReplicas:
     # -- keeping replicas in step ---------------------------------------------------------------
 
     def reconcile(self, name: str) -> None:
+        """Make this node's replicas of the topic match the metadata, in a task that takes
+        turns with the rest of the loop: opening thousands of partitions must not stop the node
+        from answering (node/turns.py). A change while it runs makes it run again."""
+        if name in self._reconciling:
+            self._again.add(name)
+            return
+        self._reconciling.add(name)
+        task = asyncio.get_running_loop().create_task(self._reconcile(name))
+        self.core.track(task)
+
+    async def _reconcile(self, name: str) -> None:
+        try:
+            while True:
+                self._again.discard(name)
+                await self._reconcile_once(name)
+                if name not in self._again:
+                    return
+        finally:
+            self._reconciling.discard(name)
+
+    async def _reconcile_once(self, name: str) -> None:
         core = self.core
         meta = core.metadata.topics.get(name)
         for old in [h for h in core.hosts.values() if h.topic == name]:
@@ -84,7 +109,12 @@ class TopicReplicas:
         if meta is None:
             return
         config = core.config.topic_defaults.with_overrides(meta.configs)
+        turns = Turns()
         for partition, replicas in enumerate(meta.assignments):
+            await turns.take()
+            if core.metadata.topics.get(name) is not meta:
+                self._again.add(name)  # changed while this pass took its turns: again
+                return
             if core.node_id not in meta.hosts(partition):
                 continue
             host = core.hosts.get(f"{name}/{partition}")

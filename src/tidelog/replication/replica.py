@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -122,14 +122,40 @@ class Role(enum.Enum):
     LEADER = "leader"
 
 
+class TickSource(Protocol):
+    """What a replica reads the time from, in ticks."""
+
+    @property
+    def ticks(self) -> int: ...
+
+
 class Clock:
-    """Ticks, read by every replica that shares it. A node's replicas share one that its loop
-    advances; a replica made without one has its own, which tick() advances (the simulator)."""
+    """Ticks that someone advances: a replica made without a clock has its own, which tick()
+    advances (the simulator); tests share one among replicas."""
 
     __slots__ = ("ticks",)
 
     def __init__(self, ticks: int = 0) -> None:
         self.ticks = ticks
+
+
+class MonotonicClock:
+    """A node's clock: ticks of tick_s since it started, read from the monotonic clock, so that
+    a replica stamping a message it handles reads the time it is, however long the node's loop
+    has slept (it sleeps until the next deadline when nothing is due)."""
+
+    def __init__(self, tick_s: float, now: Callable[[], float]) -> None:
+        self._tick_s = tick_s
+        self._now = now
+        self._start = now()
+
+    @property
+    def ticks(self) -> int:
+        return int((self._now() - self._start) / self._tick_s)
+
+    def time_of(self, ticks: int) -> float:
+        """When (on the monotonic clock) the given tick begins."""
+        return self._start + ticks * self._tick_s
 
 
 @dataclass(frozen=True)
@@ -215,11 +241,13 @@ class Replica:
         rng: RandomSource,
         snapshots: SnapshotAccess | None = None,
         known_directories: Mapping[int, str] | None = None,
-        clock: Clock | None = None,
+        clock: TickSource | None = None,
     ) -> None:
         self.config = config
-        self._owns_clock = clock is None
-        self.clock = clock if clock is not None else Clock()
+        self._own_clock = Clock() if clock is None else None
+        self.clock: TickSource = clock if clock is not None else Clock()
+        if self._own_clock is not None:
+            self.clock = self._own_clock
         self._acted_at = self.clock.ticks
         self.log = log
         self.snapshots = snapshots
@@ -281,10 +309,15 @@ class Replica:
     def now(self) -> int:
         return self.clock.ticks
 
+    def elapse(self, ticks: int = 1) -> None:
+        """Time passes on the replica's own clock, and nothing is done (act() does it)."""
+        assert self._own_clock is not None, "a shared clock is advanced by its owner"
+        self._own_clock.ticks += ticks
+
     def tick(self) -> None:
         """One tick passes (a replica with its own clock) and what is due is done."""
-        if self._owns_clock:
-            self.clock.ticks += 1
+        if self._own_clock is not None:
+            self._own_clock.ticks += 1
         self.act()
 
     def act(self) -> None:

@@ -927,7 +927,7 @@ class Simulation:
             if node.driver is not None and node.paused_until <= self.now:
                 if self.params.sparse_ticks:
                     replica = node.driver.replica
-                    replica.clock.ticks += 1
+                    replica.elapse()
                     due = node.driver.next_deadline()
                     if node.driver.dirty or (due is not None and due <= replica.now):
                         node.driver.act()
