@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,8 @@ def wall_ms() -> int:
 class Cleaner:
     def __init__(self, node: NodeCore) -> None:
         self.node = node
-        self._next_due: dict[str, float] = {}
+        self._due: list[tuple[float, int, PartitionHost]] = []  # (due time, seq, replica)
+        self._seq = 0
         self._invalidating: set[str] = set()
         self._requested: set[str] = set()
         self._to_scrub: collections.deque[PartitionHost] = collections.deque()
@@ -65,6 +67,12 @@ class Cleaner:
             else:
                 return
 
+    def watch(self, host: PartitionHost) -> None:
+        """A replica opened on this node: a first pass soon, then every
+        retention.check.interval.ms (a heap of due times: no pass visits the others)."""
+        self._seq += 1
+        heapq.heappush(self._due, (time.monotonic(), self._seq, host))
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(CLEANER_TICK_S)
@@ -73,11 +81,13 @@ class Cleaner:
             self.node.registry.check()
             now = time.monotonic()
             turns = Turns()
-            for host in list(self.node.hosts.values()):
-                due = self._next_due.get(host.group, 0.0)
-                if now < due or host.closed:
-                    continue
-                self._next_due[host.group] = now + host.config.retention_check_interval_ms / 1000
+            while self._due and self._due[0][0] <= now:
+                _, _, host = heapq.heappop(self._due)
+                if host.closed or self.node.hosts.get(host.group) is not host:
+                    continue  # removed: no more passes
+                self._seq += 1
+                interval = host.config.retention_check_interval_ms / 1000
+                heapq.heappush(self._due, (now + interval, self._seq, host))
                 try:
                     self.clean(host)
                 except TidelogError as exc:

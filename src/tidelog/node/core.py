@@ -198,6 +198,10 @@ class NodeCore:
         self._deadlines: list[tuple[int, int, PartitionHost]] = []
         self._deadline_seq = 0
         self._dirty: dict[str, PartitionHost] = {}
+        self._to_checkpoint: dict[str, PartitionHost] = {}  # HW moved since the last round
+        self._leaders_version = 0  # bumped when any replica learns another leader or epoch
+        self._metadata_cache: dict[str, dict[str, Any]] = {}
+        self._metadata_cache_version: tuple[int, int] = (-1, -1)
         self.topics = TopicReplicas(self)
         self.registry = NodeRegistry(self)
         # The metadata log's first voters: --peers, or for a node that joined a running cluster
@@ -392,7 +396,8 @@ class NodeCore:
         while True:
             await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
             turns = Turns()
-            for host in list(self.hosts.values()):
+            changed, self._to_checkpoint = self._to_checkpoint, {}
+            for host in changed.values():  # only those whose HW moved since the last round
                 if host.closed:  # deleted or closed while this round gave its turn
                     continue
                 try:
@@ -446,9 +451,11 @@ class NodeCore:
             known_directories=self.peer_directories,
             topic_id=topic_id,
             clock=self.clock,
+            on_leader_known=self._leader_known,
         )
         host.driver.on_dirty = functools.partial(self._dirtied, host)
         self._dirtied(host)
+        self.cleaner.watch(host)
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
             event(
                 log,
@@ -544,6 +551,7 @@ class NodeCore:
             raise InvalidRequest(f"unknown one-way message api {key}")
 
     def _on_high_watermark(self, host: PartitionHost) -> None:
+        self._to_checkpoint[host.group] = host
         if host.group == METADATA_GROUP:
             self._release_metadata_waiters()
 
@@ -920,16 +928,28 @@ class NodeCore:
             )
         return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
 
+    def _leader_known(self, host: PartitionHost) -> None:
+        self._leaders_version += 1
+
     def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
         names = req.topics if req.topics is not None else sorted(self.metadata.topics)
         topics: list[dict[str, Any]] = []
+        # A topic's entry is built once per change of the metadata or of any replica's known
+        # leader (a 10,000-partition topic's entry is 10,000 leaders).
+        version = (self.metadata.applied_offset, self._leaders_version)
+        if self._metadata_cache_version != version:
+            self._metadata_cache.clear()
+            self._metadata_cache_version = version
         for name in names:
             meta = self.metadata.topics.get(name)
             if meta is None:
                 topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
                 continue
-            entry = meta.to_wire()
-            entry["leaders"] = [self._known_leader(name, p) for p in range(meta.partitions)]
+            entry = self._metadata_cache.get(name)
+            if entry is None:
+                entry = meta.to_wire()
+                entry["leaders"] = [self._known_leader(name, p) for p in range(meta.partitions)]
+                self._metadata_cache[name] = entry
             topics.append(entry)
         nodes = [
             {"node_id": n, "host": e.host, "port": e.port}

@@ -77,7 +77,9 @@ class PartitionHost:
         counters: Counters | None = None,
         fsync_seconds: Histogram | None = None,
         clock: TickSource | None = None,
+        on_leader_known: Callable[[PartitionHost], None] = lambda host: None,
     ) -> None:
+        self._on_leader_known = on_leader_known
         self.topic = topic
         self.topic_id = topic_id  # which incarnation of the topic's name (-1: the metadata log)
         self.partition = partition
@@ -141,6 +143,8 @@ class PartitionHost:
         if self.state_machine is not None:
             self.state_machine.catch_up()
         self.tick_at: int | None = None  # the node's clock tick it next acts at (core.py)
+        # (leader, epoch) as last told to the node (its metadata answers are cached on them)
+        self.known_leader = (self.replica.leader_id, self.replica.epoch)
         self.flushing = False
         self.flush_error: TidelogError | None = None
         self.flush_count = 0
@@ -263,6 +267,11 @@ class PartitionHost:
 
     def handled(self, ready: Ready) -> None:
         """After every step of the driver (each tick too): only a change is logged."""
+        replica = self.replica
+        known = (replica.leader_id, replica.epoch)
+        if known != self.known_leader:
+            self.known_leader = known
+            self._on_leader_known(self)
         if not (ready.role_changed or ready.lost_leadership or ready.truncated):
             return
         replica = self.replica

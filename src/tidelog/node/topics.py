@@ -20,6 +20,7 @@ no old data comes back.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -90,9 +91,15 @@ class TopicReplicas:
                 self._again.discard(name)
                 await self._reconcile_once(name)
                 if name not in self._again:
-                    return
+                    break
         finally:
             self._reconciling.discard(name)
+        if not self._reconciling:
+            # The replicas just opened live as long as their partitions: take them out of the
+            # cycle collector's view, or every full collection walks millions of long-lived
+            # objects (at 5,000 partitions a request that allocates paid ~200 ms for it one
+            # time in ten). A removal unfreezes them, so that what it frees is collected.
+            gc.freeze()
 
     async def _reconcile_once(self, name: str) -> None:
         core = self.core
@@ -224,6 +231,7 @@ class TopicReplicas:
         core = self.core
         core.hosts.pop(host.group, None)
         host.driver.stopped = True
+        gc.unfreeze()  # what the removed replica held is collected again (frozen next pass)
         core.counters.inc("tidelog_replicas_removed_total")
         log.info("%s: replica removed (%s)", host.group, why)
         gone = self._move_away(host.directory, host.topic_id)
