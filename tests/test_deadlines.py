@@ -80,3 +80,23 @@ def test_idle_partitions_cost_no_acts(tmp_path: Path) -> None:
         client.produce("idle", [b"x"], partition=123)
         assert time.perf_counter() - t0 < 1.0
         assert [r.value for r in client.consume("idle", 123, "earliest")] == [b"x"]
+
+
+@pytest.mark.timeout(120)
+def test_partitions_past_the_node_limit_are_refused_and_nothing_is_created(tmp_path: Path) -> None:
+    from tidelog.errors import PartitionLimitReached
+
+    with (
+        LocalCluster(
+            tmp_path, nodes=1, serve_args=["--set", "max.partitions.per.node=50"]
+        ) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic("fits", partitions=40, replication_factor=1)
+        with pytest.raises(PartitionLimitReached, match=r"max\.partitions\.per\.node"):
+            client.create_topic("too-many", partitions=20, replication_factor=1)
+        with pytest.raises(PartitionLimitReached):
+            client.add_partitions("fits", 60)
+        assert [t.name for t in client.list_topics()] == ["fits"]
+        assert client.topic("fits", refresh=True).partitions == 40
+        client.create_topic("still-fits", partitions=10, replication_factor=1)

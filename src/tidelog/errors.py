@@ -13,6 +13,7 @@
     ├── InvalidRequest                      malformed or out-of-contract request
     │   ├── InvalidConfig(key)              a config name or value tidelog does not take
     │   ├── InvalidReplicaAssignment        no replicas, duplicates, or an unknown node
+    │   ├── PartitionLimitReached(node_id)  more replicas on a node than max.partitions.per.node
     │   ├── NodeAlreadyExists(node_id)      add-node: an id or address in use
     │   ├── UnknownNode(node_id)            a node the cluster does not have
     │   └── NotEnoughNodes(node_id)         remove-node would leave a partition short, or no node
@@ -215,6 +216,13 @@ class OutcomeUnknown(TidelogError):
 
 class InvalidConfig(InvalidRequest):
     code = 40
+
+
+class PartitionLimitReached(InvalidRequest):
+    """Creating the topic or its partitions would put more partition replicas on a node than
+    max.partitions.per.node: refused before anything is created."""
+
+    code = 119
 
 
 class InvalidReplicaAssignment(InvalidRequest):

@@ -43,6 +43,7 @@ from tidelog.errors import (
     OffsetOutOfRange,
     OutcomeUnknown,
     OutOfOrderSequence,
+    PartitionLimitReached,
     RecordTooLarge,
     StorageError,
     StorageFull,
@@ -100,6 +101,7 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     InvalidRequest: INVALID_REQUEST,
     InvalidConfig: INVALID_CONFIG,
     InvalidReplicaAssignment: 39,  # INVALID_REPLICA_ASSIGNMENT
+    PartitionLimitReached: 44,  # POLICY_VIOLATION
     NodeAlreadyExists: INVALID_REQUEST,
     UnknownNode: 8,  # BROKER_NOT_AVAILABLE
     NotEnoughNodes: INVALID_REPLICATION_FACTOR,

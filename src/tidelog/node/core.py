@@ -44,6 +44,7 @@ from tidelog.errors import (
     NotEnoughNodes,
     NotLeader,
     OffsetOutOfRange,
+    PartitionLimitReached,
     StorageFull,
     TidelogError,
     Timeout,
@@ -981,6 +982,7 @@ class NodeCore:
             nodes,
         )
         assignments = self._placement(req.name, req.partitions, req.replication_factor)
+        self._check_partition_limit(assignments)
         command = {
             "type": "create_topic",
             "name": req.name,
@@ -1046,6 +1048,27 @@ class NodeCore:
             raise UnknownTopicOrPartition(f"topic {req.name!r} was deleted meanwhile")
         return api.AlterTopicResponse(req.name, dict(now.configs))
 
+    def _check_partition_limit(self, new: list[list[int]]) -> None:
+        """max.partitions.per.node: refused before the metadata log is asked, naming the node."""
+        limit = self.config.max_partitions_per_node
+        counts: dict[int, int] = {}
+        for meta in self.metadata.topics.values():
+            for p in range(meta.partitions):
+                for n in meta.hosts(p):
+                    counts[n] = counts.get(n, 0) + 1
+        adding: dict[int, int] = {}
+        for replicas in new:
+            for n in replicas:
+                adding[n] = adding.get(n, 0) + 1
+        for n, more in sorted(adding.items()):
+            if counts.get(n, 0) + more > limit:
+                raise PartitionLimitReached(
+                    f"node {n} holds {counts.get(n, 0)} partition replicas; {more} more would "
+                    f"pass max.partitions.per.node ({limit})",
+                    node_id=n,
+                    limit=limit,
+                )
+
     async def _create_partitions(
         self, req: api.CreatePartitionsRequest, payload: bytes
     ) -> api.CreatePartitionsResponse:
@@ -1053,6 +1076,7 @@ class NodeCore:
         self._require_metadata_leader()
         meta = validate_add_partitions(self.metadata, req.name, req.partitions)
         placed = self._placement(req.name, req.partitions, meta.replication_factor)
+        self._check_partition_limit(placed[meta.partitions :])
         now = await self._change_topic(
             meta, "add_partitions", assignments=placed[meta.partitions :]
         )
