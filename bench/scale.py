@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/scale.py [--partitions 10,100,1000] [--idle-seconds 5]
 
-One node per row, one topic of N partitions (RF 1). Reported per row: the time to create the
+One cluster per row (--nodes, default 1), one topic of N partitions (RF = nodes). Reported per row: the time to create the
 topic and see every leader, the node's CPU (share of one core) while idle, its RSS and open file
-descriptors, the metadata request's p99 and a one-record acks=all produce's p50 while idle, and
+descriptors (node 1), the busiest node's idle CPU, the metadata request's p99 and a one-record acks=all produce's p50 while idle, and
 how late the event loop woke the tick loop (p99, from the node's own /metrics histogram). The
 bound each row is held to: idle CPU under 2 % of a core; metadata p99 under 50 ms; produce p50
 at most 1.5x the first row's (same run).
@@ -68,23 +68,30 @@ class Row(NamedTuple):
     metadata_p99: float
     produce_p50: float
     loop_lag_p99: float
+    nodes: int = 1
+    failover_s: float = float("nan")  # SIGKILL of the node leading most partitions -> all led
 
 
-def measure(partitions: int, idle_s: float) -> Row:
+def measure(partitions: int, idle_s: float, nodes: int = 1, failover: bool = False) -> Row:
     with (
-        LocalCluster(scratch_dir("scale-"), 1, http=True, log_level="WARNING") as cluster,
+        LocalCluster(scratch_dir("scale-"), nodes, http=True, log_level="WARNING") as cluster,
         Client(cluster.bootstrap, request_timeout_ms=600_000) as client,
     ):
         cluster.wait_ready()
         pid = cluster.procs[1].pid
+        pids = [cluster.procs[n].pid for n in cluster.node_ids]
         started = time.monotonic()
-        client.create_topic("t", partitions=partitions)
+        client.create_topic("t", partitions=partitions, replication_factor=nodes)
         client.wait_for_leaders("t", timeout_s=600)
         created = time.monotonic() - started
-        time.sleep(2)  # settle
-        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(2 if nodes == 1 else 5)  # settle (followers catch up)
+        cpu0 = [cpu_seconds(p) for p in pids]
+        t0 = time.monotonic()
         time.sleep(idle_s)
-        idle_cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+        # the busiest node's share of one core
+        idle_cpu = max(
+            (cpu_seconds(p) - c) / (time.monotonic() - t0) for p, c in zip(pids, cpu0, strict=True)
+        )
         metadata = []
         for _ in range(200):
             t = time.perf_counter()
@@ -97,6 +104,21 @@ def measure(partitions: int, idle_s: float) -> Row:
             produce.append(time.perf_counter() - t)
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         lag = loop_lag_p99(cluster.http_url(1))
+        failover_s = float("nan")
+        if failover and nodes > 1:
+            leaders = client.topic("t", refresh=True).leaders
+            victim = max(set(leaders), key=leaders.count)
+            led = [p for p, n in enumerate(leaders) if n == victim]
+            cluster.kill(victim)
+            killed = time.monotonic()
+            while True:
+                now = client.topic("t", refresh=True).leaders
+                if all(now[p] not in (victim, -1) for p in led):
+                    break
+                time.sleep(0.05)
+            failover_s = time.monotonic() - killed
+            print(f"failover: node {victim} led {len(led)} partitions; all led again after "
+                  f"{failover_s:.2f} s")  # fmt: skip
         return Row(
             partitions,
             created,
@@ -106,6 +128,8 @@ def measure(partitions: int, idle_s: float) -> Row:
             percentile(metadata, 99),
             percentile(produce, 50),
             lag,
+            nodes,
+            failover_s,
         )
 
 
@@ -113,8 +137,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--partitions", default="10,100,1000")
     parser.add_argument("--idle-seconds", type=float, default=5.0)
+    parser.add_argument("--nodes", type=int, default=1, help="cluster size; RF = nodes")
+    parser.add_argument(
+        "--failover", action="store_true", help="then SIGKILL the node leading most partitions"
+    )
     args = parser.parse_args()
-    rows = [measure(int(n), args.idle_seconds) for n in args.partitions.split(",")]
+    rows = [
+        measure(int(n), args.idle_seconds, args.nodes, args.failover)
+        for n in args.partitions.split(",")
+    ]
     first = rows[0].produce_p50
     table = []
     for r in rows:
@@ -135,6 +166,7 @@ def main() -> None:
                 f"{r.produce_p50 * 1000:.2f}",
                 f"{ratio:.2f}",
                 f"{r.loop_lag_p99 * 1000:.1f}",
+                "-" if r.failover_s != r.failover_s else f"{r.failover_s:.2f}",
                 ", ".join(verdicts),
             ]
         )
@@ -149,6 +181,7 @@ def main() -> None:
             "produce p50 ms",
             "produce / first",
             "loop lag p99 ms",
+            "failover s",
             "bounds",
         ],
         table,

@@ -288,6 +288,9 @@ class NodeCore:
         self._tasks.append(loop.create_task(self.cleaner.run()))
         if self.archiver is not None:
             self._tasks.append(loop.create_task(self.archiver.run()))
+        # The partitions the metadata gives this node open in a task that takes turns (the
+        # listeners and the peer channel answer meanwhile); start returns once they are open.
+        await self.topics.settled()
 
     def halt(self) -> None:
         """Stop at once after a fail-stop: no more ticks, flushes or checkpoints."""

@@ -59,6 +59,8 @@ class TopicReplicas:
         # Topics being reconciled (a task each, taking turns), and those changed again meanwhile
         self._reconciling: set[str] = set()
         self._again: set[str] = set()
+        self._settled = asyncio.Event()  # set while no topic is being reconciled
+        self._settled.set()
 
     # -- metadata callbacks ---------------------------------------------------------------------
 
@@ -82,8 +84,14 @@ class TopicReplicas:
             self._again.add(name)
             return
         self._reconciling.add(name)
+        self._settled.clear()
         task = asyncio.get_running_loop().create_task(self._reconcile(name))
         self.core.track(task)
+
+    async def settled(self) -> None:
+        """Until every topic change seen so far has been applied to this node's replicas (a
+        node's start waits for the partitions it holds to be open)."""
+        await self._settled.wait()
 
     async def _reconcile(self, name: str) -> None:
         try:
@@ -94,6 +102,8 @@ class TopicReplicas:
                     break
         finally:
             self._reconciling.discard(name)
+            if not self._reconciling:
+                self._settled.set()
         if not self._reconciling:
             # The replicas just opened live as long as their partitions: take them out of the
             # cycle collector's view, or every full collection walks millions of long-lived
