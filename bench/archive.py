@@ -50,6 +50,14 @@ def row(client: Client, topic: str) -> dict[str, Any]:
     return dict(merge_status(client.status([topic]), topic)[0])
 
 
+def topics(client: Client, configs: dict[str, dict[str, str]]) -> None:
+    """One-partition topics with these configs, led."""
+    for name, topic_configs in configs.items():
+        client.create_topic(name, replication_factor=1, configs=topic_configs)
+    for name in configs:
+        client.wait_for_leaders(name)
+
+
 def fill(client: Client, topic: str, records: int) -> None:
     for lo in range(0, records, 1000):
         batch = build_batch(
@@ -83,10 +91,7 @@ def upload_vs_produce(
         ) as cluster,
         Client(cluster.bootstrap) as client,
     ):
-        client.create_topic("plain", replication_factor=1, configs=PLAIN)
-        client.create_topic("arch", replication_factor=1, configs=ARCHIVED)
-        client.wait_for_leaders("plain")
-        client.wait_for_leaders("arch")
+        topics(client, {"plain": PLAIN, "arch": ARCHIVED})
         plain_rate, plain_mb = produce_for(cluster.bootstrap, "plain", seconds)
         t0 = time.perf_counter()
         rate, mb = produce_for(cluster.bootstrap, "arch", seconds)
@@ -94,7 +99,7 @@ def upload_vs_produce(
         while True:
             r = row(client, "arch")
             a = r.get("archive", {})
-            closed_end = r["log_end_offset"]  # drained: all but the active segment archived
+            # drained: every closed segment archived (the active one never is)
             if a.get("segments_behind", 1) == 0 and a.get("archived_end_offset", -1) > 0:
                 break
             if time.perf_counter() - t0 > seconds * 20:
@@ -108,7 +113,6 @@ def upload_vs_produce(
             for n in client.status(["arch"])
             if n.get("partitions")
         )
-        del closed_end
         return [
             [label, "produce, no archive", f"{plain_rate:,.0f}", f"{plain_mb:.1f}", "", ""],
             [
@@ -153,10 +157,7 @@ def tiered_and_spark(records: int) -> list[list[object]]:
         ) as cluster,
         Client(cluster.bootstrap) as client,
     ):
-        client.create_topic("arch", replication_factor=1, configs=configs)
-        client.create_topic("local", replication_factor=1, configs=PLAIN)
-        client.wait_for_leaders("arch")
-        client.wait_for_leaders("local")
+        topics(client, {"arch": configs, "local": PLAIN})
         fill(client, "local", records)
         fill(client, "arch", records + 30_000)  # the tail stays local
         deadline = time.monotonic() + 120

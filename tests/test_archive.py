@@ -53,6 +53,7 @@ ARCHIVED = {
     "local.retention.bytes": "32768",
     **FAST,
 }
+VERIFY = [sys.executable, "-m", "tidelog", "archive", "verify"]
 BASE_TS = int(time.time() * 1000) - 3_600_000  # an hour ago: inside every timestamp window
 
 
@@ -530,54 +531,21 @@ def test_an_s3_archive_that_goes_away_and_comes_back(
             assert got == [value(i) for i in acked]
         # verify, from outside, through the same client code
         env = {**os.environ, **aws_env(s3)}
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tidelog",
-                "archive",
-                "verify",
-                url,
-                "--archive-endpoint",
-                endpoint,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
+
+        def verify(target: str, **changes: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*VERIFY, target, "--archive-endpoint", endpoint],
+                capture_output=True,
+                text=True,
+                env={**env, **changes},
+            )
+
+        out = verify(url)
         assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
         # Bad input: a missing bucket and wrong credentials are named.
-        missing = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tidelog",
-                "archive",
-                "verify",
-                "s3://no-such-bucket/x",
-                "--archive-endpoint",
-                endpoint,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
+        missing = verify("s3://no-such-bucket/x")
         assert missing.returncode == 1 and "ArchiveBucketMissing" in missing.stderr
-        wrong = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tidelog",
-                "archive",
-                "verify",
-                url,
-                "--archive-endpoint",
-                endpoint,
-            ],
-            capture_output=True,
-            text=True,
-            env={**env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"},
-        )
+        wrong = verify(url, AWS_SECRET_ACCESS_KEY="not-the-secret")
         assert wrong.returncode == 1 and "ArchiveAccessDenied" in wrong.stderr, wrong.stderr
         for name, setting in aws_env(s3, AWS_SECRET_ACCESS_KEY="wrong").items():
             monkeypatch.setenv(name, setting)
