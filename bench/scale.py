@@ -103,6 +103,7 @@ def measure(partitions: int, idle_s: float, nodes: int = 1, failover: bool = Fal
             client.produce("t", [b"x"], partition=i % partitions, acks="all")
             produce.append(time.perf_counter() - t)
         fds = len(os.listdir(f"/proc/{pid}/fd"))
+        rss = rss_bytes(pid)
         lag = loop_lag_p99(cluster.http_url(1))
         failover_s = float("nan")
         if failover and nodes > 1:
@@ -123,7 +124,7 @@ def measure(partitions: int, idle_s: float, nodes: int = 1, failover: bool = Fal
             partitions,
             created,
             idle_cpu,
-            rss_bytes(pid),
+            rss,
             fds,
             percentile(metadata, 99),
             percentile(produce, 50),
