@@ -741,8 +741,9 @@ class AsyncClient:
         return token
 
     async def principals(self) -> list[dict[str, Any]]:
-        """Every principal: name and created_ms (never a hash)."""
-        header, _ = await self._any_node(ApiKey.PRINCIPALS, api.PrincipalsRequest("list"))
+        """Every principal: name and created_ms (never a hash). Asked of the metadata leader, so
+        that what this client changed is in the answer (read-your-writes)."""
+        header = await self._to_metadata_leader(ApiKey.PRINCIPALS, api.PrincipalsRequest("list"))
         return list(api.decode(api.PrincipalsResponse, header).principals)
 
     async def remove_principal(self, name: str) -> None:
@@ -765,7 +766,7 @@ class AsyncClient:
         """Every ACL (or one principal's): principal, permission, resource (topic|cluster),
         name, pattern (literal|prefix)."""
         request = api.AclsRequest("list", principal=principal or "")
-        header, _ = await self._any_node(ApiKey.ACLS, request)
+        header = await self._to_metadata_leader(ApiKey.ACLS, request)  # read-your-writes
         return list(api.decode(api.AclsResponse, header).acls)
 
     async def remove_acl(
@@ -792,8 +793,8 @@ class AsyncClient:
         return dict(api.decode(api.QuotasResponse, header).quotas[0])
 
     async def quotas(self) -> list[dict[str, Any]]:
-        """Every quota: principal, limits."""
-        header, _ = await self._any_node(ApiKey.QUOTAS, api.QuotasRequest("list"))
+        """Every quota: principal, limits (from the metadata leader: read-your-writes)."""
+        header = await self._to_metadata_leader(ApiKey.QUOTAS, api.QuotasRequest("list"))
         return list(api.decode(api.QuotasResponse, header).quotas)
 
     async def remove_quota(self, principal: str) -> None:
