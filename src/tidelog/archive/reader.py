@@ -41,7 +41,8 @@ def read_chunk(
     out: list[bytes] = []
     taken = 0
     next_offset = offset
-    for header, batch in _batches(store, seg, offset, max(max_bytes, MIN_READ_BYTES)):
+    read_bytes = max(max_bytes, MIN_READ_BYTES)
+    for header, batch in _batches(store, seg, offset, read_bytes, one_read=True):
         if header.last_offset < offset:
             continue
         if out and taken + len(batch) > max_bytes:
@@ -62,16 +63,25 @@ def iter_batches(
 
 
 def _batches(
-    store: ArchiveStore, seg: ArchivedSegment, offset: int, read_bytes: int
+    store: ArchiveStore,
+    seg: ArchivedSegment,
+    offset: int,
+    read_bytes: int,
+    one_read: bool = False,
 ) -> Iterator[tuple[BatchHeader, bytes]]:
+    """one_read: stop at the end of the first read once it gave a batch (a fetch's answer is
+    what one ranged read holds, not one more read for a batch that would not fit)."""
     position = seg.position_for(offset)
     chunk = b""
     at = 0  # position in chunk
     expected_base = -1
+    yielded = False
     while position + at < seg.size or at < len(chunk):
         size = peek_size(chunk, at)
         if size is None or at + size > len(chunk):
             # read on: what is left of this batch and the next read_bytes
+            if one_read and yielded:
+                return
             start = position + len(chunk)
             if start >= seg.size:
                 raise ArchiveCorrupt(
@@ -107,4 +117,5 @@ def _batches(
             )
         expected_base = header.next_offset
         yield header, chunk[at : at + size]
+        yielded = yielded or header.last_offset >= offset  # (batches before it are skipped)
         at += size

@@ -12,6 +12,7 @@ it, so the restored log is exactly the original's prefix. A node started on DIR 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -27,7 +28,7 @@ from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
 from tidelog.archive.verify import manifest_keys
 from tidelog.config import TopicConfig
-from tidelog.errors import ArchiveError, InvalidRequest
+from tidelog.errors import ArchiveError, InvalidRequest, TidelogError, TopicAlreadyExists
 from tidelog.record.batch import BatchHeader, Record, decode_records, read_header, rebuild_batch
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.log import SegmentedLog
@@ -228,18 +229,19 @@ def create_topic_offline(
                 )
             try:
                 with Client(f"127.0.0.1:{port}") as client:
-                    client.create_topic(
-                        topic, partitions=partitions, replication_factor=1, configs=configs
-                    )
+                    with contextlib.suppress(TopicAlreadyExists):  # an earlier try made it
+                        client.create_topic(
+                            topic, partitions=partitions, replication_factor=1, configs=configs
+                        )
                     client.wait_for_leaders(topic)
                 break
-            except (OSError, ConnectionError) as exc:
-                if time.monotonic() > deadline:
-                    raise ArchiveError(f"the node restore started did not answer: {exc}") from None
-                time.sleep(0.2)
-            except Exception as exc:  # a typed error from the node: retried until the deadline
-                if time.monotonic() > deadline or not getattr(exc, "retriable", True):
-                    raise
+            except (OSError, TidelogError) as exc:
+                # Not listening yet, or not ready (a retriable error): again, until the deadline.
+                retriable = not isinstance(exc, TidelogError) or exc.retriable
+                if not retriable or time.monotonic() > deadline:
+                    raise ArchiveError(
+                        f"the node restore started could not create {topic}: {exc}"
+                    ) from exc
                 time.sleep(0.2)
     finally:
         if proc.poll() is None:

@@ -54,9 +54,9 @@ class ArchiveStore(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
 
-    def put_if(self, key: str, data: bytes, version: str | None) -> None:
-        """Write key only if it is still at version (None: only if it does not exist);
-        VersionConflict otherwise."""
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Write key only if it is still at version (None: only if it does not exist), and
+        return its new version; VersionConflict otherwise."""
         ...
 
     def get(self, key: str) -> bytes: ...
@@ -146,14 +146,23 @@ class FileStore:
         finally:
             os.close(fd)
 
-    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
         self.check()
         with self._translated(key), self._locked(key):
-            current = self.get_versioned(key)
-            now = None if current is None else current.version
+            now = self._version(key)
             if now != version:
                 raise VersionConflict(f"{key} changed (now {now}, expected {version})")
             self.put(key, data)
+            written = self._version(key)
+            assert written is not None
+            return written
+
+    def _version(self, key: str) -> str | None:
+        """What changes whenever the file is replaced (a rename gives it a new inode)."""
+        try:
+            return _file_version(self._path(key).stat())
+        except FileNotFoundError:
+            return None
 
     def get(self, key: str) -> bytes:
         with self._translated(key):
@@ -161,11 +170,11 @@ class FileStore:
 
     def get_versioned(self, key: str) -> Versioned | None:
         try:
-            data = self.get(key)
+            with self._translated(key), open(self._path(key), "rb") as f:
+                st = os.fstat(f.fileno())  # the version of exactly the bytes read
+                return Versioned(f.read(), _file_version(st))
         except ObjectMissing:
             return None
-        st = self._path(key).stat()
-        return Versioned(data, f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}")
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         with self._translated(key), open(self._path(key), "rb") as f:
@@ -256,14 +265,15 @@ class S3Store:
         with self._translated(key):
             obstore.put(self._store, key, data)
 
-    def put_if(self, key: str, data: bytes, version: str | None) -> None:
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
         mode: Any = "create" if version is None else {"e_tag": version}
         try:
             with self._translated(key):
-                obstore.put(self._store, key, data, mode=mode)
+                result = obstore.put(self._store, key, data, mode=mode)
+                return str(result.get("e_tag") or "")
         except ArchiveError as exc:
             if isinstance(exc.__cause__, AlreadyExistsError | PreconditionError):
                 raise VersionConflict(f"{key} changed since it was read") from None
@@ -346,6 +356,10 @@ class S3Store:
             raise ArchiveUnavailable(
                 f"{self.url}: the store did not answer ({_first_line(exc)})", url=self.url
             ) from exc
+
+
+def _file_version(st: os.stat_result) -> str:
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -76,7 +76,6 @@ class ArchiveState:
     version: str | None = None  # the manifest's version as last read or written (CAS)
     loaded_at: float = -1e9
     error: ArchiveError | None = None
-    error_since: float = 0.0
     retry_at: float = 0.0
     backoff_s: float = BACKOFF_MIN_S
     uploaded_objects: int = 0
@@ -92,12 +91,10 @@ class ArchiveState:
         return self.manifest.end_offset if self.manifest.segments else None
 
     def failed(self, error: ArchiveError) -> None:
-        now = time.monotonic()
         if self.error is None or self.error.message != error.message:
-            self.error_since = now
             self.changes += 1
         self.error = error
-        self.retry_at = now + self.backoff_s
+        self.retry_at = time.monotonic() + self.backoff_s
         self.backoff_s = min(BACKOFF_MAX_S, self.backoff_s * 2)
 
     def succeeded(self) -> None:
@@ -148,8 +145,7 @@ class Archiver:
         slog = host.log
         end = state.archived_end
         error = state.error or self.cluster_error
-        behind_from = slog.log_start_offset if end is None else max(end, slog.log_start_offset)
-        lag = slog.bytes_from(behind_from) if behind_from < slog.log_end_offset else 0
+        behind_from, lag = self._lag(host, state)
         behind = sum(
             1
             for seg, nxt in zip(slog.segments, slog.segments[1:], strict=False)
@@ -195,6 +191,15 @@ class Archiver:
             error=error.name if error is not None else "",
         )
 
+    @staticmethod
+    def _lag(host: PartitionHost, state: ArchiveState) -> tuple[int, int]:
+        """(the first offset not archived, the bytes from it to the log end) on this disk."""
+        slog = host.log
+        end = state.archived_end
+        behind_from = slog.log_start_offset if end is None else max(end, slog.log_start_offset)
+        lag = slog.bytes_from(behind_from) if behind_from < slog.log_end_offset else 0
+        return behind_from, lag
+
     def log_start_offset(self, host: PartitionHost) -> int:
         """The whole log's first offset: the archive's when it reaches the local log start."""
         local = host.log.log_start_offset
@@ -214,13 +219,16 @@ class Archiver:
             or config.archive_lag_policy != "refuse"
         ):
             return
-        fact = self.fact(host)
-        if fact is not None and fact.lag_bytes > config.archive_max_lag_bytes:
+        # Per produce: only the lag (one index lookup), not the hold's whole description.
+        state = self.state(host)
+        _, lag = self._lag(host, state)
+        if lag > config.archive_max_lag_bytes:
+            error = state.error or self.cluster_error
             raise ArchiveLagExceeded(
-                f"{host.group}: {fact.lag_bytes} bytes wait for the archive {self.url}, "
+                f"{host.group}: {lag} bytes wait for the archive {self.url}, "
                 f"archive.max.lag.bytes is {config.archive_max_lag_bytes}"
-                + (f" ({fact.error})" if fact.error else ""),
-                lag_bytes=fact.lag_bytes,
+                + (f" ({error.name})" if error is not None else ""),
+                lag_bytes=lag,
                 limit_bytes=config.archive_max_lag_bytes,
             )
 
@@ -287,6 +295,7 @@ class Archiver:
             return None
         state = self.state(host)
         manifest = state.manifest
+        error = state.error or self.cluster_error
         return {
             "url": self.url,
             "prefix": partition_prefix(host.topic, host.topic_id, host.partition),
@@ -297,9 +306,7 @@ class Archiver:
             "lag_bytes": fact.lag_bytes,
             "segments_behind": fact.segments_behind,
             "error": fact.error,
-            "error_message": (state.error or self.cluster_error).message  # type: ignore[union-attr]
-            if fact.error
-            else "",
+            "error_message": error.message if error is not None else "",
             "uploaded_objects": state.uploaded_objects,
             "uploaded_bytes": state.uploaded_bytes,
         }
@@ -472,16 +479,14 @@ class Archiver:
         new = manifest.appended(seg, epoch)
         key = manifest_key(host.topic, host.topic_id, host.partition)
         try:
-            await asyncio.to_thread(self.store.put_if, key, new.to_bytes(), state.version)
+            version = await asyncio.to_thread(self.store.put_if, key, new.to_bytes(), state.version)
         except VersionConflict:
             # Someone else (a leader before us, still finishing) wrote it: read it again, and
             # let the object we wrote go (it is in no manifest).
             await asyncio.to_thread(self.store.delete, seg.key)
             state.manifest = None
             return False
-        written = await asyncio.to_thread(self.store.get_versioned, key)
-        state.manifest = new
-        state.version = written.version if written is not None else None
+        state.manifest, state.version = new, version
         state.loaded_at = time.monotonic()
         state.uploaded_objects += 1
         state.uploaded_bytes += seg.size
@@ -502,13 +507,11 @@ class Archiver:
             return
         key = manifest_key(host.topic, host.topic_id, host.partition)
         try:
-            await asyncio.to_thread(self.store.put_if, key, new.to_bytes(), state.version)
+            version = await asyncio.to_thread(self.store.put_if, key, new.to_bytes(), state.version)
         except VersionConflict:
             state.manifest = None
             return
-        written = await asyncio.to_thread(self.store.get_versioned, key)
-        state.manifest = new
-        state.version = written.version if written is not None else None
+        state.manifest, state.version = new, version
         for seg in gone:
             await asyncio.to_thread(self.store.delete, seg.key)
         self.node.counters.inc("tidelog_archive_deleted_objects_total", len(gone))

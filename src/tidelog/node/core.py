@@ -386,7 +386,7 @@ class NodeCore:
         at = host.driver.next_deadline()
         if at is None or host.closed:
             host.tick_at = None
-        elif host.tick_at is None or at != host.tick_at:
+        elif at != host.tick_at:  # (an equal one is in the heap already)
             host.tick_at = at
             self._deadline_seq += 1
             heapq.heappush(self._deadlines, (at, self._deadline_seq, host))
