@@ -72,9 +72,14 @@ class Row(NamedTuple):
     failover_s: float = float("nan")  # SIGKILL of the node leading most partitions -> all led
 
 
-def measure(partitions: int, idle_s: float, nodes: int = 1, failover: bool = False) -> Row:
+def measure(
+    partitions: int, idle_s: float, nodes: int = 1, failover: bool = False, quiesce: bool = True
+) -> Row:
+    serve_args = [] if quiesce else ["--set", "quiesce=false"]
     with (
-        LocalCluster(scratch_dir("scale-"), nodes, http=True, log_level="WARNING") as cluster,
+        LocalCluster(
+            scratch_dir("scale-"), nodes, http=True, log_level="WARNING", serve_args=serve_args
+        ) as cluster,
         Client(cluster.bootstrap, request_timeout_ms=600_000) as client,
     ):
         cluster.wait_ready()
@@ -142,9 +147,12 @@ def main() -> None:
     parser.add_argument(
         "--failover", action="store_true", help="then SIGKILL the node leading most partitions"
     )
+    parser.add_argument(
+        "--no-quiesce", action="store_true", help="idle groups keep long-polling (for comparison)"
+    )
     args = parser.parse_args()
     rows = [
-        measure(int(n), args.idle_seconds, args.nodes, args.failover)
+        measure(int(n), args.idle_seconds, args.nodes, args.failover, not args.no_quiesce)
         for n in args.partitions.split(",")
     ]
     first = rows[0].produce_p50

@@ -86,6 +86,9 @@ class NodeConfig:
     replica_fetch_wait_max_ms: int = 500
     replica_fetch_max_bytes: int = 4 * MiB
     zero_copy: bool = True
+    # Idle replica groups stop talking, and one heartbeat per pair of nodes watches the nodes
+    # instead (replication/liveness.py); false: every follower long-polls its leader for good.
+    quiesce: bool = True
     flush_threads: int = 4
     checkpoint_interval_ms: int = 1000
     metadata_segment_bytes: int = 16 * MiB
@@ -356,6 +359,7 @@ KNOWN_SETTINGS = frozenset(_INT_SETTINGS) | {
     "join",
     "defaults",
     "zero_copy",
+    "quiesce",
     "peer_listen",
     "kafka_listen",
     "kafka_advertised",
@@ -427,8 +431,9 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
                 kwargs[name] = int(values[key])
             except (TypeError, ValueError):
                 raise InvalidConfig(f"{key}: {values[key]!r} is not an integer", key=key) from None
-    if "zero_copy" in values:
-        kwargs["zero_copy"] = _flag(values, "zero_copy")
+    for flag in ("zero_copy", "quiesce"):
+        if flag in values:
+            kwargs[flag] = _flag(values, flag)
     for key in ("peer_listen", "kafka_listen", "kafka_advertised", "http_listen"):
         if values.get(key):
             kwargs[key] = parse_address(str(values[key]))

@@ -25,6 +25,7 @@ import heapq
 import hmac
 import json
 import logging
+import random
 import shutil
 import time
 import zlib
@@ -82,6 +83,7 @@ from tidelog.protocol.replication_codec import decode_message, encode_message
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import validate_produced
 from tidelog.replication.directories import decode_directories
+from tidelog.replication.liveness import Heartbeat, Liveness
 from tidelog.replication.low_watermark import ArchiveFact
 from tidelog.replication.messages import Message
 from tidelog.replication.metadata import (
@@ -195,6 +197,16 @@ class NodeCore:
         # Time as deadlines (_tick_loop): the node's clock, the replicas due at each tick, and
         # those an event made dirty.
         self.clock = MonotonicClock(config.tick_ms / 1000, time.monotonic)
+        # One heartbeat per pair of nodes tells quiesced replica groups who is alive
+        # (replication/liveness.py); a new incarnation at every start.
+        election_ticks = config.ticks(config.election_timeout_ms)
+        self.liveness = Liveness(
+            config.node_id,
+            random.getrandbits(62),
+            self.clock,
+            max(1, election_ticks // 4),
+            election_ticks,
+        )
         self._wake = asyncio.Event()  # set when a replica is dirtied: the tick loop wakes
         self._deadlines: list[tuple[int, int, PartitionHost]] = []
         self._deadline_seq = 0
@@ -284,6 +296,7 @@ class NodeCore:
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout
             metadata.process_ready()
         self._tasks.append(loop.create_task(self._tick_loop()))
+        self._tasks.append(loop.create_task(self._liveness_loop()))
         self._tasks.append(loop.create_task(self._checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
         if self.archiver is not None:
@@ -396,6 +409,39 @@ class NodeCore:
         if not self._wake.is_set():
             self._wake.set()
 
+    async def _liveness_loop(self) -> None:
+        """Heartbeats to every peer, and the replicas woken when a peer's liveness changes."""
+        liveness = self.liveness
+        while True:
+            if liveness.heartbeat_due():
+                heartbeat = liveness.heartbeat()
+                header = {"node": heartbeat.node, "incarnation": heartbeat.incarnation}
+                for peer in self.registry.peer_nodes():
+                    if peer != self.node_id:
+                        self.send_to_peer(peer, ApiKey.LIVENESS, header, None)
+            self._liveness_changed()
+            delay = self.clock.time_of(liveness.next_deadline()) - time.monotonic()
+            await asyncio.sleep(max(delay, 0.001))
+
+    def _on_heartbeat(self, sender: int, header: dict[str, Any]) -> None:
+        node, incarnation = header.get("node"), header.get("incarnation")
+        if not isinstance(node, int) or not isinstance(incarnation, int):
+            raise InvalidRequest("a liveness heartbeat needs integer node and incarnation")
+        self.liveness.on_heartbeat(sender, Heartbeat(node, incarnation))
+        self._liveness_changed()
+
+    def _liveness_changed(self) -> None:
+        """Wake the replicas that share a group with a peer that came alive, died or
+        restarted (a quiesced group learns of it only so)."""
+        peers = self.liveness.changed()
+        if not peers:
+            return
+        self.counters.inc("tidelog_peer_liveness_changes_total", len(peers))
+        for host in self.hosts.values():
+            replica = host.replica
+            if replica.leader_id in peers or not peers.isdisjoint(replica.history.current.members):
+                host.driver.nudge()
+
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
@@ -456,6 +502,7 @@ class NodeCore:
             topic_id=topic_id,
             clock=self.clock,
             on_leader_known=self._leader_known,
+            liveness=self.liveness if self.config.quiesce else None,
         )
         host.driver.on_dirty = functools.partial(self._dirtied, host)
         self._dirtied(host)
@@ -551,6 +598,8 @@ class NodeCore:
             self.cleaner.on_invalidate_message(header, sender)
         elif key == ApiKey.REASSIGNMENT:
             self.topics.on_moved_message(header, sender)
+        elif key == ApiKey.LIVENESS:
+            self._on_heartbeat(sender, header)
         else:
             raise InvalidRequest(f"unknown one-way message api {key}")
 

@@ -28,6 +28,7 @@ from tidelog.node.state_machine import Machine, StateMachineDriver
 from tidelog.node.status import CachedLowWatermark, FlushFigures, PartitionStatus
 from tidelog.record.validation import BatchRules
 from tidelog.replication.driver import PartitionDriver
+from tidelog.replication.liveness import LivenessView
 from tidelog.replication.low_watermark import LowWatermark
 from tidelog.replication.messages import Message
 from tidelog.replication.replica import (
@@ -78,6 +79,7 @@ class PartitionHost:
         fsync_seconds: Histogram | None = None,
         clock: TickSource | None = None,
         on_leader_known: Callable[[PartitionHost], None] = lambda host: None,
+        liveness: LivenessView | None = None,
     ) -> None:
         self._on_leader_known = on_leader_known
         self.topic = topic
@@ -136,6 +138,7 @@ class PartitionHost:
             self.state_machine,
             known_directories,
             clock,
+            liveness,
         )
         self.driver: PartitionDriver[asyncio.Future[None]] = PartitionDriver(
             self.replica, self.log, self, self.state_machine

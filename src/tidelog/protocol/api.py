@@ -48,11 +48,21 @@ class ApiKey(enum.IntEnum):
     AUTHENTICATE = 109  # a connection proves its principal with a token (Kafka: SaslAuthenticate)
     ACLS = 110  # add, list, remove ACLs (Kafka: CreateAcls, DescribeAcls, DeleteAcls)
     QUOTAS = 111  # set, list, remove quotas (Kafka: AlterClientQuotas, DescribeClientQuotas)
+    LIVENESS = 112  # a node's heartbeat to each peer (replication/liveness.py)
+    PEER_BATCH = 113  # the one-way messages a node has for one peer at once, in one frame
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
 # is closed.
-PEER_ONLY_MESSAGES = frozenset({ApiKey.REPLICATION, ApiKey.CURSOR, ApiKey.REASSIGNMENT})
+PEER_ONLY_MESSAGES = frozenset(
+    {
+        ApiKey.REPLICATION,
+        ApiKey.CURSOR,
+        ApiKey.REASSIGNMENT,
+        ApiKey.LIVENESS,
+        ApiKey.PEER_BATCH,
+    }
+)
 
 
 ACKS_NONE = 0

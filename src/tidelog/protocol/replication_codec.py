@@ -92,6 +92,7 @@ class _FetchResponseWire:
     last_fetched_epoch: int = -1
     directories: str = ""
     memberships: str = ""
+    quiesce: bool = False
 
     def to_message(self, records: RecordsSlice | None) -> FetchResponse:
         return FetchResponse(records=records, **dataclasses.asdict(self))

@@ -188,13 +188,17 @@ class PartitionDriver(Generic[W]):
 
     # -- the Ready loop -------------------------------------------------------------------------
 
-    def process_ready(self) -> None:
-        if self.stopped:
-            return
-        if not self.dirty:
+    def nudge(self) -> None:
+        """Something outside the replica changed (a peer's liveness): act at the next tick."""
+        if not self.dirty and not self.stopped:
             self.dirty = True
             if self.on_dirty is not None:
                 self.on_dirty()
+
+    def process_ready(self) -> None:
+        if self.stopped:
+            return
+        self.nudge()
         ready = self.replica.ready()
         fx = self.effects
         if ready.state is not None:

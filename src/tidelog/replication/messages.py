@@ -115,6 +115,9 @@ class FetchResponse:
     # Membership changes the follower does not hold yet (membership.py); with snapshot_required,
     # first the membership in effect at the log start.
     memberships: str = ""
+    # The group is idle: stop fetching until the leader wakes you (BeginEpoch) or its node's
+    # liveness lapses (replica.py, quiescence).
+    quiesce: bool = False
 
 
 @dataclass(frozen=True, slots=True)

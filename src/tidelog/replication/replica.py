@@ -39,6 +39,7 @@ from tidelog.replication.directories import (
     directories_digest,
     encode_directories,
 )
+from tidelog.replication.liveness import LivenessView
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
 from tidelog.replication.low_watermark import KIND_REPLICA, Hold
 from tidelog.replication.membership import (
@@ -84,6 +85,8 @@ FAULT_UNCOMMITTED_CHANGES = "membership-changes-without-waiting"
 # Not the core's: the simulator's producers wait from their first run, released by any HW
 # (before replication/acks.py: the hw.policy=isr loss).
 FAULT_ACKS_REGISTERED_LATE = "acks-registered-late"
+# Quiesced followers trust their leader for good: no liveness heartbeat tells them it died.
+FAULT_QUIESCE_WITHOUT_LIVENESS = "quiesce-without-liveness"
 FAULTS = frozenset(
     {
         FAULT_ACKS_REGISTERED_LATE,
@@ -92,6 +95,7 @@ FAULTS = frozenset(
         FAULT_IGNORE_DIRECTORIES,
         FAULT_DISCARD_PAST_SNAPSHOT,
         FAULT_UNCOMMITTED_CHANGES,
+        FAULT_QUIESCE_WITHOUT_LIVENESS,
     }
 )
 
@@ -206,6 +210,10 @@ class Progress:
     pending: FetchRequest | None = None
     pending_deadline: int = 0
     begin_sent_tick: int = 0
+    # Told to stop fetching while nothing happens (see Replica's quiescence): counted as heard
+    # from while the node's liveness says it lives in the same incarnation.
+    quiesced: bool = False
+    incarnation: int = -1
 
 
 @dataclass
@@ -242,8 +250,15 @@ class Replica:
         snapshots: SnapshotAccess | None = None,
         known_directories: Mapping[int, str] | None = None,
         clock: TickSource | None = None,
+        liveness: LivenessView | None = None,
     ) -> None:
         self.config = config
+        # The node's liveness (one heartbeat per pair of nodes, liveness.py): with it, an idle
+        # group quiesces -- its followers stop fetching and its leader stops expecting them,
+        # and a dead leader or follower is learnt from the liveness instead. None: never.
+        self.liveness = liveness
+        self.quiesced = False  # a follower told by its leader to wait for news
+        self.quiesced_incarnation = -1  # the leader's incarnation when it said so
         self._own_clock = Clock() if clock is None else None
         self.clock: TickSource = clock if clock is not None else Clock()
         if self._own_clock is not None:
@@ -329,6 +344,10 @@ class Replica:
         if self.role is Role.LEADER:
             self._leader_tick(max(1, elapsed))
         elif self.role is Role.FOLLOWER:
+            if self.quiesced:
+                if self._quiesced_leader_alive():
+                    return  # nothing to do until the leader wakes us, or its node dies
+                self._unquiesce_follower(leader_dead=not self._liveness_alive(self.leader_id))
             if self.now >= self.election_deadline and (self.is_observer or self.is_learner):
                 # A replaced disk or a learner catches up; it does not campaign.
                 self._reset_election_timer()
@@ -557,6 +576,7 @@ class Replica:
             self.replaced.pop(sender, None)
             self.directories[sender] = directory
             self._persist_state()
+            self._wake_quiesced()  # the admitted map reaches followers in fetch answers
 
     def propose(self, batches: bytes | bytearray | memoryview | ValidatedBatches) -> AppendResult:
         """Append producer batches as leader (a producer's payload after validate_produced).
@@ -583,11 +603,11 @@ class Replica:
     @property
     def _hears_leader(self) -> bool:
         """A follower that heard from its leader within an election timeout."""
-        return (
-            self.role is Role.FOLLOWER
-            and self.leader_id != NO_LEADER
-            and self.now - self.last_leader_contact < self.config.election_timeout_ticks
-        )
+        if self.role is not Role.FOLLOWER or self.leader_id == NO_LEADER:
+            return False
+        if self.quiesced:
+            return self._quiesced_leader_alive()
+        return self.now - self.last_leader_contact < self.config.election_timeout_ticks
 
     def stand(self) -> None:
         """Lead now, as an operator or a preferred leader asks: a live leader is asked to hand
@@ -646,7 +666,7 @@ class Replica:
         cap = self.config.replica_max_lag_ticks
         holds = []
         for r, p in sorted(self.progress.items()):
-            idle = self.now - p.last_fetch_tick
+            idle = 0 if p.quiesced else self.now - p.last_fetch_tick
             holds.append(
                 Hold(
                     KIND_REPLICA,
@@ -667,6 +687,7 @@ class Replica:
         moved = self.log.advance_log_start(min(offset, self.log.high_watermark))
         if moved:
             self._log_start_moved()
+            self._wake_quiesced()  # followers discard the same prefix once they hear of it
         return moved
 
     # -- views ----------------------------------------------------------------------------------
@@ -678,7 +699,7 @@ class Replica:
         return {self.node_id} | {
             r
             for r, p in self.progress.items()
-            if self.now - p.last_caught_up_tick <= lag and self._counts(r)
+            if (p.quiesced or self.now - p.last_caught_up_tick <= lag) and self._counts(r)
         }
 
     def status(self) -> ReplicaStatus:
@@ -699,6 +720,7 @@ class Replica:
                     last_fetch_ticks_ago=self.now - p.last_fetch_tick,
                     observer_until=observing[1] if observing is not None else None,
                     learner=r in self.learners,
+                    quiesced=p.quiesced,
                 )
         return ReplicaStatus(
             role=self.role.value,
@@ -715,6 +737,7 @@ class Replica:
             observer=self.is_observer,
             replicas=replicas,
             replaced=dict(self.replaced),
+            quiesced=self.quiescent,
         )
 
     # -- elections ------------------------------------------------------------------------------
@@ -745,6 +768,7 @@ class Replica:
             if self.role is Role.LEADER:
                 self._ready.lost_leadership = True
                 self._fail_pending_fetches()
+            self.quiesced = False
             self.role = role
             self._ready.role_changed = True
 
@@ -793,6 +817,16 @@ class Replica:
 
     def _on_vote_request(self, sender: int, req: VoteRequest) -> None:
         up_to_date = self._log_is_up_to_date(req.last_epoch, req.log_end_offset)
+        if self.role is Role.LEADER and sender in self.progress and self.progress[sender].quiesced:
+            # A quiesced follower that stands for election restarted (or lost its leader's
+            # word): tell it who leads.
+            self._wake_progress(sender, self.progress[sender])
+        if self.quiesced and req.candidate == self.leader_id:
+            # Our leader campaigns: it no longer leads (it stepped down, or restarted and
+            # forgot); trusting its liveness, we would refuse it for good.
+            self.quiesced = False
+            self.leader_id = NO_LEADER
+            self.last_leader_contact = -(10**12)
         if req.pre_vote:
             leader_alive = self.role is Role.LEADER or self._hears_leader
             granted = req.epoch > self.epoch and up_to_date and not leader_alive
@@ -867,6 +901,7 @@ class Replica:
         if msg.epoch != self.epoch or self.leader_id != sender or self.role is not Role.FOLLOWER:
             return
         self.leader_id = NO_LEADER  # no longer alive, as far as pre-votes are concerned
+        self.quiesced = False
         self.last_leader_contact = -(10**12)
         if msg.successor == self.node_id and not self.is_learner:
             self._start_election()
@@ -887,12 +922,15 @@ class Replica:
             return
         if self.role is not Role.FOLLOWER or self.leader_id != msg.leader:
             self._become_follower(msg.epoch, msg.leader)
+        elif self.quiesced:
+            self._unquiesce_follower(leader_dead=False)  # the leader has news: fetch it
 
     def _become_follower(self, epoch: int, leader: int) -> None:
         voted = self.voted_for if epoch == self.epoch else NO_VOTE
         self._set_state(epoch, voted)
         self._set_role(Role.FOLLOWER)
         self.leader_id = leader
+        self.quiesced = False
         self.fetch_in_flight = False
         self.reported_durable = -1
         self.installing = None
@@ -1088,6 +1126,8 @@ class Replica:
         if self.role is Role.LEADER:
             return self._leader_deadline()
         if self.role is Role.FOLLOWER:
+            if self.quiesced:
+                return None  # the leader wakes us, or the liveness does (the node dirties us)
             due = self.election_deadline  # (an observer or learner only re-arms its timer)
             if self.leader_id != NO_LEADER:
                 if not self.fetch_in_flight:
@@ -1106,7 +1146,11 @@ class Replica:
         hw = self.log.high_watermark
         retry = config.fetch_retry_ticks
         quorum_at: int | None = None  # when the count of recently heard voters next drops
+        quiet = False  # a counted follower is quiesced: only the liveness can drop it
         for r, p in self.progress.items():
+            if p.quiesced:
+                quiet = quiet or self._counts(r)
+                continue
             if p.pending is not None:
                 at = now + 1 if p.pending.high_watermark < hw else p.pending_deadline
             else:
@@ -1117,7 +1161,7 @@ class Replica:
                 drops = p.last_fetch_tick + config.check_quorum_ticks + 1
                 quorum_at = drops if quorum_at is None else min(quorum_at, drops)
             due = at if due is None else min(due, at)
-        if self.progress:
+        if self.progress and not (quorum_at is None and quiet):
             first_check = self.leader_since_tick + config.check_quorum_ticks
             check = first_check if quorum_at is None else max(quorum_at, first_check)
             due = check if due is None else min(due, check)
@@ -1130,17 +1174,29 @@ class Replica:
                 self._learner_budget + self.learner_bytes_per_tick * elapsed,
                 10 * self.learner_bytes_per_tick,
             )
+        if self._changing_membership():
+            self._wake_quiesced()  # the walk needs its followers fetching (caught up, alive)
         self._maybe_change_membership()
         if self.role is not Role.LEADER:
             return
         hw = self.log.high_watermark
         for r, p in self.progress.items():
+            if p.quiesced:
+                if not self._follower_alive(r, p):
+                    # Its node died (check-quorum counts it by its fetches again) or restarted
+                    # (it forgot whom it follows: tell it).
+                    p.quiesced = False
+                    if self._liveness_alive(r):
+                        self._wake_progress(r, p)
+                continue
             if p.pending is not None and (
                 self.now >= p.pending_deadline or p.pending.high_watermark < hw
             ):
                 # A parked fetch learns of a new HW here, at most a tick late, unless records
-                # carried it sooner: one answer per tick instead of one per commit.
-                self._answer_fetch(r, p.pending)
+                # carried it sooner: one answer per tick instead of one per commit. One that
+                # waited its whole time for nothing may quiesce its follower.
+                quiesce = self.now >= p.pending_deadline and self._may_quiesce(r, p.pending)
+                self._answer_fetch(r, p.pending, quiesce=quiesce)
             elif self.now - p.last_fetch_tick >= retry and self.now - p.begin_sent_tick >= retry:
                 # A voter that is not fetching may have missed our election (or be running a
                 # pre-vote nobody grants): tell it again, as KRaft resends BeginQuorumEpoch.
@@ -1152,7 +1208,7 @@ class Replica:
             recent = sum(
                 1
                 for r, p in self.progress.items()
-                if self.now - p.last_fetch_tick <= self.config.check_quorum_ticks
+                if (p.quiesced or self.now - p.last_fetch_tick <= self.config.check_quorum_ticks)
                 and self._counts(r)
             )
             if recent + (self.node_id in self.voters) < majority(len(self.voters)):
@@ -1160,8 +1216,89 @@ class Replica:
                 self._become_follower(self.epoch, NO_LEADER)
 
     def _after_leader_append(self) -> None:
+        self._wake_quiesced()
         self._maybe_advance_high_watermark()
         self._complete_pending_fetches()
+
+    # -- quiescence -----------------------------------------------------------------------------
+    #
+    # An idle group stops talking (CockroachDB's quiescence, in pull-based terms): a leader whose
+    # follower's parked fetch waited its whole time with nothing to say, the follower holding
+    # everything durably and knowing the HW, answers it with `quiesce`. The follower then sends
+    # no fetch and runs no election timer; the leader expects no fetch from it and counts it as
+    # heard from. What replaces both is the node's liveness (liveness.py): one heartbeat per
+    # pair of nodes. The leader wakes its followers (BeginEpoch, resent until they fetch) when
+    # it has news: an append, a moved log start, a membership walk, an admitted directory. A
+    # follower whose leader's node dies, or restarts, wakes by itself; a leader whose quiesced
+    # follower dies counts it by its fetches again, so check-quorum still works.
+
+    def _liveness_alive(self, node: int) -> bool:
+        return self.liveness is None or self.liveness.is_alive(node)
+
+    def _quiesced_leader_alive(self) -> bool:
+        if FAULT_QUIESCE_WITHOUT_LIVENESS in self.config.faults or self.liveness is None:
+            return True
+        return (
+            self.liveness.is_alive(self.leader_id)
+            and self.liveness.incarnation(self.leader_id) == self.quiesced_incarnation
+        )
+
+    def _follower_alive(self, r: int, p: Progress) -> bool:
+        if FAULT_QUIESCE_WITHOUT_LIVENESS in self.config.faults or self.liveness is None:
+            return True
+        return self.liveness.is_alive(r) and self.liveness.incarnation(r) == p.incarnation
+
+    def _may_quiesce(self, follower: int, req: FetchRequest) -> bool:
+        if (
+            self.liveness is None
+            or follower in self.observers
+            or self._changing_membership()
+            or not self.liveness.is_alive(follower)
+        ):
+            return False
+        leo = self.log.log_end_offset
+        durable = req.durable_offset if req.durable_offset >= 0 else req.fetch_offset
+        return (
+            req.fetch_offset == leo
+            and durable == leo
+            and req.high_watermark == leo
+            and self.log.high_watermark == leo
+            and self.log.effective_durable_end == leo
+        )
+
+    def _wake_progress(self, r: int, p: Progress) -> None:
+        p.quiesced = False
+        # It was alive (the liveness said so) and caught up until now.
+        p.last_fetch_tick = p.begin_sent_tick = self.now
+        p.last_caught_up_tick = self.now
+        self._send(r, BeginEpoch(self.epoch, self.node_id))
+
+    def _wake_quiesced(self) -> None:
+        for r, p in self.progress.items():
+            if p.quiesced:
+                self._wake_progress(r, p)
+
+    def _unquiesce_follower(self, leader_dead: bool) -> None:
+        self.quiesced = False
+        self.fetch_in_flight = False
+        if leader_dead:
+            # The liveness waited out its timeout already: stand after a jitter only (the
+            # other followers learn the same at about the same time).
+            self.last_leader_contact = -(10**12)
+            self.election_deadline = self.now + self.rng.randint(
+                0, self.config.election_jitter_ticks
+            )
+        else:
+            self.last_leader_contact = self.now
+            self._reset_election_timer()
+        self._maybe_send_fetch()
+
+    @property
+    def quiescent(self) -> bool:
+        """A follower told to wait, or a leader whose followers all were."""
+        if self.role is Role.LEADER:
+            return bool(self.progress) and all(p.quiesced for p in self.progress.values())
+        return self.quiesced
 
     def _on_fetch_request(self, sender: int, req: FetchRequest) -> None:
         if self.role is not Role.LEADER or req.epoch != self.epoch:
@@ -1181,6 +1318,7 @@ class Replica:
             return
         progress = self.progress[sender]
         progress.pending = None
+        progress.quiesced = False  # it fetches: it is counted by its fetches again
         if req.fetch_offset < self.log.log_start_offset or self._history_too_short(req):
             start = self.log.log_start_offset
             at_start = [self.history.at(start), *self.history.since(start)]
@@ -1283,7 +1421,7 @@ class Replica:
             return ""
         return self._directories_encoded
 
-    def _answer_fetch(self, follower: int, req: FetchRequest) -> None:
+    def _answer_fetch(self, follower: int, req: FetchRequest, quiesce: bool = False) -> None:
         progress = self.progress[follower]
         has_data = req.fetch_offset < self.log.log_end_offset
         throttled = self.learner_bytes_per_tick > 0 and follower in self.learners
@@ -1301,6 +1439,10 @@ class Replica:
             if records is not None and throttled:
                 self._learner_budget -= records.size
         progress.known_hw = self.log.high_watermark
+        if quiesce:
+            assert self.liveness is not None
+            progress.quiesced = True
+            progress.incarnation = self.liveness.incarnation(follower)
         self._send(
             follower,
             FetchResponse(
@@ -1313,6 +1455,7 @@ class Replica:
                 last_fetched_epoch=req.last_fetched_epoch,
                 directories=self._directories_for(req),
                 memberships=self._memberships_for(req.fetch_offset, req.membership_digest),
+                quiesce=quiesce,
             ),
         )
 
@@ -1358,7 +1501,7 @@ class Replica:
     # -- follower side of replication -----------------------------------------------------------
 
     def _maybe_send_fetch(self, report_durability: bool = False) -> None:
-        if self.role is not Role.FOLLOWER or self.leader_id == NO_LEADER:
+        if self.role is not Role.FOLLOWER or self.leader_id == NO_LEADER or self.quiesced:
             return
         if self.fetch_in_flight and not report_durability:
             return
@@ -1429,6 +1572,11 @@ class Replica:
             self._adopt_memberships(resp.memberships, resp.fetch_offset)
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
+            if resp.quiesce and self._may_quiesce_follower(sender, records is not None):
+                self.quiesced = True
+                assert self.liveness is not None
+                self.quiesced_incarnation = self.liveness.incarnation(sender)
+                return  # no next fetch: the leader wakes us with news
             if (
                 records is not None
                 and records.size < self.config.fetch_max_bytes // 2
@@ -1440,6 +1588,19 @@ class Replica:
                 # ahead, overlapping the transfer with the fsync.
                 return
         self._maybe_send_fetch()
+
+    def _may_quiesce_follower(self, leader: int, had_records: bool) -> bool:
+        """Only a follower that holds everything, durably, with the HW at its end, and that
+        can see its leader's node alive (else it keeps fetching, and the leader sees that)."""
+        leo = self.log.log_end_offset
+        return (
+            self.liveness is not None
+            and not had_records
+            and self.liveness.is_alive(leader)
+            and self.log.effective_durable_end == leo
+            and self.log.high_watermark == leo
+            and self.installing is None
+        )
 
     # -- snapshots (state-machine logs) ---------------------------------------------------------
 

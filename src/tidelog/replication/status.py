@@ -20,6 +20,7 @@ class ReplicaView:
     last_fetch_ticks_ago: int | None = None
     observer_until: int | None = None  # a replaced disk: the offset it must hold to vote again
     learner: bool = False
+    quiesced: bool = False  # told to stop fetching while the group is idle
 
     def to_wire(self) -> dict[str, object]:
         out: dict[str, object] = {"log_end_offset": self.log_end_offset}
@@ -35,6 +36,8 @@ class ReplicaView:
             out["observer_until"] = self.observer_until
         if self.learner:
             out["learner"] = True
+        if self.quiesced:
+            out["quiesced"] = True
         return out
 
 
@@ -55,6 +58,8 @@ class ReplicaStatus:
     # On the leader: every replica it tracks, by node id. Empty elsewhere.
     replicas: Mapping[int, ReplicaView] = field(default_factory=dict)
     replaced: Mapping[int, str] = field(default_factory=dict)  # voters seen with another directory
+    # An idle group that stopped talking: a follower told to wait, a leader whose followers were
+    quiesced: bool = False
 
     @property
     def is_leader(self) -> bool:
@@ -80,4 +85,5 @@ class ReplicaStatus:
             "committed_voters": list(self.committed_voters),
             "observer": self.observer,
             "replaced": {str(n): d for n, d in sorted(self.replaced.items())},
+            "quiesced": self.quiesced,
         }

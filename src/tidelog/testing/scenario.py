@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.record.batch import BatchHeader, decode_records, iter_headers
+from tidelog.replication.liveness import Heartbeat
 from tidelog.replication.membership import MEMBERSHIP_CONTROL_KEY
 from tidelog.replication.messages import (
     BeginEpoch,
@@ -123,7 +124,8 @@ class Scenario(Simulation):
 
     # -- hooks into the simulator ---------------------------------------------------------------
 
-    def send(self, src: int, dst: int, message: Message, directory: str = "") -> None:
+    def send(self, src: int, dst: int, message: Message | Heartbeat, directory: str = "") -> None:
+        assert not isinstance(message, Heartbeat), "scripts run without liveness"
         self._announce(self.nodes[src])
         self.queue.append(Queued(src, dst, message, directory if self.directories else ""))
         self.out.append(f"{src}->{dst} {format_message(message)}")

@@ -55,6 +55,7 @@ from tidelog.node.state_machine import StateMachineDriver, TableMachine
 from tidelog.record.batch import ProducerRecord, build_batch, decode_records, read_header
 from tidelog.replication.acks import ANY_EPOCH
 from tidelog.replication.driver import PartitionDriver
+from tidelog.replication.liveness import Heartbeat, Liveness
 from tidelog.replication.low_watermark import CursorFact, LowWatermarkFacts
 from tidelog.replication.membership import decode_memberships
 from tidelog.replication.messages import Message
@@ -73,6 +74,11 @@ from tidelog.storage.memory_snapshot import MemorySnapshotStore
 
 class SimulationFailure(AssertionError):
     pass
+
+
+ELECTION_TIMEOUT_TICKS = 20
+LIVENESS_INTERVAL_TICKS = 5
+LIVENESS_TIMEOUT_TICKS = ELECTION_TIMEOUT_TICKS
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,8 @@ class SimParams:
     # A replica acts only when its next_deadline() has come or an event made it dirty, as on a
     # node (time kept as deadlines); False: it acts every tick.
     sparse_ticks: bool = False
+    # Idle groups quiesce, and every node sends every other a liveness heartbeat (liveness.py)
+    quiesce: bool = False
     replica_max_lag_ticks: int = 60
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
@@ -161,6 +169,7 @@ class SimParams:
             reassign_rate=maybe(0.4, rng.uniform(0.002, 0.02)),
             transfer_rate=maybe(0.3, rng.uniform(0.002, 0.01)),
             sparse_ticks=rng.random() < 0.5,
+            quiesce=rng.random() < 0.5,
         )
         return params if params.reassign_rate else dataclasses.replace(params, spares=0)
 
@@ -217,6 +226,9 @@ class SimNode:
     # Every voter's directory as formatted with the cluster (KIP-853's initial voters); a
     # replaced disk knows none.
     known_directories: dict[int, str] = field(default_factory=dict)
+    liveness: Liveness | None = None  # a new one at every start: it knows no peer at first
+    deadline: int | None = None  # sparse ticks: when its replica is next due (after each act)
+    incarnation: int = 0
 
     @property
     def replica(self) -> Replica | None:
@@ -230,6 +242,18 @@ class SimNode:
     def table(self) -> TableState | None:
         machine = self.machine.machine if self.machine is not None else None
         return machine.state if isinstance(machine, TableMachine) else None
+
+
+class _ReplicaTicks:
+    """A node's liveness keeps its replica's time (which stands still while it is paused)."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+
+    @property
+    def ticks(self) -> int:
+        replica = self.node.replica
+        return replica.now if replica is not None else 0
 
 
 class SimEffects:
@@ -292,6 +316,7 @@ class Stats:
     snapshots_taken: int = 0
     snapshots_installed: int = 0
     messages: int = 0
+    heartbeats: int = 0
     dropped: int = 0
     reassignments: int = 0
     membership_changes: int = 0
@@ -324,7 +349,7 @@ class Simulation:
         }
         self.replaced: set[int] = set()  # wiped, and not yet admitted again by a leader
         self.late: list[tuple[int, Waiter]] = []  # acks-registered-late: (when, waiter)
-        self.network: list[tuple[int, int, int, int, str, Message]] = []
+        self.network: list[tuple[int, int, int, int, str, Message | Heartbeat]] = []
         self._seq = 0
         self.blocked: set[tuple[int, int]] = set()
         self.partition_until = 0
@@ -352,7 +377,7 @@ class Simulation:
             node_id=node_id,
             voters=tuple(self.voter_ids),
             learners=tuple(self.learner_ids),
-            election_timeout_ticks=20,
+            election_timeout_ticks=ELECTION_TIMEOUT_TICKS,
             election_jitter_ticks=20,
             fetch_max_wait_ticks=5,
             fetch_retry_ticks=15,
@@ -382,6 +407,16 @@ class Simulation:
                 self.config.snapshot_entries,
                 seed,
             )
+        node.liveness = None
+        if self.params.quiesce:
+            node.incarnation += 1
+            node.liveness = Liveness(
+                node_id,
+                node.incarnation,
+                _ReplicaTicks(node),
+                LIVENESS_INTERVAL_TICKS,
+                LIVENESS_TIMEOUT_TICKS,
+            )
         replica = Replica(
             self.replica_config(node_id),
             node.log,
@@ -389,6 +424,7 @@ class Simulation:
             random.Random(seed),
             node.machine,
             known_directories=node.known_directories,
+            liveness=node.liveness,
         )
         replica.set_target(self.target)
         node.driver = PartitionDriver(replica, node.log, SimEffects(self, node), node.machine)
@@ -482,8 +518,11 @@ class Simulation:
         # check-quorum): that HW was still declared by a leader.
         self._check_node(node, led=ready.lost_leadership)
 
-    def send(self, src: int, dst: int, message: Message, directory: str = "") -> None:
-        self.stats.messages += 1
+    def send(self, src: int, dst: int, message: Message | Heartbeat, directory: str = "") -> None:
+        if isinstance(message, Heartbeat):
+            self.stats.heartbeats += 1
+        else:
+            self.stats.messages += 1
         if self.faults_on and self.rng.random() < self.params.drop:
             self.stats.dropped += 1
             return
@@ -506,10 +545,14 @@ class Simulation:
             if node.paused_until > self.now:
                 deferred.append((node.paused_until, seq, src, dst, directory, message))
                 continue
+            assert node.driver is not None
+            if isinstance(message, Heartbeat):
+                assert node.liveness is not None
+                node.liveness.on_heartbeat(src, message)
+                continue
             self.digest.update(
                 f"{self.now}:{src}>{dst}:{type(message).__name__}:{message.epoch}".encode()
             )
-            assert node.driver is not None
             node.driver.step(src, message, directory)
         for item in deferred:
             heapq.heappush(self.network, item)
@@ -925,12 +968,17 @@ class Simulation:
         for n in self.node_ids:
             node = self.nodes[n]
             if node.driver is not None and node.paused_until <= self.now:
+                if node.liveness is not None:
+                    self._liveness(node)
                 if self.params.sparse_ticks:
+                    # As the node's loop does: the deadline computed after the last act (a
+                    # replica's next_deadline() is always in its future when asked).
                     replica = node.driver.replica
                     replica.elapse()
-                    due = node.driver.next_deadline()
+                    due = node.deadline
                     if node.driver.dirty or (due is not None and due <= replica.now):
                         node.driver.act()
+                        node.deadline = node.driver.next_deadline()
                 else:
                     node.driver.tick()
                 if self.now % 25 == 0:
@@ -950,6 +998,19 @@ class Simulation:
                 self.commit_cursors()
         if self.params.clean_every and self.now % self.params.clean_every == 0:
             self.clean()
+
+    def _liveness(self, node: SimNode) -> None:
+        """The node's heartbeats to every other node, and its replica woken when a peer came
+        alive, died or restarted (a node wakes the replicas it shares with that peer)."""
+        liveness = node.liveness
+        assert liveness is not None and node.driver is not None
+        if liveness.heartbeat_due():
+            heartbeat = liveness.heartbeat()
+            for other in self.node_ids:
+                if other != node.node_id:
+                    self.send(node.node_id, other, heartbeat)
+        if liveness.changed():
+            node.driver.nudge()
 
     def members(self, leader: SimNode) -> list[SimNode]:
         """The group as its leader has it (nodes moved off it hold whatever they held)."""
