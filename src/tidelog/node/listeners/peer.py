@@ -12,6 +12,11 @@ and cursor-invalidation messages, whose sender is the bound node id.
 Each node dials each peer once (`PeerLink`) and sends on that link; answers come back on the
 peer's own link to us. A link that is down drops what it is given: the replication protocol
 retries on its own timers.
+
+One stream per pair of nodes carries every partition they share: what the node has for a peer
+in one turn of its event loop (fetches, answers, votes, heartbeats of many groups) leaves as one
+`PEER_BATCH` frame, as a Kafka follower fetches all partitions of a leader in one request. A
+large answer (a file range worth sendfile) goes in a frame of its own, in order.
 """
 
 from __future__ import annotations
@@ -33,7 +38,13 @@ from tidelog.node.config import BATCH_FRAME_MARGIN_BYTES
 from tidelog.node.core import NodeCore
 from tidelog.node.listeners.base import ConnectionLimits, FrameConnection, Listener
 from tidelog.node.metrics import Counters
-from tidelog.node.transport import WRITE_BUFFER_HIGH_BYTES, FrameWriter, Payload, tune_socket
+from tidelog.node.transport import (
+    WRITE_BUFFER_HIGH_BYTES,
+    ZERO_COPY_BYTES_MIN,
+    FrameWriter,
+    Payload,
+    tune_socket,
+)
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
@@ -50,6 +61,7 @@ from tidelog.replication.metadata import NodeEntry
 log = logging.getLogger(__name__)
 
 HANDSHAKE_FRAME_BYTES = 64 * 1024
+PEER_BATCH_BYTES_MAX = 1024 * 1024  # a batch this large leaves at once
 PEER_QUEUE_BYTES_MAX = 64 * 1024 * 1024
 UNBOUND_PEER_CONNECTIONS_MAX = 32
 
@@ -233,6 +245,10 @@ class PeerLink:
         self._last_failure_log = 0.0
         self.dropped_messages = 0
         self.sent_messages = 0
+        self.sent_frames = 0
+        self._outbox: list[tuple[int, dict[str, Any], bytes]] = []
+        self._outbox_bytes = 0
+        self._flush_scheduled = False
 
     @property
     def connected(self) -> bool:
@@ -248,7 +264,40 @@ class PeerLink:
             self.dropped_messages += 1
             return
         self.sent_messages += 1
-        self.writer.write(Kind.MESSAGE, key, 0, header, payload)
+        if payload is None:
+            data = b""
+        elif isinstance(payload, bytes | bytearray):
+            data = bytes(payload)
+        elif payload.size >= ZERO_COPY_BYTES_MIN:
+            self.flush()  # in order, and alone: it may go by sendfile
+            self.sent_frames += 1
+            self.writer.write(Kind.MESSAGE, key, 0, header, payload)
+            return
+        else:
+            data = payload.read()
+        self._outbox.append((key, header, data))
+        self._outbox_bytes += len(data)
+        if self._outbox_bytes >= PEER_BATCH_BYTES_MAX:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send what this turn of the loop gave us for the peer: one frame."""
+        self._flush_scheduled = False
+        outbox, self._outbox, self._outbox_bytes = self._outbox, [], 0
+        if not outbox or not self.connected:
+            return
+        assert self.writer is not None
+        self.sent_frames += 1
+        if len(outbox) == 1:
+            key, header, data = outbox[0]
+            self.writer.write(Kind.MESSAGE, key, 0, header, data or None)
+            return
+        index = [[key, header, len(data)] for key, header, data in outbox]
+        payload = b"".join(data for _, _, data in outbox)
+        self.writer.write(Kind.MESSAGE, ApiKey.PEER_BATCH, 0, {"messages": index}, payload)
 
     def connect(self) -> None:
         if not self.connected:
@@ -472,6 +521,7 @@ class PeerChannel:
             str(peer_id): {
                 "connected": link.connected,
                 "sent_messages": link.sent_messages,
+                "sent_frames": link.sent_frames,
                 "dropped_messages": link.dropped_messages,
             }
             for peer_id, link in sorted(self.links.items())
