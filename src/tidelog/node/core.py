@@ -422,6 +422,9 @@ class NodeCore:
             self._liveness_changed()
             delay = self.clock.time_of(liveness.next_deadline()) - time.monotonic()
             await asyncio.sleep(max(delay, 0.001))
+            # Let what the sockets hold be read first: a loop that woke late must not take a
+            # peer for dead whose heartbeat waits unread.
+            await asyncio.sleep(0)
 
     def _on_heartbeat(self, sender: int, header: dict[str, Any]) -> None:
         node, incarnation = header.get("node"), header.get("incarnation")
@@ -437,6 +440,9 @@ class NodeCore:
         if not peers:
             return
         self.counters.inc("tidelog_peer_liveness_changes_total", len(peers))
+        for peer in sorted(peers):
+            alive = self.liveness.is_alive(peer)
+            log.info("peer liveness: node %d is %s", peer, "alive" if alive else "not answering")
         for host in self.hosts.values():
             replica = host.replica
             if replica.leader_id in peers or not peers.isdisjoint(replica.history.current.members):
@@ -586,6 +592,7 @@ class NodeCore:
         )
         sender = principal.peer_id
         assert sender is not None
+        self.liveness.heard_from(sender)
         if key == ApiKey.REPLICATION:
             group, message = decode_message(header, payload)
             host = self.hosts.get(group)

@@ -95,6 +95,12 @@ class PartitionHost:
         self._on_invalidate = on_invalidate
         self._counters = counters if counters is not None else Counters()
         self._fsync_seconds = fsync_seconds if fsync_seconds is not None else Histogram()
+        # The quorum state is written on a flush thread (persist): meanwhile messages and
+        # group commits wait here, in order.
+        self._state_writing = False
+        self._state_to_write: QuorumState | None = None
+        self._held_messages: list[tuple[int, Message]] = []
+        self._flush_held = False
         self.log = SegmentedLog(directory, config)
         self.log.on_retired = self._segments_deleted
         # Batches no reader can read, found by the scrubber (what was in the log when it
@@ -200,19 +206,61 @@ class PartitionHost:
     # -- the driver's effects -------------------------------------------------------------------
 
     def persist(self, state: QuorumState) -> None:
-        write_checkpoint(
-            self.directory / QUORUM_STATE_FILE,
-            {
-                "epoch": state.epoch,
-                "voted_for": state.voted_for,
-                "directories": state.directories,
-                "memberships": state.memberships,
-            },
-        )
+        """Make the quorum state durable before any message leaves or the log is flushed: the
+        write (file, fsync, rename, directory fsync) runs on a flush thread, and until it is
+        done this replica's messages and group commits wait, in order (send, start_flush). The
+        loop is not held by the fsyncs, and a node that wins or votes in hundreds of elections
+        at once (a peer died) writes their states in parallel."""
+        self._state_to_write = state
+        if not self._state_writing:
+            self._write_state()
+
+    def _write_state(self) -> None:
+        state, self._state_to_write = self._state_to_write, None
+        assert state is not None
+        self._state_writing = True
+        data = {
+            "epoch": state.epoch,
+            "voted_for": state.voted_for,
+            "directories": state.directories,
+            "memberships": state.memberships,
+        }
+        path = self.directory / QUORUM_STATE_FILE
+        self._flusher.submit(lambda: write_checkpoint(path, data), self._state_written)
+
+    def _state_written(self, error: BaseException | None) -> None:
+        self._state_writing = False
+        if error is not None:
+            # Not durable: nothing that depends on it may leave. The node stops (fail-stop,
+            # as for any write it cannot make).
+            self._held_messages.clear()
+            event(
+                log,
+                logging.ERROR,
+                "quorum_state_write_failed",
+                f"{self.group}: cannot write its quorum state, the replica stops: {error}",
+                topic=self.topic,
+                partition=self.partition,
+                error=str(error),
+            )
+            self._stop("its quorum state cannot be written")
+            return
+        if self._state_to_write is not None:
+            self._write_state()  # a newer state came meanwhile: its messages wait for it
+            return
+        held, self._held_messages = self._held_messages, []
+        for to, message in held:
+            self._send(to, self.group, message)
+        if self._flush_held:
+            self._flush_held = False
+            self.start_flush()
 
     def send(self, to: int, message: Message) -> None:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: to %d: %s", self.group, to, type(message).__name__)
+        if self._state_writing:
+            self._held_messages.append((to, message))
+            return
         self._send(to, self.group, message)
 
     def acknowledge(
@@ -452,6 +500,9 @@ class PartitionHost:
     # -- group commit ---------------------------------------------------------------------------
 
     def start_flush(self) -> None:
+        if self._state_writing:
+            self._flush_held = True  # what the log holds may be of an epoch not durable yet
+            return
         if self.flushing or self.closed or not self.log.flush_due():
             return
         job = self.log.begin_flush()
@@ -488,7 +539,7 @@ class PartitionHost:
         self.driver.flushed()
 
     async def wait_idle(self) -> None:
-        while self.flushing or self.compacting:
+        while self.flushing or self.compacting or self._state_writing:
             await asyncio.sleep(0.001)
 
     # -- waiting for watermarks -----------------------------------------------------------------

@@ -73,6 +73,12 @@ class Liveness:
 
     # -- receiving ------------------------------------------------------------------------------
 
+    def heard_from(self, sender: int) -> None:
+        """Any other message from a peer we know the incarnation of: it lives (a heartbeat
+        queued behind a busy stream must not make it look dead)."""
+        if sender in self._alive:
+            self._heard[sender] = self.clock.ticks
+
     def on_heartbeat(self, sender: int, heartbeat: Heartbeat) -> None:
         if heartbeat.node != sender or sender == self.node_id:
             return  # nobody speaks for another node

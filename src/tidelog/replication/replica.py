@@ -1155,10 +1155,11 @@ class Replica:
                 at = now + 1 if p.pending.high_watermark < hw else p.pending_deadline
             else:
                 at = max(p.last_fetch_tick, p.begin_sent_tick) + retry
-            if config.hw_policy == "isr":
-                at = min(at, p.last_caught_up_tick + config.replica_lag_ticks + 1)
-            if self._counts(r):
-                drops = p.last_fetch_tick + config.check_quorum_ticks + 1
+            falls_behind = p.last_caught_up_tick + config.replica_lag_ticks + 1
+            if config.hw_policy == "isr" and falls_behind > now:  # (out of the ISR already)
+                at = min(at, falls_behind)
+            drops = p.last_fetch_tick + config.check_quorum_ticks + 1
+            if self._counts(r) and drops > now:  # (one that dropped already changes nothing)
                 quorum_at = drops if quorum_at is None else min(quorum_at, drops)
             due = at if due is None else min(due, at)
         if self.progress and not (quorum_at is None and quiet):
@@ -1282,12 +1283,17 @@ class Replica:
         self.quiesced = False
         self.fetch_in_flight = False
         if leader_dead:
-            # The liveness waited out its timeout already: stand after a jitter only (the
-            # other followers learn the same at about the same time).
+            # The liveness waited out its timeout already, and every follower learns of it at
+            # about the same moment: if all stood at once their votes would split. One of the
+            # voters still alive, the same for all of them (a quiesced group's logs are equal)
+            # and rotating with the epoch so leadership spreads over the nodes, stands at once;
+            # the others only if it has not won after a jitter.
             self.last_leader_contact = -(10**12)
-            self.election_deadline = self.now + self.rng.randint(
-                0, self.config.election_jitter_ticks
-            )
+            alive = [v for v in self.voters if v != self.leader_id and self._liveness_alive(v)]
+            jitter = self.config.election_jitter_ticks
+            first = alive[self.epoch % len(alive)] if alive else self.node_id
+            wait = 0 if first == self.node_id else jitter // 2 + self.rng.randint(0, jitter)
+            self.election_deadline = self.now + wait
         else:
             self.last_leader_contact = self.now
             self._reset_election_timer()

@@ -20,7 +20,9 @@ __all__ = ["fsync_dir", "read_checkpoint", "write_checkpoint"]
 
 CHECKPOINT_BYTES_MAX = 1024 * 1024
 
-_write_lock = threading.Lock()
+# One writer per path at a time (a path's temp file is its own); different paths in parallel.
+_locks_guard = threading.Lock()
+_write_locks: dict[Path, threading.Lock] = {}
 
 
 def write_checkpoint(path: Path, data: dict[str, Any]) -> None:
@@ -29,7 +31,9 @@ def write_checkpoint(path: Path, data: dict[str, Any]) -> None:
     text = json.dumps({"version": 1, "crc": crc, "data": data}, sort_keys=True) + "\n"
     encoded = text.encode()
     assert len(encoded) <= CHECKPOINT_BYTES_MAX
-    with _write_lock:
+    with _locks_guard:
+        lock = _write_locks.setdefault(path, threading.Lock())
+    with lock:
         write_file(path, encoded)
 
 
