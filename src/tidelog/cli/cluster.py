@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -61,8 +62,11 @@ class LocalCluster:
         kafka: bool = False,
         kafka_ports: list[int] | None = None,
         http: bool = False,
+        open_files_limit: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        # Each node's RLIMIT_NOFILE (soft and hard): a node that must live within it
+        self.open_files_limit = open_files_limit
         self.die_with_parent = die_with_parent
         self.node_ids = list(range(1, nodes + 1))
         self.initial_ids = list(self.node_ids)  # started with --peers; later ones --join
@@ -212,8 +216,21 @@ class LocalCluster:
                     stderr=subprocess.STDOUT,
                     env=self.env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if self.die_with_parent else None,
+                    preexec_fn=self._preexec(),
                 )
+
+    def _preexec(self) -> Callable[[], None] | None:
+        limit, die = self.open_files_limit, self.die_with_parent
+        if limit is None and not die:
+            return None
+
+        def preexec() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+            if die:
+                _die_with_parent()
+
+        return preexec
 
     def wait_ready(self, timeout_s: float = 30.0, node_ids: list[int] | None = None) -> None:
         deadline = time.monotonic() + timeout_s

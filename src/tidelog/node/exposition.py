@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from tidelog import __version__
 from tidelog.node.core import disk_usage
 from tidelog.node.turns import Turns
+from tidelog.storage.descriptors import SEGMENT_FILES
 
 if TYPE_CHECKING:
     from tidelog.node.core import NodeCore
@@ -163,6 +164,35 @@ class NodeCollector:
                 "Size of the data directory's disk",
                 disk["disk_total_bytes"],
             )
+        alive = Family(
+            "gauge",
+            "tidelog_peer_alive",
+            "1 while this node hears a peer's liveness heartbeats (or anything else from it)",
+            ["peer"],
+        )
+        for peer in sorted(core.registry.peer_nodes()):
+            if peer != core.node_id:
+                alive.add_metric([str(peer)], 1 if core.liveness.is_alive(peer) else 0)
+        yield alive
+        yield _gauge(
+            "tidelog_replicas_quiesced",
+            "Replicas of idle groups that stopped talking (a follower told to wait, a leader "
+            "whose followers all were)",
+            sum(1 for h in core.hosts.values() if h.replica.quiescent),
+        )
+        yield _gauge(
+            "tidelog_segment_files_open",
+            "Segment files open now (a bounded cache: idle segments' files are closed)",
+            len(SEGMENT_FILES),
+        )
+        yield _gauge(
+            "tidelog_segment_files_max", "The most segment files kept open", SEGMENT_FILES.capacity
+        )
+        yield _counter(
+            "tidelog_segment_files_reopened",
+            "Segment files opened again after the cache closed them",
+            SEGMENT_FILES.opened,
+        )
         cleaner = core.cleaner
         yield _counter("tidelog_cleaner_passes", "Cleaner passes over a partition", cleaner.passes)
         invalidated = Family(

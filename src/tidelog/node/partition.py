@@ -48,6 +48,7 @@ from tidelog.storage.compaction import (
 )
 from tidelog.storage.log import FlushJob, SegmentedLog
 from tidelog.storage.scrub import InvalidBatch, scrub_segment
+from tidelog.storage.segment import LogSegment
 from tidelog.storage.snapshot import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -407,11 +408,18 @@ class PartitionHost:
         self.compacting = True
         now_ms = int(time.time() * 1000)
         loop = asyncio.get_running_loop()
+        pinned = list(inputs[1])  # (every segment: the plan reads them all for the latest keys)
+        for seg in pinned:
+            seg.pin()  # read on the worker thread: their files stay open until it is done
         future = loop.run_in_executor(None, plan_compaction, self.log, inputs, now_ms)
-        future.add_done_callback(self._compaction_planned)
+        future.add_done_callback(lambda f: self._compaction_planned(f, pinned))
 
-    def _compaction_planned(self, future: asyncio.Future[CompactionPlan]) -> None:
+    def _compaction_planned(
+        self, future: asyncio.Future[CompactionPlan], pinned: list[LogSegment]
+    ) -> None:
         self.compacting = False
+        for seg in pinned:
+            seg.unpin()
         if self.closed:
             return
         try:
@@ -455,8 +463,14 @@ class PartitionHost:
             return
         self.scrubbing = True
         loop = asyncio.get_running_loop()
+        segment.pin()
         future = loop.run_in_executor(None, scrub_segment, segment, self.scrub_end)
-        future.add_done_callback(lambda f: self._scrubbed(f, segment.next_offset))
+
+        def scrubbed(f: asyncio.Future[tuple[list[InvalidBatch], int]]) -> None:
+            segment.unpin()
+            self._scrubbed(f, segment.next_offset)
+
+        future.add_done_callback(scrubbed)
 
     def _scrubbed(
         self, future: asyncio.Future[tuple[list[InvalidBatch], int]], segment_end: int

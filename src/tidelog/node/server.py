@@ -34,6 +34,7 @@ from tidelog.node.listeners.http import HttpListener
 from tidelog.node.listeners.peer import PeerChannel, PeerListener
 from tidelog.node.partition import PartitionHost
 from tidelog.replication.metadata import MetadataState
+from tidelog.storage.descriptors import SEGMENT_FILES, capacity_for
 from tidelog.storage.identity import load_or_format
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,11 @@ class Node:
     async def start(self) -> None:
         self._stopped = asyncio.Event()
         self._watch_background_failures(asyncio.get_running_loop())
-        raise_open_files_limit()
+        soft, _ = raise_open_files_limit()
+        # Segment files are opened on demand and kept in a bounded cache: a quarter of the
+        # limit (storage/descriptors.py), so partitions beyond it cost no descriptor while idle.
+        SEGMENT_FILES.resize(capacity_for(soft))
+        log.info("segment files kept open: at most %d", SEGMENT_FILES.capacity)
         data = self.config.data_dir
         data.mkdir(parents=True, exist_ok=True)
         joined = load_joined(data)
@@ -274,8 +279,8 @@ class Node:
 
 
 def raise_open_files_limit() -> tuple[int, int]:
-    """Every segment holds a descriptor: take the hard limit the system allows (as Kafka's
-    packaging sets nofile), and say what the node has."""
+    """Take the hard limit the system allows (as Kafka's packaging sets nofile), and say what
+    the node has: sockets and, up to a quarter of it, segment files."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or soft < hard:
         wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)

@@ -2,7 +2,9 @@
 
 The segment knows file positions and batch headers; it never decodes a record. Writes go
 through one O_APPEND descriptor, reads through pread/sendfile on the same descriptor, so the
-page cache serves both.
+page cache serves both. The descriptor lives in a process-wide cache of open files
+(storage/descriptors.py): an idle segment's file is closed when too many are open, and opened
+again when next used.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from tidelog.errors import CorruptRecord, StorageError
 from tidelog.record.batch import HEADER_SIZE, BatchHeader, read_header, validate
+from tidelog.storage.descriptors import SEGMENT_FILES, OwnedDescriptor
 from tidelog.storage.durable import translate_os_error, write_all
 from tidelog.storage.offset_index import OffsetIndex, TimeIndex
 
@@ -30,12 +33,18 @@ def segment_name(base_offset: int) -> str:
 
 @dataclass(frozen=True)
 class FileSlice:
-    """A byte range of a segment file: what a fetch sends, never re-encoded."""
+    """A byte range of a segment file: what a fetch sends, never re-encoded. It owns a
+    duplicate of the segment's descriptor (closed when the slice goes), so the segment's own may
+    be closed meanwhile (descriptors.py) without the slice reading another file."""
 
-    fd: int
+    owner: OwnedDescriptor
     position: int
     size: int
     first_offset: int
+
+    @property
+    def fd(self) -> int:
+        return self.owner.fd
 
     def read(self) -> bytes:
         data = os.pread(self.fd, self.size, self.position)
@@ -82,17 +91,42 @@ class LogSegment:
         self.index = OffsetIndex(stem.with_suffix(".index"), base_offset)
         self.time_index = TimeIndex(stem.with_suffix(".timeindex"), base_offset)
         self.index_interval_bytes = index_interval_bytes
+        self.pins = 0  # threads reading this segment (compaction, scrub): never closed then
+        self.closed = False
         try:
-            self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-            self.size_bytes = os.fstat(self.fd).st_size
+            self.descriptor = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            self.size_bytes = os.fstat(self.descriptor).st_size
         except OSError as exc:
             raise translate_os_error(exc, f"opening {self.log_path}") from exc
+        SEGMENT_FILES.adopt(self)
         self.next_offset = base_offset
         self.max_timestamp = -1
         self.created_ms = now_ms
         self.last_append_ms = now_ms
         self._bytes_since_index_entry = 0
-        self.closed = False
+
+    @property
+    def fd(self) -> int:
+        """The file's descriptor, for one system call: do not keep it (descriptors.py)."""
+        if self.closed and self.pins == 0:
+            raise StorageError(f"segment {self.log_path.name} is closed")
+        return SEGMENT_FILES.fd(self)
+
+    def reopen(self) -> int:
+        """Open the file again after the cache closed it (never creating it)."""
+        try:
+            return os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+        except OSError as exc:
+            raise translate_os_error(exc, f"opening {self.log_path}") from exc
+
+    def pin(self) -> None:
+        """A thread is about to read this segment: keep its file open (event loop only)."""
+        self.pins += 1
+
+    def unpin(self) -> None:
+        self.pins -= 1
+        if self.pins == 0 and self.closed:
+            SEGMENT_FILES.release(self)
 
     @property
     def retention_timestamp(self) -> int:
@@ -177,7 +211,8 @@ class LogSegment:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            os.close(self.fd)
+            if self.pins == 0:
+                SEGMENT_FILES.release(self)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -251,7 +286,7 @@ class LogSegment:
         return boundary
 
     def slice(self, start: int, end: int, first_offset: int) -> FileSlice:
-        return FileSlice(self.fd, start, end - start, first_offset)
+        return FileSlice(OwnedDescriptor(os.dup(self.fd)), start, end - start, first_offset)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, BatchHeader] | None:
         """First batch whose max timestamp >= timestamp."""
