@@ -433,6 +433,12 @@ class NodeCore:
         self.liveness.on_heartbeat(sender, Heartbeat(node, incarnation))
         self._liveness_changed()
 
+    def peer_connection_lost(self, peer: int) -> None:
+        """Our link to a peer closed (its kernel closed the socket: the process exited or is
+        restarting; a partition closes nothing and waits for the liveness timeout)."""
+        self.liveness.lost(peer)
+        self._liveness_changed()
+
     def _liveness_changed(self) -> None:
         """Wake the replicas that share a group with a peer that came alive, died or
         restarted (a quiesced group learns of it only so)."""
@@ -442,7 +448,15 @@ class NodeCore:
         self.counters.inc("tidelog_peer_liveness_changes_total", len(peers))
         for peer in sorted(peers):
             alive = self.liveness.is_alive(peer)
-            log.info("peer liveness: node %d is %s", peer, "alive" if alive else "not answering")
+            event(
+                log,
+                logging.INFO if alive else logging.WARNING,
+                "peer_liveness",
+                f"peer liveness: node {peer} is {'alive' if alive else 'not answering'}",
+                node=peer,
+                alive=alive,
+                incarnation=self.liveness.incarnation(peer),
+            )
         for host in self.hosts.values():
             replica = host.replica
             if replica.leader_id in peers or not peers.isdisjoint(replica.history.current.members):

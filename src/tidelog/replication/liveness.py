@@ -105,6 +105,14 @@ class Liveness:
             return self.own_incarnation
         return self._incarnations.get(node, -1)
 
+    def lost(self, node: int) -> None:
+        """The peer's connection closed under it (its process exited, or is restarting): dead
+        now rather than after the timeout. A live peer's next heartbeat brings it back."""
+        self._heard.pop(node, None)
+        if node in self._alive:
+            self._alive.discard(node)
+            self._changed.add(node)
+
     def forget(self, node: int) -> None:
         """A node left the cluster."""
         self._heard.pop(node, None)

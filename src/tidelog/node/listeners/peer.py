@@ -224,7 +224,9 @@ class PeerLink:
         timeout_s: float,
         identity: tuple[str, str] = ("", ""),  # our cluster id and directory id
         tls: ssl.SSLContext | None = None,  # mutual TLS: we dial with our node certificate
+        on_lost: Callable[[int], None] = lambda peer: None,
     ) -> None:
+        self.on_lost = on_lost  # our link to the peer closed: it may have died
         self.node_id = node_id
         self.identity = identity
         self.tls = tls
@@ -373,6 +375,8 @@ class PeerLink:
             self.writer.closed = True
         self.writer = None
         self._protocol = None
+        if not self._closed:
+            self.on_lost(self.peer_id)
 
     def close(self) -> None:
         self._closed = True
@@ -485,6 +489,7 @@ class PeerChannel:
             config.peer_handshake_timeout_ms / 1000,
             (core.identity.cluster_id, core.identity.directory_id),
             config.tls_dialing,
+            core.peer_connection_lost,
         )
 
     def update(self, nodes: dict[int, NodeEntry], removed: set[int]) -> None:
