@@ -473,6 +473,7 @@ def test_a_broken_invariant_stops_the_node(tmp_path: Path) -> None:
                 raise AssertionError("the high watermark went back")
 
             host.replica.tick = broken  # type: ignore[method-assign]
+            host.driver.nudge()  # (an idle lone leader has no deadline: make it act)
             await asyncio.sleep(0.2)
             assert isinstance(node.failed, AssertionError)
             assert "went back" in str(node.failed)
