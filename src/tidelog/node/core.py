@@ -109,6 +109,7 @@ from tidelog.replication.replica import MonotonicClock
 from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
+from tidelog.storage.quorum_journal import QuorumJournal
 from tidelog.storage.segment import BytesSlice
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,7 @@ class NodeCore:
         self.peer_port = -1  # set by the node once its peer channel listens
         self.kafka_address = ""  # HOST:PORT its Kafka listener advertises, once it listens
         self._flusher: Flusher | None = None
+        self.quorum_journal: QuorumJournal | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.fail_stop = FailStop(config.node_id)
         self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
@@ -282,6 +284,8 @@ class NodeCore:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._flusher = Flusher(self.config.flush_threads, loop, f"flush-{self.node_id}")
+        # Every replica's epoch and vote, synced together (storage/quorum_journal.py)
+        self.quorum_journal = QuorumJournal(self.config.data_dir, self._flusher.submit)
         metadata_config = TopicConfig(
             segment_bytes=self.config.metadata_segment_bytes,
             retention_ms=-1,
@@ -326,6 +330,8 @@ class NodeCore:
                 log.error("%s: close failed: %s", host.group, exc)
         if self._flusher is not None:
             self._flusher.shutdown()
+        if self.quorum_journal is not None:
+            self.quorum_journal.close()
         self.asker.close()
 
     async def _tick_loop(self) -> None:
@@ -523,6 +529,7 @@ class NodeCore:
             clock=self.clock,
             on_leader_known=self._leader_known,
             liveness=self.liveness if self.config.quiesce else None,
+            journal=self.quorum_journal,
         )
         host.driver.on_dirty = functools.partial(self._dirtied, host)
         self._dirtied(host)

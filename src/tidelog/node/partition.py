@@ -47,6 +47,7 @@ from tidelog.storage.compaction import (
     snapshot_inputs,
 )
 from tidelog.storage.log import FlushJob, SegmentedLog
+from tidelog.storage.quorum_journal import QuorumJournal
 from tidelog.storage.scrub import InvalidBatch, scrub_segment
 from tidelog.storage.segment import LogSegment
 from tidelog.storage.snapshot import SnapshotStore
@@ -81,6 +82,7 @@ class PartitionHost:
         clock: TickSource | None = None,
         on_leader_known: Callable[[PartitionHost], None] = lambda host: None,
         liveness: LivenessView | None = None,
+        journal: QuorumJournal | None = None,
     ) -> None:
         self._on_leader_known = on_leader_known
         self.topic = topic
@@ -99,6 +101,10 @@ class PartitionHost:
         # The quorum state is written on a flush thread (persist): meanwhile messages and
         # group commits wait here, in order.
         self._state_writing = False
+        self._journal = journal
+        self.journal_key = f"{topic_id}:{topic}/{partition}"  # (a recreated topic has a new id)
+        self._journal_writes = 0
+        self._state_file_writes = 0
         self._state_to_write: QuorumState | None = None
         self._held_messages: list[tuple[int, Message]] = []
         self._flush_held = False
@@ -175,7 +181,12 @@ class PartitionHost:
     # -- the driver -----------------------------------------------------------------------------
 
     def _load_quorum_state(self) -> QuorumState:
+        """From the node's journal, or from the replica's own file: the one of the later epoch
+        (the file is what older versions wrote, and what a restore sets)."""
         data = read_checkpoint(self.directory / QUORUM_STATE_FILE) or {}
+        journaled = self._journal.get(self.journal_key) if self._journal is not None else None
+        if journaled is not None and int(journaled.get("epoch", 0)) >= int(data.get("epoch", 0)):
+            data = journaled
         return QuorumState(
             int(data.get("epoch", 0)),
             int(data.get("voted_for", -1)),
@@ -207,29 +218,45 @@ class PartitionHost:
     # -- the driver's effects -------------------------------------------------------------------
 
     def persist(self, state: QuorumState) -> None:
-        """Make the quorum state durable before any message leaves or the log is flushed: the
-        write (file, fsync, rename, directory fsync) runs on a flush thread, and until it is
-        done this replica's messages and group commits wait, in order (send, start_flush). The
-        loop is not held by the fsyncs, and a node that wins or votes in hundreds of elections
-        at once (a peer died) writes their states in parallel."""
+        """Make the quorum state durable before any message leaves or the log is flushed. The
+        write runs on a flush thread, and until it is done this replica's messages and group
+        commits wait, in order (send, start_flush): the loop is not held by fsyncs. On a node,
+        the states go to the node's journal (storage/quorum_journal.py), where the states of
+        every replica written meanwhile share one fsync: a node that votes in thousands of
+        elections at once (a peer died) syncs a handful of times, not thousands."""
+        self._state_writing = True
+        if self._journal is not None:
+            self._journal_writes += 1
+            self._journal.write(self.journal_key, _state_dict(state), self._journal_written)
+            return
         self._state_to_write = state
-        if not self._state_writing:
-            self._write_state()
+        if self._state_file_writes == 0:
+            self._write_state_file()
 
-    def _write_state(self) -> None:
+    def _write_state_file(self) -> None:
         state, self._state_to_write = self._state_to_write, None
         assert state is not None
-        self._state_writing = True
-        data = {
-            "epoch": state.epoch,
-            "voted_for": state.voted_for,
-            "directories": state.directories,
-            "memberships": state.memberships,
-        }
+        self._state_file_writes = 1
         path = self.directory / QUORUM_STATE_FILE
-        self._flusher.submit(lambda: write_checkpoint(path, data), self._state_written)
+        data = _state_dict(state)
+        self._flusher.submit(lambda: write_checkpoint(path, data), self._state_file_written)
+
+    def _state_file_written(self, error: BaseException | None) -> None:
+        self._state_file_writes = 0
+        if error is None and self._state_to_write is not None:
+            self._write_state_file()  # a newer state came meanwhile: its messages wait for it
+            return
+        self._state_written(error)
+
+    def _journal_written(self, error: BaseException | None) -> None:
+        self._journal_writes -= 1
+        if error is None and self._journal_writes > 0:
+            return  # a newer state is on its way: the messages wait for it (batches are ordered)
+        self._state_written(error)
 
     def _state_written(self, error: BaseException | None) -> None:
+        if self.closed and not self._state_writing:
+            return  # stopped after an earlier failure
         self._state_writing = False
         if error is not None:
             # Not durable: nothing that depends on it may leave. The node stops (fail-stop,
@@ -245,9 +272,6 @@ class PartitionHost:
                 error=str(error),
             )
             self._stop("its quorum state cannot be written")
-            return
-        if self._state_to_write is not None:
-            self._write_state()  # a newer state came meanwhile: its messages wait for it
             return
         held, self._held_messages = self._held_messages, []
         for to, message in held:
@@ -648,9 +672,20 @@ class PartitionHost:
         """Stop for good without writing anything: the replica is being deleted."""
         self._stop("replica deleted")
         await self.wait_idle()
+        if self._journal is not None:
+            self._journal.write(self.journal_key, None, lambda error: None)
         self.log.abandon()
 
     async def close(self) -> None:
         await self.wait_idle()
         self._stop("node shutting down")
         self.log.close()
+
+
+def _state_dict(state: QuorumState) -> dict[str, object]:
+    return {
+        "epoch": state.epoch,
+        "voted_for": state.voted_for,
+        "directories": state.directories,
+        "memberships": state.memberships,
+    }
