@@ -227,7 +227,7 @@ class PartitionHost:
         self._state_writing = True
         if self._journal is not None:
             self._journal_writes += 1
-            self._journal.write(self.journal_key, _state_dict(state), self._journal_written)
+            self._journal.write(self.journal_key, dataclasses.asdict(state), self._journal_written)
             return
         self._state_to_write = state
         if self._state_file_writes == 0:
@@ -238,7 +238,7 @@ class PartitionHost:
         assert state is not None
         self._state_file_writes = 1
         path = self.directory / QUORUM_STATE_FILE
-        data = _state_dict(state)
+        data = dataclasses.asdict(state)
         self._flusher.submit(lambda: write_checkpoint(path, data), self._state_file_written)
 
     def _state_file_written(self, error: BaseException | None) -> None:
@@ -680,12 +680,3 @@ class PartitionHost:
         await self.wait_idle()
         self._stop("node shutting down")
         self.log.close()
-
-
-def _state_dict(state: QuorumState) -> dict[str, object]:
-    return {
-        "epoch": state.epoch,
-        "voted_for": state.voted_for,
-        "directories": state.directories,
-        "memberships": state.memberships,
-    }
