@@ -258,7 +258,6 @@ class Replica:
         # and a dead leader or follower is learnt from the liveness instead. None: never.
         self.liveness = liveness
         self.quiesced = False  # a follower told by its leader to wait for news
-        self.failed_elections = 0  # rounds since this replica last had or was a leader
         self.quiesced_incarnation = -1  # the leader's incarnation when it said so
         self._own_clock = Clock() if clock is None else None
         self.clock: TickSource = clock if clock is not None else Clock()
@@ -751,12 +750,7 @@ class Replica:
         return [v for v in self.voters if v != self.node_id]
 
     def _reset_election_timer(self) -> None:
-        # After rounds that elected nobody, spread the next ones wider (x2 each, up to x8): when
-        # thousands of groups elect at once and the votes' own persistence takes longer than a
-        # timeout, candidates that all stand again at once only duel (seen at 10,000
-        # partitions RF 3 losing a node: epochs climbing on both survivors, no leader).
-        spread = self.config.election_jitter_ticks << min(self.failed_elections, 3)
-        jitter = self.rng.randint(0, spread)
+        jitter = self.rng.randint(0, self.config.election_jitter_ticks)
         self.election_deadline = self.now + self.config.election_timeout_ticks + jitter
 
     def _leader_hint(self) -> int | None:
@@ -783,8 +777,6 @@ class Replica:
         return (last_epoch, log_end_offset) >= mine
 
     def _start_prevote(self) -> None:
-        if self.role is not Role.FOLLOWER:
-            self.failed_elections += 1  # the last round (ours) elected nobody
         self._set_role(Role.PROSPECTIVE)
         self.leader_id = NO_LEADER
         self.votes = {self.node_id}
@@ -938,8 +930,6 @@ class Replica:
         self._set_state(epoch, voted)
         self._set_role(Role.FOLLOWER)
         self.leader_id = leader
-        if leader != NO_LEADER:
-            self.failed_elections = 0
         self.quiesced = False
         self.fetch_in_flight = False
         self.reported_durable = -1
@@ -953,7 +943,6 @@ class Replica:
         self._maybe_send_fetch()
 
     def _become_leader(self) -> None:
-        self.failed_elections = 0
         self._set_role(Role.LEADER)
         self.leader_id = self.node_id
         self.leader_since_tick = self.now
