@@ -5,10 +5,10 @@ nothing acknowledged."""
 
 from __future__ import annotations
 
-import gc
 import os
 import statistics
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,9 +19,19 @@ from tidelog.client.sync_client import Client
 ELECTION_TIMEOUT_S = 0.8 + 0.4  # election_timeout_ms and election_jitter_ms, the defaults
 
 
-def percentile(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+def metadata_histogram(metrics_url: str) -> tuple[float, float]:
+    """(metadata answers, those answered within 50 ms) from the node's /metrics."""
+    with urllib.request.urlopen(metrics_url + "/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    count = within = 0.0
+    for line in text.splitlines():
+        if 'request="metadata"' not in line or not line.startswith("tidelog_request_seconds"):
+            continue
+        if line.startswith("tidelog_request_seconds_count"):
+            count = float(line.rsplit(" ", 1)[1])
+        elif 'le="0.05"' in line:
+            within = float(line.rsplit(" ", 1)[1])
+    return count, within
 
 
 def produce_p50(client: Client, topic: str, partitions: int, count: int) -> float:
@@ -42,25 +52,21 @@ def test_one_node_with_5000_partitions_answers_at_once_within_1024_descriptors(
     tmp_path: Path,
 ) -> None:
     with (
-        LocalCluster(tmp_path, nodes=1, open_files_limit=1024) as cluster,
+        LocalCluster(tmp_path, nodes=1, open_files_limit=1024, http=True) as cluster,
         Client(cluster.bootstrap, request_timeout_ms=300_000) as client,
     ):
         client.create_topic("few", partitions=10, replication_factor=1)
         client.create_topic("wide", partitions=5000, replication_factor=1)
         client.wait_for_leaders("wide", timeout_s=300)
         time.sleep(1.0)  # the topics' replicas settle (elected, quiet)
-        metadata = []
-        # (this process's own cycle collector, over pytest's heap, is not the node's answer)
-        gc.collect()
-        gc.freeze()
-        try:
-            for _ in range(100):
-                started = time.perf_counter()
-                client.topic("wide", refresh=True)  # 5,000 partitions, decoded here
-                metadata.append(time.perf_counter() - started)
-        finally:
-            gc.unfreeze()
-        assert percentile(metadata, 99) < 0.050, f"metadata p99 {percentile(metadata, 99):.3f} s"
+        for _ in range(100):
+            client.topic("wide", refresh=True)  # 5,000 partitions
+        # The node's own answer time (its request histogram): the round trip adds this
+        # process's decoding of a 5,000-partition answer, which no node can make faster.
+        answered, within = metadata_histogram(cluster.http_url(1))
+        assert answered >= 100 and within >= 0.99 * answered, (
+            f"{answered - within} of {answered} metadata answers took over 50 ms"
+        )
         few = produce_p50(client, "few", 10, 60)
         wide = produce_p50(client, "wide", 5000, 60)
         assert wide <= 1.5 * few, f"produce p50 {wide * 1000:.2f} ms vs {few * 1000:.2f} ms"
