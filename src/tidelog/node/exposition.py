@@ -193,6 +193,11 @@ class NodeCollector:
             "Segment files opened again after the cache closed them",
             SEGMENT_FILES.opened,
         )
+        yield _counter(
+            "tidelog_segment_files_evicted",
+            "Segment files the cache closed to stay within its bound",
+            SEGMENT_FILES.evicted,
+        )
         cleaner = core.cleaner
         yield _counter("tidelog_cleaner_passes", "Cleaner passes over a partition", cleaner.passes)
         invalidated = Family(

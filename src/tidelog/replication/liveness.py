@@ -58,7 +58,6 @@ class Liveness:
         self._alive: set[int] = set()  # as last reported by changed()
         self._changed: set[int] = set()
         self._sent_at: int | None = None
-        self.heartbeats_received = 0
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -82,7 +81,6 @@ class Liveness:
     def on_heartbeat(self, sender: int, heartbeat: Heartbeat) -> None:
         if heartbeat.node != sender or sender == self.node_id:
             return  # nobody speaks for another node
-        self.heartbeats_received += 1
         self._heard[sender] = self.clock.ticks
         if self._incarnations.get(sender) != heartbeat.incarnation:
             if sender in self._incarnations:
@@ -113,14 +111,6 @@ class Liveness:
             self._alive.discard(node)
             self._changed.add(node)
 
-    def forget(self, node: int) -> None:
-        """A node left the cluster."""
-        self._heard.pop(node, None)
-        self._incarnations.pop(node, None)
-        if node in self._alive:
-            self._alive.discard(node)
-            self._changed.add(node)
-
     def changed(self) -> set[int]:
         """Peers that came alive, died or restarted since the last call: the replicas sharing
         a group with them must act (replica.py wakes a quiesced group)."""
@@ -139,6 +129,3 @@ class Liveness:
         for peer in self._alive:
             due = min(due, self._heard[peer] + self.timeout_ticks)
         return max(due, now + 1)
-
-    def alive_peers(self) -> list[int]:
-        return sorted(p for p in self._heard if self.is_alive(p))

@@ -72,7 +72,6 @@ class QuorumJournal:
         self._pending: list[tuple[bytes, Done]] = []
         self._writing = False
         self.batches = 0  # fdatasyncs: one per batch of states
-        self.records = 0
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -158,15 +157,10 @@ class QuorumJournal:
     def _finished(self, batch: list[tuple[bytes, Done]], error: BaseException | None) -> None:
         self._writing = False
         self.batches += 1
-        self.records += len(batch)
         for _, done in batch:
             done(error)
         if self._pending:
             self._start()
-
-    @property
-    def idle(self) -> bool:
-        return not self._writing and not self._pending
 
     def close(self) -> None:
         os.close(self._fd)
