@@ -237,9 +237,14 @@ def test_consume_past_the_high_watermark_with_reset_none_fails(tmp_path: Path) -
 def test_a_replay_is_answered_only_once_the_original_is_committed(tmp_path: Path) -> None:
     """The original batch is appended but not committed (followers frozen): its replay must not
     be acknowledged as acks=all before the original is, or a leader crash could lose a record
-    the producer was told is safe."""
+    the producer was told is safe. The election timeout outlasts the freeze: with the default
+    (800 ms) the leader steps down (check-quorum), a follower may win when they wake, and the
+    uncommitted acks=1 original is then rightly truncated, so the replay is new, not a
+    duplicate."""
     with (
-        LocalCluster(tmp_path, 3, log_level="WARNING") as cluster,
+        LocalCluster(
+            tmp_path, 3, log_level="WARNING", serve_args=["--set", "election_timeout_ms=3000"]
+        ) as cluster,
         Client(cluster.bootstrap) as client,
     ):
         client.create_topic("t", replication_factor=3)
@@ -253,7 +258,9 @@ def test_a_replay_is_answered_only_once_the_original_is_committed(tmp_path: Path
         try:
             first = client.produce_batch("t", 0, batch, acks=1)
             assert first is not None and not first.duplicate
-            with Client(cluster.bootstrap, retries=1) as impatient:
+            # Bootstrapped at the leader alone: a frozen node accepts connections (its kernel
+            # does) but never answers, and would hold the freeze for a whole request timeout.
+            with Client(cluster.address(leader), retries=1) as impatient:
                 started = time.monotonic()
                 with pytest.raises(TidelogError) as caught:
                     impatient._run(impatient.async_client.produce_batch("t", 0, batch, "all", 1500))

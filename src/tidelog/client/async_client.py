@@ -574,11 +574,13 @@ class AsyncClient:
     async def wait_for_reassignment(
         self, topic: str, partition: int, timeout_s: float = 300.0
     ) -> TopicInfo:
-        """Until the partition's move (if any) is done."""
+        """Until the partition's move (if any) is done, as the metadata leader says: another
+        node may not have applied the move yet, and would call it done before it began."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            info = await self.topic(topic, refresh=True)
+            await self.refresh_metadata([topic], at_metadata_leader=True)
+            info = await self.topic(topic)
             if partition not in info.reassigning:
                 return info
             if loop.time() > deadline:
