@@ -513,3 +513,41 @@ def test_consume_pipelines_fetches_and_stops_where_it_is_told(tmp_path: Path) ->
         assert await client.list_offsets("pipe", 0) == 3000
 
     run(tmp_path, body)
+
+
+def test_status_comes_in_pages_in_partition_order(tmp_path: Path) -> None:
+    """A node's status is paged (KIP-966's cursor): a page holds at most `limit` partitions in
+    (topic, partition) order after the one given, and says whether more follow; the client's
+    status() asks for every page."""
+
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("a", partitions=3)
+        await client.create_topic("b", partitions=4)
+        address = ("127.0.0.1", node.address[1])
+
+        async def page(**fields: Any) -> api.StatusResponse:
+            header, _ = await client.call(address, ApiKey.STATUS, api.StatusRequest(**fields))
+            return api.decode(api.StatusResponse, header)
+
+        seen: list[tuple[str, int]] = []
+        after: dict[str, Any] = {}
+        pages = 0
+        while True:
+            got = await page(limit=3, **after)
+            pages += 1
+            assert len(got.partitions) <= 3
+            seen += [(p["topic"], p["partition"]) for p in got.partitions]
+            if not got.more:
+                break
+            after = {"after_topic": seen[-1][0], "after_partition": seen[-1][1]}
+        assert pages == 3
+        assert seen == [("a", p) for p in range(3)] + [("b", p) for p in range(4)]
+        only_b = await page(topics=["b"], after_topic="b", after_partition=1)
+        assert [p["partition"] for p in only_b.partitions] == [2, 3] and not only_b.more
+        for limit in (-1, api.STATUS_PAGE_MAX + 1):
+            with pytest.raises(InvalidRequest, match="limit must be"):
+                await page(limit=limit)
+        nodes = await client.status(None)
+        assert [(p["topic"], p["partition"]) for p in nodes[0]["partitions"]] == seen
+
+    run(tmp_path, body)

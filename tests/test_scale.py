@@ -15,6 +15,7 @@ import pytest
 
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
+from tidelog.cluster_status import merge_status
 
 ELECTION_TIMEOUT_S = 0.8 + 0.4  # election_timeout_ms and election_jitter_ms, the defaults
 
@@ -70,6 +71,10 @@ def test_one_node_with_5000_partitions_answers_at_once_within_1024_descriptors(
         few = produce_p50(client, "few", 10, 60)
         wide = produce_p50(client, "wide", 5000, 60)
         assert wide <= 1.5 * few, f"produce p50 {wide * 1000:.2f} ms vs {few * 1000:.2f} ms"
+        # The status of every partition, in pages (at once it would not fit one header)
+        rows = merge_status(client.status(["wide"]), "wide")
+        assert [r["partition"] for r in rows] == list(range(5000))
+        assert all(r["leader"] == 1 for r in rows)
         fds = len(os.listdir(f"/proc/{cluster.procs[1].pid}/fd"))
         assert fds < 1024, f"{fds} descriptors open"
         # what was written reads back, from partitions whose files the cache closed and opened

@@ -5,9 +5,11 @@ merged around the leader's. `partition_rows` gives them typed (the CLI's `status
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tidelog.protocol import api
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,19 @@ class PartitionRow:
     def to_wire(self) -> dict[str, Any]:
         """The row as `tidelog status --json` prints it (what it was read from)."""
         return dict(self.wire)
+
+
+async def node_status(
+    ask: Callable[[api.StatusRequest], Awaitable[dict[str, Any]]], topics: list[str] | None
+) -> dict[str, Any]:
+    """A node's whole status (the JSON of its StatusResponse), asked page after page."""
+    header = await ask(api.StatusRequest(topics))
+    partitions = list(header.get("partitions", []))
+    while header.get("more") and partitions:
+        last = partitions[-1]
+        header = await ask(api.StatusRequest(topics, str(last["topic"]), int(last["partition"])))
+        partitions.extend(header.get("partitions", []))
+    return {**header, "partitions": partitions, "more": False}
 
 
 def merge_status(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from tidelog.acls import Acl
 from tidelog.client.coalescing import Coalescer
 from tidelog.client.connection import NodeConnection
 from tidelog.client.results import ProduceResult as ProduceResult
+from tidelog.cluster_status import node_status
 from tidelog.errors import (
     CorruptRecord,
     DuplicateSequence,
@@ -915,11 +916,12 @@ class AsyncClient:
         results: list[dict[str, Any]] = []
 
         async def one(node_id: int, address: tuple[str, int]) -> dict[str, Any]:
-            try:
-                header, _ = await self.call(
-                    address, ApiKey.STATUS, api.StatusRequest(topics), timeout_s=5.0
-                )
+            async def page(request: api.StatusRequest) -> dict[str, Any]:
+                header, _ = await self.call(address, ApiKey.STATUS, request, timeout_s=5.0)
                 return header
+
+            try:
+                return await node_status(page, topics)
             except TidelogError as exc:
                 return {
                     "node_id": node_id,

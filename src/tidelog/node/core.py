@@ -213,9 +213,10 @@ class NodeCore:
         self._deadline_seq = 0
         self._dirty: dict[str, PartitionHost] = {}
         self._to_checkpoint: dict[str, PartitionHost] = {}  # HW moved since the last round
-        self._leaders_version = 0  # bumped when any replica learns another leader or epoch
-        self._metadata_cache: dict[str, dict[str, Any]] = {}
-        self._metadata_cache_version: tuple[int, int] = (-1, -1)
+        # Each topic's metadata entry, built once per version of the topic's TopicMeta (a new
+        # object at every change) and kept current as its replicas learn leaders: a
+        # 10,000-partition topic's entry is 10,000 leaders, and a failover changes thousands.
+        self._metadata_cache: dict[str, tuple[TopicMeta, dict[str, Any]]] = {}
         self.topics = TopicReplicas(self)
         self.registry = NodeRegistry(self)
         # The metadata log's first voters: --peers, or for a node that joined a running cluster
@@ -1013,28 +1014,26 @@ class NodeCore:
         return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
 
     def _leader_known(self, host: PartitionHost) -> None:
-        self._leaders_version += 1
+        cached = self._metadata_cache.get(host.topic)
+        if cached is not None and host.partition < len(cached[1]["leaders"]):
+            # In place: an answer holding the entry was encoded in the turn that made it.
+            cached[1]["leaders"][host.partition] = self._known_leader(host.topic, host.partition)
 
     def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
         names = req.topics if req.topics is not None else sorted(self.metadata.topics)
         topics: list[dict[str, Any]] = []
-        # A topic's entry is built once per change of the metadata or of any replica's known
-        # leader (a 10,000-partition topic's entry is 10,000 leaders).
-        version = (self.metadata.applied_offset, self._leaders_version)
-        if self._metadata_cache_version != version:
-            self._metadata_cache.clear()
-            self._metadata_cache_version = version
         for name in names:
             meta = self.metadata.topics.get(name)
             if meta is None:
+                self._metadata_cache.pop(name, None)
                 topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
                 continue
-            entry = self._metadata_cache.get(name)
-            if entry is None:
+            cached = self._metadata_cache.get(name)
+            if cached is None or cached[0] is not meta:
                 entry = meta.to_wire()
                 entry["leaders"] = [self._known_leader(name, p) for p in range(meta.partitions)]
-                self._metadata_cache[name] = entry
-            topics.append(entry)
+                cached = self._metadata_cache[name] = (meta, entry)
+            topics.append(cached[1])
         nodes = [
             {"node_id": n, "host": e.host, "port": e.port}
             for n, e in sorted(self.registry.nodes().items())
@@ -1270,16 +1269,28 @@ class NodeCore:
         return api.NodeChangeResponse(now.to_wire(), moves)
 
     def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
+        limit = req.limit or api.STATUS_PAGE_DEFAULT
+        if not 1 <= limit <= api.STATUS_PAGE_MAX:
+            raise InvalidRequest(
+                f"limit must be 1..{api.STATUS_PAGE_MAX} partitions, got {limit}", field="limit"
+            )
         wanted = set(req.topics) if req.topics is not None else None
+        after = (req.after_topic, req.after_partition)
+        chosen = sorted(
+            ((host.topic, host.partition), host)
+            for host in self.hosts.values()
+            if (host.topic, host.partition) > after
+            and (
+                (wanted is None and host.topic != METADATA_TOPIC)
+                or (wanted is not None and host.topic in wanted)
+            )
+        )
         partitions = []
-        for host in sorted(self.hosts.values(), key=lambda h: (h.topic, h.partition)):
-            if (wanted is None and host.topic != METADATA_TOPIC) or (
-                wanted is not None and host.topic in wanted
-            ):
-                lwm = self.cleaner.cached_low_watermark(host)
-                archive = self.archiver.status(host) if self.archiver is not None else None
-                start = self.log_start_offset(host)
-                partitions.append(host.status(lwm, start, archive).to_wire())
+        for _, host in chosen[:limit]:
+            lwm = self.cleaner.cached_low_watermark(host)
+            archive = self.archiver.status(host) if self.archiver is not None else None
+            start = self.log_start_offset(host)
+            partitions.append(host.status(lwm, start, archive).to_wire())
         mh = self.metadata_host
         metadata = {
             "leader": mh.replica.leader_id,
@@ -1302,7 +1313,7 @@ class NodeCore:
             "replaced_peers": self.replaced_peers(),
             **self.describe_listeners(),
         }
-        return api.StatusResponse(self.node_id, partitions, metadata, node)
+        return api.StatusResponse(self.node_id, partitions, metadata, node, len(chosen) > limit)
 
     def _elect_leaders(
         self, req: api.ElectLeadersRequest, payload: bytes

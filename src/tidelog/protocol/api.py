@@ -256,9 +256,20 @@ class CreatePartitionsResponse:
     assignments: list[list[int]]
 
 
+STATUS_PAGE_DEFAULT = 500  # partitions per status answer, unless asked for fewer or more
+STATUS_PAGE_MAX = 2000
+
+
 @dataclass(frozen=True)
 class StatusRequest:
+    """One page of a node's replicas, in (topic, partition) order, starting after the given
+    one (KIP-966's cursor): ten thousand partitions' status would not fit one header, and
+    building it at once would hold the node's loop."""
+
     topics: list[str] | None = None
+    after_topic: str = ""
+    after_partition: int = -1
+    limit: int = 0  # 0: STATUS_PAGE_DEFAULT; at most STATUS_PAGE_MAX
 
 
 @dataclass(frozen=True)
@@ -267,6 +278,7 @@ class StatusResponse:
     partitions: list[dict[str, Any]]
     metadata: dict[str, Any]
     node: dict[str, Any] = field(default_factory=dict)  # connections, limits, counters
+    more: bool = False  # further pages follow the last partition of this one
 
 
 @dataclass(frozen=True)

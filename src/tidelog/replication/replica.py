@@ -228,6 +228,11 @@ class Ready:
     truncated: bool = False
     snapshot_installed: int = -1  # the offset of a snapshot just installed from the leader
 
+    @property
+    def empty(self) -> bool:
+        """Nothing at all to do (handing it over again is the same as a fresh one)."""
+        return not (self or self.lost_leadership or self.snapshot_installed >= 0)
+
     def __bool__(self) -> bool:
         return bool(
             self.state is not None
@@ -640,6 +645,8 @@ class Replica:
         ready = self._ready
         if self.log.needs_flush:
             ready.flush = True
+        if ready.empty:
+            return ready  # the usual answer: nothing to do, and nothing new to allocate
         self._ready = Ready()
         return ready
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tidelog.cluster_status import merge_status
+from tidelog.cluster_status import merge_status, node_status
 from tidelog.errors import NotAuthorized, TidelogError
 from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
@@ -96,13 +96,17 @@ class HttpListener:
         body = await render(snapshot(self.core))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
-    def _own_status(self) -> dict[str, Any]:
-        result = self.core.handle(Principal.anonymous("", Origin.HTTP), api.StatusRequest(), b"")
-        assert isinstance(result, api.StatusResponse)
-        return api.encode(result)
+    async def _own_status(self) -> dict[str, Any]:
+        async def page(request: api.StatusRequest) -> dict[str, Any]:
+            result = self.core.handle(Principal.anonymous("", Origin.HTTP), request, b"")
+            assert isinstance(result, api.StatusResponse)
+            await asyncio.sleep(0)  # a page at a time: the loop serves others in between
+            return api.encode(result)
+
+        return await node_status(page, None)
 
     async def _status(self, request: web.Request) -> web.Response:
-        return _json(self._own_status())
+        return _json(await self._own_status())
 
     async def _cluster(self, request: web.Request) -> web.Response:
         now = time.monotonic()
@@ -120,13 +124,14 @@ class HttpListener:
 
     async def _gather(self) -> dict[str, Any]:
         core = self.core
-        own = self._own_status()
+        own = await self._own_status()
 
         async def ask(node_id: int) -> dict[str, Any]:
+            async def page(request: api.StatusRequest) -> dict[str, Any]:
+                return await core.asker.ask(node_id, ApiKey.STATUS, request, CLUSTER_ASK_TIMEOUT_S)
+
             try:
-                return await core.asker.ask(
-                    node_id, ApiKey.STATUS, api.StatusRequest(), CLUSTER_ASK_TIMEOUT_S
-                )
+                return await node_status(page, None)
             except (TimeoutError, TidelogError, OSError) as exc:
                 error = (
                     exc if isinstance(exc, TidelogError) else TidelogError(str(exc) or "timeout")
