@@ -380,7 +380,7 @@ class AsyncClient:
             if "error" in t:
                 self._meta.topics.pop(str(t["name"]), None)
                 continue
-            leaders = [int(entry.get("leader", -1)) for entry in t.get("leaders", [])]
+            leaders = [int(leader) for leader in t.get("leaders", [])]
             info = TopicInfo(
                 name=str(t["name"]),
                 kind=str(t.get("kind", "stream")),

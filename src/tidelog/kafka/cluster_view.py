@@ -125,8 +125,9 @@ class ClusterView:
             return
         now = time.monotonic()
         for entry in api.decode(api.MetadataResponse, header).topics:
-            for p, found in enumerate(entry.get("leaders", [])):
-                leader, epoch = int(found.get("leader", -1)), int(found.get("epoch", -1))
+            found = zip(entry.get("leaders", []), entry.get("leader_epochs", []), strict=False)
+            for p, (leader, epoch) in enumerate(found):
+                leader, epoch = int(leader), int(epoch)
                 key = (str(entry.get("name")), p)
                 old = self._leaders.get(key)
                 if leader >= 0 and (old is None or epoch >= old[1] or now - old[2] > 1.0):
