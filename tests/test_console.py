@@ -120,10 +120,16 @@ def test_the_console_draws_the_three_zones_live(tmp_path: Path, browser: Browser
             "the committed zone grow",
             lambda: all(replica(page, "events/0", n)["hw"] >= 20 for n in cluster.node_ids),
         )
-        width = page.locator(
-            '[data-partition="events/0"] .replica.leader .zone.committed'
-        ).bounding_box()
-        assert width is not None and width["width"] > 50
+        # The page redraws every refresh: a box read while it swaps its elements is None.
+        width = wait_page(
+            page,
+            "the committed zone drawn",
+            lambda: page.locator(
+                '[data-partition="events/0"] .replica.leader .zone.committed'
+            ).bounding_box(),
+            timeout_s=5.0,
+        )
+        assert width["width"] > 50, width
         page.screenshot(path=str(shots / "2-committed.png"))
 
         # The leader is SIGKILLed: the page shows the new leader and its epoch.
@@ -161,8 +167,13 @@ def test_the_console_draws_the_three_zones_live(tmp_path: Path, browser: Browser
             "the deleted zone",
             lambda: replica(page, "events/0", new_leader)["log-start"] > 0,
         )
-        deleted = page.locator(f"{leader_bar} .zone.deleted").bounding_box()
-        assert deleted is not None and deleted["width"] > 10
+        deleted = wait_page(
+            page,
+            "the deleted zone drawn",
+            lambda: page.locator(f"{leader_bar} .zone.deleted").bounding_box(),
+            timeout_s=5.0,
+        )
+        assert deleted["width"] > 10, deleted
         hold = page.locator('[data-partition="events/0"] .hold').inner_text()
         assert "low-water mark" in hold and "set by" in hold, hold
         assert "retention" in hold or "replica" in hold, hold
