@@ -20,22 +20,23 @@ import logging
 import resource
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tidelog.kafka.broker import KafkaBroker
-from tidelog.kafka.listener import kafka_listener
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
 from tidelog.node.core import METADATA_GROUP, NodeCore
 from tidelog.node.join import join_cluster, load_joined
 from tidelog.node.listeners.base import ConnectionLimits, Listener
 from tidelog.node.listeners.client import client_listener
-from tidelog.node.listeners.http import HttpListener
 from tidelog.node.listeners.peer import PeerChannel, PeerListener
 from tidelog.node.partition import PartitionHost
 from tidelog.replication.metadata import MetadataState
 from tidelog.storage.descriptors import SEGMENT_FILES, capacity_for
 from tidelog.storage.identity import load_or_format
+
+if TYPE_CHECKING:
+    from tidelog.kafka.broker import KafkaBroker
+    from tidelog.node.listeners.http import HttpListener
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,18 @@ class Node:
         self.peer_channel: PeerChannel | None = None
         self.kafka: KafkaBroker | None = None
         self.kafka_listener: Listener | None = None
+        # The Kafka and HTTP listeners are imported only by the nodes that have them: their
+        # libraries (kio, aiohttp) are most of a node's start-up time.
         if config.kafka_listen is not None:
+            from tidelog.kafka.broker import KafkaBroker
+            from tidelog.kafka.listener import kafka_listener
+
             self.kafka = KafkaBroker(self.core, config.kafka_listen)
             self.kafka_listener = kafka_listener(self.kafka, limits)
         self.http: HttpListener | None = None
         if config.http_listen is not None:
+            from tidelog.node.listeners.http import HttpListener
+
             self.http = HttpListener(self.core)
         self.http_address: tuple[str, int] | None = None
         self.peer_address: tuple[str, int] = ("", -1)
