@@ -283,6 +283,11 @@ class Replica:
         self.epoch_start_offset = 0
         self.leader_since_tick = 0
         self.votes: set[int] = set()
+        # The vote request of our current campaign, and the voters it reached as far as the
+        # node's liveness knew: one that comes alive later (a new cluster's nodes starting one
+        # after another) is asked again at once rather than after an election timeout.
+        self._vote_request: VoteRequest | None = None
+        self._asked: set[int] = set()
         self.last_leader_contact = 0
         self.election_deadline = 0
         self.fetch_in_flight = False
@@ -368,6 +373,8 @@ class Replica:
                 self._maybe_send_fetch()
         elif self.now >= self.election_deadline and not (self.is_observer or self.is_learner):
             self._start_prevote()
+        else:
+            self._ask_voters_come_alive()
 
     def step(self, sender: int, message: Message, directory: str = NO_DIRECTORY) -> None:
         """A message from sender: the node id (and data directory) its transport vouches for.
@@ -799,8 +806,26 @@ class Replica:
             pre_vote=True,
             admitted=self.is_admitted,
         )
+        self._ask_voters(request)
+
+    def _ask_voters(self, request: VoteRequest) -> None:
+        self._vote_request = request
+        self._asked = set()
         for v in self._others():
             self._send(v, request)
+            if self.liveness is None or self.liveness.is_alive(v):
+                self._asked.add(v)
+
+    def _ask_voters_come_alive(self) -> None:
+        """A campaign's request to a voter whose node was not alive went nowhere (no link yet):
+        now that it is, ask again (a duplicate request gets the same answer)."""
+        request = self._vote_request
+        if request is None or self.liveness is None or request.epoch < self.epoch:
+            return
+        for v in self._others():
+            if v not in self._asked and v not in self.votes and self.liveness.is_alive(v):
+                self._asked.add(v)
+                self._send(v, request)
 
     def _start_election(self) -> None:
         self._set_role(Role.CANDIDATE)
@@ -819,8 +844,7 @@ class Replica:
             pre_vote=False,
             admitted=self.is_admitted,
         )
-        for v in self._others():
-            self._send(v, request)
+        self._ask_voters(request)
 
     def _on_vote_request(self, sender: int, req: VoteRequest) -> None:
         up_to_date = self._log_is_up_to_date(req.last_epoch, req.log_end_offset)
