@@ -14,6 +14,7 @@ import pytest
 
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
+from tidelog.replication.liveness import Heartbeat, Liveness
 from tidelog.replication.replica import Clock, QuorumState, Replica, ReplicaConfig
 from tidelog.storage.memory_log import MemoryLog
 from tidelog.testing.sim import SimParams, Simulation
@@ -50,6 +51,45 @@ def test_a_follower_without_a_leader_waits_for_its_election_deadline() -> None:
     r.ready()
     # it stood for election (a pre-vote): now it waits for answers until its next deadline
     assert not r.is_leader and r.next_deadline() is not None
+
+
+def test_a_campaign_asks_again_a_voter_that_comes_alive() -> None:
+    """A new cluster's first node stands before its peers listen: its requests go nowhere.
+    When the liveness hears a peer, the campaign asks it again at once, and the group has a
+    leader in a few ticks instead of after an election timeout."""
+    import random
+
+    clock = Clock()
+    voters = (1, 2, 3)
+    liveness = {n: Liveness(n, 100 + n, clock, 5, 20) for n in voters}
+    replicas = {
+        n: Replica(
+            ReplicaConfig(node_id=n, voters=voters, election_timeout_ticks=100),
+            MemoryLog(),
+            QuorumState(),
+            random.Random(n),
+            clock=clock,
+            liveness=liveness[n],
+        )
+        for n in voters
+    }
+    replicas[1].campaign()
+    assert replicas[1].ready().messages  # sent to nodes not up yet: lost
+    for n in voters:  # the peers are up now, and heartbeats cross
+        for m in voters:
+            if m != n:
+                liveness[m].on_heartbeat(n, Heartbeat(n, 100 + n))
+    started = clock.ticks
+    while not replicas[1].is_leader and clock.ticks - started < 10:
+        clock.ticks += 1
+        for n in voters:
+            replicas[n].act()
+        for _ in range(4):  # deliver what each sends, a few rounds a tick
+            for n in voters:
+                for out in replicas[n].ready().messages:
+                    replicas[out.to].step(n, out.message)
+    assert replicas[1].is_leader, "the campaign waited out its election timeout"
+    assert clock.ticks - started <= 2
 
 
 @pytest.mark.parametrize("sparse", [False, True])
