@@ -1024,10 +1024,12 @@ class NodeCore:
     def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
         names = req.topics if req.topics is not None else sorted(self.metadata.topics)
         topics: list[dict[str, Any]] = []
+        if len(self._metadata_cache) > len(self.metadata.topics):  # deleted topics' entries
+            for gone in set(self._metadata_cache) - set(self.metadata.topics):
+                del self._metadata_cache[gone]
         for name in names:
             meta = self.metadata.topics.get(name)
             if meta is None:
-                self._metadata_cache.pop(name, None)
                 topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
                 continue
             cached = self._metadata_cache.get(name)
