@@ -213,12 +213,29 @@ def test_a_low_watermark_that_ignores_cursors_is_caught(monkeypatch: pytest.Monk
 #   now such a follower starts over at the leader's log start.
 # 509: a late answer with the same fetch offset but computed for an older epoch made a follower
 #   truncate again; answers now echo the epoch they were computed for.
-REGRESSION_SEEDS = [458, 463, 992, 135, 220, 278, 509]
+# 411: the membership history, cut at a log start that fell exactly on a leader's removal of
+#   itself, lost the membership in effect below it; the removed leader, partitioned before the
+#   others had its removal, took it for committed and never stood again: no leader for good.
+REGRESSION_SEEDS = [458, 463, 992, 135, 220, 278, 509, 411]
 
 
 @pytest.mark.parametrize("seed", REGRESSION_SEEDS)
 def test_regression_seeds(seed: int) -> None:
     run_seed(seed)
+
+
+def test_the_membership_in_effect_at_the_log_start_outlives_the_entries_below_it() -> None:
+    """Seed 411, exactly: a change that sits at the log start is not yet in effect there."""
+    from tidelog.replication.membership import Membership, MembershipHistory
+
+    history = MembershipHistory(
+        [Membership(0, (1, 2, 3)), Membership(486, (3, 1)), Membership(497, (1,))]
+    )
+    history.forget_below(497)
+    assert history.at(497).voters == (3, 1)  # committed while the HW is 497
+    assert history.current.voters == (1,)
+    history.forget_below(498)
+    assert [m.offset for m in history.entries] == [497]
 
 
 class MemorySnapshots:

@@ -121,8 +121,12 @@ class MembershipHistory:
         self.entries = [membership]
 
     def forget_below(self, log_start: int) -> bool:
-        """Entries wholly below the log start are gone, except the one still in effect."""
-        base = self.at(log_start + 1)
+        """Entries wholly below the log start are gone, except the one in effect at it: the
+        HW is never below the log start, and the committed membership is the one in effect at
+        the HW. (Keeping only from an entry at the log start itself lost that: a leader that
+        removed itself at the log start then took its removal for committed, and stood no
+        more, though the others lacked the change and needed it to lead: simulator seed 411.)"""
+        base = self.at(log_start)
         keep = [m for m in self.entries if m.offset >= base.offset]
         changed = len(keep) != len(self.entries)
         self.entries = keep
