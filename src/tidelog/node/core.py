@@ -1016,7 +1016,8 @@ class NodeCore:
     def _leader_known(self, host: PartitionHost) -> None:
         cached = self._metadata_cache.get(host.topic)
         if cached is not None and host.partition < len(cached[1]["leaders"]):
-            # In place: an answer holding the entry was encoded in the turn that made it.
+            # In place. An answer still waiting in its connection (behind an earlier request's)
+            # goes out with the newer leader: leaders are hints, and a newer one is better.
             entry = cached[1]
             entry["leaders"][host.partition] = host.replica.leader_id
             entry["leader_epochs"][host.partition] = host.replica.epoch
