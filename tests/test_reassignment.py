@@ -15,7 +15,14 @@ import pytest
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
-from tidelog.errors import InvalidReplicaAssignment, TidelogError, UnknownTopicOrPartition
+from tidelog.errors import (
+    InvalidReplicaAssignment,
+    NotLeader,
+    TidelogError,
+    UnknownTopicOrPartition,
+)
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
 
 
 def replicas_of(client: Client, topic: str, partition: int) -> dict[int, dict[str, object]]:
@@ -157,6 +164,19 @@ def test_a_single_replica_partition_moves_between_nodes_with_the_cli(tmp_path: P
             "--bootstrap", cluster.bootstrap,
         )  # fmt: skip
         assert f"now on replicas [{dst}]" in out
+        # --wait read the move's state where it is decided: the metadata leader's answer alone
+        # (another node may not have applied the move yet, and would call it done already).
+        metadata_leader = client.describe_cluster().metadata_leader
+        for node in cluster.node_ids:
+            request = api.MetadataRequest(["one"], leader_only=True)
+            address = ("127.0.0.1", cluster.ports[node])
+            if node == metadata_leader:
+                header, _ = client._run(client.async_client.call(address, ApiKey.METADATA, request))
+                assert api.decode(api.MetadataResponse, header).metadata_leader == node
+            else:
+                with pytest.raises(NotLeader) as refused:
+                    client._run(client.async_client.call(address, ApiKey.METADATA, request))
+                assert refused.value.leader_hint == metadata_leader
         records = client.consume("one", 0, "earliest")
         assert [r.value for r in records] == [b"r%d" % i for i in range(50)]
         assert merge_status(client.status(["one"]), "one")[0]["leader"] == dst

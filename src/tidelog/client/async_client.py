@@ -366,7 +366,7 @@ class AsyncClient:
     ) -> None:
         """at_metadata_leader: read what was just changed (any other node may not have
         applied it yet)."""
-        request = api.MetadataRequest(topics)
+        request = api.MetadataRequest(topics, leader_only=at_metadata_leader)
         if at_metadata_leader:
             header = await self._to_metadata_leader(ApiKey.METADATA, request)
         else:

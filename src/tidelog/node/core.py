@@ -547,6 +547,7 @@ class NodeCore:
                 removed_segments=host.recovery.removed_segments,
             )
         self.hosts[host.group] = host
+        self._leader_known(host)  # a single replica led from its first step: no change to see
         self.cleaner.scrub_later(host)
         host.process_ready()
         return host
@@ -1013,6 +1014,10 @@ class NodeCore:
             )
         return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
 
+    def forget_metadata_answer(self, topic: str) -> None:
+        """A replica of the topic left this node: its cached answer is built again."""
+        self._metadata_cache.pop(topic, None)
+
     def _leader_known(self, host: PartitionHost) -> None:
         cached = self._metadata_cache.get(host.topic)
         if cached is not None and host.partition < len(cached[1]["leaders"]):
@@ -1023,6 +1028,8 @@ class NodeCore:
             entry["leader_epochs"][host.partition] = host.replica.epoch
 
     def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
+        if req.leader_only:
+            self._require_metadata_leader()
         names = req.topics if req.topics is not None else sorted(self.metadata.topics)
         topics: list[dict[str, Any]] = []
         if len(self._metadata_cache) > len(self.metadata.topics):  # deleted topics' entries

@@ -240,6 +240,7 @@ class TopicReplicas:
         background."""
         core = self.core
         core.hosts.pop(host.group, None)
+        core.forget_metadata_answer(host.topic)
         host.driver.stopped = True
         gc.unfreeze()  # what the removed replica held is collected again (frozen next pass)
         core.counters.inc("tidelog_replicas_removed_total")

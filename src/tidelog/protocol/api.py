@@ -131,6 +131,9 @@ class ListOffsetsResponse:
 @dataclass(frozen=True)
 class MetadataRequest:
     topics: list[str] | None = None
+    # Answered by the metadata log's leader only (others: NotLeader with a hint): what was just
+    # changed reads back as changed, and a move reads as done only once it is.
+    leader_only: bool = False
 
 
 @dataclass(frozen=True)
