@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.request
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from tidelog.record import ProducerRecord, build_batch, decode_records, iter_headers
 
@@ -43,3 +47,28 @@ def wait_for(what: str, check: Any, timeout_s: float = 30.0) -> Any:
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+# -- a node's /metrics, parsed with Prometheus's own parser ----------------------------------
+
+
+def scrape(url: str) -> dict[str, list[Sample]]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = answer.read().decode()
+    families: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(text):
+        assert family.name not in families, f"{family.name} twice"
+        families[family.name] = list(family.samples)
+    return families
+
+
+def value(families: dict[str, list[Sample]], name: str, **labels: str) -> float:
+    family = name.removesuffix("_total").removesuffix("_bucket").removesuffix("_count")
+    found = [
+        s.value
+        for s in families.get(family, families.get(name, []))
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    assert len(found) == 1, f"{name} {labels}: {found}"
+    return found[0]

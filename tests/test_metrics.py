@@ -12,10 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
-from helpers import wait_for
+from helpers import scrape, value, wait_for
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -24,28 +22,6 @@ from tidelog.node.config import NodeConfig
 from tidelog.record import ProducerRecord
 
 FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
-
-
-def scrape(url: str) -> dict[str, list[Sample]]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
-        assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = answer.read().decode()
-    families: dict[str, list[Sample]] = {}
-    for family in text_string_to_metric_families(text):
-        assert family.name not in families, f"{family.name} twice"
-        families[family.name] = list(family.samples)
-    return families
-
-
-def value(families: dict[str, list[Sample]], name: str, **labels: str) -> float:
-    family = name.removesuffix("_total").removesuffix("_bucket").removesuffix("_count")
-    found = [
-        s.value
-        for s in families.get(family, families.get(name, []))
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    ]
-    assert len(found) == 1, f"{name} {labels}: {found}"
-    return found[0]
 
 
 @pytest.fixture

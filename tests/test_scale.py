@@ -8,31 +8,16 @@ from __future__ import annotations
 import os
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from helpers import scrape, value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 
 ELECTION_TIMEOUT_S = 0.8 + 0.4  # election_timeout_ms and election_jitter_ms, the defaults
-
-
-def metadata_histogram(metrics_url: str) -> tuple[float, float]:
-    """(metadata answers, those answered within 50 ms) from the node's /metrics."""
-    with urllib.request.urlopen(metrics_url + "/metrics", timeout=30) as answer:
-        text = answer.read().decode()
-    count = within = 0.0
-    for line in text.splitlines():
-        if 'request="metadata"' not in line or not line.startswith("tidelog_request_seconds"):
-            continue
-        if line.startswith("tidelog_request_seconds_count"):
-            count = float(line.rsplit(" ", 1)[1])
-        elif 'le="0.05"' in line:
-            within = float(line.rsplit(" ", 1)[1])
-    return count, within
 
 
 def produce_p50(client: Client, topic: str, partitions: int, count: int) -> float:
@@ -67,7 +52,12 @@ def test_one_node_with_5000_partitions_answers_at_once_within_1024_descriptors(
             client.topic("wide", refresh=True)  # 5,000 partitions
         # The node's own answer time (its request histogram): the round trip adds this
         # process's decoding of a 5,000-partition answer, which no node can make faster.
-        answered, within = metadata_histogram(cluster.http_url(1))
+        families = scrape(cluster.http_url(1))
+        seconds = "tidelog_request_seconds"
+        answered = value(families, f"{seconds}_count", listener="client", request="metadata")
+        within = value(
+            families, f"{seconds}_bucket", listener="client", request="metadata", le="0.05"
+        )
         assert answered >= 100 and within >= 0.99 * answered, (
             f"{answered - within} of {answered} metadata answers took over 50 ms"
         )

@@ -213,10 +213,10 @@ class NodeCore:
         self._deadline_seq = 0
         self._dirty: dict[str, PartitionHost] = {}
         self._to_checkpoint: dict[str, PartitionHost] = {}  # HW moved since the last round
-        # Each topic's metadata entry, built once per version of the topic's TopicMeta (a new
-        # object at every change) and kept current as its replicas learn leaders: a
-        # 10,000-partition topic's entry is 10,000 leaders, and a failover changes thousands.
-        self._metadata_cache: dict[str, tuple[TopicMeta, dict[str, Any]]] = {}
+        # Each topic's metadata entry, built when asked after the topic changed (topics.py
+        # forgets it) and kept current as its replicas learn leaders: a 10,000-partition
+        # topic's entry is 10,000 leaders, and a failover changes thousands.
+        self._metadata_cache: dict[str, dict[str, Any]] = {}
         self.topics = TopicReplicas(self)
         self.registry = NodeRegistry(self)
         # The metadata log's first voters: --peers, or for a node that joined a running cluster
@@ -1015,15 +1015,15 @@ class NodeCore:
         return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
 
     def forget_metadata_answer(self, topic: str) -> None:
-        """A replica of the topic left this node: its cached answer is built again."""
+        """The topic changed (or was deleted), or a replica of it left this node: its cached
+        answer is built again when next asked."""
         self._metadata_cache.pop(topic, None)
 
     def _leader_known(self, host: PartitionHost) -> None:
-        cached = self._metadata_cache.get(host.topic)
-        if cached is not None and host.partition < len(cached[1]["leaders"]):
+        entry = self._metadata_cache.get(host.topic)
+        if entry is not None and host.partition < len(entry["leaders"]):
             # In place. An answer still waiting in its connection (behind an earlier request's)
             # goes out with the newer leader: leaders are hints, and a newer one is better.
-            entry = cached[1]
             entry["leaders"][host.partition] = host.replica.leader_id
             entry["leader_epochs"][host.partition] = host.replica.epoch
 
@@ -1032,16 +1032,13 @@ class NodeCore:
             self._require_metadata_leader()
         names = req.topics if req.topics is not None else sorted(self.metadata.topics)
         topics: list[dict[str, Any]] = []
-        if len(self._metadata_cache) > len(self.metadata.topics):  # deleted topics' entries
-            for gone in set(self._metadata_cache) - set(self.metadata.topics):
-                del self._metadata_cache[gone]
         for name in names:
             meta = self.metadata.topics.get(name)
             if meta is None:
                 topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
                 continue
-            cached = self._metadata_cache.get(name)
-            if cached is None or cached[0] is not meta:
+            entry = self._metadata_cache.get(name)
+            if entry is None:
                 entry = meta.to_wire()
                 del entry["initial_assignments"]  # the metadata log's own business
                 # Two lists of numbers, not a dict per partition: a 10,000-partition answer is
@@ -1049,8 +1046,8 @@ class NodeCore:
                 known = [self._known_leader(name, p) for p in range(meta.partitions)]
                 entry["leaders"] = [leader for leader, _ in known]
                 entry["leader_epochs"] = [epoch for _, epoch in known]
-                cached = self._metadata_cache[name] = (meta, entry)
-            topics.append(cached[1])
+                self._metadata_cache[name] = entry
+            topics.append(entry)
         nodes = [
             {"node_id": n, "host": e.host, "port": e.port}
             for n, e in sorted(self.registry.nodes().items())
@@ -1294,14 +1291,18 @@ class NodeCore:
             )
         wanted = set(req.topics) if req.topics is not None else None
         after = (req.after_topic, req.after_partition)
-        chosen = sorted(
-            ((host.topic, host.partition), host)
-            for host in self.hosts.values()
-            if (host.topic, host.partition) > after
-            and (
-                (wanted is None and host.topic != METADATA_TOPIC)
-                or (wanted is not None and host.topic in wanted)
-            )
+        # The page and one more (to tell whether more follow), not every replica sorted.
+        chosen = heapq.nsmallest(
+            limit + 1,
+            (
+                ((host.topic, host.partition), host)
+                for host in self.hosts.values()
+                if (host.topic, host.partition) > after
+                and (
+                    (wanted is None and host.topic != METADATA_TOPIC)
+                    or (wanted is not None and host.topic in wanted)
+                )
+            ),
         )
         partitions = []
         for _, host in chosen[:limit]:

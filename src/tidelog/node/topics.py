@@ -80,6 +80,7 @@ class TopicReplicas:
         """Make this node's replicas of the topic match the metadata, in a task that takes
         turns with the rest of the loop: opening thousands of partitions must not stop the node
         from answering (node/turns.py). A change while it runs makes it run again."""
+        self.core.forget_metadata_answer(name)
         if name in self._reconciling:
             self._again.add(name)
             return

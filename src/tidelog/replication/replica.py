@@ -818,9 +818,10 @@ class Replica:
 
     def _ask_voters_come_alive(self) -> None:
         """A campaign's request to a voter whose node was not alive went nowhere (no link yet):
-        now that it is, ask again (a duplicate request gets the same answer)."""
+        now that it is, ask again (a duplicate request gets the same answer). Called only while
+        we campaign, so the request is this campaign's: each one stores its own."""
         request = self._vote_request
-        if request is None or self.liveness is None or request.epoch < self.epoch:
+        if request is None or self.liveness is None:
             return
         for v in self._others():
             if v not in self._asked and v not in self.votes and self.liveness.is_alive(v):
