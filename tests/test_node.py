@@ -20,6 +20,7 @@ from tidelog.config import InvalidConfig
 from tidelog.errors import (
     CorruptRecord,
     InvalidRequest,
+    NotLeader,
     OffsetOutOfRange,
     RecordTooLarge,
     TopicAlreadyExists,
@@ -304,6 +305,49 @@ def test_restart_serves_the_acknowledged_prefix(tmp_path: Path) -> None:
 
     run(tmp_path, first)
     run(tmp_path, second)
+
+
+def test_a_node_listening_before_its_metadata_log_is_open_says_come_again(
+    tmp_path: Path,
+) -> None:
+    """A node binds its listeners (and so chooses its ports) before it opens its metadata log:
+    a request in between gets a named, retriable NotLeader ("starting"), never an internal
+    error, and a client's retries get through once the node is up."""
+
+    async def main() -> None:
+        node = Node(NodeConfig(data_dir=tmp_path / "node", listen=("127.0.0.1", 0)))
+        opening = asyncio.Event()
+        open_core = node.core.start
+
+        async def held_start() -> None:  # holds the start where the window is
+            await opening.wait()
+            await open_core()
+
+        node.core.start = held_start  # type: ignore[method-assign]
+        starting = asyncio.create_task(node.start())
+        try:
+            while node.config.listen[1] == 0:
+                await asyncio.sleep(0.01)
+            address = f"127.0.0.1:{node.config.listen[1]}"
+            async with AsyncClient(address, retries=1) as impatient:
+                with pytest.raises(NotLeader, match="starting"):
+                    await impatient.call(node.config.listen, ApiKey.METADATA, api.MetadataRequest())
+                with pytest.raises(NotLeader, match="starting"):
+                    await impatient.create_topic("t")
+            async with AsyncClient(address, retries=20) as patient:
+                creating = asyncio.create_task(patient.create_topic("t"))
+                await asyncio.sleep(0.3)
+                assert not creating.done()
+                opening.set()
+                await starting
+                info = await asyncio.wait_for(creating, 30)
+                assert info.partitions == 1
+        finally:
+            opening.set()
+            await starting
+            await node.stop()
+
+    asyncio.run(main())
 
 
 def test_request_types_and_the_cores_handlers_are_the_same_set(tmp_path: Path) -> None:

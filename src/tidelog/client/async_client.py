@@ -352,7 +352,7 @@ class AsyncClient:
             address = addresses[attempt % len(addresses)]
             try:
                 return await self.call(address, key, request)
-            except (NetworkError, Timeout) as exc:
+            except (NetworkError, Timeout, NotLeader) as exc:  # NotLeader: a node starting
                 last = exc
                 if attempt + 1 >= len(addresses):
                     await asyncio.sleep(self._backoff(attempt))

@@ -170,6 +170,7 @@ class KafkaBroker:
     async def handle(self, principal: Principal, request: KafkaRequest) -> Answer:
         # What the core does not see (groups' membership, producer ids) is authorized here;
         # everything else is, by the core, as it is for tidelog's protocol.
+        self.core.require_started()
         operation = KAFKA_ONLY_OPERATIONS.get(request.api_key)
         if operation is not None:
             self.core.access.authorize(principal, operation, Resource.cluster())

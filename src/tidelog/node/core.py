@@ -651,6 +651,12 @@ class NodeCore:
     def metadata_host(self) -> PartitionHost:
         return self.hosts[METADATA_GROUP]
 
+    def require_started(self) -> None:
+        """Listeners are bound (and a port chosen) before the metadata log is open: a request
+        in between is told to come again, as one to a node that is not the leader is."""
+        if METADATA_GROUP not in self.hosts:
+            raise NotLeader(f"node {self.node_id} is starting", leader_hint=-1)
+
     def _release_metadata_waiters(self) -> None:
         applied = self.metadata.applied_offset
         keep: list[tuple[int, asyncio.Future[None]]] = []
@@ -754,6 +760,7 @@ class NodeCore:
     def authorize(self, principal: Principal, request: Any) -> Handler:
         """May principal make this request? (A listener that forwards a request to another
         node asks here first.) Its handler if so."""
+        self.require_started()
         entry = self._handlers.get(type(request))
         if entry is None:
             raise UnsupportedApi(f"{type(request).__name__} is not a request the core serves")

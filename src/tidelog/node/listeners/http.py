@@ -86,6 +86,8 @@ class HttpListener:
             self.core.authorize(principal, api.StatusRequest())
         except NotAuthorized as exc:
             return web.json_response({"error": exc.to_wire()}, status=403)
+        except TidelogError as exc:  # still starting
+            return web.json_response({"error": exc.to_wire()}, status=503)
         try:
             response: web.StreamResponse = await handler(request)
         except TidelogError as exc:
