@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import struct
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -15,11 +13,9 @@ from hypothesis import strategies as st
 from tidelog.errors import InvalidRequest, NotLeader, OffsetOutOfRange, from_wire
 from tidelog.protocol import api
 from tidelog.protocol.framing import (
-    FRAME_BYTES_MAX_DEFAULT,
     PREFIX,
     Frame,
     FrameDecoder,
-    FrameReader,
     Kind,
     RemoteProtocolError,
     encode_frame,
@@ -62,91 +58,39 @@ def decode_all(decoder: FrameDecoder, chunks: list[bytes]) -> list[Frame]:
     return out
 
 
-def read_all(reader: FrameReader, chunks: list[bytes]) -> list[Frame]:
-    """As a BufferedProtocol's transport feeds it: each chunk into the buffers the reader
-    hands out, as much as each takes, frames taken after every read."""
-    out = []
-    for chunk in chunks:
-        view = memoryview(chunk)
-        while view:
-            buffer = reader.get_buffer(-1)
-            assert len(buffer) > 0
-            n = min(len(buffer), len(view))
-            buffer[:n] = view[:n]
-            view = view[n:]
-            reader.buffer_updated(n)
-            while (frame := reader.next_frame()) is not None:
-                out.append(frame)
-    return out
-
-
-Decode = Callable[[list[bytes], int], list[Frame]]
-DECODERS: dict[str, Decode] = {
-    "FrameDecoder": lambda chunks, limit: decode_all(FrameDecoder(limit), chunks),
-    "FrameReader": lambda chunks, limit: read_all(FrameReader(limit), chunks),
-}
-
-
-@pytest.mark.parametrize("decoder", DECODERS)
-@given(items=st.lists(frames, min_size=1, max_size=5))
-def test_frames_whole_and_one_byte_at_a_time(decoder: str, items: list[Frame]) -> None:
-    decode = DECODERS[decoder]
+@given(st.lists(frames, min_size=1, max_size=5))
+def test_frames_whole_and_one_byte_at_a_time(items: list[Frame]) -> None:
     blob = b"".join(encode_frame(f) for f in items)
-    assert decode([blob], FRAME_BYTES_MAX_DEFAULT) == items
-    assert decode([blob[i : i + 1] for i in range(len(blob))], FRAME_BYTES_MAX_DEFAULT) == items
+    assert decode_all(FrameDecoder(), [blob]) == items
+    assert decode_all(FrameDecoder(), [blob[i : i + 1] for i in range(len(blob))]) == items
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    sizes=st.lists(st.sampled_from([0, 10, 65_535, 65_536, 300_000, 1_200_000]), max_size=6),
-    cuts=st.lists(st.integers(1, 400_000), min_size=1, max_size=30),
-    header_bytes=st.sampled_from([2, 300_000]),
-)
-def test_the_reader_takes_large_payloads_and_headers_in_any_pieces(
-    sizes: list[int], cuts: list[int], header_bytes: int
-) -> None:
-    """Payloads large enough to get a buffer of their own, headers larger than the read
-    buffer, frames of both kinds in one read: the reader gives the frames that were sent."""
-    items = [
-        Frame(Kind.RESPONSE, 1, i, {"h": "x" * (header_bytes - 8)}, bytes([i % 251]) * size)
-        for i, size in enumerate(sizes)
-    ]
-    blob = b"".join(encode_frame(f) for f in items)
-    chunks, at = [], 0
-    for i in itertools.count():
-        if at >= len(blob):
-            break
-        chunks.append(blob[at : at + cuts[i % len(cuts)]])
-        at += cuts[i % len(cuts)]
-    assert read_all(FrameReader(), chunks) == items
-
-
-@pytest.mark.parametrize("decoder", DECODERS)
-def test_limits_close_the_connection(decoder: str) -> None:
-    decode = DECODERS[decoder]
+def test_limits_close_the_connection() -> None:
+    decoder = FrameDecoder(frame_bytes_max=1000)
+    decoder.receive_data(struct.pack(">I", 5000))
     with pytest.raises(RemoteProtocolError):
-        decode([struct.pack(">I", 5000)], 1000)
+        decoder.next_frame()
+    assert decoder.closed
+    decoder = FrameDecoder()
+    decoder.receive_data(PREFIX.pack(20, 0, 1, 1, 500) + b"x" * 9)
     with pytest.raises(RemoteProtocolError):
-        decode([PREFIX.pack(20, 0, 1, 1, 500) + b"x" * 9], FRAME_BYTES_MAX_DEFAULT)
+        decoder.next_frame()
+    decoder = FrameDecoder()
+    decoder.receive_data(PREFIX.pack(11 + 4, 0, 1, 1, 4) + b"[1] ")
     with pytest.raises(RemoteProtocolError, match="object"):
-        decode([PREFIX.pack(11 + 4, 0, 1, 1, 4) + b"[1] "], FRAME_BYTES_MAX_DEFAULT)
+        decoder.next_frame()
+    decoder = FrameDecoder()
+    decoder.receive_data(PREFIX.pack(11 + 2, 7, 1, 1, 2) + b"{}")
     with pytest.raises(RemoteProtocolError, match="kind"):
-        decode([PREFIX.pack(11 + 2, 7, 1, 1, 2) + b"{}"], FRAME_BYTES_MAX_DEFAULT)
-    for closed in (FrameDecoder(frame_bytes_max=1000), FrameReader(frame_bytes_max=1000)):
-        with pytest.raises(RemoteProtocolError):
-            if isinstance(closed, FrameDecoder):
-                decode_all(closed, [struct.pack(">I", 5000)])
-            else:
-                read_all(closed, [struct.pack(">I", 5000)])
-        assert closed.closed
+        decoder.next_frame()
 
 
-@pytest.mark.parametrize("decoder", DECODERS)
 @settings(max_examples=3000)
-@given(blob=st.binary(max_size=200))
-def test_fuzz_frame_decoder(decoder: str, blob: bytes) -> None:
+@given(st.binary(max_size=200))
+def test_fuzz_frame_decoder(blob: bytes) -> None:
+    decoder = FrameDecoder(frame_bytes_max=4096)
     try:
-        DECODERS[decoder]([blob], 4096)
+        decode_all(decoder, [blob])
     except RemoteProtocolError:
         pass
 

@@ -10,18 +10,18 @@ import typing
 from typing import Any
 
 from tidelog.errors import NetworkError, Timeout
-from tidelog.protocol.framing import Frame, FrameReader, Kind, encode_prefix
+from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
 from tidelog.tls import HANDSHAKE_TIMEOUT_S, handshake_error
 
 CLIENT_FRAME_BYTES_MAX = 256 * 1024 * 1024
 
 
-class NodeConnection(asyncio.BufferedProtocol):
+class NodeConnection(asyncio.Protocol):
     def __init__(self, address: tuple[str, int], tls: bool = False) -> None:
         self.address = address
         self.tls = tls
         self.answered = False  # any frame came back (else a plain client at a TLS port?)
-        self.reader = FrameReader(CLIENT_FRAME_BYTES_MAX)
+        self.decoder = FrameDecoder(CLIENT_FRAME_BYTES_MAX)
         self.transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._ids = itertools.count(1)
@@ -61,16 +61,11 @@ class NodeConnection(asyncio.BufferedProtocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        # The transport reads (TLS decrypts) into the reader's buffers: a fetched payload is
-        # not copied through the transport's buffer and a join first.
-        return self.reader.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
+    def data_received(self, data: bytes) -> None:
         try:
-            self.reader.buffer_updated(nbytes)
+            self.decoder.receive_data(data)
             while True:
-                frame = self.reader.next_frame()
+                frame = self.decoder.next_frame()
                 if frame is None:
                     break
                 self.answered = True

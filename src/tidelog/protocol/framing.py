@@ -190,180 +190,28 @@ class FrameDecoder:
             return None
         frame_size, kind, api, correlation_id, header_size = PREFIX.unpack(self._peek(PREFIX_SIZE))
         self._check_size(frame_size)
-        _check_prefix(frame_size, kind, header_size, self.header_bytes_max)
+        if kind not in (0, 1, 2):
+            raise RemoteProtocolError(f"unknown frame kind {kind}")
+        if header_size > frame_size - _AFTER_SIZE or header_size > self.header_bytes_max:
+            raise RemoteProtocolError(f"header size {header_size} does not fit frame {frame_size}")
         total = 4 + frame_size
         if self._available < total:
             return None
         raw_header = self._take(PREFIX_SIZE + header_size)[PREFIX_SIZE:]
         payload = self._take_bytes(total - PREFIX_SIZE - header_size)
-        return Frame(Kind(kind), api, correlation_id, _parse_header(raw_header), payload)
+        try:
+            header = json.loads(bytes(raw_header)) if header_size else {}
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise RemoteProtocolError(f"frame header is not JSON: {exc}") from exc
+        except RecursionError:
+            # Python's parser recurses per nesting level: a deep header is an attack, not JSON.
+            raise RemoteProtocolError("frame header is nested too deeply") from None
+        if not isinstance(header, dict):
+            raise RemoteProtocolError("frame header is not a JSON object")
+        return Frame(Kind(kind), api, correlation_id, header, payload)
 
     def _check_size(self, frame_size: int) -> None:
-        _check_frame_size(frame_size, self.frame_bytes_max)
-
-
-def _check_frame_size(frame_size: int, frame_bytes_max: int) -> None:
-    if frame_size < _AFTER_SIZE or frame_size > frame_bytes_max:
-        raise RemoteProtocolError(
-            f"frame size {frame_size} outside [{_AFTER_SIZE}, {frame_bytes_max}]"
-        )
-
-
-def _check_prefix(frame_size: int, kind: int, header_size: int, header_bytes_max: int) -> None:
-    if kind not in (0, 1, 2):
-        raise RemoteProtocolError(f"unknown frame kind {kind}")
-    if header_size > frame_size - _AFTER_SIZE or header_size > header_bytes_max:
-        raise RemoteProtocolError(f"header size {header_size} does not fit frame {frame_size}")
-
-
-def _parse_header(raw: bytes | memoryview) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        header = json.loads(bytes(raw))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RemoteProtocolError(f"frame header is not JSON: {exc}") from exc
-    except RecursionError:
-        # Python's parser recurses per nesting level: a deep header is an attack, not JSON.
-        raise RemoteProtocolError("frame header is nested too deeply") from None
-    if not isinstance(header, dict):
-        raise RemoteProtocolError("frame header is not a JSON object")
-    return header
-
-
-READ_BUFFER_BYTES = 256 * 1024  # the most a connection reads at once into its shared buffer
-READ_BUFFER_MIN_BYTES = 16 * 1024  # what a quiet connection keeps (a node may have thousands)
-READ_ROOM_MIN = 4 * 1024  # less room than this at the buffer's end: move what is left first
-OWN_BUFFER_PAYLOAD_BYTES = 64 * 1024  # a payload this large is read into a buffer of its own
-
-
-class FrameReader:
-    """FrameDecoder's work for asyncio's BufferedProtocol: the transport reads (or TLS decrypts)
-    straight into buffers this object hands out with get_buffer().
-
-    Frames are cut from one reusable buffer; a large payload, once its frame's header is in, is
-    read into a buffer of exactly its size, so its bytes are copied once after the socket (not
-    into the transport's buffer, then a bytes object, then a join, as with data_received).
-    """
-
-    def __init__(
-        self,
-        frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
-        header_bytes_max: int = HEADER_BYTES_MAX_DEFAULT,
-        own_buffer_bytes_max: int | None = None,
-    ) -> None:
-        self.frame_bytes_max = frame_bytes_max
-        self.header_bytes_max = header_bytes_max
-        # The largest payload given a buffer of its own before its bytes arrive (None: any).
-        # A node sets it to what its receive budget reserved for the frame: a declared size
-        # alone must not make it allocate.
-        self.own_buffer_bytes_max = own_buffer_bytes_max
-        self._buf = bytearray(READ_BUFFER_MIN_BYTES)
-        self._offered = 0  # the room the last get_buffer() gave
-        self._streaming = False  # the last read filled it: read more at once
-        self._read = 0  # first byte not yet cut into a frame
-        self._written = 0  # end of the bytes received into _buf
-        # The frame whose payload is being read into a buffer of its own.
-        self._started: tuple[Kind, int, int, dict[str, Any]] | None = None
-        self._payload = bytearray()
-        self._filled = 0
-        self._started_size = 0
-        self.closed = False
-
-    def get_buffer(self, size_hint: int = -1) -> memoryview:
-        if self._started is not None:
-            return memoryview(self._payload)[self._filled :]
-        left = self._written - self._read
-        size = len(self._buf)
-        if self._streaming:
-            size = min(size * 4, READ_BUFFER_BYTES)
-        elif not left:
-            size = READ_BUFFER_MIN_BYTES  # quiet again: give the memory back
-        if size != len(self._buf) or len(self._buf) - self._written < READ_ROOM_MIN:
-            # A new buffer, not a resized one: the transport may still hold a view of the old.
-            # Beyond READ_BUFFER_BYTES only for a header that does not fit (header_bytes_max).
-            buf = bytearray(max(size, left + left // 2 + READ_ROOM_MIN))
-            buf[:left] = memoryview(self._buf)[self._read : self._written]
-            self._buf, self._read, self._written = buf, 0, left
-        room = memoryview(self._buf)[self._written :]
-        self._offered = len(room)
-        return room
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._started is not None:
-            self._filled += nbytes
-        else:
-            self._written += nbytes
-            self._streaming = nbytes == self._offered
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._written - self._read + self._filled
-
-    def discard(self) -> None:
-        """The connection ended: let go of its buffers now (a large frame's among them)."""
-        self._buf, self._read, self._written = bytearray(), 0, 0
-        self._started, self._payload, self._filled = None, bytearray(), 0
-        self.closed = True
-
-    def pending_frame_size(self) -> int | None:
-        """The whole size (prefix included) the frame being received declares, once its
-        4-byte size is in (checked against the limit before anything more is buffered)."""
-        if self._started is not None:
-            return self._started_size
-        if self._written - self._read < 4:
-            return None
-        frame_size = int.from_bytes(self._buf[self._read : self._read + 4], "big")
-        _check_frame_size(frame_size, self.frame_bytes_max)
-        return 4 + frame_size
-
-    def next_frame(self) -> Frame | None:
-        try:
-            return self._next_frame()
-        except RemoteProtocolError:
-            self.closed = True
-            raise
-
-    def _next_frame(self) -> Frame | None:
-        if self._started is not None:
-            if self._filled < len(self._payload):
-                return None
-            kind, api, correlation_id, header = self._started
-            payload = bytes(self._payload)
-            self._started, self._payload, self._filled = None, bytearray(), 0
-            return Frame(kind, api, correlation_id, header, payload)
-        start, available = self._read, self._written - self._read
-        if available < 4:
-            return None
-        buf = self._buf
-        frame_size = int.from_bytes(buf[start : start + 4], "big")
-        _check_frame_size(frame_size, self.frame_bytes_max)
-        if available < PREFIX_SIZE:
-            return None
-        _, kind, api, correlation_id, header_size = PREFIX.unpack_from(buf, start)
-        _check_prefix(frame_size, kind, header_size, self.header_bytes_max)
-        total = 4 + frame_size
-        header_end = start + PREFIX_SIZE + header_size
-        payload_size = total - PREFIX_SIZE - header_size
-        if available < total and (
-            payload_size < OWN_BUFFER_PAYLOAD_BYTES
-            or self._written < header_end
-            or (self.own_buffer_bytes_max is not None and payload_size > self.own_buffer_bytes_max)
-        ):
-            return None
-        view = memoryview(buf)
-        header = _parse_header(view[start + PREFIX_SIZE : header_end])
-        if available >= total:
-            payload = bytes(view[header_end : start + total])
-            self._read += total
-            if self._read == self._written:
-                self._read = self._written = 0
-            return Frame(Kind(kind), api, correlation_id, header, payload)
-        # A large payload, partly in: the rest is read straight into its own buffer.
-        self._payload = bytearray(payload_size)
-        self._started_size = total
-        self._filled = self._written - header_end
-        self._payload[: self._filled] = view[header_end : self._written]
-        self._started = (Kind(kind), api, correlation_id, header)
-        self._read = self._written = 0
-        return None
+        if frame_size < _AFTER_SIZE or frame_size > self.frame_bytes_max:
+            raise RemoteProtocolError(
+                f"frame size {frame_size} outside [{_AFTER_SIZE}, {self.frame_bytes_max}]"
+            )

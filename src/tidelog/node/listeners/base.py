@@ -39,7 +39,7 @@ from tidelog.node.failstop import FailStop
 from tidelog.node.metrics import Counters
 from tidelog.node.quotas import Quotas
 from tidelog.node.transport import FrameWriter, Payload, tune_socket
-from tidelog.protocol.framing import READ_BUFFER_BYTES, Frame, FrameDecoder, FrameReader, Kind
+from tidelog.protocol.framing import Frame, FrameDecoder, Kind
 from tidelog.tls import HANDSHAKE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,6 @@ log = logging.getLogger(__name__)
 HOLDING_PAUSES = frozenset({"inflight", "authenticating", "throttled"})
 
 SMALL_FRAME_BYTES = 64 * 1024  # frames this small are read without a reservation
-# A reserved frame's payload up to this size is read into a buffer of its size at once; a
-# larger one grows with what arrives (a client that stalls holds what it sent, not more).
-OWN_BUFFER_BYTES_MAX = 8 * 1024 * 1024
 EVICT_AFTER_S = 1.0  # a connection that did nothing for this long may make room for a new one
 DROP_GRACE_S = 1.0  # what is buffered for a dropped connection may leave for this long
 SWEEP_INTERVAL_S = 0.5
@@ -130,21 +127,14 @@ class ReceiveBudget:
             conn.granted(want)
 
 
-class FrameConnection(asyncio.BufferedProtocol):
-    """One accepted connection: bytes in, frames to on_frame(); frames out through its writer.
-
-    The transport reads (TLS decrypts) straight into the frame reader's buffers. A subclass
-    with a decoder of its own (Kafka's framing) is fed from a read buffer instead."""
+class FrameConnection(asyncio.Protocol):
+    """One accepted connection: bytes in, frames to on_frame(); frames out through its writer."""
 
     listener: Listener
 
     def __init__(self, listener: Listener) -> None:
         self.listener = listener
-        # No buffer of a payload's own size before the budget reserved it (_partial_frame).
-        self.decoder: FrameReader | FrameDecoder = FrameReader(
-            self.frame_bytes_max, own_buffer_bytes_max=0
-        )
-        self._read_buffer: bytearray | None = None  # for a FrameDecoder
+        self.decoder = FrameDecoder(self.frame_bytes_max)
         self.writer: FrameWriter | None = None
         self.transport: asyncio.Transport | None = None
         self.address = ""
@@ -194,32 +184,15 @@ class FrameConnection(asyncio.BufferedProtocol):
     def tune(self, transport: asyncio.Transport) -> None:
         tune_socket(transport)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if isinstance(self.decoder, FrameReader):
-            return self.decoder.get_buffer(sizehint)
-        if self._read_buffer is None:
-            self._read_buffer = bytearray(READ_BUFFER_BYTES)
-        return memoryview(self._read_buffer)
-
-    def buffer_updated(self, nbytes: int) -> None:
+    def data_received(self, data: bytes) -> None:
         if not self.open:
             return
-        if isinstance(self.decoder, FrameReader):
-            self.decoder.buffer_updated(nbytes)
-        else:
-            assert self._read_buffer is not None
-            try:
-                self.decoder.receive_data(bytes(memoryview(self._read_buffer)[:nbytes]))
-            except InvalidRequest as exc:
-                self._protocol_error(exc)
-                return
+        try:
+            self.decoder.receive_data(data)
+        except InvalidRequest as exc:
+            self._protocol_error(exc)
+            return
         self._pump()
-
-    def _own_buffer_bytes(self, size: int) -> None:
-        """The budget holds size bytes for the frame being read (0: none): the reader may
-        read its payload into a buffer of that size."""
-        if isinstance(self.decoder, FrameReader):
-            self.decoder.own_buffer_bytes_max = min(size, OWN_BUFFER_BYTES_MAX)
 
     def _pump(self) -> None:
         """Hand whole frames to on_frame until there are none, or until the connection may
@@ -235,7 +208,6 @@ class FrameConnection(asyncio.BufferedProtocol):
                 if self.reserved:
                     size, self.reserved = self.reserved, 0
                     self.listener.budget.release(size)
-                    self._own_buffer_bytes(0)
                 self.on_frame(frame)
                 if self.decoder.pending_bytes:
                     self.frame_started = self.last_active
@@ -262,13 +234,10 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.reserved = self.listener.budget.reserve(self, size)
         if not self.reserved:
             self.pause("budget")
-        else:
-            self._own_buffer_bytes(self.reserved)
 
     def granted(self, size: int) -> None:
         """The budget reserved size bytes for our frame: read on."""
         self.reserved = size
-        self._own_buffer_bytes(size)
         self.frame_started = time.monotonic()  # we stopped reading; the client was not slow
         self.resume("budget")
 
@@ -336,10 +305,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.on_closed()
 
     def _release_all(self) -> None:
-        """What the connection holds of the listener: its place, its reservation, its wait
-        (and the memory of a frame it will never finish, before another is granted it)."""
-        if isinstance(self.decoder, FrameReader):
-            self.decoder.discard()
+        """What the connection holds of the listener: its place, its reservation, its wait."""
         if self.reserved:
             size, self.reserved = self.reserved, 0
             self.listener.budget.release(size)
