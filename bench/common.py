@@ -34,6 +34,12 @@ def scratch_dir(prefix: str) -> Path:
     return path
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def make_batch(records: int, seed: int = 0) -> bytes:
     payload = os.urandom(RECORD_BYTES) if seed == 0 else bytes([seed % 256]) * RECORD_BYTES
     return build_batch([ProducerRecord(None, payload)] * records, now_ms=int(time.time() * 1000))

@@ -1,12 +1,15 @@
 """The Spark source and sink, measured against Spark itself in the same run.
 
     .venv/bin/python bench/spark.py [--records 200000] [--latency-seconds 30] [--random-values]
+        [--compression none|gzip|snappy|lz4|zstd]
 
 1. Source: N committed 1 KiB records (100 keys) in a 3-partition topic on a 3-node cluster;
    Spark reads them through the tidelog source (2 tasks: maxPartitions=2) and aggregates by key
    (count, sum of value lengths), with the default schema and with the two columns the query
    uses declared (PySpark prunes no columns for Python sources; Parquet reads only those two);
    then the same rows, written once as Parquet, get the same aggregation. Best of 3.
+   --compression: the source topic's batches are compressed by the producer with that codec
+   (Parquet's files are snappy-compressed, its default), decompressed by the source's reader.
 2. Sink: the same N rows from Parquet written with df.write.format("tidelog") (acks=all,
    idempotent, 5 chunks in flight per partition; best of 3, each into a new topic), against the
    plain client producing the same rows in batches of 1,000 from one process (acks=all).
@@ -29,12 +32,15 @@ from common import median, percentile, print_table, scratch_dir
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.record import ProducerRecord, build_batch
+from tidelog.record.compression import CODEC_NAMES
 from tidelog.spark.session import local_spark
 
 KEYS = 100
 
 
-def fill(client: Client, topic: str, records: int, random_values: bool = False) -> float:
+def fill(
+    client: Client, topic: str, records: int, random_values: bool = False, compression: int = 0
+) -> float:
     payload = b"x" * 1000
     started = time.perf_counter()
     for lo in range(0, records, 1000):
@@ -46,7 +52,8 @@ def fill(client: Client, topic: str, records: int, random_values: bool = False) 
                     (os.urandom(1000) if random_values else payload) + b"%08d" % (lo + i),
                 )
                 for i in range(1000)
-            ]
+            ],
+            compression=compression,
         )
         client.produce_batch(topic, p, batch, acks="all")
     return records / (time.perf_counter() - started)
@@ -129,7 +136,15 @@ def main() -> None:
         action="store_true",
         help="incompressible values (Parquet cannot shrink them) instead of repeated bytes",
     )
+    parser.add_argument(
+        "--compression",
+        choices=sorted(CODEC_NAMES.values()),
+        default="none",
+        help="the producer's codec for the source topic's batches (Parquet compresses with "
+        "snappy by default; a Kafka user with compressible values sets one too)",
+    )
     args = parser.parse_args()
+    codec = {name: code for code, name in CODEC_NAMES.items()}[args.compression]
     work = scratch_dir("spark-")
     n = args.records
     try:
@@ -139,7 +154,7 @@ def main() -> None:
         ):
             client.create_topic("src", partitions=3, replication_factor=3)
             client.create_topic("dst_client", partitions=3, replication_factor=3)
-            fill_rate = fill(client, "src", n, args.random_values)
+            fill_rate = fill(client, "src", n, args.random_values, codec)
             spark = local_spark("tidelog-bench")
             # local[2]: two tasks (maxPartitions), as Spark packs Parquet files into two splits.
             source = (
@@ -186,7 +201,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     kind = "random" if args.random_values else "repeated-byte"
-    print(f"\n{n:,} records of 1 KiB ({kind} values), 3 partitions, RF 3, local[2]; best of 3\n")
+    print(
+        f"\n{n:,} records of 1 KiB ({kind} values, source batches {args.compression}), "
+        "3 partitions, RF 3, local[2]; best of 3\n"
+    )
     print_table(
         ["what", "seconds", "records/s", "MB/s", "ratio"],
         [

@@ -7,17 +7,23 @@ from `tidelog dev-certs`, mutual TLS between nodes). The same load on each: RF 3
 1 KiB records; one record per request from 1 producer, and batches of 100 from 8 and 64
 producers, each its own client. Plain, TLS, TLS, plain; the better of each pair is reported.
 The ratio is TLS / plain (the issue's goal: >= 0.8).
+
+A second table gives the CPU each record cost, in microseconds, from /proc: the busiest node (the
+leader), all three nodes, and this process (the producers' clients), plain and TLS. On a machine
+whose cores all of them share, TLS/plain throughput cannot be better than plain/TLS total CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from common import (
     RECORD_BYTES,
     make_batch,
     percentile,
     print_table,
+    process_cpu_seconds,
     run_producers,
     scratch_dir,
 )
@@ -44,13 +50,27 @@ def measure(tls: TlsFiles | None, serve_args: list[str], seconds: float) -> list
         for size, producers in LOADS:
             topic = f"b{size}-p{producers}"
             run_loop(create(cluster.bootstrap, topic, tls))
+            pids = [proc.pid for proc in cluster.procs.values()] + [os.getpid()]
+            before = [process_cpu_seconds(pid) for pid in pids]
             sent, elapsed, latencies = run_loop(
                 run_producers(
                     cluster.bootstrap, topic, make_batch(size), producers, seconds, "all", tls=tls
                 )
             )
-            rate = sent * size / elapsed
-            out.append([rate, percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000])
+            used = [process_cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
+            records = sent * size
+            per_record = [u / records * 1e6 for u in used]  # microseconds
+            nodes = per_record[:-1]
+            out.append(
+                [
+                    records / elapsed,
+                    percentile(latencies, 50) * 1000,
+                    percentile(latencies, 99) * 1000,
+                    max(nodes),
+                    sum(nodes),
+                    per_record[-1],
+                ]
+            )
     return out
 
 
@@ -85,6 +105,27 @@ def main() -> None:
             "plain/TLS p99",
         ],
         rows,
+    )
+    cpu_rows = []
+    for (size, producers), p, t in zip(LOADS, plain, secured, strict=True):
+        total_plain, total_tls = p[4] + p[5], t[4] + t[5]
+        cpu_rows.append(
+            [size, producers, p[3], t[3], p[4], t[4], p[5], t[5], total_plain / total_tls]
+        )
+    print("\nCPU per record (microseconds, from /proc), the same runs")
+    print_table(
+        [
+            "batch",
+            "producers",
+            "leader plain",
+            "leader TLS",
+            "nodes plain",
+            "nodes TLS",
+            "client plain",
+            "client TLS",
+            "plain/TLS total",
+        ],
+        cpu_rows,
     )
 
 
