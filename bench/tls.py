@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import NamedTuple
 
 from common import (
     RECORD_BYTES,
@@ -42,7 +43,18 @@ async def create(bootstrap: str, topic: str, tls: TlsFiles | None) -> None:
         await c.wait_for_leaders(topic)
 
 
-def measure(tls: TlsFiles | None, serve_args: list[str], seconds: float) -> list[list[float]]:
+class Measured(NamedTuple):
+    """One load on one cluster: throughput, latency, and CPU per record in microseconds."""
+
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    leader_us: float  # the busiest node
+    nodes_us: float
+    client_us: float
+
+
+def measure(tls: TlsFiles | None, serve_args: list[str], seconds: float) -> list[Measured]:
     out = []
     with LocalCluster(
         scratch_dir("tls-bench-"), 3, serve_args=serve_args, log_level="WARNING"
@@ -62,14 +74,14 @@ def measure(tls: TlsFiles | None, serve_args: list[str], seconds: float) -> list
             per_record = [u / records * 1e6 for u in used]  # microseconds
             nodes = per_record[:-1]
             out.append(
-                [
+                Measured(
                     records / elapsed,
                     percentile(latencies, 50) * 1000,
                     percentile(latencies, 99) * 1000,
                     max(nodes),
                     sum(nodes),
                     per_record[-1],
-                ]
+                )
             )
     return out
 
@@ -87,11 +99,22 @@ def main() -> None:
     # still writing back the other's data.
     runs = [measure(None, [], args.seconds), measure(tls, serve, args.seconds)]
     runs += [measure(tls, serve, args.seconds), measure(None, [], args.seconds)]
-    plain = [max(a, b, key=lambda row: row[0]) for a, b in zip(runs[0], runs[3], strict=True)]
-    secured = [max(a, b, key=lambda row: row[0]) for a, b in zip(runs[1], runs[2], strict=True)]
+    plain = [max(a, b, key=lambda m: m.rate) for a, b in zip(runs[0], runs[3], strict=True)]
+    secured = [max(a, b, key=lambda m: m.rate) for a, b in zip(runs[1], runs[2], strict=True)]
     rows = []
     for (size, producers), p, t in zip(LOADS, plain, secured, strict=True):
-        rows.append([size, producers, p[0], t[0], t[0] / p[0], p[2], t[2], p[2] / t[2]])
+        rows.append(
+            [
+                size,
+                producers,
+                p.rate,
+                t.rate,
+                t.rate / p.rate,
+                p.p99_ms,
+                t.p99_ms,
+                p.p99_ms / t.p99_ms,
+            ]
+        )
     print(f"\nRF 3, acks=all, {RECORD_BYTES} B records; TLS on every listener vs plain TCP")
     print_table(
         [
@@ -108,9 +131,19 @@ def main() -> None:
     )
     cpu_rows = []
     for (size, producers), p, t in zip(LOADS, plain, secured, strict=True):
-        total_plain, total_tls = p[4] + p[5], t[4] + t[5]
+        total_plain, total_tls = p.nodes_us + p.client_us, t.nodes_us + t.client_us
         cpu_rows.append(
-            [size, producers, p[3], t[3], p[4], t[4], p[5], t[5], total_plain / total_tls]
+            [
+                size,
+                producers,
+                p.leader_us,
+                t.leader_us,
+                p.nodes_us,
+                t.nodes_us,
+                p.client_us,
+                t.client_us,
+                total_plain / total_tls,
+            ]
         )
     print("\nCPU per record (microseconds, from /proc), the same runs")
     print_table(
