@@ -118,6 +118,60 @@ def test_truncate_and_epochs(make_log: LogFactory) -> None:
     assert read_all(log) == [(0, b"x")]
 
 
+def test_a_log_whose_entries_are_all_gone_keeps_the_epoch_of_its_last_one(
+    make_log: LogFactory,
+) -> None:
+    """Simulator seed 402349: a follower's log start had moved to its HW (29), it was told to
+    truncate its uncommitted tail to 29, and the epoch history lost its only entry: the log
+    claimed epoch -1 and voted for a candidate missing two committed records. The epoch of the
+    entry below the log start (the prefix epoch) outlives every entry, as a snapshot's term."""
+    log = make_log()
+    log.append_as_leader(batch_of(b"a", b"b"), epoch=1)
+    log.append_as_leader(batch_of(b"c"), epoch=2)
+    log.append_as_leader(batch_of(b"d"), epoch=2)
+    log.set_high_watermark(3)
+    assert log.advance_log_start(3)
+    assert log.epochs.entries == [(2, 2)]  # the entry below the start, moved up to it
+    log.truncate_to(3)
+    assert (log.log_start_offset, log.log_end_offset) == (3, 3)
+    assert log.epochs.latest_epoch == 2
+    assert log.epochs.end_offset_for(2, 3) == (2, 3)
+    assert log.epochs.end_offset_for(1, 3) == (-1, 2)  # older: cannot be checked here
+    log.append_as_leader(batch_of(b"e"), epoch=4)
+    assert log.epochs.entries == [(2, 2), (4, 3)]
+    assert log.epochs.epoch_at(2) == 2 and log.epochs.epoch_at(3) == 4
+
+
+def test_a_log_that_starts_over_keeps_the_epoch_it_is_given(make_log: LogFactory) -> None:
+    """Simulator seed 300028: a follower that started over at its leader's log start held no
+    entry and claimed epoch -1; the leader now sends the epoch of its entry below the start."""
+    log = make_log()
+    log.append_as_leader(batch_of(b"a"), epoch=1)
+    log.truncate_fully_and_start_at(234, prefix_epoch=6)
+    assert (log.log_start_offset, log.log_end_offset) == (234, 234)
+    assert log.epochs.latest_epoch == 6
+    log.truncate_fully_and_start_at(300)  # a leader that does not know it (older data)
+    assert log.epochs.latest_epoch == -1
+
+
+def test_the_prefix_epoch_survives_a_restart(tmp_path: Path) -> None:
+    log = SegmentedLog(tmp_path / "p-0", SMALL)
+    log.append_as_leader(batch_of(b"a"), epoch=3)
+    log.append_as_leader(batch_of(b"b"), epoch=5)
+    log.set_high_watermark(2)
+    log.advance_log_start(2)
+    log.flush()
+    log.close()
+    again = SegmentedLog(tmp_path / "p-0", SMALL)
+    assert (again.log_start_offset, again.log_end_offset) == (2, 2)
+    assert again.epochs.latest_epoch == 5 and again.epochs.entries == [(5, 1)]
+    again.truncate_fully_and_start_at(10, prefix_epoch=7)
+    again.close()
+    third = SegmentedLog(tmp_path / "p-0", SMALL)
+    assert third.epochs.latest_epoch == 7 and third.log_end_offset == 10
+    third.close()
+
+
 def test_log_start_and_deleting_whole_segments(make_log: LogFactory) -> None:
     log = make_log()
     for i in range(40):

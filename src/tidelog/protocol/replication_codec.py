@@ -89,6 +89,7 @@ class _FetchResponseWire:
     diverging_epoch: int = -1
     diverging_end_offset: int = -1
     snapshot_required: bool = False
+    log_start_epoch: int = -1
     last_fetched_epoch: int = -1
     directories: str = ""
     memberships: str = ""
@@ -107,3 +108,4 @@ class _FetchSnapshotResponseWire:
     position: int
     error: str = ""
     memberships: str = ""
+    snapshot_epoch: int = -1

@@ -110,6 +110,9 @@ class FetchResponse:
     diverging_epoch: int = -1  # largest epoch <= the follower's last one that the leader has
     diverging_end_offset: int = -1  # where that epoch ends on the leader
     snapshot_required: bool = False  # fetch_offset is below the leader's log start
+    # With snapshot_required: the epoch of the leader's entry just below its log start, which
+    # the follower starting over there keeps as its log's last epoch (-1: none).
+    log_start_epoch: int = -1
     last_fetched_epoch: int = -1  # echoed with fetch_offset: the log state the answer is for
     directories: str = ""  # the leader's admitted directories, when the follower's differ
     # Membership changes the follower does not hold yet (membership.py); with snapshot_required,
@@ -142,6 +145,7 @@ class FetchSnapshotResponse:
     error: str = FETCH_OK
     records: RecordsSlice | None = None  # the chunk
     memberships: str = ""  # with a chunk: the membership in effect at the snapshot
+    snapshot_epoch: int = -1  # with a chunk: the epoch of the last entry the snapshot covers
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,9 @@ FAULT_UNCOMMITTED_CHANGES = "membership-changes-without-waiting"
 FAULT_ACKS_REGISTERED_LATE = "acks-registered-late"
 # Quiesced followers trust their leader for good: no liveness heartbeat tells them it died.
 FAULT_QUIESCE_WITHOUT_LIVENESS = "quiesce-without-liveness"
+# A log that holds no entry (its start moved to its end, or it started over at a leader's log
+# start) claims epoch -1 in elections, as before prefix epochs (simulator seeds 402349, 300028).
+FAULT_EMPTY_LOG_FORGETS_EPOCH = "empty-log-forgets-its-epoch"
 FAULTS = frozenset(
     {
         FAULT_ACKS_REGISTERED_LATE,
@@ -96,8 +99,13 @@ FAULTS = frozenset(
         FAULT_DISCARD_PAST_SNAPSHOT,
         FAULT_UNCOMMITTED_CHANGES,
         FAULT_QUIESCE_WITHOUT_LIVENESS,
+        FAULT_EMPTY_LOG_FORGETS_EPOCH,
     }
 )
+
+
+class CommittedPrefixBroken(AssertionError):
+    """An invariant failed: a rule the design depends on is broken (the node fails stop)."""
 
 
 class RandomSource(Protocol):
@@ -786,8 +794,24 @@ class Replica:
             self.role = role
             self._ready.role_changed = True
 
+    @property
+    def _last_epoch(self) -> int:
+        """The epoch of the log's last entry; for a log that holds none, of the last entry below
+        its log start (its prefix epoch: a Raft snapshot's last term)."""
+        if (
+            FAULT_EMPTY_LOG_FORGETS_EPOCH in self.config.faults
+            and self.log.log_start_offset == self.log.log_end_offset
+        ):
+            return -1
+        return self.log.epochs.latest_epoch
+
     def _log_is_up_to_date(self, last_epoch: int, log_end_offset: int) -> bool:
-        mine = (self.log.epochs.latest_epoch, self.log.log_end_offset)
+        """Raft's election restriction: a vote only for a candidate whose log ends in a later
+        epoch than ours, or in the same one no shorter. Nothing else stops a candidate that
+        lacks committed entries: votes are granted without consulting memberships (Raft thesis
+        4.1, KRaft's handleVoteRequest), so a voter of a membership the group left long ago
+        still counts for a stale candidate that has nothing later (seed 300028)."""
+        mine = (self._last_epoch, self.log.log_end_offset)
         return (last_epoch, log_end_offset) >= mine
 
     def _start_prevote(self) -> None:
@@ -801,7 +825,7 @@ class Replica:
         request = VoteRequest(
             self.epoch + 1,
             self.node_id,
-            self.log.epochs.latest_epoch,
+            self._last_epoch,
             self.log.log_end_offset,
             pre_vote=True,
             admitted=self.is_admitted,
@@ -840,7 +864,7 @@ class Replica:
         request = VoteRequest(
             self.epoch,
             self.node_id,
-            self.log.epochs.latest_epoch,
+            self._last_epoch,
             self.log.log_end_offset,
             pre_vote=False,
             admitted=self.is_admitted,
@@ -1130,10 +1154,12 @@ class Replica:
         if self.history.truncate(self.log.log_end_offset):
             self._persist_state()
 
-    def _start_over(self, offset: int, encoded: str) -> None:
+    def _start_over(self, offset: int, encoded: str, prefix_epoch: int) -> None:
         """The log starts over at offset (a leader's log start or snapshot), with the membership
-        the leader had there."""
-        self.log.truncate_fully_and_start_at(offset)
+        the leader had there, and the epoch of the leader's entry below it as its last epoch
+        (an empty log that claimed epoch -1 granted its vote to candidates missing what it had
+        committed: simulator seed 300028)."""
+        self.log.truncate_fully_and_start_at(offset, prefix_epoch)
         self._ready.truncated = True
         entries = decode_memberships(encoded)
         if entries:
@@ -1363,7 +1389,10 @@ class Replica:
             self._send(
                 sender,
                 self._empty_response(
-                    req, snapshot_required=True, memberships=encode_memberships(at_start)
+                    req,
+                    snapshot_required=True,
+                    memberships=encode_memberships(at_start),
+                    log_start_epoch=self.log.epochs.epoch_at(start - 1),
                 ),
             )
             return
@@ -1598,7 +1627,7 @@ class Replica:
             self.installing = -1
         elif resp.snapshot_required:
             # A stream has no state to rebuild: start over at the leader's log start.
-            self._start_over(resp.log_start_offset, resp.memberships)
+            self._start_over(resp.log_start_offset, resp.memberships, resp.log_start_epoch)
         elif resp.diverging:
             self._truncate_diverging(resp.diverging_epoch, resp.diverging_end_offset)
         else:
@@ -1683,6 +1712,7 @@ class Replica:
             size=size,
             records=SnapshotChunk(chunk, req.position),
             memberships=encode_memberships([self.history.at(offset)]),
+            snapshot_epoch=self.log.epochs.epoch_at(offset - 1),
         )
 
     def _on_fetch_snapshot_response(self, sender: int, resp: FetchSnapshotResponse) -> None:
@@ -1713,7 +1743,7 @@ class Replica:
             )
             if received >= resp.size:
                 if self.snapshots.finish_snapshot(offset):
-                    self._start_over(offset, resp.memberships)
+                    self._start_over(offset, resp.memberships, resp.snapshot_epoch)
                     self._ready.snapshot_installed = offset
                     self.installing = None
                     self._maybe_send_fetch()
@@ -1726,9 +1756,14 @@ class Replica:
         target = min(local_end, end_offset) if local_epoch == epoch else local_end
         target = max(target, self.log.log_start_offset)
         if target < self.log.log_end_offset:
-            assert (
-                target >= self.log.high_watermark or FAULT_TRUNCATE_TO_HW in self.config.faults
-            ), "divergence never reaches below the committed prefix"
+            if target < self.log.high_watermark and FAULT_TRUNCATE_TO_HW not in self.config.faults:
+                # A leader that lacks what we committed (it was elected by a broken rule). Not an
+                # `assert`, which `python -O` strips: the node fails stop instead of cutting.
+                raise CommittedPrefixBroken(
+                    f"replica {self.node_id}: told to truncate to {target}, below its HW "
+                    f"{self.log.high_watermark}: divergence never reaches below the committed "
+                    "prefix"
+                )
             self.log.truncate_to(target)
             self._truncated()
 

@@ -1,7 +1,15 @@
 """Leader epoch history (Kafka's leader-epoch-checkpoint, KIP-101): (epoch, start offset) pairs.
 
-It answers the question divergence truncation asks: "where does epoch E end in this log?".
-Entries only grow at the end while appending; truncation trims the end, cleaning the start.
+It answers the questions divergence truncation asks ("where does epoch E end in this log?") and
+an election asks ("what is the epoch of this log's last entry?"). Entries only grow at the end
+while appending; truncation trims the end, cleaning the start.
+
+The first entry is the epoch of the entry just below the log start, moved up to that offset
+(log start - 1): the log's *prefix epoch*, as a Raft snapshot keeps its last included term and
+KRaft an empty log answers with its snapshot's epoch. A log whose entries are all gone (its
+start moved to its end, or it started over at a leader's log start) still knows the epoch of
+its last entry. Without it such a log claimed epoch -1 and granted its vote to a candidate
+missing everything it had committed (simulator seeds 402349 and 300028).
 """
 
 from __future__ import annotations
@@ -72,17 +80,27 @@ class EpochHistory:
             self._changed()
 
     def truncate_from_start(self, start_offset: int) -> None:
-        """The log now begins at start_offset: keep the epoch that covers it, moved up to it."""
-        i = bisect.bisect_right([e.start_offset for e in self.entries], start_offset) - 1
-        if i <= 0 and (not self.entries or self.entries[0].start_offset >= start_offset):
-            return
+        """The log now begins at start_offset: keep the epoch of the entry below it (the
+        prefix epoch, moved up to start_offset - 1) and every later one."""
+        below = start_offset - 1
+        i = bisect.bisect_right([e.start_offset for e in self.entries], below) - 1
+        if i < 0 or (i == 0 and self.entries[0].start_offset == below):
+            return  # nothing below the start, or only the prefix epoch already
         covering = self.entries[i]
         dropped = i > 0
-        self.entries = [EpochEntry(covering.epoch, start_offset), *self.entries[i + 1 :]]
+        self.entries = [EpochEntry(covering.epoch, below), *self.entries[i + 1 :]]
         if dropped:
             # Only a dropped epoch is worth an fsync: a stale start offset for the first one is
             # corrected by truncate_from_start(log start) when the log opens.
             self._changed()
+
+    def start_at(self, start_offset: int, prefix_epoch: int) -> None:
+        """The log starts over, empty, at start_offset (a leader's log start or snapshot),
+        whose entry below was of prefix_epoch there (-1: none, or not known)."""
+        self.entries = []
+        if prefix_epoch >= 0 and start_offset > 0:
+            self.entries.append(EpochEntry(prefix_epoch, start_offset - 1))
+        self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None:

@@ -215,10 +215,14 @@ class SegmentedLog:
         epochs = self._read_epoch_checkpoint()
         self.epochs = EpochHistory(epochs, on_change=self._write_epoch_checkpoint)
         self.epochs.truncate_from_start(self.log_start_offset)
-        # Epochs that start past the recovered end lost their data. An empty log (start == end)
-        # keeps the epoch that covered its deleted prefix, as truncate_from_start left it.
-        empty = self.log_end_offset == self.log_start_offset
-        self.epochs.truncate_from_end(self.log_end_offset + (1 if empty else 0))
+        # Epochs that start past the recovered end lost their data. The prefix epoch (the one
+        # below the log start) stays. A checkpoint from before prefix epochs has none: there an
+        # empty log keeps the epoch that covered its deleted prefix, moved up to the log start.
+        entries = self.epochs.entries
+        legacy = 0 < self.log_start_offset == self.log_end_offset and not (
+            entries and entries[0].start_offset < self.log_start_offset
+        )
+        self.epochs.truncate_from_end(self.log_end_offset + (1 if legacy else 0))
         if self.high_watermark > self.log_end_offset:
             log.warning(
                 "%s: checkpointed high watermark %d is past the recovered log end %d; clamping",
@@ -549,8 +553,9 @@ class SegmentedLog:
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self.recovery_point = min(self.recovery_point, self.log_end_offset)
 
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop the whole log and begin empty at offset (a follower behind the leader's start)."""
+    def truncate_fully_and_start_at(self, offset: int, prefix_epoch: int = -1) -> None:
+        """Drop the whole log and begin empty at offset (a follower behind the leader's start),
+        the leader's entry below offset being of prefix_epoch."""
         self._truncation_generation += 1
         for seg in self.segments:
             self._retire(seg, 0)
@@ -566,7 +571,7 @@ class SegmentedLog:
         self.high_watermark = offset
         self.durable_end_offset = offset
         self.recovery_point = offset
-        self.epochs.truncate_from_end(-1)
+        self.epochs.start_at(offset, prefix_epoch)
         self.producers.rebuild([])
         self.write_state_checkpoint()
 

@@ -169,7 +169,7 @@ class MemoryLog:
         self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
 
-    def truncate_fully_and_start_at(self, offset: int) -> None:
+    def truncate_fully_and_start_at(self, offset: int, prefix_epoch: int = -1) -> None:
         self._generation += 1
         self._bases, self._headers, self._data, self._append_ms = [], [], [], []
         self._segment_bases, self._active_bytes = [offset], 0
@@ -178,7 +178,7 @@ class MemoryLog:
         self._end = offset
         self.high_watermark = offset
         self.durable_end_offset = offset
-        self.epochs.truncate_from_end(-1)
+        self.epochs.start_at(offset, prefix_epoch)
         self.write_state_checkpoint()
 
     def read(self, start_offset: int, max_bytes: int, max_offset: int) -> BytesSlice | None:
