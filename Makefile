@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium
+.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium sim-sweep
 
 setup: $(STAMP)
 
@@ -58,6 +58,14 @@ unit: setup
 	$(BIN)/pytest -q --durations=12
 
 test: lint typecheck unit
+
+# A long simulator sweep over fresh seeds (not part of `make test`): every core, each failure
+# printed with the command that replays it. SWEEP_START=random draws a start above every fixed
+# range and prints it.
+SWEEP_SEEDS ?= 100000
+SWEEP_START ?= random
+sim-sweep: setup
+	$(BIN)/python -m tidelog.testing --seeds $(SWEEP_SEEDS) --start $(SWEEP_START) --jobs 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,14 @@ from tidelog.replication.low_watermark import LowWatermark, LowWatermarkFacts
 from tidelog.replication.replica import (
     FAULT_ACKS_REGISTERED_LATE,
     FAULT_DISCARD_PAST_SNAPSHOT,
+    FAULT_EMPTY_LOG_FORGETS_EPOCH,
     FAULT_IGNORE_DIRECTORIES,
     FAULT_TRUNCATE_TO_HW,
     FAULT_UNCOMMITTED_CHANGES,
 )
 from tidelog.testing.scenario import run_script
 from tidelog.testing.sim import SimParams, Simulation, SimulationFailure, Stats, run_seed
+from tidelog.testing.sweep import draw_start
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "tests" / "scenarios").glob("*.txt"))
@@ -70,6 +74,32 @@ def test_golden_scenarios(script: Path) -> None:
 def test_simulator_seeds(first: int) -> None:
     for seed in range(first, min(first + CHUNK, SEEDS)):
         run_seed(seed)
+
+
+# Seeds no run has explored: a start drawn at random for every run (TIDELOG_SIM_FRESH_START
+# replays one), printed, so a failure replays with `python -m tidelog.testing --seed N`. A seed
+# that fails here becomes a regression seed (REGRESSION_SEEDS) before it is fixed.
+FRESH_SEEDS = int(
+    os.environ.get("TIDELOG_SIM_FRESH_SEEDS", "200" if os.environ.get("CI") else "40")
+)
+FRESH_START = int(os.environ.get("TIDELOG_SIM_FRESH_START") or draw_start())
+
+
+@pytest.mark.parametrize("first", range(0, FRESH_SEEDS, CHUNK))
+def test_simulator_fresh_seeds(first: int) -> None:
+    start = FRESH_START + first
+    seeds = range(start, start + min(CHUNK, FRESH_SEEDS - first))
+    print(f"fresh seeds {seeds.start}..{seeds.stop - 1} (TIDELOG_SIM_FRESH_START={FRESH_START})")
+    failed = []
+    for seed in seeds:
+        try:
+            run_seed(seed)
+        except SimulationFailure as exc:
+            failed.append(str(exc))
+    assert not failed, (
+        f"fresh seeds {seeds.start}..{seeds.stop - 1} failed; each replays with the command "
+        "it prints:\n" + "\n".join(failed)
+    )
 
 
 def test_the_same_seed_replays_exactly() -> None:
@@ -128,6 +158,20 @@ def test_membership_changes_without_waiting_for_commit_are_caught() -> None:
     script = ROOT / "tests" / "scenarios" / "membership_moves_one_voter_at_a_time.txt"
     walked = run_script(script.read_text())
     assert "VIOLATION" not in walked and "4@e1:<voters 2,3,4>" in walked
+
+
+def test_an_empty_log_that_forgets_its_epoch_is_caught() -> None:
+    """The prefix-epoch rule switched off (a log holding no entry claims epoch -1 in elections,
+    as before seeds 402349 and 300028): the vote checker, which judges each grant from the
+    voter's log and what it saw committed, catches it within the first 300 seeds (seed 282
+    first). The scripted shape of seed 300028 is caught at the grant and at the election."""
+    caught = seeds_caught(FAULT_EMPTY_LOG_FORGETS_EPOCH, 300, enough=1)
+    assert caught, "an emptied log voting for stale candidates must not pass 300 seeds"
+    run_seed(caught[0])  # and with the rule on, the same seed passes
+    script = ROOT / "tests" / "scenarios" / "stale_member_election_broken_rule.txt"
+    broken = run_script(script.read_text())
+    assert "VIOLATION: vote restriction: node 3 granted its vote in epoch 2 to node 2" in broken
+    assert "VIOLATION: leader completeness: node 2 leads epoch 2" in broken
 
 
 def test_committing_an_old_epoch_by_counting_is_caught() -> None:
@@ -216,7 +260,11 @@ def test_a_low_watermark_that_ignores_cursors_is_caught(monkeypatch: pytest.Monk
 # 411: the membership history, cut at a log start that fell exactly on a leader's removal of
 #   itself, lost the membership in effect below it; the removed leader, partitioned before the
 #   others had its removal, took it for committed and never stood again: no leader for good.
-REGRESSION_SEEDS = [458, 463, 992, 135, 220, 278, 509, 411]
+# 402349, 300028 (fresh seeds, issue 37): a log holding no entry claimed epoch -1 in elections
+#   (truncated to its log start; started over at its leader's log start) and granted its vote
+#   to a candidate missing what it had committed; a committed record was replaced (402349) and
+#   a follower was told to truncate below its HW (300028). Logs now keep their prefix epoch.
+REGRESSION_SEEDS = [458, 463, 992, 135, 220, 278, 509, 411, 402349, 300028]
 
 
 @pytest.mark.parametrize("seed", REGRESSION_SEEDS)
@@ -388,3 +436,41 @@ def test_a_follower_that_lost_its_membership_history_gets_it_back_from_the_leade
         sim, _ = run_command(sim, command)
     follower = sim.nodes[2].replica
     assert follower is not None and sorted(follower.voters) == [1, 2, 3, 4]
+
+
+TRUNCATE_BELOW_HW = """
+import random
+from tidelog.config import TopicConfig
+from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.replication.messages import BeginEpoch, FetchResponse
+from tidelog.replication.replica import CommittedPrefixBroken, QuorumState, Replica, ReplicaConfig
+from tidelog.storage.memory_log import MemoryLog
+
+log = MemoryLog(TopicConfig())
+for epoch in (1, 1, 2):
+    log.append_as_leader(build_batch([ProducerRecord(None, b"x")]), epoch)
+log.set_high_watermark(3)
+replica = Replica(ReplicaConfig(2, (1, 2, 3)), log, QuorumState(epoch=3), random.Random(0))
+replica.step(1, BeginEpoch(3, 1))  # follows 1, and fetches from offset 3
+try:
+    # A leader that lacks what this replica committed says the logs part at offset 1.
+    replica.step(1, FetchResponse(3, 1, 3, 0, 0, diverging=True, diverging_epoch=1,
+                                  diverging_end_offset=1, last_fetched_epoch=2))
+except CommittedPrefixBroken as exc:
+    print("refused:", exc)
+print("log end", log.log_end_offset)
+"""
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["plain", "python -O"])
+def test_a_follower_never_cuts_below_its_hw_even_under_python_O(optimize: bool) -> None:
+    """Seed 300028 ended on an `assert` in the follower, which `python -O` strips: a follower
+    told by a leader missing its committed records to truncate below its HW would have cut
+    them. It is a check that raises (and the node fails stop), whatever the interpreter flags."""
+    flags = ["-O"] if optimize else []
+    done = subprocess.run(
+        [sys.executable, *flags, "-c", TRUNCATE_BELOW_HW], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: replica 2: told to truncate to 1, below its HW 3" in done.stdout
+    assert "log end 3" in done.stdout

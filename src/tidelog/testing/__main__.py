@@ -1,38 +1,78 @@
-"""python -m tidelog.testing --seeds N | --seed S [--fault NAME] [--trace]"""
+"""python -m tidelog.testing --seeds N [--start S|random] [--jobs J] | --seed S [--trace]
+
+Runs the deterministic simulator on seeds: a fixed range, a range from a start drawn at random
+(printed, so any failure replays), or one seed with its trace. Every failure prints its seed,
+what it broke and the command that replays it; the exit status is 1 if any seed failed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from tidelog.replication.replica import FAULTS
 from tidelog.testing.sim import SimulationFailure, run_seed
+from tidelog.testing.sweep import draw_start, sweep
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tidelog.testing")
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
-    parser.add_argument("--start", type=int, default=0, help="first seed")
+    parser.add_argument(
+        "--start",
+        default="0",
+        help="first seed, or 'random': a start drawn at random (printed) above every fixed range",
+    )
     parser.add_argument("--seed", type=int, help="replay this one seed")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="processes to run seeds in (0: one per core)"
+    )
     parser.add_argument("--fault", action="append", default=[], choices=sorted(FAULTS))
     parser.add_argument("--trace", action="store_true", help="print the seed's events")
     args = parser.parse_args(argv)
-    seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     faults = frozenset(args.fault)
-    failures = 0
     started = time.monotonic()
-    for seed in seeds:
+    if args.seed is not None:
         try:
-            stats = run_seed(seed, faults, trace=print if args.trace else None)
+            stats = run_seed(args.seed, faults, trace=print if args.trace else None)
         except SimulationFailure as exc:
-            failures += 1
             print(f"FAIL {exc}", flush=True)
-            continue
-        if args.seed is not None or args.trace:
-            print(f"seed {seed} ok: {stats}")
-    total = len(seeds)
-    print(f"{total - failures}/{total} seeds passed in {time.monotonic() - started:.1f}s")
+            print(f"0/1 seeds passed in {time.monotonic() - started:.1f}s")
+            return 1
+        print(f"seed {args.seed} ok: {stats}")
+        print(f"1/1 seeds passed in {time.monotonic() - started:.1f}s")
+        return 0
+    if args.start == "random":
+        start = draw_start()
+    else:
+        try:
+            start = int(args.start)
+        except ValueError:
+            parser.error(f"--start: {args.start!r} is neither a seed nor 'random'")
+    seeds = range(start, start + args.seeds)
+    jobs = args.jobs or os.cpu_count() or 1
+    print(f"seeds {seeds.start}..{seeds.stop - 1} ({len(seeds)}), {jobs} job(s)", flush=True)
+    if jobs == 1 or args.trace:
+        failures = []
+        for seed in seeds:
+            try:
+                stats = run_seed(seed, faults, trace=print if args.trace else None)
+            except SimulationFailure as exc:
+                failures.append((seed, str(exc)))
+                print(f"FAIL {exc}", flush=True)
+                continue
+            if args.trace:
+                print(f"seed {seed} ok: {stats}")
+    else:
+        failures = sweep(seeds, faults, jobs)
+    passed = len(seeds) - len(failures)
+    failed = " ".join(str(seed) for seed, _ in sorted(failures))
+    print(
+        f"{passed}/{len(seeds)} seeds passed in {time.monotonic() - started:.1f}s "
+        f"(seeds {seeds.start}..{seeds.stop - 1})" + (f"; failed: {failed}" if failed else "")
+    )
     return 1 if failures else 0
 
 

@@ -32,6 +32,8 @@ Commands:
                                      directories=on, under a new directory id)
     partition 1 2 | 3 / heal         cut links both ways / restore them
     reassign N [N ...]               the metadata wants these voters: the leader walks there
+    log-start N [OFFSET]             leader N moves its log start to OFFSET (default: its HW)
+                                     and deletes what lies wholly below, as its cleaner would
     status                           every node's role, epoch, watermarks and log
     acks                             acknowledged writes so far
     check                            run the invariants now (also run after every command)
@@ -126,6 +128,7 @@ class Scenario(Simulation):
 
     def send(self, src: int, dst: int, message: Message | Heartbeat, directory: str = "") -> None:
         assert not isinstance(message, Heartbeat), "scripts run without liveness"
+        self._check_vote(src, dst, message)
         self._announce(self.nodes[src])
         self.queue.append(Queued(src, dst, message, directory if self.directories else ""))
         self.out.append(f"{src}->{dst} {format_message(message)}")
@@ -166,7 +169,7 @@ class Scenario(Simulation):
         node = self.nodes[q.dst]
         if (q.src, q.dst) in self.blocked or node.driver is None:
             return
-        node.driver.step(q.src, q.message, q.directory)
+        self.deliver_message(q.src, node, q.message, q.directory)
 
     def stabilize(self, among: set[int] | None) -> None:
         for _ in range(10_000):
@@ -361,6 +364,15 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
                 if node.replica is not None:
                     node.replica.set_target(sim.target)
             sim.out.append(f"target voters {','.join(plain)}")
+        elif cmd == "log-start":
+            node = sim.nodes[int(plain[0])]
+            assert node.replica is not None and node.driver is not None
+            before = node.log.log_start_offset
+            target = int(plain[1]) if len(plain) > 1 else node.log.high_watermark
+            node.replica.advance_log_start(target)
+            node.log.delete_segments_below_log_start()
+            sim.process_ready(node)
+            sim.out.append(f"log start {before} -> {node.log.log_start_offset} on {plain[0]}")
         elif cmd == "heal":
             sim.blocked.clear()
             sim.out.append("healed")
@@ -379,6 +391,7 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             sim.out.append("invariants hold")
         else:
             raise ValueError(f"unknown command {cmd!r}")
+        sim.raise_deferred()
     except (SimulationFailure, AssertionError) as exc:
         first = str(exc).split("\n")[0]
         sim.out.append(f"VIOLATION: {first.split(': ', 1)[-1] if 'tick' in first else first}")

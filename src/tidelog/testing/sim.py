@@ -24,8 +24,16 @@ A safety phase with faults is followed by a liveness phase with every fault heal
 leader must emerge, finish any membership change, and every member must converge to the same
 committed log.
 
-Checked all the time (Jepsen's queue properties as invariants):
-  - at most one leader per epoch (election safety), and a leader is a voter of its membership
+Checked all the time (Jepsen's queue properties as invariants), each failure named by the
+property it breaks, before any assertion deep in the core would trip:
+  - election safety: at most one leader per epoch, and a leader is a voter of its membership
+  - vote restriction: a vote or pre-vote is granted only to a candidate whose log is at least
+    as up to date as the voter's, judged from the voter's log and what the checker saw
+    committed (a log holding no entry ends with the committed entry below its log start)
+  - leader completeness: a replica that becomes leader holds every batch committed so far
+    (from its log start on), so it never tells a follower to cut a committed entry
+  - committed entries stay: no replica's log loses a committed batch to a truncation (a crash
+    losing what it had not flushed, and the log start moving past it, are not truncations)
   - every batch below any replica's HW is the one batch ever committed at that offset, and
     every read returns that batch (no lost commit, no non-repeatable read)
   - no read returns a record at or above the HW of the replica it read from
@@ -52,13 +60,19 @@ from typing import Any
 from tidelog.config import TopicConfig
 from tidelog.errors import TidelogError
 from tidelog.node.state_machine import StateMachineDriver, TableMachine
-from tidelog.record.batch import ProducerRecord, build_batch, decode_records, read_header
+from tidelog.record.batch import (
+    BatchHeader,
+    ProducerRecord,
+    build_batch,
+    decode_records,
+    read_header,
+)
 from tidelog.replication.acks import ANY_EPOCH
 from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.liveness import Heartbeat, Liveness
 from tidelog.replication.low_watermark import CursorFact, LowWatermarkFacts
 from tidelog.replication.membership import decode_memberships
-from tidelog.replication.messages import Message
+from tidelog.replication.messages import Message, VoteRequest, VoteResponse
 from tidelog.replication.replica import (
     FAULT_ACKS_REGISTERED_LATE,
     QuorumState,
@@ -74,6 +88,33 @@ from tidelog.storage.memory_snapshot import MemorySnapshotStore
 
 class SimulationFailure(AssertionError):
     pass
+
+
+class SimLog(MemoryLog):
+    """A node's disk: a MemoryLog that shows the checkers what each truncation removes (a
+    crash, which loses only what was never flushed, is not one)."""
+
+    def __init__(
+        self,
+        config: TopicConfig,
+        clock_ms: Callable[[], int],
+        on_truncate: Callable[[int, list[tuple[BatchHeader, bytes]]], None],
+    ) -> None:
+        super().__init__(config, clock_ms=clock_ms)
+        self._on_truncate = on_truncate
+        self._crashing = False
+
+    def truncate_to(self, offset: int) -> None:
+        if not self._crashing and offset < self.log_end_offset:
+            self._on_truncate(offset, self.batches_between(offset, self.log_end_offset))
+        super().truncate_to(offset)
+
+    def crash(self) -> None:
+        self._crashing = True
+        try:
+            super().crash()
+        finally:
+            self._crashing = False
 
 
 ELECTION_TIMEOUT_TICKS = 20
@@ -171,6 +212,13 @@ class SimParams:
             sparse_ticks=rng.random() < 0.5,
             quiesce=rng.random() < 0.5,
         )
+        if rng.random() < 0.15:
+            # Deep retention: the log start follows the HW within a few ticks, so replicas often
+            # hold no entry at all and followers start over at the leader's log start (what
+            # seeds 402349 and 300028 needed hundreds of ticks of retention to reach).
+            params = dataclasses.replace(
+                params, retention_ms=rng.choice([5, 20, 50]), clean_every=rng.choice([1, 5])
+            )
         return params if params.reassign_rate else dataclasses.replace(params, spares=0)
 
     def topic_config(self) -> TopicConfig:
@@ -213,7 +261,7 @@ class SimCursor:
 @dataclass
 class SimNode:
     node_id: int
-    log: MemoryLog
+    log: SimLog
     snapshots: MemorySnapshotStore
     state: QuorumState = field(default_factory=QuorumState)
     driver: PartitionDriver[Waiter] | None = None
@@ -340,7 +388,7 @@ class Simulation:
         self.nodes = {
             n: SimNode(
                 n,
-                self._new_log(),
+                self._new_log(n),
                 MemorySnapshotStore(self.config.snapshot_retain),
                 directory=initial[n],
                 known_directories=dict(initial),
@@ -362,6 +410,11 @@ class Simulation:
         self.leader_hw: dict[tuple[int, int], int] = {}
         self.max_declared_hw = 0
         self.committed: dict[int, bytes] = {}
+        self.committed_end = 0  # the end of the highest committed batch
+        self.committed_epochs: dict[int, int] = {}  # a committed batch's end -> its epoch
+        # The last request each voter got from each candidate: (voter, candidate, epoch, pre)
+        self.asked: dict[tuple[int, int, int, bool], tuple[int, int]] = {}
+        self.deferred: list[str] = []  # violations seen inside the core, raised after its step
         self.acked: dict[bytes, int] = {}
         self.acked_one: dict[bytes, int] = {}
         self.next_value = 0
@@ -391,8 +444,12 @@ class Simulation:
             state_machine=self.params.state_machine,
         )
 
-    def _new_log(self) -> MemoryLog:
-        return MemoryLog(self.config, clock_ms=lambda: self.now)
+    def _new_log(self, node_id: int) -> SimLog:
+        return SimLog(
+            self.config,
+            clock_ms=lambda: self.now,
+            on_truncate=functools.partial(self._check_truncation, node_id),
+        )
 
     def _start(self, node_id: int) -> None:
         node = self.nodes[node_id]
@@ -458,7 +515,7 @@ class Simulation:
         minority may lose its disks; a majority losing them loses data by definition)."""
         node = self.nodes[node_id]
         self.crash(node_id)
-        node.log = self._new_log()
+        node.log = self._new_log(node_id)
         node.snapshots = MemorySnapshotStore(self.config.snapshot_retain)
         node.state = QuorumState()
         node.known_directories = {}
@@ -510,7 +567,11 @@ class Simulation:
             self.stats.elections += 1
             self._log(f"leader {node.node_id} epoch={replica.epoch} voters={replica.voters}")
             if replica.is_learner:
-                self.fail(f"node {node.node_id} leads epoch {replica.epoch} but is no voter")
+                self.fail(
+                    f"election safety: node {node.node_id} leads epoch {replica.epoch} but is "
+                    "no voter"
+                )
+            self._check_leader_complete(node, replica.epoch)
         if ready.snapshot_installed >= 0:
             self.stats.snapshots_installed += 1
             self._log(f"snapshot {ready.snapshot_installed} installed on {node.node_id}")
@@ -523,6 +584,7 @@ class Simulation:
             self.stats.heartbeats += 1
         else:
             self.stats.messages += 1
+            self._check_vote(src, dst, message)
         if self.faults_on and self.rng.random() < self.params.drop:
             self.stats.dropped += 1
             return
@@ -553,9 +615,52 @@ class Simulation:
             self.digest.update(
                 f"{self.now}:{src}>{dst}:{type(message).__name__}:{message.epoch}".encode()
             )
-            node.driver.step(src, message, directory)
+            self.deliver_message(src, node, message, directory)
         for item in deferred:
             heapq.heappush(self.network, item)
+
+    def deliver_message(self, src: int, node: SimNode, message: Message, directory: str) -> None:
+        """Hand a message to a node's replica (what it asks of a voter is noted, so the vote
+        checker can tell what each grant answered)."""
+        assert node.driver is not None
+        if isinstance(message, VoteRequest):
+            self.asked[(node.node_id, src, message.epoch, message.pre_vote)] = (
+                message.last_epoch,
+                message.log_end_offset,
+            )
+        node.driver.step(src, message, directory)
+
+    def _check_vote(self, voter: int, candidate: int, message: Message) -> None:
+        """Raft's election restriction, from the checker's own view of the voter's log: a vote
+        (or pre-vote) is granted only to a candidate whose log is at least as up to date. A log
+        holding no entry ends with the committed entry below its log start, whose epoch the
+        checker knows from what it saw committed, whatever the voter's epoch history says."""
+        if not isinstance(message, VoteResponse) or not message.granted:
+            return
+        claimed = self.asked.get((voter, candidate, message.epoch, message.pre_vote))
+        if claimed is None:
+            return
+        log = self.nodes[voter].log
+        mine = (self._last_epoch(log), log.log_end_offset)
+        if mine[0] is not None and claimed < mine:
+            kind = "pre-vote" if message.pre_vote else "vote"
+            self.deferred.append(
+                f"vote restriction: node {voter} granted its {kind} in epoch {message.epoch} to "
+                f"node {candidate}, whose log ends at (e{claimed[0]},{claimed[1]}), behind its "
+                f"own (e{mine[0]},{mine[1]})"
+            )
+
+    def _last_epoch(self, log: SimLog) -> int | None:
+        """The epoch of the log's last entry (None: not known to the checker)."""
+        start, end = log.log_start_offset, log.log_end_offset
+        if end > start:
+            return log.batches()[-1][0].partition_leader_epoch
+        if end == 0:
+            return -1
+        for header, _ in log.batches_between(end - 1, end):
+            return header.partition_leader_epoch
+        epoch = self.committed_epochs.get(end)
+        return epoch
 
     def complete_flushes(self) -> None:
         for node in self.nodes.values():
@@ -669,11 +774,56 @@ class Simulation:
 
     def _commit(self, base_offset: int, batch: bytes, where: str) -> None:
         known = self.committed.setdefault(base_offset, batch)
-        if known != batch:
-            self.fail(
-                f"offset {base_offset} was committed as {_describe(known)} but {where} holds "
-                f"{_describe(batch)} (a committed record changed or was lost)"
+        if known is batch or known == batch:
+            header = read_header(batch)
+            self.committed_end = max(self.committed_end, header.next_offset)
+            self.committed_epochs[header.next_offset] = header.partition_leader_epoch
+            return
+        self.fail(
+            f"offset {base_offset} was committed as {_describe(known)} but {where} holds "
+            f"{_describe(batch)} (a committed record changed or was lost)"
+        )
+
+    def _check_leader_complete(self, node: SimNode, epoch: int) -> None:
+        """Raft's leader completeness: a new leader's log holds every committed batch at or
+        above its log start (below it, they were deleted by design)."""
+        log = node.log
+        start = log.log_start_offset
+        if log.log_end_offset < self.committed_end:
+            self.deferred.append(
+                f"leader completeness: node {node.node_id} leads epoch {epoch} with log end "
+                f"{log.log_end_offset}, but offsets up to {self.committed_end} are committed"
             )
+        held = {h.base_offset: b for h, b in log.batches_between(start, self.committed_end)}
+        for base, batch in self.committed.items():
+            if base >= start and held.get(base) != batch:
+                theirs = held.get(base)
+                self.deferred.append(
+                    f"leader completeness: node {node.node_id} leads epoch {epoch} but holds "
+                    f"{_describe(theirs) if theirs is not None else 'nothing'} at offset {base}, "
+                    f"committed as {_describe(batch)}"
+                )
+                return
+
+    def _check_truncation(
+        self, node_id: int, offset: int, removed: list[tuple[BatchHeader, bytes]]
+    ) -> None:
+        """Called from inside the core."""
+        for header, batch in removed:
+            if self.committed.get(header.base_offset) == batch:
+                self.deferred.append(
+                    f"committed entries stay: node {node_id} truncated its log to {offset}, "
+                    f"removing {_describe(batch)}, which is committed"
+                )
+
+    def raise_deferred(self) -> None:
+        """Violations seen inside a replica's step are raised once the tick (or a script's
+        command) is over: an exception in the middle of a step would leave the cluster
+        half-changed, and a script could not go on to show what follows."""
+        if self.deferred:
+            why = self.deferred[0]
+            self.deferred.clear()
+            self.fail(why)
 
     # -- the low-water mark ---------------------------------------------------------------------
 
@@ -767,7 +917,10 @@ class Simulation:
         if replica.is_leader:
             leader = self.leaders.setdefault(replica.epoch, node.node_id)
             if leader != node.node_id:
-                self.fail(f"two leaders in epoch {replica.epoch}: {leader} and {node.node_id}")
+                self.fail(
+                    f"election safety: two leaders in epoch {replica.epoch}: {leader} and "
+                    f"{node.node_id}"
+                )
             node.led_epoch = replica.epoch
         if replica.is_leader or (led and node.led_epoch >= 0):
             key = (node.node_id, node.led_epoch)
@@ -998,6 +1151,7 @@ class Simulation:
                 self.commit_cursors()
         if self.params.clean_every and self.now % self.params.clean_every == 0:
             self.clean()
+        self.raise_deferred()
 
     def _liveness(self, node: SimNode) -> None:
         """The node's heartbeats to every other node, and its replica woken when a peer came
@@ -1106,6 +1260,11 @@ def run_seed(
     except SimulationFailure:
         raise
     except AssertionError as exc:
+        if sim.deferred:  # a checker saw it first: name the property, not the assertion
+            raise SimulationFailure(
+                f"seed {seed} tick {sim.now}: {sim.deferred[0]}\n"
+                f"replay: {sim.params.replay_command()}"
+            ) from exc
         # An assertion inside the real core (an invariant on its own state) tripped.
         raise SimulationFailure(
             f"seed {seed} tick {sim.now}: assertion in the replication core: {exc!r}\n"
