@@ -27,6 +27,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
 from tidelog.errors import InvalidRequest, UnsupportedApi
+from tidelog.kafka.bounds import check_request
 from tidelog.protocol.framing import FrameDecoder
 
 # api key -> (lowest, highest) version served. Upper bounds stop before versions whose meaning
@@ -135,6 +136,10 @@ _RESPONSES: dict[tuple[int, int], Any] = {}
 def parse_request(frame: bytes) -> KafkaRequest:
     """A whole request frame (after its size) as a typed request; UnsupportedVersion for an api
     or version not served, InvalidRequest for bytes that do not parse as it."""
+    if len(frame) < _HEAD.size:
+        raise InvalidRequest(
+            f"a Kafka request needs {_HEAD.size} bytes, the frame has {len(frame)}"
+        )
     api_key, api_version, correlation_id = _HEAD.unpack_from(frame, 0)
     served = SUPPORTED_VERSIONS.get(api_key)
     if served is None or not served[0] <= api_version <= served[1]:
@@ -145,8 +150,9 @@ def parse_request(frame: bytes) -> KafkaRequest:
             api_version,
             correlation_id,
         )
-    _, read_header, read_body, _ = _schema("request", api_key, api_version)
+    schema, read_header, read_body, _ = _schema("request", api_key, api_version)
     view = memoryview(frame)
+    check_request(schema, view)  # kio's native readers trust declared lengths: bounds.py
     try:
         header, used = read_header(view, 0)
         body, _ = read_body(view[used:], 0)
