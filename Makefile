@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium sim-sweep
+.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium sim-sweep fuzz
 
 setup: $(STAMP)
 
@@ -66,6 +66,12 @@ SWEEP_SEEDS ?= 100000
 SWEEP_START ?= random
 sim-sweep: setup
 	$(BIN)/python -m tidelog.testing --seeds $(SWEEP_SEEDS) --start $(SWEEP_START) --jobs 0
+
+# The coverage-guided fuzzer of every decoder, longer than CI's 45 s, then its corpus against a
+# live node (tests/test_fuzz_decoders.py); figures printed. FUZZ_SECONDS=3600 for an hour.
+FUZZ_SECONDS ?= 600
+fuzz: setup
+	TIDELOG_DECODER_FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest -q -s tests/test_fuzz_decoders.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -476,7 +476,7 @@ def rss_peak_kb(pid: int) -> int:
 
 @contextlib.contextmanager
 def serve(
-    tmp_path: Path, *settings: str, nofile: int | None = None
+    tmp_path: Path, *settings: str, nofile: int | None = None, flags: tuple[str, ...] = ()
 ) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, int]]]:
 
     port = free_ports(1)[0]
@@ -490,6 +490,7 @@ def serve(
     cmd += ["--listen", f"127.0.0.1:{port}", "--log-level", "INFO"]
     for setting in settings:
         cmd += ["--set", setting]
+    cmd += flags
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit)
     try:

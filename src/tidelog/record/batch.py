@@ -188,8 +188,10 @@ def iter_headers(
         header = (
             validate(buf, pos, max_batch_bytes=max_batch_bytes) if verify else read_header(buf, pos)
         )
-        if not verify and end - pos < header.size_bytes:
-            raise CorruptRecord("batch cut short")
+        if not verify and not HEADER_SIZE <= header.size_bytes <= end - pos:
+            # Unverified bytes still may not move the position back or past the end (a
+            # negative batch_length looped forever: found by the fuzzer).
+            raise CorruptRecord(f"batch_length {header.batch_length} does not fit the buffer")
         yield pos, header
         pos += header.size_bytes
 
