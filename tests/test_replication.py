@@ -264,7 +264,12 @@ def test_a_low_watermark_that_ignores_cursors_is_caught(monkeypatch: pytest.Monk
 #   (truncated to its log start; started over at its leader's log start) and granted its vote
 #   to a candidate missing what it had committed; a committed record was replaced (402349) and
 #   a follower was told to truncate below its HW (300028). Logs now keep their prefix epoch.
-REGRESSION_SEEDS = [458, 463, 992, 135, 220, 278, 509, 411, 402349, 300028]
+# 223408454, 223408176 (the first 20,000-seed sweep; simulator bugs, not the core's): a
+#   candidate paused after it won led epoch 3 while epoch 4 had committed more (Raft asks a
+#   leader to hold what earlier epochs committed: the checker now asks no more); a learner's
+#   disk was replaced in the tick the leader promoted it into a group of two voters, which is
+#   a lost group by definition (the nemesis now spares learners of groups under three voters).
+REGRESSION_SEEDS = [458, 463, 992, 135, 220, 278, 509, 411, 402349, 300028, 223408454, 223408176]
 
 
 @pytest.mark.parametrize("seed", REGRESSION_SEEDS)
