@@ -344,6 +344,21 @@ def test_tiered_log_on_three_nodes_with_a_leader_killed(tmp_path: Path) -> None:
             "--data", str(restored),
         )  # fmt: skip
         assert again.returncode == 1 and "not empty" in again.stderr
+        # A point before the first record, or past the last, is named and restores nothing
+        # (it exited 0 without a word), unless the user says that is fine.
+        for point in ("2001-01-01T00:00:00", "2999-01-01T00:00:00"):
+            outside = tmp_path / f"restored-{point[:4]}"
+            out = run_tidelog(
+                "restore", "--archive", url, "--topic", "tiered", "--to-time", point,
+                "--data", str(outside),
+            )  # fmt: skip
+            assert out.returncode == 1 and "RestorePointOutside" in out.stderr, out.stderr
+            assert not outside.exists() or not any(outside.iterdir())
+        out = run_tidelog(
+            "restore", "--archive", url, "--topic", "tiered", "--to-time", "2999-01-01T00:00:00",
+            "--data", str(outside), "--allow-outside",
+        )  # fmt: skip
+        assert out.returncode == 0 and "past its last record" in out.stderr, out.stderr
 
 
 # -- S3 (moto's server), a store that goes away, bad input ---------------------------------------
@@ -799,3 +814,51 @@ def test_whole_log_retention_deletes_from_the_archive_below_every_cursor(tmp_pat
         ):
             assert f"{name}{labels}" in text, name
         assert "tidelog_archive_uploaded_bytes_total" in text
+
+
+def test_archive_urls_are_checked_and_normalised_at_start() -> None:
+    """No archive at the filesystem root (`archive verify file:///` walked /proc), no `.` or
+    `..` in a path, only bucket names S3 accepts; slashes normalised."""
+    for url in (
+        "file:///",
+        "file:////",
+        "file:///tmp/a/../b",
+        "s3://tidelog/a/../b",
+        "s3://Bad_Bucket!/p",
+        "s3://ab/p",
+        "s3://1.2.3.4/p",
+        "s3://-dash/p",
+        "s3://",
+        "ftp://host/x",
+    ):
+        with pytest.raises(InvalidArchiveUrl):
+            open_store(url)
+    store = open_store("s3://tidelog-archive//prod/eu/")
+    assert store.url == "s3://tidelog-archive//prod/eu/"
+    assert open_store("file:///tmp/arch/").root == Path("/tmp/arch")  # type: ignore[attr-defined]
+
+
+def test_store_errors_are_classified_by_type_and_s3_code_not_by_their_text() -> None:
+    """An unreachable store whose error text holds "403" (its port 40300, a timing of 114.403
+    ms) is unavailable, which is retried; only the store's own classification (obstore's
+    PermissionDenied) or S3's <Code> element says access is denied."""
+    from obstore.exceptions import GenericError, PermissionDeniedError
+
+    from tidelog.errors import ArchiveUnavailable
+
+    store = open_store("s3://tidelog-archive/p", endpoint="http://127.0.0.1:40300")
+    down = GenericError(
+        "Generic S3 error: Error performing GET http://127.0.0.1:40300/tidelog-archive/p/t/403/"
+        "manifest.json in 114.403036ms - Connection refused (os error 111)"
+    )
+    cases: list[tuple[Exception, type[TidelogError]]] = [
+        (down, ArchiveUnavailable),
+        (PermissionDeniedError("Client error with status 403 Forbidden"), ArchiveAccessDenied),
+        (GenericError("<Error><Code>AccessDenied</Code></Error>"), ArchiveAccessDenied),
+        (GenericError("<Error><Code>NoSuchBucket</Code></Error>"), ArchiveBucketMissing),
+        (GenericError("<Error><Code>SlowDown</Code><Key>403</Key></Error>"), ArchiveUnavailable),
+    ]
+    for raised, expected in cases:
+        with pytest.raises(TidelogError) as info, store._translated("k"):  # type: ignore[attr-defined]
+            raise raised
+        assert type(info.value) is expected, (raised, info.value)

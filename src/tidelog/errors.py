@@ -327,6 +327,14 @@ class ArchiveObjectMissing(ArchiveError):
     code = 118
 
 
+class RestorePointOutside(ArchiveError):
+    """`tidelog restore`'s point lies before the archive's first record (nothing would be
+    restored) or past its last (the restore would stop short of the point asked for); given
+    `--allow-outside`, the restore goes on and says so."""
+
+    code = 120
+
+
 class ArchiveClusterMismatch(ArchiveError):
     """The archive prefix belongs to another cluster (its cluster id differs)."""
 

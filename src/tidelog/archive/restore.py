@@ -28,7 +28,13 @@ from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
 from tidelog.archive.verify import manifest_keys
 from tidelog.config import TopicConfig
-from tidelog.errors import ArchiveError, InvalidRequest, TidelogError, TopicAlreadyExists
+from tidelog.errors import (
+    ArchiveError,
+    InvalidRequest,
+    RestorePointOutside,
+    TidelogError,
+    TopicAlreadyExists,
+)
 from tidelog.record.batch import BatchHeader, Record, decode_records, read_header, rebuild_batch
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.log import SegmentedLog
@@ -95,12 +101,62 @@ def latest_manifests(store: ArchiveStore, topic: str) -> list[Manifest]:
     return sorted(found[max(found)], key=lambda m: m.partition)
 
 
+def check_point(manifests: list[Manifest], point: RestorePoint) -> str:
+    """RestorePointOutside if the point lies before the archive's first record or past its
+    last; else "" (or, past the end within one partition, a note of where it ends)."""
+    segments = [m.segments for m in manifests if m.segments]
+    if not segments:
+        raise RestorePointOutside("the archive holds no record of this topic yet")
+    if point.to_offset is not None:
+        first, last = (
+            min(s[0].base_offset for s in segments),
+            max(s[-1].end_offset for s in segments),
+        )
+        before, after = point.to_offset <= first, point.to_offset > last
+        extent = f"offsets [{first}, {last})"
+    else:
+        assert point.to_time_ms is not None
+        first = min(s[0].first_timestamp for s in segments)
+        last = max(seg.max_timestamp for s in segments for seg in s)
+        before, after = point.to_time_ms < first, point.to_time_ms > last
+        extent = f"records stamped {_iso(first)} to {_iso(last)}"
+    if before:
+        raise RestorePointOutside(
+            f"{point.describe()}: the archive holds {extent}; the point is before its first "
+            "record, so nothing would be restored",
+            first=first,
+            last=last,
+        )
+    if after:
+        raise RestorePointOutside(
+            f"{point.describe()}: the archive holds {extent}; the point is past its last "
+            "record, so the copy would end before it",
+            first=first,
+            last=last,
+        )
+    return ""
+
+
+def _iso(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat()
+
+
 def restore_topic(
-    store: ArchiveStore, topic: str, point: RestorePoint, data_dir: Path
+    store: ArchiveStore,
+    topic: str,
+    point: RestorePoint,
+    data_dir: Path,
+    allow_outside: bool = False,
 ) -> list[RestoredPartition]:
     if data_dir.exists() and any(data_dir.iterdir()):
         raise InvalidRequest(f"--data {data_dir} is not empty: restore makes a new node's data")
     manifests = latest_manifests(store, topic)
+    try:
+        check_point(manifests, point)
+    except RestorePointOutside as exc:
+        if not allow_outside:
+            raise
+        print(f"warning: {exc.message} (restoring anyway: --allow-outside)", file=sys.stderr)
     partitions = max(max(m.partitions for m in manifests), max(m.partition for m in manifests) + 1)
     configs = {k: v for k, v in manifests[0].configs.items() if k not in NOT_RESTORED}
     create_topic_offline(data_dir, topic, partitions, configs)

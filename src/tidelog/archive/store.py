@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import fcntl
 import os
+import re
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -74,16 +75,41 @@ class ArchiveStore(Protocol):
         ...
 
 
+# S3's rules for a bucket name (general purpose buckets): 3-63 characters of lowercase letters,
+# digits, dots and hyphens, beginning and ending with a letter or digit, not an IP address.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_IP = re.compile(r"\d+\.\d+\.\d+\.\d+")
+
+
 def open_store(url: str, endpoint: str = "") -> ArchiveStore:
+    """The store an archive URL names, checked and normalised: InvalidArchiveUrl for a URL that
+    names no archive a node may own (the filesystem root, a path with `..`, a bucket name S3
+    refuses)."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+        path = urllib.parse.unquote(parsed.path)
+        if parsed.netloc not in ("", "localhost") or not path.startswith("/"):
             raise InvalidArchiveUrl(f"{url!r}: a file archive is file:///ABSOLUTE/DIR", url=url)
-        return FileStore(url, Path(urllib.parse.unquote(parsed.path)))
+        _check_segments(url, path)
+        root = Path("/" + "/".join(s for s in path.split("/") if s))
+        if root == Path("/"):
+            raise InvalidArchiveUrl(
+                f"{url!r}: the filesystem root is no archive (file:///ABSOLUTE/DIR)", url=url
+            )
+        return FileStore(url, root)
     if parsed.scheme == "s3":
-        if not parsed.netloc:
+        bucket = parsed.netloc
+        if not bucket:
             raise InvalidArchiveUrl(f"{url!r}: an S3 archive is s3://BUCKET/PREFIX", url=url)
-        return S3Store(url, parsed.netloc, parsed.path.strip("/"), endpoint)
+        if not _BUCKET.fullmatch(bucket) or ".." in bucket or _IP.fullmatch(bucket):
+            raise InvalidArchiveUrl(
+                f"{url!r}: {bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, "
+                "digits, dots and hyphens, starting and ending with a letter or digit)",
+                url=url,
+            )
+        _check_segments(url, parsed.path)
+        prefix = "/".join(s for s in parsed.path.split("/") if s)
+        return S3Store(url, bucket, prefix, endpoint)
     raise InvalidArchiveUrl(
         f"{url!r}: unknown archive scheme {parsed.scheme!r} (file:///DIR or s3://BUCKET/PREFIX)",
         url=url,
@@ -332,7 +358,7 @@ class S3Store:
         try:
             yield
         except (NotFoundError, FileNotFoundError) as exc:
-            if "NoSuchBucket" in str(exc):
+            if s3_error_code(exc) == "NoSuchBucket":
                 raise ArchiveBucketMissing(
                     f"{self.url}: bucket {self.bucket!r} does not exist", url=self.url
                 ) from exc
@@ -344,18 +370,50 @@ class S3Store:
         except (AlreadyExistsError, PreconditionError) as exc:
             raise ArchiveError(f"{self.url}: {key}: {_first_line(exc)}", url=self.url) from exc
         except (GenericError, OSError, RuntimeError) as exc:
-            text = str(exc)
-            if "NoSuchBucket" in text:
+            # The store's own classification first (obstore raises PermissionDenied and
+            # Unauthenticated for 403 and 401); then S3's error code, the <Code> element of its
+            # answer. Never a search of the whole text: it holds the URL, its port (40300),
+            # object keys and timings ("114.314036ms").
+            code = s3_error_code(exc)
+            if code == "NoSuchBucket":
                 raise ArchiveBucketMissing(
                     f"{self.url}: bucket {self.bucket!r} does not exist", url=self.url
                 ) from exc
-            if any(code in text for code in ("AccessDenied", "InvalidAccessKeyId", "403")):
+            if code in S3_ACCESS_CODES:
                 raise ArchiveAccessDenied(
                     f"{self.url}: access denied ({_first_line(exc)})", url=self.url
                 ) from exc
             raise ArchiveUnavailable(
                 f"{self.url}: the store did not answer ({_first_line(exc)})", url=self.url
             ) from exc
+
+
+def _check_segments(url: str, path: str) -> None:
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise InvalidArchiveUrl(f"{url!r}: an archive path may not hold '.' or '..'", url=url)
+    if parsed_query := urllib.parse.urlparse(url).query:
+        raise InvalidArchiveUrl(f"{url!r}: unexpected query {parsed_query!r}", url=url)
+
+
+# S3 error codes that mean the credentials or policy refuse us (not retriable by waiting).
+S3_ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "AccountProblem",
+    }
+)
+_S3_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+
+
+def s3_error_code(exc: BaseException) -> str:
+    """The error code of an S3 error answer carried by exc ("" if it carries none)."""
+    found = _S3_CODE.search(str(exc))
+    return found.group(1) if found else ""
 
 
 def _file_version(st: os.stat_result) -> str:

@@ -41,6 +41,12 @@ def add_archive_commands(sub: Any) -> None:
         help="restore the records stamped at or before this ISO 8601 time (UTC if no zone)",
     )
     restore.add_argument("--data", required=True, type=Path, help="a new (empty) data directory")
+    restore.add_argument(
+        "--allow-outside",
+        action="store_true",
+        help="restore even if the point lies before the archive's first record or past its "
+        "last (otherwise: RestorePointOutside, exit 1, nothing written)",
+    )
     restore.set_defaults(func=cmd_restore)
 
 
@@ -75,7 +81,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     point = RestorePoint.parse(args.to_offset, args.to_time)
     store = open_store(args.archive, args.archive_endpoint)
     store.check()
-    restored = restore_topic(store, args.topic, point, args.data)
+    restored = restore_topic(store, args.topic, point, args.data, args.allow_outside)
     print(f"restored {args.topic} ({point.describe()}) into {args.data}:")
     for p in restored:
         line = f"  partition {p.partition}: offsets [{p.start_offset}, {p.end_offset}), {p.records} records"

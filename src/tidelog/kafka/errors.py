@@ -45,6 +45,7 @@ from tidelog.errors import (
     OutOfOrderSequence,
     PartitionLimitReached,
     RecordTooLarge,
+    RestorePointOutside,
     StorageError,
     StorageFull,
     TidelogError,
@@ -131,6 +132,7 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     ArchiveAccessDenied: 56,
     ArchiveBucketMissing: 56,
     ArchiveObjectMissing: 56,
+    RestorePointOutside: 56,
     ArchiveClusterMismatch: 56,
     ArchiveCorrupt: 2,  # CORRUPT_MESSAGE: a damaged archived batch is never served
     ArchiveLagExceeded: 56,  # retriable, as writes resume when the archive catches up
