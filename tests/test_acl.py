@@ -569,6 +569,17 @@ def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Sec
                 answer = kafka_ask(sock, 36, {"auth_bytes": final.encode()})
             assert answer is not None and answer["error_code"] == 58, (mechanism, answer)
             assert kafka_ask(sock, 0, kafka_requests()[0][1]) is None
+    # Out of SASL's order (issue 32: a request between the handshake and the authentication
+    # ran as anonymous): ILLEGAL_SASL_STATE (34), and the connection ends.
+    with kafka_connection(port, anonymous) as sock:
+        assert kafka_ask(sock, 17, {"mechanism": "SCRAM-SHA-256"})["error_code"] == 0  # type: ignore[index]
+        answer = kafka_ask(sock, 19, kafka_requests()[19][1])  # CreateTopics, mid-exchange
+        assert answer is None or 34 in error_codes(answer), answer
+        assert kafka_ask(sock, 3, {"topics": None}) is None
+    with kafka_connection(port, anonymous) as sock:
+        answer = kafka_ask(sock, 36, {"auth_bytes": b"n,,n=alice,r=abcdefgh"})  # no handshake
+        assert answer is not None and answer["error_code"] == 34, answer
+        assert kafka_ask(sock, 3, {"topics": None}) is None
     # A certificate no CA here signed: the handshake fails, nothing is served.
     for key, (what, values) in kafka_requests().items():
         with pytest.raises((ssl.SSLError, ConnectionError)):

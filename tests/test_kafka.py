@@ -428,3 +428,29 @@ def test_a_group_outlives_its_coordinator_without_a_rebalance(cluster: LocalClus
             cluster.wait_ready()
     finally:
         consumer.close()
+
+
+def test_admin_clients_list_groups_on_any_node_and_get_kafkas_error_codes(
+    cluster: LocalCluster,
+) -> None:
+    """An admin client asks every broker for its groups and fails if any answers an error:
+    nodes that coordinate none answered NOT_COORDINATOR (kafkajs's listGroups failed on any
+    multi-node cluster). Too high a replication factor is INVALID_REPLICATION_FACTOR (38),
+    not INVALID_REQUEST."""
+    create_topic(cluster, "listed", 1)
+    member = group_member(cluster, "listed-group")
+    try:
+        member.subscribe(["listed"])
+        member.poll(5)
+        lister = AdminClient(kafka_config(cluster))  # (kept: its handle must outlive the call)
+        listed = lister.list_consumer_groups().result(30)
+        assert not listed.errors, listed.errors
+        assert "listed-group" in {g.group_id for g in listed.valid}
+    finally:
+        member.close()
+    admin = AdminClient(kafka_config(cluster))
+    futures = admin.create_topics([NewTopic("too-many-copies", 1, 5)])
+    with pytest.raises(Exception) as info:
+        futures["too-many-copies"].result(30)
+    error = info.value.args[0]
+    assert error.code() == confluent_kafka.KafkaError.INVALID_REPLICATION_FACTOR, error

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from helpers import batch_of, values_in
 from tidelog.config import TopicConfig
-from tidelog.errors import CorruptRecord, InvalidRequest, OffsetOutOfRange, RecordTooLarge
+from tidelog.errors import (
+    CorruptRecord,
+    DuplicateSequence,
+    InvalidRecord,
+    InvalidRequest,
+    OffsetOutOfRange,
+    RecordTooLarge,
+)
 from tidelog.record import ProducerRecord, build_batch, iter_headers
 from tidelog.storage.log import SegmentedLog
 from tidelog.storage.memory_log import MemoryLog
@@ -471,3 +478,25 @@ def test_enospc_on_append_is_storage_full_and_leaves_no_torn_batch(
     assert read_all(log) == [(0, b"before"), (1, b"after")]
     log.close()
     assert read_all(SegmentedLog(tmp_path, SMALL)) == [(0, b"before"), (1, b"after")]
+
+
+def test_a_replay_with_other_records_is_refused_not_acknowledged(make_log: LogFactory) -> None:
+    """A retry of an idempotent batch is dropped and answered as a duplicate. A batch that
+    reuses the sequences of another (different records: its CRC differs) was answered the same
+    way, and its records were lost though acknowledged (a real client did so): it is refused
+    with InvalidRecord rule sequence_reuse. Kafka compares sequences only."""
+    log = make_log()
+
+    def batch(value: bytes, sequence: int = 0) -> bytes:
+        record = ProducerRecord(None, value, timestamp=1000)
+        return build_batch([record], producer_id=7, producer_epoch=0, base_sequence=sequence)
+
+    log.append_as_leader(batch(b"a"), epoch=1)
+    with pytest.raises(DuplicateSequence):
+        log.append_as_leader(batch(b"a"), epoch=1)  # a retry: the same bytes
+    with pytest.raises(InvalidRecord) as info:
+        log.append_as_leader(batch(b"not a"), epoch=1)
+    assert info.value.details["rule"] == "sequence_reuse" and info.value.details["base_offset"] == 0
+    assert read_all(log) == [(0, b"a")]
+    log.append_as_leader(batch(b"b", sequence=1), epoch=1)
+    assert read_all(log) == [(0, b"a"), (1, b"b")]

@@ -225,6 +225,13 @@ class PartitionLimitReached(InvalidRequest):
     code = 119
 
 
+class InvalidReplicationFactor(InvalidRequest):
+    """A topic's replication factor below 1 or above the nodes that can take its replicas
+    (Kafka's INVALID_REPLICATION_FACTOR)."""
+
+    code = 38
+
+
 class InvalidReplicaAssignment(InvalidRequest):
     """A reassignment names no replicas, a node twice, or a node the cluster does not have
     (Kafka's INVALID_REPLICA_ASSIGNMENT)."""

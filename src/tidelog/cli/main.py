@@ -190,7 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     create = with_bootstrap(tsub.add_parser("create", help="create a topic"))
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=1)
-    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument(
+        "--replication-factor",
+        type=int,
+        default=-1,
+        help="copies of each partition (default: min(3, nodes), the cluster's default)",
+    )
     create.add_argument("--kind", choices=["stream", "table"], default="stream")
     create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
     create.set_defaults(func=cmd_topics_create)
@@ -445,9 +450,10 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
                 _parse_kv(args.config),
                 args.kind,
             )
+            chosen = " (the default: min(3, nodes))" if args.replication_factor == -1 else ""
             print(
                 f"created topic {info.name} with {info.partitions} partitions, "
-                f"replication factor {info.replication_factor}"
+                f"replication factor {info.replication_factor}{chosen}"
             )
 
     asyncio.run(run())

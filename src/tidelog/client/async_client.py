@@ -506,7 +506,7 @@ class AsyncClient:
         self,
         name: str,
         partitions: int = 1,
-        replication_factor: int = 1,
+        replication_factor: int = -1,
         configs: dict[str, str] | None = None,
         kind: str = "stream",
         wait_for_leaders: bool = True,

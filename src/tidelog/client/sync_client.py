@@ -59,7 +59,7 @@ class Client:
         self,
         name: str,
         partitions: int = 1,
-        replication_factor: int = 1,
+        replication_factor: int = -1,
         configs: dict[str, str] | None = None,
         kind: str = "stream",
     ) -> TopicInfo:

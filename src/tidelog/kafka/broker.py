@@ -45,7 +45,12 @@ from tidelog.node.core import NodeCore
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.record import decode_records
-from tidelog.replication.metadata import CURSOR_NAME, Cursor, MetadataState
+from tidelog.replication.metadata import (
+    CURSOR_NAME,
+    Cursor,
+    MetadataState,
+    default_replication_factor,
+)
 
 log = logging.getLogger(__name__)
 
@@ -304,10 +309,9 @@ class KafkaBroker:
     async def _auto_create(self, principal: Principal, names: list[str]) -> None:
         """auto.create.topics.enable, as Kafka's default: a topic a producer or consumer names
         is created with one partition and min(3, nodes) replicas, on the metadata leader."""
-        factor = min(3, max(1, len(self.core.registry.placeable())))
         for name in names:
             try:
-                await self._admin(principal, api.CreateTopicRequest(name, 1, factor))
+                await self._admin(principal, api.CreateTopicRequest(name, 1))
                 log.info("kafka: topic %s created on first use", name)
             except TidelogError as exc:
                 log.info("kafka: topic %s not created on first use: %s", name, exc)
@@ -585,12 +589,12 @@ class KafkaBroker:
     async def create_topics(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
         results = []
-        placeable = max(1, len(self.core.registry.placeable()))
         for topic in body.topics:
             partitions = int(topic.num_partitions)
             factor = int(topic.replication_factor)
             partitions = 1 if partitions == -1 else partitions
-            factor = min(3, placeable) if factor == -1 else factor
+            if factor == -1:
+                factor = default_replication_factor(self.core.registry.placeable())
             configs = {c.name: c.value for c in topic.configs if c.value is not None}
             entry: dict[str, Any] = {
                 "name": topic.name,
@@ -878,10 +882,13 @@ class KafkaBroker:
         return {"throttle_time_ms": 0, "groups": groups}
 
     async def list_groups(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """The groups this node coordinates. Admin clients (kafkajs, Kafka's own) ask every
+        broker and merge the lists, failing if any answers an error: a node that coordinates
+        none answers an empty list, as a Kafka broker does."""
         try:
             self._check_coordinator()
-        except GroupError as exc:
-            return {"error_code": exc.code, "groups": [], "throttle_time_ms": 0}
+        except GroupError:
+            return {"error_code": kerr.NONE, "groups": [], "throttle_time_ms": 0}
         found: dict[str, dict[str, Any]] = {}
         for cursor in self.core.metadata.cursors.values():
             name = cursor.name

@@ -31,6 +31,7 @@ from tidelog.errors import (
     InvalidConfig,
     InvalidRecord,
     InvalidReplicaAssignment,
+    InvalidReplicationFactor,
     InvalidRequest,
     NetworkError,
     NodeAlreadyExists,
@@ -102,6 +103,7 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     InvalidRequest: INVALID_REQUEST,
     InvalidConfig: INVALID_CONFIG,
     InvalidReplicaAssignment: 39,  # INVALID_REPLICA_ASSIGNMENT
+    InvalidReplicationFactor: 38,  # INVALID_REPLICATION_FACTOR
     PartitionLimitReached: 44,  # POLICY_VIOLATION
     NodeAlreadyExists: INVALID_REQUEST,
     UnknownNode: 8,  # BROKER_NOT_AVAILABLE

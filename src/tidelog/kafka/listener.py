@@ -33,6 +33,7 @@ from tidelog.kafka.codec import (
 )
 from tidelog.kafka.errors import kafka_code
 from tidelog.kafka.sasl import (
+    ILLEGAL_SASL_STATE,
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
     SaslSession,
@@ -98,6 +99,12 @@ class KafkaConnection(FrameConnection):
         self._slots.append(slot)
         if len(self._slots) >= self.listener.limits.max_inflight_requests:
             self.pause("inflight")
+        if self.sasl.mid_exchange != (request.api_key == SASL_AUTHENTICATE):
+            # Between SaslHandshake and the end of SaslAuthenticate nothing else is served (it
+            # ran as who the connection was before), and SaslAuthenticate comes only after a
+            # handshake: Kafka answers ILLEGAL_SASL_STATE and closes.
+            self._illegal_sasl_state(slot, request)
+            return
         if request.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
             # Nothing more is read until it is decided: what follows is served as the
             # principal it proves, never as who the connection was before.
@@ -105,6 +112,19 @@ class KafkaConnection(FrameConnection):
             slot.task = asyncio.get_running_loop().create_task(self._sasl(slot, request))
             return
         slot.task = asyncio.get_running_loop().create_task(self._serve(slot, request, len(frame)))
+
+    def _illegal_sasl_state(self, slot: _Slot, request: KafkaRequest) -> None:
+        log.info(
+            "kafka: api %d from %s out of SASL's order: ILLEGAL_SASL_STATE",
+            request.api_key,
+            self.address,
+        )
+        self.pause("authenticating")  # read nothing more: the connection ends
+        answer = error_answer(
+            request.api_key, request.api_version, request.correlation_id, ILLEGAL_SASL_STATE
+        )
+        self._answer(slot, answer)  # (None, where the response has no error code: closed)
+        asyncio.get_running_loop().call_later(FAILED_AUTHENTICATION_DELAY_S, self.close)
 
     async def _sasl(self, slot: _Slot, request: KafkaRequest) -> None:
         failed = False

@@ -47,6 +47,11 @@ class SaslSession:
         self.scram: ScramExchange | None = None
         self.done = False
 
+    @property
+    def mid_exchange(self) -> bool:
+        """A handshake chose a mechanism and authentication has not finished."""
+        return bool(self.mechanism) and not self.done
+
     def handshake(self, mechanism: str) -> dict[str, Any]:
         if self.mechanism or self.done:
             return {"error_code": ILLEGAL_SASL_STATE, "mechanisms": self.mechanisms}

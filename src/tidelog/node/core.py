@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import functools
 import heapq
 import hmac
@@ -94,6 +95,7 @@ from tidelog.replication.metadata import (
     TopicMeta,
     acl_key,
     assign_replicas,
+    default_replication_factor,
     node_conflict,
     plan_drain,
     topic_command,
@@ -1074,6 +1076,10 @@ class NodeCore:
         self, req: api.CreateTopicRequest, payload: bytes
     ) -> api.CreateTopicResponse:
         nodes = self.registry.placeable()
+        if req.replication_factor == -1:
+            # The cluster's default, as Kafka's default.replication.factor but sized to the
+            # cluster: a topic on three nodes keeps three copies unless asked otherwise.
+            req = dataclasses.replace(req, replication_factor=default_replication_factor(nodes))
         config = self.config.topic_defaults.with_overrides(req.configs)
         self.config.check_batch_fits(config.max_message_bytes)
         validate_create(

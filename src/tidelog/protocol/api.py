@@ -148,7 +148,7 @@ class MetadataResponse:
 class CreateTopicRequest:
     name: str
     partitions: int = 1
-    replication_factor: int = 1
+    replication_factor: int = -1  # -1: the cluster's default, min(3, nodes)
     configs: dict[str, str] = field(default_factory=dict)
     kind: str = "stream"  # stream | table
 

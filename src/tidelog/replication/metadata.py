@@ -17,6 +17,7 @@ from tidelog.config import TopicConfig
 from tidelog.errors import (
     InvalidConfig,
     InvalidReplicaAssignment,
+    InvalidReplicationFactor,
     InvalidRequest,
     NodeAlreadyExists,
     NotEnoughNodes,
@@ -481,9 +482,11 @@ def validate_create(
     if not 1 <= partitions <= PARTITIONS_MAX:
         raise InvalidRequest(f"partitions must be in [1, {PARTITIONS_MAX}], got {partitions}")
     if not 1 <= replication_factor <= len(node_ids):
-        raise InvalidRequest(
+        raise InvalidReplicationFactor(
             f"replication factor {replication_factor} needs that many nodes; "
-            f"the cluster has {len(node_ids)}"
+            f"the cluster has {len(node_ids)}",
+            replication_factor=replication_factor,
+            nodes=len(node_ids),
         )
     if kind not in ("stream", "table"):
         raise InvalidRequest(f"topic kind must be stream or table, got {kind!r}")
@@ -499,6 +502,11 @@ def checked_config(configs: dict[str, str], replication_factor: int) -> TopicCon
             f"{replication_factor}"
         )
     return config
+
+
+def default_replication_factor(node_ids: list[int]) -> int:
+    """A topic's replication factor when none is asked for: min(3, nodes that take replicas)."""
+    return max(1, min(3, len(node_ids)))
 
 
 def assign_replicas(

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from tidelog.errors import CorruptRecord, DuplicateSequence, InvalidRequest, OutOfOrderSequence
+from tidelog.errors import (
+    CorruptRecord,
+    DuplicateSequence,
+    InvalidRecord,
+    InvalidRequest,
+    OutOfOrderSequence,
+)
 from tidelog.record.batch import BatchHeader, iter_headers, stamp
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.producer_state import ProducerState
@@ -27,6 +33,17 @@ def stamp_leader_batches(
     if not headers:
         raise InvalidRequest("produce request carries no record batch")
     if producers is not None:
+        for _, header in headers:
+            original = producers.is_duplicate(header)
+            if original is not None and producers.reused(header, original):
+                raise InvalidRecord(
+                    f"producer {header.producer_id} epoch {header.producer_epoch} already wrote "
+                    f"sequence {header.base_sequence} at offset {original.base_offset} with "
+                    f"other records (CRC {original.crc:#010x}, this batch {header.crc:#010x}): "
+                    "a producer may not reuse sequence numbers",
+                    rule="sequence_reuse",
+                    base_offset=original.base_offset,
+                )
         fresh = [(pos, h) for pos, h in headers if producers.is_duplicate(h) is None]
         if not fresh:
             last = headers[-1][1]

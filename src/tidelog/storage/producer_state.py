@@ -23,6 +23,7 @@ class ProducerEntry(NamedTuple):
     base_offset: int
     last_offset: int
     last_write_ms: int = 0  # this replica's clock when it appended (or loaded) the batch
+    crc: int = -1  # the batch's CRC-32C (-1: not known, as after a restart from a checkpoint)
 
     @property
     def last_sequence(self) -> int:
@@ -53,6 +54,21 @@ class ProducerState:
             if (recent.epoch, recent.sequence) == (header.producer_epoch, header.base_sequence):
                 return recent
         return entry
+
+    @staticmethod
+    def reused(header: BatchHeader, original: ProducerEntry) -> bool:
+        """A "replay" whose records differ from the batch that wrote those sequences: a
+        producer reusing sequence numbers, whose records would be dropped as duplicates and
+        acknowledged (a real client lost acknowledged records so). Kafka compares sequences
+        only; the CRC of the batch's records tells a true retry from a reuse."""
+        return (
+            (original.epoch, original.sequence) == (header.producer_epoch, header.base_sequence)
+            and original.crc >= 0
+            and (
+                original.crc != header.crc
+                or original.last_offset - original.base_offset != header.last_offset_delta
+            )
+        )
 
     def gap(self, header: BatchHeader, last: tuple[int, int] | None = None) -> int | None:
         """For a new batch (not a replay): the sequence it should have started at, if it
@@ -86,6 +102,7 @@ class ProducerState:
                 header.base_offset,
                 header.last_offset,
                 now_ms,
+                header.crc,
             )
             self.producers[header.producer_id] = entry
             recent = self.recent.setdefault(
