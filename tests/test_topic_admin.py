@@ -4,13 +4,16 @@ alter configs live, add partitions; bad requests get named errors and change not
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster
+from tidelog.client.async_client import AsyncClient
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 from tidelog.config import InvalidConfig
@@ -193,3 +196,39 @@ def test_replication_messages_of_another_incarnation_of_a_name_are_dropped(
             assert heard == [vote], "this incarnation's is heard"
 
     asyncio.run(main())
+
+
+def test_an_admin_request_waits_out_a_cluster_that_has_no_leader_yet(tmp_path: Path) -> None:
+    """Right after a cluster starts its first election is still running: admin requests retry
+    what passes until admin_timeout_ms (Kafka's default.api.timeout.ms), however few `retries`
+    that is (they gave up after a fixed count, and `topics create` failed with NotLeader)."""
+    cluster = LocalCluster(tmp_path, 3)
+    try:
+        cluster.start(1)  # one of three: no metadata leader until the others come
+        cluster.wait_ready(node_ids=[1])
+        waited: list[tuple[str, float]] = []
+
+        async def create() -> int:
+            async with AsyncClient(cluster.address(1), retries=2, admin_timeout_ms=60_000) as c:
+                c.on_admin_retry = lambda exc, seconds: waited.append((exc.name, seconds))
+                info = await c.create_topic("early", partitions=2)
+                return info.replication_factor
+
+        outcome: list[int | BaseException] = []
+        creator = threading.Thread(target=lambda: outcome.append(_run(create())))
+        creator.start()
+        time.sleep(3.0)  # two retries were over long before this
+        cluster.start(2)
+        cluster.start(3)
+        creator.join(60)
+        assert outcome and outcome[0] == 3, outcome  # and the default factor: min(3, nodes)
+        assert waited and waited[0][0] == "NotLeader" and waited[-1][1] >= 2.5, waited[-3:]
+    finally:
+        cluster.stop_all()
+
+
+def _run(coro: Any) -> Any:
+    try:
+        return asyncio.run(coro)
+    except BaseException as exc:  # handed to the test thread, which asserts on it
+        return exc

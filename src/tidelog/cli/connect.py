@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from tidelog.client.async_client import AsyncClient
+from tidelog.errors import TidelogError
 from tidelog.tls import TlsFiles
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
     add_tls_options(parser)
+    parser.add_argument(
+        "--admin-timeout-ms",
+        type=int,
+        default=int(os.environ.get("TIDELOG_ADMIN_TIMEOUT_MS", "60000")),
+        help="how long admin commands retry errors that pass (no leader elected yet, a node "
+        "still starting), as Kafka's default.api.timeout.ms (default 60000; env "
+        "TIDELOG_ADMIN_TIMEOUT_MS)",
+    )
     parser.add_argument(
         "--token",
         default=os.environ.get("TIDELOG_TOKEN"),
@@ -51,6 +61,33 @@ def tls_of(args: argparse.Namespace) -> TlsFiles | None:
 
 
 def client_of(args: argparse.Namespace, **options: Any) -> AsyncClient:
-    return AsyncClient(
+    timeout_ms = getattr(args, "admin_timeout_ms", None)
+    if timeout_ms is not None:
+        options.setdefault("admin_timeout_ms", timeout_ms)
+    client = AsyncClient(
         args.bootstrap, tls=tls_of(args), token=getattr(args, "token", None), **options
     )
+    if sys.stderr.isatty():
+        client.on_admin_retry = _AdminProgress(client.admin_timeout_s)
+    return client
+
+
+class _AdminProgress:
+    """On a terminal: what an admin command is waiting for, once a second (a new cluster's
+    first election, a node still starting), instead of silence or a failure."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.shown = 0.0
+
+    def __call__(self, exc: TidelogError, waited: float) -> None:
+        if waited - self.shown < 1.0:
+            return
+        self.shown = waited
+        print(
+            f"\rwaiting for the cluster ({exc.name}: {exc.message[:80]}), "
+            f"{waited:.0f} of {self.timeout_s:.0f} s ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )

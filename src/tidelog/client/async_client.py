@@ -19,6 +19,7 @@ import contextlib
 import ipaddress
 import logging
 import random
+import time
 import zlib
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -224,6 +225,7 @@ class AsyncClient:
         retries: int = 40,
         retry_backoff_ms: int = 50,
         retry_backoff_max_ms: int = 250,
+        admin_timeout_ms: int = 60_000,
         idempotent: bool = True,
         tls: TlsFiles | None = None,
         token: str | None = None,
@@ -249,6 +251,12 @@ class AsyncClient:
         self.retries = max(1, retries)  # attempts per request: 0 still makes the one attempt
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        # How long an admin request goes on retrying retriable errors (no metadata leader yet,
+        # a node still starting, a leader change): Kafka's default.api.timeout.ms.
+        self.admin_timeout_s = admin_timeout_ms / 1000
+        # Called with each retriable error an admin request waits out and the seconds waited
+        # so far (the CLI shows them on a terminal).
+        self.on_admin_retry: Callable[[TidelogError, float], None] | None = None
         self._conns: dict[tuple[str, int], NodeConnection] = {}
         self._connecting: dict[tuple[str, int], asyncio.Future[NodeConnection]] = {}
         self._meta = _Metadata()
@@ -673,29 +681,35 @@ class AsyncClient:
             await asyncio.sleep(0.2)
 
     async def _to_metadata_leader(self, key: ApiKey, request: Any) -> dict[str, Any]:
-        """Admin writes go through the metadata log's leader; follow its hints."""
-        last: TidelogError | None = None
-        for attempt in range(self.retries):
+        """Admin writes go through the metadata log's leader; follow its hints. Retriable
+        errors are retried until admin_timeout_ms has passed (at least `retries` times), as
+        Kafka's admin client does until default.api.timeout.ms: right after a cluster starts,
+        its first election is still running."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
             address = self._metadata_leader_address(attempt)
             try:
                 header, _ = await self.call(address, key, request)
                 return header
-            except NotLeader as exc:
-                last = exc
-                if exc.leader_hint is not None and exc.leader_hint >= 0:
-                    self._meta.metadata_leader = exc.leader_hint
-                    if exc.leader_hint not in self._meta.nodes:  # a node we have not heard of
+            except TidelogError as exc:
+                if not (exc.retriable or isinstance(exc, NotLeader | NetworkError | Timeout)):
+                    raise
+                waited = time.monotonic() - started
+                if attempt + 1 >= self.retries and waited >= self.admin_timeout_s:
+                    raise
+                if self.on_admin_retry is not None:
+                    self.on_admin_retry(exc, waited)
+                hint = exc.leader_hint if isinstance(exc, NotLeader) else None
+                if hint is not None and hint >= 0:
+                    self._meta.metadata_leader = hint
+                    if hint not in self._meta.nodes:  # a node we have not heard of
                         with contextlib.suppress(TidelogError):
                             await self.refresh_metadata([])
                 else:
                     self._meta.metadata_leader = -1
                     await asyncio.sleep(self._backoff(attempt))
-            except (NetworkError, Timeout) as exc:
-                last = exc
-                self._meta.metadata_leader = -1
-                await asyncio.sleep(self._backoff(attempt))
-        assert last is not None
-        raise last
+            attempt += 1
 
     # -- cursors and deletion -------------------------------------------------------------------
 
