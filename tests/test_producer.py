@@ -199,6 +199,25 @@ def test_a_batching_producer_through_lost_answers_writes_each_record_once_in_ord
     asyncio.run(main())
 
 
+def test_keyless_records_of_short_runs_spread_over_the_partitions(tmp_path: Path) -> None:
+    """Each producer (each `tidelog produce` run) starts its keyless batches at a partition
+    drawn at random and moves on per batch: short runs all began at partition 0, and a third
+    of a 3-partition topic got nothing."""
+
+    async def main() -> None:
+        async with running_node(tmp_path) as (_node, client):
+            await client.create_topic("spread", partitions=3)
+            used = []
+            for run in range(12):  # twelve short runs, one batch each
+                producer = Producer(client, linger_ms=1)
+                future = await producer.send("spread", b"line %d" % run)
+                await producer.close()
+                used.append((await future).partition)
+            assert len(set(used)) >= 2, used  # all twelve on one: (1/3)^11, about 6e-6
+
+    asyncio.run(main())
+
+
 def test_consume_past_the_high_watermark_with_reset_none_fails(tmp_path: Path) -> None:
     async def main() -> None:
         async with running_node(tmp_path) as (node, client):
