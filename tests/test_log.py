@@ -481,19 +481,23 @@ def test_enospc_on_append_is_storage_full_and_leaves_no_torn_batch(
 
 
 def test_a_replay_with_other_records_is_refused_not_acknowledged(make_log: LogFactory) -> None:
-    """A retry of an idempotent batch is dropped and answered as a duplicate. A batch that
-    reuses the sequences of another (different records: its CRC differs) was answered the same
-    way, and its records were lost though acknowledged (a real client did so): it is refused
-    with InvalidRecord rule sequence_reuse. Kafka compares sequences only."""
+    """A retry of an idempotent batch (the same bytes), or a replay that encoded the same
+    records again (a retried Spark task: other timestamps, another CRC), is dropped and
+    answered as a duplicate. A batch that reuses the sequences of another with other records
+    was answered the same way, and its records were lost though acknowledged (a real client
+    did so): it is refused with InvalidRecord rule sequence_reuse. Kafka compares sequences
+    only."""
     log = make_log()
 
-    def batch(value: bytes, sequence: int = 0) -> bytes:
-        record = ProducerRecord(None, value, timestamp=1000)
+    def batch(value: bytes, sequence: int = 0, timestamp: int = 1000) -> bytes:
+        record = ProducerRecord(None, value, timestamp=timestamp)
         return build_batch([record], producer_id=7, producer_epoch=0, base_sequence=sequence)
 
     log.append_as_leader(batch(b"a"), epoch=1)
     with pytest.raises(DuplicateSequence):
         log.append_as_leader(batch(b"a"), epoch=1)  # a retry: the same bytes
+    with pytest.raises(DuplicateSequence):
+        log.append_as_leader(batch(b"a", timestamp=2000), epoch=1)  # encoded again
     with pytest.raises(InvalidRecord) as info:
         log.append_as_leader(batch(b"not a"), epoch=1)
     assert info.value.details["rule"] == "sequence_reuse" and info.value.details["base_offset"] == 0

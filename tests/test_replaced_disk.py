@@ -15,7 +15,7 @@ from test_cluster import leader_of, wait_converged
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
-from tidelog.errors import TidelogError
+from tidelog.errors import NotLeader, TidelogError, UnknownTopicOrPartition
 from tidelog.record.batch import ProducerRecord
 
 TIDELOG = [sys.executable, "-m", "tidelog"]
@@ -61,6 +61,18 @@ def test_a_replaced_disk_never_elects_a_leader_without_acknowledged_records(
 ) -> None:
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as admin:
         leader, wiped, lagging, acked = lose_the_leader_and_a_disk(cluster, admin, 20, 30)
+
+        # The replaced disk, asked alone the moment it listens again, does not say the topic is
+        # unknown: it cannot tell yet (it said "unknown topic 't'"). It says so, retriably, or
+        # (caught up already) it knows the topic.
+        only_wiped = f"127.0.0.1:{cluster.ports[wiped]}"
+        with Client(only_wiped, retries=1, request_timeout_ms=2000) as client:
+            try:
+                client.topic("t")
+            except NotLeader as exc:
+                assert "does not know topic 't' yet" in exc.message, exc
+            except UnknownTopicOrPartition as exc:
+                raise AssertionError(f"a node catching up called t unknown: {exc}") from exc
 
         # For longer than several election timeouts: no leader, and so no lost record.
         reachable = f"127.0.0.1:{cluster.ports[lagging]},127.0.0.1:{cluster.ports[wiped]}"

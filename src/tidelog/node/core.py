@@ -653,6 +653,21 @@ class NodeCore:
     def metadata_host(self) -> PartitionHost:
         return self.hosts[METADATA_GROUP]
 
+    def metadata_behind(self) -> str:
+        """Why this node's metadata may lack committed commands ("" if it is current: it
+        leads the metadata log, or follows a leader it has heard and applied what it heard)."""
+        replica = self.metadata_host.replica
+        if replica.is_leader:
+            return ""
+        if replica.is_observer:
+            return "it is rejoining the cluster after losing its disk"
+        if replica.leader_id < 0:
+            return "it has heard from no metadata leader (an election, or one still running)"
+        applied, known = self.metadata.applied_offset, replica.leader_high_watermark
+        if applied < known:
+            return f"it has applied the metadata log to {applied} of {known}"
+        return ""
+
     def require_started(self) -> None:
         """Listeners are bound (and a port chosen) before the metadata log is open: a request
         in between is told to come again, as one to a node that is not the leader is."""
@@ -1044,6 +1059,15 @@ class NodeCore:
         for name in names:
             meta = self.metadata.topics.get(name)
             if meta is None:
+                behind = self.metadata_behind()
+                if behind:
+                    # It may exist: this node does not know all that is committed. Retriable,
+                    # and the client asks another node (a node back from a lost disk said
+                    # "unknown topic" for one that existed while it caught up).
+                    raise NotLeader(
+                        f"node {self.node_id} does not know topic {name!r} yet: {behind}",
+                        leader_hint=self.metadata_host.leader_hint,
+                    )
                 topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
                 continue
             entry = self._metadata_cache.get(name)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from tidelog.errors import (
     CorruptRecord,
     DuplicateSequence,
@@ -9,7 +12,7 @@ from tidelog.errors import (
     InvalidRequest,
     OutOfOrderSequence,
 )
-from tidelog.record.batch import BatchHeader, iter_headers, stamp
+from tidelog.record.batch import BatchHeader, decode_records, iter_headers, read_header, stamp
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.producer_state import ProducerState
 
@@ -20,6 +23,7 @@ def stamp_leader_batches(
     log_end_offset: int,
     max_batch_bytes: int,
     producers: ProducerState | None = None,
+    batch_at: Callable[[int], bytes | None] | None = None,
 ) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
     """Check batches (layout and CRC, unless a producer's payload already passed
     validate_produced), drop replays of idempotent producers, and stamp offsets (from
@@ -33,14 +37,18 @@ def stamp_leader_batches(
     if not headers:
         raise InvalidRequest("produce request carries no record batch")
     if producers is not None:
-        for _, header in headers:
+        for pos, header in headers:
             original = producers.is_duplicate(header)
-            if original is not None and producers.reused(header, original):
+            if original is None or not producers.maybe_reused(header, original):
+                continue
+            written = batch_at(original.base_offset) if batch_at is not None else None
+            if written is None:
+                continue  # below the log start: nothing to compare with (as Kafka: a duplicate)
+            if _contents(written) != _contents(bytes(buf[pos : pos + header.size_bytes])):
                 raise InvalidRecord(
                     f"producer {header.producer_id} epoch {header.producer_epoch} already wrote "
                     f"sequence {header.base_sequence} at offset {original.base_offset} with "
-                    f"other records (CRC {original.crc:#010x}, this batch {header.crc:#010x}): "
-                    "a producer may not reuse sequence numbers",
+                    "other records: a producer may not reuse sequence numbers",
                     rule="sequence_reuse",
                     base_offset=original.base_offset,
                 )
@@ -68,6 +76,38 @@ def stamp_leader_batches(
         )
         next_offset += header.last_offset_delta + 1
     return buf, stamped
+
+
+class _Chunk(Protocol):
+    def read(self) -> bytes: ...
+
+
+class _Readable(Protocol):
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    def read(self, start_offset: int, max_bytes: int, max_offset: int) -> _Chunk | None: ...
+
+
+def read_batch_at(log: _Readable, offset: int) -> bytes | None:
+    """The batch that begins at offset, if the log still holds it (read on a rare path: a
+    producer's replay whose bytes differ from what it replays)."""
+    if not log.log_start_offset <= offset < log.log_end_offset:
+        return None
+    chunk = log.read(offset, 1, log.log_end_offset)
+    if chunk is None:
+        return None
+    data = chunk.read()
+    header = read_header(data)
+    return bytes(data[: header.size_bytes]) if header.base_offset == offset else None
+
+
+def _contents(batch: bytes) -> list[tuple[bytes | None, bytes | None, object]]:
+    """What a batch says, without its timestamps: a replay encoded anew keeps these."""
+    return [(r.key, r.value, r.headers) for r in decode_records(batch)]
 
 
 def _check_sequences(producers: ProducerState, headers: list[BatchHeader]) -> None:

@@ -56,11 +56,13 @@ class ProducerState:
         return entry
 
     @staticmethod
-    def reused(header: BatchHeader, original: ProducerEntry) -> bool:
-        """A "replay" whose records differ from the batch that wrote those sequences: a
-        producer reusing sequence numbers, whose records would be dropped as duplicates and
-        acknowledged (a real client lost acknowledged records so). Kafka compares sequences
-        only; the CRC of the batch's records tells a true retry from a reuse."""
+    def maybe_reused(header: BatchHeader, original: ProducerEntry) -> bool:
+        """Whether a "replay" of one of the producer's recent batches may hold other records
+        than the batch that wrote those sequences (a producer reusing sequence numbers, whose
+        records would be dropped as duplicates yet acknowledged: a real client lost
+        acknowledged records so). A retry sends the same bytes (the same CRC); a replay that
+        encoded the same records again (a retried Spark task) has other timestamps, so a CRC
+        that differs only says: compare the records."""
         return (
             (original.epoch, original.sequence) == (header.producer_epoch, header.base_sequence)
             and original.crc >= 0
