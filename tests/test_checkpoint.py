@@ -75,3 +75,27 @@ def test_a_short_write_never_swaps_in_a_torn_file(tmp_path: Path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     ).stdout.splitlines()
     assert out == ["refused: StorageError", "refused: StorageError", "True [5]"], out
+
+
+def test_a_snapshot_keeps_the_epoch_of_its_last_record_and_old_ones_still_read(
+    tmp_path: Path,
+) -> None:
+    """Version 2 records the epoch (a replica restarting with its snapshot ahead of its log
+    starts over there with it: fresh seed 898038519); version 1 files read as epoch -1."""
+    import struct
+
+    import crc32c
+
+    from tidelog.storage.snapshot import SnapshotStore
+
+    store = SnapshotStore(tmp_path, 3)
+    meta = store.write(40, b"state", epoch=7)
+    assert meta.epoch == 7
+    latest = store.latest()
+    assert latest is not None and (latest.offset, latest.epoch) == (40, 7)
+    assert store.load(latest) == b"state"
+    old = struct.pack(">8sqIq", b"TLSNAP1\n", 90, crc32c.crc32c(b"older"), 5) + b"older"
+    (tmp_path / "snapshots" / f"{90:020d}.snapshot").write_bytes(old)
+    latest = store.latest()
+    assert latest is not None and (latest.offset, latest.epoch) == (90, -1)
+    assert store.load(latest) == b"older"

@@ -114,7 +114,7 @@ class NodeRegistry:
         target = self.metadata_target()
         if target is None:
             return
-        replica.set_target(target)
+        core.metadata_host.driver.set_target(target)
         if not replica.is_leader:
             return
         state = core.metadata

@@ -138,7 +138,7 @@ class SnapshotFiles(Protocol):
 
     def latest(self) -> SnapshotMeta | None: ...
 
-    def write(self, offset: int, payload: bytes) -> SnapshotMeta: ...
+    def write(self, offset: int, payload: bytes, epoch: int = -1) -> SnapshotMeta: ...
 
     def load(self, meta: SnapshotMeta) -> bytes: ...
 
@@ -178,7 +178,7 @@ class StateMachineDriver:
             machine.restore(store.load(self._latest), self._latest.offset)
             if self._latest.offset > slog.log_end_offset:
                 # The snapshot is ahead of the log (installed from the leader before a crash).
-                slog.truncate_fully_and_start_at(self._latest.offset)
+                slog.truncate_fully_and_start_at(self._latest.offset, self._latest.epoch)
 
     def _draw_threshold(self) -> int:
         return self._rng.randint(max(1, self._entries // 2), max(1, self._entries - 1))
@@ -201,7 +201,8 @@ class StateMachineDriver:
 
     def take_snapshot(self) -> SnapshotMeta:
         offset = self.machine.applied_offset
-        self._latest = self.store.write(offset, self.machine.snapshot())
+        epoch = self.log.epochs.epoch_at(offset - 1) if offset > 0 else -1
+        self._latest = self.store.write(offset, self.machine.snapshot(), epoch)
         self._threshold = self._draw_threshold()
         self.snapshots_taken += 1
         log.info(

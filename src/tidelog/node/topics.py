@@ -152,7 +152,7 @@ class TopicReplicas:
                 ):
                     host.replica.campaign()  # a new partition's preferred leader stands at once
             throttle = meta.throttles.get(partition, 0) * core.config.tick_ms // 1000
-            host.replica.set_target(tuple(replicas), max(throttle, 1) if throttle else 0)
+            host.driver.set_target(tuple(replicas), max(throttle, 1) if throttle else 0)
             host.process_ready()
             if partition in meta.retiring:
                 self._moving.add(host.group)

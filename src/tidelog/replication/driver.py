@@ -188,6 +188,13 @@ class PartitionDriver(Generic[W]):
 
     # -- the Ready loop -------------------------------------------------------------------------
 
+    def set_target(self, voters: tuple[int, ...] | None, learner_bytes_per_tick: int = 0) -> None:
+        """The group's target voters (Replica.set_target); a new one is acted on at the next
+        tick. (The simulator set it on the replica alone: an idle single-voter leader, with no
+        deadline, never began to walk to it: fresh seed 898038552.)"""
+        if self.replica.set_target(voters, learner_bytes_per_tick):
+            self.nudge()
+
     def nudge(self) -> None:
         """Something outside the replica changed (a peer's liveness): act at the next tick."""
         if not self.dirty and not self.stopped:

@@ -1030,12 +1030,17 @@ class Replica:
 
     # -- membership (membership.py) --------------------------------------------------------------
 
-    def set_target(self, voters: tuple[int, ...] | None, learner_bytes_per_tick: int = 0) -> None:
+    def set_target(self, voters: tuple[int, ...] | None, learner_bytes_per_tick: int = 0) -> bool:
         """The voters this group should have (the cluster's metadata says so): its leader walks
-        the group there one change at a time. None: no change wanted."""
+        the group there one change at a time. None: no change wanted. True if it changed: the
+        driver must then act (PartitionDriver.set_target), or an idle leader with no deadline
+        never starts the walk."""
         assert voters is None or voters, "a group needs a voter"
-        self.target = tuple(sorted(voters)) if voters is not None else None
+        target = tuple(sorted(voters)) if voters is not None else None
+        changed = (target, learner_bytes_per_tick) != (self.target, self.learner_bytes_per_tick)
+        self.target = target
         self.learner_bytes_per_tick = learner_bytes_per_tick
+        return changed
 
     @property
     def committed_membership(self) -> Membership:

@@ -7,7 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tidelog.errors import CorruptRecord
-from tidelog.storage.snapshot import SnapshotMeta, decode_snapshot, encode_snapshot
+from tidelog.storage.snapshot import (
+    SnapshotMeta,
+    decode_snapshot,
+    encode_snapshot,
+    snapshot_epoch,
+)
 
 
 class MemorySnapshotStore:
@@ -18,7 +23,8 @@ class MemorySnapshotStore:
 
     @staticmethod
     def _meta(offset: int, data: bytes) -> SnapshotMeta:
-        return SnapshotMeta(offset, len(data), Path(f"{offset:020d}.snapshot"))
+        name = f"{offset:020d}.snapshot"
+        return SnapshotMeta(offset, len(data), Path(name), snapshot_epoch(data, offset, name))
 
     @property
     def largest(self) -> int:
@@ -31,8 +37,8 @@ class MemorySnapshotStore:
         offset = max(self._files)
         return self._meta(offset, self._files[offset])
 
-    def write(self, offset: int, payload: bytes) -> SnapshotMeta:
-        self._files[offset] = encode_snapshot(offset, payload)
+    def write(self, offset: int, payload: bytes, epoch: int = -1) -> SnapshotMeta:
+        self._files[offset] = encode_snapshot(offset, payload, epoch)
         self._prune()
         return self._meta(offset, self._files[offset])
 

@@ -1,11 +1,17 @@
 """Snapshots of a state-machine log: the state after applying every record below an offset.
 
     snapshots/<20-digit offset>.snapshot
-        8   magic "TLSNAP1\\n"
+        8   magic "TLSNAP2\\n"
         8   offset            (the state includes every record < offset)
+        8   epoch             (of the record at offset - 1; -1 if not known)
         4   CRC-32C of the payload
         8   payload length
         ..  payload           (the state machine's own encoding)
+
+Version 1 ("TLSNAP1\\n") had no epoch, and is still read (as epoch -1). The epoch is the last
+epoch of a log that starts over at the snapshot: a replica that restarts with its snapshot
+ahead of its log (taken from records its crash then lost) still knows it, or it would vote as
+a log ending in epoch -1 (fresh seed 898038519).
 
 Written atomically (temp, fsync, rename, fsync dir); `snapshot.retain` newest are kept. A
 follower receiving one from its leader writes chunks into `<offset>.snapshot.partial`, which
@@ -24,8 +30,10 @@ import crc32c as _crc32c
 from tidelog.errors import CorruptRecord
 from tidelog.storage.durable import fsync_dir, translated, write_all, write_file
 
-MAGIC = b"TLSNAP1\n"
-HEADER = struct.Struct(">8sqIq")
+MAGIC_V1 = b"TLSNAP1\n"
+HEADER_V1 = struct.Struct(">8sqIq")
+MAGIC = b"TLSNAP2\n"
+HEADER = struct.Struct(">8sqqIq")
 SUFFIX = ".snapshot"
 PARTIAL = ".snapshot.partial"
 
@@ -35,23 +43,39 @@ class SnapshotMeta:
     offset: int
     size_bytes: int  # the whole file, header included
     path: Path
+    epoch: int = -1  # of the record at offset - 1 (-1: not known)
 
 
-def encode_snapshot(offset: int, payload: bytes) -> bytes:
-    return HEADER.pack(MAGIC, offset, _crc32c.crc32c(payload), len(payload)) + payload
+def encode_snapshot(offset: int, payload: bytes, epoch: int = -1) -> bytes:
+    return HEADER.pack(MAGIC, offset, epoch, _crc32c.crc32c(payload), len(payload)) + payload
 
 
 def decode_snapshot(data: bytes, offset: int, name: str) -> bytes:
     """The payload of a snapshot file's bytes, checked against its header and CRC."""
-    if len(data) < HEADER.size:
+    return _decode(data, offset, name)[0]
+
+
+def snapshot_epoch(data: bytes, offset: int, name: str) -> int:
+    """The epoch a snapshot file's header records (-1 for version 1, which has none)."""
+    return _decode(data, offset, name)[1]
+
+
+def _decode(data: bytes, offset: int, name: str) -> tuple[bytes, int]:
+    version_1 = data[:8] == MAGIC_V1
+    header = HEADER_V1 if version_1 else HEADER
+    if len(data) < header.size:
         raise CorruptRecord(f"snapshot {name} is cut short")
-    magic, stored_offset, crc, length = HEADER.unpack_from(data)
-    payload = data[HEADER.size :]
-    if magic != MAGIC or stored_offset != offset or length != len(payload):
+    if version_1:
+        magic, stored_offset, crc, length = header.unpack_from(data)
+        epoch = -1
+    else:
+        magic, stored_offset, epoch, crc, length = header.unpack_from(data)
+    payload = data[header.size :]
+    if magic not in (MAGIC, MAGIC_V1) or stored_offset != offset or length != len(payload):
         raise CorruptRecord(f"snapshot {name} has a bad header")
     if _crc32c.crc32c(payload) != crc:
         raise CorruptRecord(f"snapshot {name} fails its CRC")
-    return payload
+    return payload, int(epoch)
 
 
 class SnapshotStore:
@@ -77,18 +101,18 @@ class SnapshotStore:
         """The newest snapshot that reads back whole (a damaged one is skipped)."""
         for meta in reversed(self.all()):
             try:
-                self.load(meta)
-                return meta
+                epoch = snapshot_epoch(meta.path.read_bytes(), meta.offset, meta.path.name)
+                return SnapshotMeta(meta.offset, meta.size_bytes, meta.path, epoch)
             except CorruptRecord:
                 continue
         return None
 
-    def write(self, offset: int, payload: bytes) -> SnapshotMeta:
+    def write(self, offset: int, payload: bytes, epoch: int = -1) -> SnapshotMeta:
         path = self._path(offset)
-        data = encode_snapshot(offset, payload)
+        data = encode_snapshot(offset, payload, epoch)
         write_file(path, data)
         self.prune()
-        return SnapshotMeta(offset, len(data), path)
+        return SnapshotMeta(offset, len(data), path, epoch)
 
     def prune(self) -> None:
         for meta in self.all()[: -self.retain]:
@@ -133,9 +157,9 @@ class SnapshotStore:
         partial = self.directory / f"{offset:020d}{PARTIAL}"
         with translated("syncing a received snapshot"), open(partial, "rb+") as f:
             os.fsync(f.fileno())
-        meta = SnapshotMeta(offset, partial.stat().st_size, partial)
+        size = partial.stat().st_size
         try:
-            self.load(meta)
+            epoch = snapshot_epoch(partial.read_bytes(), offset, partial.name)
         except CorruptRecord:
             partial.unlink(missing_ok=True)
             raise
@@ -144,4 +168,4 @@ class SnapshotStore:
             os.replace(partial, final)
             fsync_dir(self.directory)
         self.prune()
-        return SnapshotMeta(offset, meta.size_bytes, final)
+        return SnapshotMeta(offset, size, final, epoch)

@@ -361,8 +361,8 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
         elif cmd == "reassign":
             sim.target = tuple(sorted(int(p) for p in plain))
             for node in sim.nodes.values():
-                if node.replica is not None:
-                    node.replica.set_target(sim.target)
+                if node.driver is not None:
+                    node.driver.set_target(sim.target)
             sim.out.append(f"target voters {','.join(plain)}")
         elif cmd == "log-start":
             node = sim.nodes[int(plain[0])]

@@ -483,8 +483,8 @@ class Simulation:
             known_directories=node.known_directories,
             liveness=node.liveness,
         )
-        replica.set_target(self.target)
         node.driver = PartitionDriver(replica, node.log, SimEffects(self, node), node.machine)
+        node.driver.set_target(self.target)
         if node.machine is not None:
             node.machine.catch_up()
         node.checked_upto = min(node.checked_upto, node.log.high_watermark)
@@ -1102,8 +1102,8 @@ class Simulation:
         self.stats.reassignments += 1
         self._log(f"reassign to {list(self.target)}")
         for node in self.nodes.values():
-            if node.replica is not None:
-                node.replica.set_target(self.target)
+            if node.driver is not None:
+                node.driver.set_target(self.target)
 
     def _partition(self) -> None:
         rng = self.rng
