@@ -693,7 +693,10 @@ class AsyncClient:
                 header, _ = await self.call(address, key, request)
                 return header
             except TidelogError as exc:
-                if not (exc.retriable or isinstance(exc, NotLeader | NetworkError | Timeout)):
+                # The metadata leader's word that a topic does not exist is final (a partition
+                # request retries it: a follower may not have applied its creation yet).
+                passes = exc.retriable and not isinstance(exc, UnknownTopicOrPartition)
+                if not (passes or isinstance(exc, NotLeader | NetworkError | Timeout)):
                     raise
                 waited = time.monotonic() - started
                 if attempt + 1 >= self.retries and waited >= self.admin_timeout_s:
