@@ -121,6 +121,23 @@ def test_a_scrape_reports_what_status_reports(node: tuple[LocalCluster, Client])
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(url + "/console/../../etc/passwd", timeout=10)
     assert info.value.code == 404
+    # The console never in a frame, no type sniffing, its own files only (issue 32).
+    with urllib.request.urlopen(url + "/", timeout=10) as answer:
+        assert answer.headers["X-Frame-Options"] == "DENY"
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
+        assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
+    # DNS rebinding: a page of another site whose name resolves to this node sends that
+    # name as Host; it is refused (421), while IP literals and localhost are served.
+    port = url.rsplit(":", 1)[1]
+    for host, served in (("evil.example", False), (f"evil.example:{port}", False),
+                         ("localhost", True), (f"127.0.0.1:{port}", True)):  # fmt: skip
+        request = urllib.request.Request(url + "/api/status", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert served and answer.status == 200, host
+        except urllib.error.HTTPError as exc:
+            assert not served and exc.code == 421, (host, exc.code)
+            assert "http.allowed.hosts" in exc.read().decode()
 
 
 @pytest.mark.timeout(120)

@@ -113,6 +113,9 @@ class NodeConfig:
     kafka_listen: tuple[str, int] | None = None
     # Prometheus /metrics and the web console (node/listeners/http.py): None for none.
     http_listen: tuple[str, int] | None = None
+    # Host names the HTTP listener answers besides IP literals, localhost and its own (the
+    # DNS-rebinding guard: http.allowed.hosts, comma-separated; "*" answers any).
+    http_allowed_hosts: tuple[str, ...] = ()
     # The archive (node/archiver.py): file:///DIR or s3://BUCKET/PREFIX; "" for none. The
     # endpoint is an S3-compatible store's URL (else AWS_ENDPOINT_URL, else AWS itself).
     archive: str = ""
@@ -367,6 +370,8 @@ KNOWN_SETTINGS = frozenset(_INT_SETTINGS) | {
     "archive",
     "archive_endpoint",
     "archive.endpoint",
+    "http_allowed_hosts",
+    "http.allowed.hosts",
     "cluster_id",
     "cluster_secret_file",
     "event_loop",
@@ -414,6 +419,10 @@ def _check_known(values: dict[str, Any]) -> None:
 def node_config_from(values: dict[str, Any]) -> NodeConfig:
     """Build a NodeConfig from merged TOML and CLI values (CLI wins, done by the caller)."""
     _check_known(values)
+    hosts = values.get("http_allowed_hosts") or values.get("http.allowed.hosts") or ()
+    if isinstance(hosts, str):
+        hosts = [h for h in hosts.split(",") if h.strip()]
+    allowed_hosts = tuple(str(h).strip().lower() for h in hosts)
     data = values.get("data") or values.get("data_dir")
     if not data:
         raise InvalidConfig("a data directory is required (--data)", key="data")
@@ -437,6 +446,8 @@ def node_config_from(values: dict[str, Any]) -> NodeConfig:
     for key in ("peer_listen", "kafka_listen", "kafka_advertised", "http_listen"):
         if values.get(key):
             kwargs[key] = parse_address(str(values[key]))
+    if allowed_hosts:
+        kwargs["http_allowed_hosts"] = allowed_hosts
     if values.get("archive"):
         from tidelog.archive.store import open_store
 

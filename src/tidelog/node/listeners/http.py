@@ -15,6 +15,7 @@ node's TLS when it has one.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import socket
@@ -39,6 +40,16 @@ log = logging.getLogger(__name__)
 CLUSTER_ASK_TIMEOUT_S = 2.0
 # Many consoles open at once share one gathering of the cluster's status at most this often.
 CLUSTER_VIEW_MAX_AGE_S = 0.25
+# The console's own files only, never in a frame (clickjacking), no sniffing of types. Its
+# script sets style attributes, which CSP counts as inline styles.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; "
+    "style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 CONSOLE_FILES = {
     "index.html": "text/html",
     "console.js": "text/javascript",
@@ -52,9 +63,12 @@ class HttpListener:
         self._runner: web.AppRunner | None = None
         self._view: tuple[float, dict[str, Any]] | None = None
         self._gathering: asyncio.Future[dict[str, Any]] | None = None
+        self._own_hosts: set[str] = set()
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[str, int]:
-        app = web.Application(middlewares=[self._authorized])
+        self._own_hosts = {host.lower(), socket.gethostname().lower()}
+        self._own_hosts.add(self.core.config.advertised[0].lower())
+        app = web.Application(middlewares=[self._guarded, self._authorized])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/api/status", self._status)
         app.router.add_get("/api/cluster", self._cluster)
@@ -75,6 +89,47 @@ class HttpListener:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+
+    def host_allowed(self, host_header: str) -> bool:
+        """The DNS-rebinding guard: a page from another site whose name was made to resolve
+        to this node (a loopback console included) sends that name as Host. IP literals,
+        localhost, this node's own names and http.allowed.hosts are answered."""
+        allowed = self.core.config.http_allowed_hosts
+        if "*" in allowed:
+            return True
+        host = host_header.strip().lower()
+        if host.startswith("["):  # [::1]:8080
+            host = host[1 : host.find("]")] if "]" in host else host
+        elif host.count(":") == 1:
+            host = host.rsplit(":", 1)[0]
+        if not host:
+            return False
+        try:
+            ipaddress.ip_address(host)
+            return True
+        except ValueError:
+            pass
+        host = host.rstrip(".")
+        return host in ("localhost", *self._own_hosts, *allowed)
+
+    @web.middleware
+    async def _guarded(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not self.host_allowed(request.headers.get("Host", "")):
+            self.core.counters.inc("tidelog_http_refused_hosts_total")
+            return web.json_response(
+                {
+                    "error": {
+                        "name": "NotAuthorized",
+                        "message": f"Host {request.headers.get('Host', '')!r} is not this "
+                        "node's: add it to http.allowed.hosts to be served under that name",
+                    }
+                },
+                status=421,
+                headers=SECURITY_HEADERS,
+            )
+        response: web.StreamResponse = await handler(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     @web.middleware
     async def _authorized(self, request: web.Request, handler: Any) -> web.StreamResponse:
