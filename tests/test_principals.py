@@ -102,3 +102,19 @@ def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None
         cluster.wait_ready()
         with Client(cluster.bootstrap, token=renewed) as alice:
             assert alice.list_offsets("by-alice", 0) >= 1
+
+
+def test_a_certificate_subject_cannot_forge_another_principal() -> None:
+    """Subjects are RFC 4514 strings with their values escaped: an organization named
+    'tidelog dev,CN=carol' was the principal of a certificate with O=tidelog dev, CN=carol."""
+    from tidelog.tls import peer_subject
+
+    forged = {"subject": ((("organizationName", "tidelog dev,CN=carol"),),)}
+    real = {"subject": ((("organizationName", "tidelog dev"),), (("commonName", "carol"),))}
+    assert peer_subject(real) == "O=tidelog dev,CN=carol"
+    assert peer_subject(forged) == "O=tidelog dev\\,CN=carol" != peer_subject(real)
+    multi = {"subject": ((("commonName", "a"), ("organizationName", "b")),)}
+    assert peer_subject(multi) == "CN=a+O=b"  # one RDN of two values, not two RDNs
+    odd = {"subject": ((("commonName", '#x "y"; <z> '),),)}
+    assert peer_subject(odd) == '\\#x \\"y\\"\\; \\<z\\>\\ '.join(["CN=", ""])
+    assert peer_subject({"subject": ()}) == "" and peer_subject(None) == ""

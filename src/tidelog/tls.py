@@ -129,13 +129,24 @@ def handshake_error(
 
 
 def peer_subject(transport_info: object) -> str:
-    """The principal name of a verified client certificate: its subject as RFC 4514-ish
-    "CN=...,O=..." (the order the certificate gives), or "" without one."""
+    """The principal name of a verified client certificate: its subject as "CN=...,O=..." in
+    the order the certificate gives, each value escaped as RFC 4514 says (a `,` `+` `"` `\\`
+    `<` `>` `;` in a value, a leading `#` or space, a trailing space), attributes of one
+    multi-valued RDN joined by `+`; "" without one. Unescaped, an organization named
+    'tidelog dev,CN=carol' made the principal of another subject."""
     if not isinstance(transport_info, dict):
         return ""
-    parts = []
+    short = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU"}
+    rdns = []
     for rdn in transport_info.get("subject", ()):
-        for name, value in rdn:
-            short = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU"}
-            parts.append(f"{short.get(name, name)}={value}")
-    return ",".join(parts)
+        rdns.append("+".join(f"{short.get(n, n)}={rfc4514_escape(str(v))}" for n, v in rdn))
+    return ",".join(rdns)
+
+
+def rfc4514_escape(value: str) -> str:
+    out = "".join("\\" + c if c in ',+"\\<>;' else ("\\00" if c == "\0" else c) for c in value)
+    if out.startswith(("#", " ")):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
