@@ -293,7 +293,9 @@ def test_permissions_granted_are_permissions_held(secured: Secured) -> None:
     boot = [
         *("--bootstrap", secured.cluster.bootstrap, "--tls-ca", str(secured.certs / "ca.pem")),
     ]
-    admin = [*boot, "--token", ADMIN_TOKEN]
+    token_file = secured.certs.parent / "admin.token.cli"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    admin = [*boot, "--token-file", str(token_file)]  # never argv: /proc/PID/cmdline is public
     done = run_tidelog("acl", "add", "alice", "write", "--topic", OPEN_TO_ALL, *admin)
     assert done.returncode == 0, done.stderr
     listed = run_tidelog("acl", "list", "--principal", "alice", *admin)
@@ -348,6 +350,23 @@ def test_a_node_beyond_loopback_needs_tls_and_acls_or_insecure(tmp_path: Path) -
     assert refused.value.details["key"] == "insecure"
 
 
+@contextlib.contextmanager
+def caplog_warnings() -> Iterator[list[str]]:
+    """The warnings logged meanwhile, as messages."""
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
 def test_a_misspelt_or_impossible_node_setting_is_refused(tmp_path: Path) -> None:
     base = {"data": str(tmp_path)}
     with pytest.raises(InvalidConfig) as refused:
@@ -359,6 +378,18 @@ def test_a_misspelt_or_impossible_node_setting_is_refused(tmp_path: Path) -> Non
     assert node_config_from({**base, "zero_copy": "off"}).zero_copy is False
     done = run_tidelog("serve", "--data", str(tmp_path / "n"), "--set", "tick.ms=5")
     assert done.returncode != 0 and "unknown node setting 'tick.ms'" in done.stderr
+    # A weak cluster secret is refused at start (one PEER_HELLO lets it be guessed offline);
+    # a readable one is named in a warning.
+    weak = tmp_path / "weak.secret"
+    weak.write_text("7 bytes\n")
+    with pytest.raises(InvalidConfig, match="at least 16 are needed"):
+        node_config_from({**base, "cluster_secret_file": str(weak)})
+    strong = tmp_path / "strong.secret"
+    strong.write_text("a" * 64 + "\n")
+    strong.chmod(0o644)
+    with caplog_warnings() as warned:
+        assert node_config_from({**base, "cluster_secret_file": str(strong)}).cluster_secret
+    assert any("can be read by others" in w for w in warned)
 
 
 # -- the Kafka port -----------------------------------------------------------------------------

@@ -865,3 +865,15 @@ def test_a_replay_of_an_older_batch_is_answered_with_its_own_offsets() -> None:
     # Older than what is kept: still a replay (never appended twice), answered with the newest.
     oldest = state.is_duplicate(headers[0])
     assert oldest is not None and oldest.base_offset == 50
+
+
+def test_what_a_node_writes_is_its_own(tmp_path: Path) -> None:
+    """Data, metadata (token hashes included) and snapshots were 0644 in 0755 directories:
+    a node makes every file 0600 and every directory 0700."""
+    with serve(tmp_path) as (_proc, address), Client("{}:{}".format(*address)) as client:
+        client.create_topic("private", partitions=1)
+        client.produce("private", [b"secret"], partition=0)
+    made = [p for p in (tmp_path / "data").rglob("*")]
+    assert len(made) > 5
+    loose = [(str(p), oct(p.stat().st_mode & 0o777)) for p in made if p.stat().st_mode & 0o077]
+    assert not loose, loose

@@ -49,6 +49,7 @@ def _write(directory: Path, stem: str, cert: x509.Certificate, key: Key) -> None
     key_path = directory / f"{stem}.key"
     # Created 0600: never readable by others, not even for a moment.
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # (a key that was there already kept its mode, 0644 say)
     with os.fdopen(fd, "wb") as out:
         out.write(
             key.private_bytes(

@@ -10,6 +10,7 @@ client certificate's subject is the connection's principal.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,14 @@ class TlsFiles:
             raise InvalidConfig(
                 "a TLS listener needs its certificate and key (--tls-cert, --tls-key)",
                 key="tls.cert",
+            )
+        mode = self.key.stat().st_mode & 0o777
+        if mode & 0o077:
+            logging.getLogger(__name__).warning(
+                "the TLS key %s can be read by others (mode %o): chmod 600 %s",
+                self.key,
+                mode,
+                self.key,
             )
         if client_auth not in CLIENT_AUTH:
             raise InvalidConfig(

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tidelog.client.async_client import AsyncClient
-from tidelog.errors import TidelogError
+from tidelog.errors import InvalidConfig, TidelogError
 from tidelog.tls import TlsFiles
 
 
@@ -26,7 +26,13 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         "--token",
         default=os.environ.get("TIDELOG_TOKEN"),
         help="NAME:SECRET of a principal (`tidelog principals add`), proved on every "
-        "connection (env TIDELOG_TOKEN)",
+        "connection (env TIDELOG_TOKEN; on the command line every user can read it: prefer "
+        "--token-file)",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get("TIDELOG_TOKEN_FILE"),
+        help="a file holding NAME:SECRET (env TIDELOG_TOKEN_FILE)",
     )
 
 
@@ -60,13 +66,24 @@ def tls_of(args: argparse.Namespace) -> TlsFiles | None:
     )
 
 
+def token_of(args: argparse.Namespace) -> str | None:
+    """--token, else the first line of --token-file."""
+    token: str | None = getattr(args, "token", None)
+    path = getattr(args, "token_file", None)
+    if token or not path:
+        return token
+    try:
+        with open(path) as f:
+            return f.readline().strip() or None
+    except OSError as exc:
+        raise InvalidConfig(f"cannot read --token-file {path}: {exc}", key="token_file") from None
+
+
 def client_of(args: argparse.Namespace, **options: Any) -> AsyncClient:
     timeout_ms = getattr(args, "admin_timeout_ms", None)
     if timeout_ms is not None:
         options.setdefault("admin_timeout_ms", timeout_ms)
-    client = AsyncClient(
-        args.bootstrap, tls=tls_of(args), token=getattr(args, "token", None), **options
-    )
+    client = AsyncClient(args.bootstrap, tls=tls_of(args), token=token_of(args), **options)
     if sys.stderr.isatty():
         client.on_admin_retry = _AdminProgress(client.admin_timeout_s)
     return client

@@ -360,6 +360,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tidelog.node.server import Node
 
     tune_allocator()
+    # Everything the node makes (logs, metadata with its token hashes, snapshots, a file://
+    # archive) is its own: 0600 files in 0700 directories.
+    os.umask(0o077)
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
     values.update(_parse_kv(args.set, "--set"))
     for key, value in (
