@@ -70,3 +70,22 @@ def test_malformed_scram_messages_are_refused_by_name() -> None:
     for final in (b"c=biws,r=other,p=AAAA", b"c=biws", b"garbage", b"c=eSws,r=abc,p=AAAA"):
         with pytest.raises(AuthenticationFailed):
             exchange.final(final)
+
+
+def test_an_unknown_user_gets_the_same_salt_from_every_node_of_a_cluster() -> None:
+    """A random decoy key per node gave an unknown user a different salt on each: two nodes
+    told which users exist. The key comes from the cluster secret, which every node holds."""
+    import subprocess
+    import sys
+
+    script = (
+        "from tidelog.scram import ScramExchange, seed_decoys\n"
+        "seed_decoys(b'the cluster secret, 16+ bytes')\n"
+        "print(ScramExchange('SCRAM-SHA-256').first(b'n,,n=nobody,r=abc', lambda u: None))\n"
+    )
+    salts = set()
+    for _ in range(2):  # two processes: two nodes
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        salts.add(out.stdout.split(",s=")[1].split(",")[0])
+    assert len(salts) == 1

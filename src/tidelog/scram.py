@@ -11,7 +11,6 @@ Kafka keeps its SCRAM credentials. The secret itself never leaves the client.
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import hmac
 import os
@@ -81,9 +80,20 @@ def check_credentials(scram: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return checked
 
 
-@functools.cache
+_DECOY_KEY: list[bytes] = []  # set once per process: the cluster's, else a random one
+
+
+def seed_decoys(cluster_secret: bytes) -> None:
+    """Derive the decoy key from the cluster secret, so that every node answers an unknown
+    user with the same salt (a random key per node gave each its own, and two nodes told which
+    users exist). Without a secret (one node) a random key stands in."""
+    _DECOY_KEY[:] = [_hmac("sha256", cluster_secret, b"tidelog scram decoy")]
+
+
 def _decoy_key() -> bytes:
-    return os.urandom(32)
+    if not _DECOY_KEY:
+        _DECOY_KEY.append(os.urandom(32))
+    return _DECOY_KEY[0]
 
 
 def decoy(mechanism: str, user: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from tidelog.node.listeners.client import client_listener
 from tidelog.node.listeners.peer import PeerChannel, PeerListener
 from tidelog.node.partition import PartitionHost
 from tidelog.replication.metadata import MetadataState
+from tidelog.scram import seed_decoys
 from tidelog.storage.descriptors import SEGMENT_FILES, capacity_for
 from tidelog.storage.identity import load_or_format
 
@@ -47,6 +48,8 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.node_id = config.node_id
+        if config.cluster_secret:
+            seed_decoys(config.cluster_secret)  # unknown SCRAM users look alike on every node
         self.core = NodeCore(config, self._send_to_peer, self._listener_status)
         limits = ConnectionLimits.of(config)
         self.client_listener: Listener = client_listener(self.core, limits, config.zero_copy)
