@@ -118,3 +118,32 @@ def test_a_certificate_subject_cannot_forge_another_principal() -> None:
     odd = {"subject": ((("commonName", '#x "y"; <z> '),),)}
     assert peer_subject(odd) == '\\#x \\"y\\"\\; \\<z\\>\\ '.join(["CN=", ""])
     assert peer_subject({"subject": ()}) == "" and peer_subject(None) == ""
+
+
+def test_a_refused_admin_token_takes_as_long_as_any_other(tmp_path: Path) -> None:
+    """The admin token was compared in 0.3 ms and every other in 125 ms (Argon2id): how long
+    a refusal took said which name is the super user. Every token now passes Argon2id."""
+    import asyncio
+    import statistics
+    import time
+
+    from test_node import running_node
+    from tidelog.client.async_client import AsyncClient
+
+    async def main() -> None:
+        async with running_node(tmp_path, admin_token=("root", "r" * 32)) as (node, _client):
+            address = f"127.0.0.1:{node.address[1]}"
+
+            async def refused(token: str) -> float:
+                started = time.monotonic()
+                async with AsyncClient(address, token=token, retries=1) as client:
+                    with pytest.raises(AuthenticationFailed):
+                        await client.list_offsets("none", 0)
+                return time.monotonic() - started
+
+            await refused("root:" + "x" * 32)  # (the first one hashes the admin's secret)
+            admin = statistics.median([await refused("root:" + "x" * 32) for _ in range(3)])
+            other = statistics.median([await refused("carol:" + "x" * 32) for _ in range(3)])
+            assert admin > 0.3 * other, (admin, other)
+
+    asyncio.run(main())

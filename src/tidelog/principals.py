@@ -96,6 +96,11 @@ async def check(encoded_hash: str | None, secret: str) -> bool:
     return held and encoded_hash is not None
 
 
+async def hash_secret(secret: str) -> str:
+    """The Argon2id hash of secret, off the event loop (slow on purpose)."""
+    return await asyncio.get_running_loop().run_in_executor(_checks, _hasher.hash, secret)
+
+
 @functools.cache
 def _decoy() -> str:
     return new_token("decoy")[1]

@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import functools
 import heapq
-import hmac
 import json
 import logging
 import random
@@ -77,7 +76,7 @@ from tidelog.node.registry import NodeRegistry
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
 from tidelog.node.turns import Turns
-from tidelog.principals import check, check_hash, check_name, token_name
+from tidelog.principals import check, check_hash, check_name, hash_secret, token_name
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.replication_codec import decode_message, encode_message
@@ -238,6 +237,7 @@ class NodeCore:
         self.quorum_journal: QuorumJournal | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.fail_stop = FailStop(config.node_id)
+        self._admin_hash: str | None = None  # of the admin token's secret, made at first use
         self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
         # Each peer's data directory as first seen on the peer channel (durable): a replica
         # group that never recorded a voter's directory still knows the one it first had.
@@ -1487,8 +1487,12 @@ class NodeCore:
         name, secret = token_name(req.token)
         admin = self.config.admin_token
         if admin is not None and name == admin[0]:
-            # The bootstrap super user (--admin-token-file): decided by the node's own file.
-            if hmac.compare_digest(secret.encode(), admin[1].encode()):
+            # The bootstrap super user (--admin-token-file): decided by the node's own file,
+            # through the same Argon2id check as any token, so that the time an answer takes
+            # does not say which name is the super user (0.3 ms against 125 ms, before).
+            if self._admin_hash is None:
+                self._admin_hash = await hash_secret(admin[1])
+            if await check(self._admin_hash, secret):
                 return api.AuthenticateResponse(name)
             self.access.denied += 1
             raise AuthenticationFailed(f"the token of {name!r} is not valid", principal=name)
