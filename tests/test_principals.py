@@ -147,3 +147,73 @@ def test_a_refused_admin_token_takes_as_long_as_any_other(tmp_path: Path) -> Non
             assert admin > 0.3 * other, (admin, other)
 
     asyncio.run(main())
+
+
+def test_the_login_guard_makes_failures_wait_and_take_turns() -> None:
+    from tidelog.node import login_guard as lg
+
+    now = [0.0]
+    guard = lg.LoginGuard(clock=lambda: now[0])
+    for _ in range(lg.FREE):
+        guard.failed("10.0.0.1", "alice")
+    assert guard.delay_s("10.0.0.1", "bob") == 0.0  # the free failures cost nothing
+    guard.failed("10.0.0.1", "alice")
+    assert guard.delay_s("10.0.0.1", "bob") == lg.BASE_S  # the address's debit
+    assert guard.delay_s("10.0.0.9", "alice") == lg.BASE_S  # and the name's
+    assert guard.delay_s("10.0.0.9", "bob") == 0.0 and not guard.suspect("10.0.0.9", "bob")
+    for _ in range(20):
+        guard.failed("10.0.0.1", "alice")
+    assert guard.delay_s("10.0.0.1", "x") == lg.CAP_S  # doubling, up to the cap
+    assert guard.delay_s("10.0.0.9", "alice") == lg.NAME_CAP_S  # a name's owner waits less
+    guard.succeeded("alice")  # the name is cleared; the address only fades
+    assert guard.delay_s("10.0.0.9", "alice") == 0.0
+    assert guard.delay_s("10.0.0.1", "carol") == lg.CAP_S
+    now[0] += lg.FORGET_S + 1
+    assert guard.delay_s("10.0.0.1", "carol") == 0.0
+
+
+def test_a_flood_of_bad_tokens_slows_its_sender_not_a_valid_login(tmp_path: Path) -> None:
+    """32 connections sending bad tokens pushed a valid login from 0.15 s to 3.4-3.9 s, and
+    one connection made 428 guesses a second. Now the guesser's address waits longer and
+    longer, and its checks take turns; a login from another address goes first."""
+    import asyncio
+    import socket
+    import time
+
+    from test_node import running_node
+    from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_frame
+
+    def login(port: int, token: str, source: str) -> tuple[bool, float]:
+        started = time.monotonic()
+        frame = Frame(Kind.REQUEST, int(ApiKey.AUTHENTICATE), 1, {"token": token}, b"")
+        with socket.create_connection(("127.0.0.1", port), 30, (source, 0)) as sock:
+            sock.sendall(encode_frame(frame))
+            decoder = FrameDecoder(1 << 20)
+            while (answer := decoder.next_frame()) is None:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return False, time.monotonic() - started
+                decoder.receive_data(chunk)
+        return "error" not in answer.header, time.monotonic() - started
+
+    async def main() -> None:
+        root = "root:" + "r" * 32
+        async with running_node(tmp_path, admin_token=("root", "r" * 32)) as (node, _client):
+            port = node.address[1]
+            loop = asyncio.get_running_loop()
+
+            def guess() -> tuple[bool, float]:
+                return login(port, "mallory:" + "x" * 32, "127.0.0.1")
+
+            for _ in range(6):  # the free failures, then a few that cost more each time
+                assert not (await loop.run_in_executor(None, guess))[0]
+            held, waited = await loop.run_in_executor(None, guess)
+            assert not held and waited >= 0.3, waited  # 0.4 s of wait, and the check
+            # A flood from that address, and meanwhile a valid login from another one.
+            flood = [loop.run_in_executor(None, guess) for _ in range(16)]
+            await asyncio.sleep(0.3)
+            held, took = await loop.run_in_executor(None, login, port, root, "127.0.0.2")
+            assert held and took < 1.5, took
+            await asyncio.gather(*flood)
+
+    asyncio.run(main())

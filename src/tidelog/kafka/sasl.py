@@ -81,7 +81,15 @@ class SaslSession:
             self.scram = ScramExchange(self.mechanism)
             out = self.scram.first(auth_bytes, self._stored)
         else:
-            proved, out = self.scram.final(auth_bytes)
+            guard = self.broker.core.login_guard
+            host = self.connection.address.rsplit(":", 1)[0]
+            async with guard.attempt(host, self.scram.user):
+                try:
+                    proved, out = self.scram.final(auth_bytes)
+                except AuthenticationFailed:
+                    guard.failed(host, self.scram.user)
+                    raise
+            guard.succeeded(self.scram.user)
         self.done = proved is not None
         return {"error_code": 0, "auth_bytes": out, "session_lifetime": 0}, proved
 

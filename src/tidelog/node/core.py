@@ -62,6 +62,7 @@ from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
+from tidelog.node.login_guard import LoginGuard
 from tidelog.node.metrics import Counters, Histograms, RequestMetrics
 from tidelog.node.partition import PartitionHost
 from tidelog.node.quotas import (
@@ -238,6 +239,7 @@ class NodeCore:
         self._tasks: list[asyncio.Task[None]] = []
         self.fail_stop = FailStop(config.node_id)
         self._admin_hash: str | None = None  # of the admin token's secret, made at first use
+        self.login_guard = LoginGuard()
         self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
         # Each peer's data directory as first seen on the peer channel (durable): a replica
         # group that never recorded a voter's directory still knows the one it first had.
@@ -746,6 +748,8 @@ class NodeCore:
 
     def handle(self, principal: Principal, request: Any, payload: bytes) -> Result:
         handler = self.authorize(principal, request)
+        if isinstance(request, api.AuthenticateRequest) and not request.forwarded:
+            return self._guarded_authenticate(principal.address, request, payload)
         quota = QUOTA_CHARGES.get(type(request))
         if quota == PRODUCER_BYTE_RATE:
             self.quotas.charge(principal.name, quota, len(payload))
@@ -1521,6 +1525,22 @@ class NodeCore:
             await asyncio.sleep(0.1)
         self.access.denied += 1
         raise AuthenticationFailed(f"the token of {name!r} is not valid", principal=name)
+
+    async def _guarded_authenticate(
+        self, address: str, req: api.AuthenticateRequest, payload: bytes
+    ) -> api.AuthenticateResponse:
+        """A token check as the login guard allows it (node/login_guard.py): failures from an
+        address or for a name make later attempts wait, and take turns for the hash threads."""
+        name = req.token.partition(":")[0][:200]
+        host = address.rsplit(":", 1)[0]  # (the connection's "HOST:PORT": every port alike)
+        async with self.login_guard.attempt(host, name):
+            try:
+                answer = await self._authenticate(req, payload)
+            except AuthenticationFailed:
+                self.login_guard.failed(host, name)
+                raise
+        self.login_guard.succeeded(name)
+        return answer
 
     async def _token_holds(self, name: str, secret: str) -> bool:
         entry = self.metadata.principals.get(name)
