@@ -1732,10 +1732,15 @@ class Replica:
             # doubled every few dozen ticks).
             return
         self.fetch_in_flight = False
+        if resp.error in (FETCH_NOT_LEADER, FETCH_FENCED):
+            # It leads no more: no word from a leader, and the election timer runs on. (Taken
+            # for the leader's word, it kept a follower installing a snapshot from refusing
+            # every pre-vote for good: fresh seed 546208268.)
+            return
         self.last_leader_contact = self.now
         self._reset_election_timer()
         if resp.error:
-            return  # asked again on the next tick
+            return  # (no snapshot yet) asked again on the next tick
         offset = resp.snapshot_offset
         if self.installing != offset:
             self.installing = offset
