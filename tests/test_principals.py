@@ -6,6 +6,7 @@ errors for wrong, unknown, malformed and removed tokens, and only a salted Argon
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,22 @@ def test_tokens_authenticate_and_only_their_hash_is_kept(tmp_path: Path) -> None
         assert refused.returncode != 0 and "NotAuthorized" in refused.stderr
         with Client(cluster.bootstrap) as anonymous, pytest.raises(NotAuthorized):
             anonymous.add_principal("alice")
-        assert run_tidelog("principals", "remove", "bob", *boot, "--token", bob).returncode == 0
+        # Its open sessions end (they went on working), and its ACLs go with it (a new bob
+        # would have inherited them).
+        session = Client(cluster.bootstrap, token=bob, retries=1)
+        session.list_offsets("by-alice", 0)
+        with Client(cluster.bootstrap, token=token) as alice:
+            alice.add_acl("bob", "read", "by-alice")
+            assert alice.acls("bob")
+        removed = run_tidelog("principals", "remove", "bob", *boot, "--token", bob)
+        assert removed.returncode == 0 and "its 1 ACL went with it" in removed.stdout
+        deadline = time.monotonic() + 5
+        with session, pytest.raises(AuthenticationFailed):  # (reconnects: the token is gone)
+            while time.monotonic() < deadline:
+                session.list_offsets("by-alice", 0)
+                time.sleep(0.05)
+        with Client(cluster.bootstrap, token=token) as alice:
+            assert alice.acls("bob") == []
         gone = Client(cluster.bootstrap, token=bob, retries=1)
         with gone, pytest.raises(AuthenticationFailed):
             gone.list_offsets("by-alice", 0)

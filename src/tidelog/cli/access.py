@@ -104,7 +104,11 @@ def cmd_principals(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             elif args.principals_command == "remove":
-                await client.remove_principal(args.name)
+                acls = await client.remove_principal(args.name)
+                print(
+                    f"removed principal {args.name}: its token no longer works, its sessions "
+                    f"ended, and its {acls} ACL{'s' if acls != 1 else ''} went with it"
+                )
             else:
                 found = await client.principals()
                 print_listing(

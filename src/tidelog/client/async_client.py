@@ -766,8 +766,13 @@ class AsyncClient:
         header = await self._to_metadata_leader(ApiKey.PRINCIPALS, api.PrincipalsRequest("list"))
         return list(api.decode(api.PrincipalsResponse, header).principals)
 
-    async def remove_principal(self, name: str) -> None:
-        await self._to_metadata_leader(ApiKey.PRINCIPALS, api.PrincipalsRequest("remove", name))
+    async def remove_principal(self, name: str) -> int:
+        """Remove a principal: its token stops working, its sessions end, and its ACLs go
+        with it (a new principal of that name starts with none). Returns how many ACLs went."""
+        header = await self._to_metadata_leader(
+            ApiKey.PRINCIPALS, api.PrincipalsRequest("remove", name)
+        )
+        return api.decode(api.PrincipalsResponse, header).acls_removed
 
     async def add_acl(
         self,

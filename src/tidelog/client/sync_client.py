@@ -218,8 +218,8 @@ class Client:
     def principals(self) -> list[dict[str, Any]]:
         return self._run(self._async.principals())
 
-    def remove_principal(self, name: str) -> None:
-        self._run(self._async.remove_principal(name))
+    def remove_principal(self, name: str) -> int:
+        return self._run(self._async.remove_principal(name))
 
     def add_acl(
         self,

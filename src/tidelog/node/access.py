@@ -76,6 +76,7 @@ class Principal:
     peer_id: int | None = None  # set only for a connection whose handshake proved it
     directory_id: str = ""  # the peer's data directory, as its handshake stated it
     refused: str = ""  # why who is asking could not be established: every request is refused
+    by_token: bool = False  # proved with a token (or SASL): renewing or removing it ends this
 
     @staticmethod
     def anonymous(address: str, listener: Listener = Listener.CLIENT) -> Principal:
@@ -99,7 +100,9 @@ class Principal:
     @staticmethod
     def of_token(name: str, connection: Principal) -> Principal:
         """The principal a connection proved with a token (on the listener it came in on)."""
-        return Principal(name, connection.listener, connection.address, refused=connection.refused)
+        return Principal(
+            name, connection.listener, connection.address, refused=connection.refused, by_token=True
+        )
 
     @staticmethod
     def peer(node_id: int, address: str, directory_id: str = "") -> Principal:

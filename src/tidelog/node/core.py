@@ -226,7 +226,10 @@ class NodeCore:
         self.initial_voters = config.voters
         self.on_nodes_changed: Callable[[], None] = lambda: None  # the peer channel follows
         self.metadata_machine = MetadataMachine(
-            self.topics.on_topic_changed, self.topics.on_reset, lambda: self.on_nodes_changed()
+            self.topics.on_topic_changed,
+            self.topics.on_reset,
+            lambda: self.on_nodes_changed(),
+            lambda name: self.on_principal_changed(name),
         )
         self.cleaner = Cleaner(self)
         self.archiver = (
@@ -239,6 +242,8 @@ class NodeCore:
         self._tasks: list[asyncio.Task[None]] = []
         self.fail_stop = FailStop(config.node_id)
         self._admin_hash: str | None = None  # of the admin token's secret, made at first use
+        # A principal renewed or removed: the listeners end its sessions (node/server.py).
+        self.on_principal_changed: Callable[[str], None] = lambda name: None
         self.login_guard = LoginGuard()
         self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
         # Each peer's data directory as first seen on the peer channel (durable): a replica
@@ -1430,13 +1435,15 @@ class NodeCore:
             if name not in self.metadata.principals:
                 raise InvalidRequest(f"no principal {name!r}")
             command = {"type": "remove_principal", "name": name}
+            acls = sum(1 for a in self.metadata.acls.values() if a.get("principal") == name)
         else:
             raise InvalidRequest(f"unknown principals op {req.op!r}")
         command["at_ms"] = wall_ms()
         await self.propose_metadata(command, 30.0)
         found = self.metadata.principals.get(name)
         return api.PrincipalsResponse(
-            [] if found is None else [{"name": name, "created_ms": found["created_ms"]}]
+            [] if found is None else [{"name": name, "created_ms": found["created_ms"]}],
+            acls_removed=acls if req.op == "remove" else 0,
         )
 
     def _parsed_acls(self) -> list[Acl]:

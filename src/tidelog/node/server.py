@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidelog.node.access import Principal
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
 from tidelog.node.core import METADATA_GROUP, NodeCore
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from tidelog.node.listeners.http import HttpListener
 
 log = logging.getLogger(__name__)
+
+REVOKE_GRACE_S = 0.2
 
 __all__ = ["METADATA_GROUP", "Node"]
 
@@ -78,6 +81,7 @@ class Node:
         self.started_at = time.time()
         self.core.fail_stop.on_trip = self._fail_stop
         self.core.on_nodes_changed = self._nodes_changed
+        self.core.on_principal_changed = self._end_sessions_of
 
     # -- what tests and tools look at ------------------------------------------------------------
 
@@ -192,6 +196,26 @@ class Node:
                 self.identity.cluster_id,
                 self.identity.directory_id,
             )
+
+    def _end_sessions_of(self, name: str) -> None:
+        """A principal was renewed or removed (as this node applies the metadata log): the
+        connections that proved its old token end now, on every listener. They kept working,
+        and so did a removed principal, until they closed by themselves."""
+        ended = 0
+        for listener in (self.client_listener, self.kafka_listener):
+            for conn in list(listener.connections if listener is not None else ()):
+                principal = getattr(conn, "principal", None)
+                if (
+                    isinstance(principal, Principal)
+                    and principal.by_token
+                    and principal.name == name
+                ):
+                    # A moment later: the request that removed it may be this very
+                    # session's, and its answer goes first.
+                    asyncio.get_running_loop().call_later(REVOKE_GRACE_S, conn.drop, "revoked")
+                    ended += 1
+        if ended:
+            log.info("principal %s renewed or removed: %d of its sessions ended", name, ended)
 
     def _nodes_changed(self) -> None:
         """The metadata log changed the cluster's nodes: dial the new, drop the removed."""

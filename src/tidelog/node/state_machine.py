@@ -92,11 +92,13 @@ class MetadataMachine:
         on_topic: Callable[[str], None],
         on_reset: Callable[[MetadataState], None],
         on_nodes: Callable[[], None] = lambda: None,
+        on_principal: Callable[[str], None] = lambda name: None,
     ) -> None:
         self.state = MetadataState()
         self._on_topic = on_topic
         self._on_reset = on_reset
         self._on_nodes = on_nodes
+        self._on_principal = on_principal
 
     @property
     def applied_offset(self) -> int:
@@ -117,6 +119,8 @@ class MetadataMachine:
                 self._on_topic(changed)
             if command.get("type") in NODE_COMMANDS:
                 self._on_nodes()
+            if command.get("type") in ("put_principal", "remove_principal"):
+                self._on_principal(str(command.get("name", "")))
         self.state.applied_offset = max(self.state.applied_offset, next_offset)
 
     def snapshot(self) -> bytes:

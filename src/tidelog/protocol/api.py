@@ -328,6 +328,7 @@ class PrincipalsRequest:
 @dataclass(frozen=True)
 class PrincipalsResponse:
     principals: list[dict[str, Any]]  # name, created_ms (never the hash)
+    acls_removed: int = 0  # remove: the principal's ACLs, which went with it
 
 
 @dataclass(frozen=True)

@@ -287,7 +287,13 @@ class MetadataState:
                 "created_ms": at_ms,
             }
         elif kind == "remove_principal":
+            # Its ACLs go with it: a new principal of the same name would inherit them.
             self.principals.pop(name, None)
+            gone = [key for key, acl in self.acls.items() if acl.get("principal") == name]
+            for key in gone:
+                del self.acls[key]
+            if gone:
+                self.acls_changed += 1
         elif kind == "put_quota":
             self.quotas[name] = {
                 str(k): float(v) for k, v in dict(command.get("limits", {})).items()
