@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
+from tidelog.config import TopicConfig
 from tidelog.errors import (
     CorruptRecord,
     DuplicateSequence,
@@ -90,6 +92,28 @@ class _Readable(Protocol):
     def log_end_offset(self) -> int: ...
 
     def read(self, start_offset: int, max_bytes: int, max_offset: int) -> _Chunk | None: ...
+
+
+class _LeaderLog(_Readable, Protocol):
+    @property
+    def producers(self) -> ProducerState: ...
+
+    @property
+    def config(self) -> TopicConfig: ...
+
+
+def stamp_as_leader(
+    log: _LeaderLog, data: bytes | bytearray | memoryview | ValidatedBatches, epoch: int
+) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
+    """stamp_leader_batches for a log that appends them as its leader (either log kind)."""
+    return stamp_leader_batches(
+        data,
+        epoch,
+        log.log_end_offset,
+        log.config.max_message_bytes,
+        log.producers,
+        functools.partial(read_batch_at, log),
+    )
 
 
 def read_batch_at(log: _Readable, offset: int) -> bytes | None:

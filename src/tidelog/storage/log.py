@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -32,11 +31,7 @@ from tidelog.errors import (
 )
 from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.record.validation import ValidatedBatches
-from tidelog.storage.appending import (
-    check_follower_batches,
-    read_batch_at,
-    stamp_leader_batches,
-)
+from tidelog.storage.appending import check_follower_batches, stamp_as_leader
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.durable import fsync_dir, translate_os_error
 from tidelog.storage.epoch_history import EpochEntry, EpochHistory
@@ -326,14 +321,7 @@ class SegmentedLog:
         self, data: bytes | bytearray | memoryview | ValidatedBatches, epoch: int
     ) -> AppendInfo:
         """Validate producer batches, stamp offsets from the log end and the leader epoch."""
-        buf, stamped = stamp_leader_batches(
-            data,
-            epoch,
-            self.log_end_offset,
-            self.config.max_message_bytes,
-            self.producers,
-            functools.partial(read_batch_at, self),
-        )
+        buf, stamped = stamp_as_leader(self, data, epoch)
         self.epochs.assign(epoch, self.log_end_offset)
         return self._append(buf, stamped)
 

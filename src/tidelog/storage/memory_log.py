@@ -6,7 +6,6 @@ conformance suite as SegmentedLog.
 from __future__ import annotations
 
 import bisect
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,11 +13,7 @@ from tidelog.config import TopicConfig
 from tidelog.errors import InvalidRequest, OffsetOutOfRange
 from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.record.validation import ValidatedBatches
-from tidelog.storage.appending import (
-    check_follower_batches,
-    read_batch_at,
-    stamp_leader_batches,
-)
+from tidelog.storage.appending import check_follower_batches, stamp_as_leader
 from tidelog.storage.epoch_history import EpochHistory
 from tidelog.storage.log import AppendInfo
 from tidelog.storage.producer_state import ProducerState
@@ -114,14 +109,7 @@ class MemoryLog:
     def append_as_leader(
         self, data: bytes | bytearray | memoryview | ValidatedBatches, epoch: int
     ) -> AppendInfo:
-        buf, stamped = stamp_leader_batches(
-            data,
-            epoch,
-            self.log_end_offset,
-            self.config.max_message_bytes,
-            self.producers,
-            functools.partial(read_batch_at, self),
-        )
+        buf, stamped = stamp_as_leader(self, data, epoch)
         self.epochs.assign(epoch, self.log_end_offset)
         return self._append(buf, stamped)
 
