@@ -766,7 +766,11 @@ class Replica:
 
     @property
     def _single_voter(self) -> bool:
-        return self.voters == (self.node_id,) and not self.is_learner
+        """The only voter of its membership: it leads without asking anyone. Never a replaced
+        disk (an observer): catching up, its log may end in a membership of it alone that the
+        group left long ago, and it elected itself on a restart, without 300 committed
+        records (fresh seed 368196973)."""
+        return self.voters == (self.node_id,) and not self.is_learner and not self.is_observer
 
     def _others(self) -> list[int]:
         return [v for v in self.voters if v != self.node_id]
