@@ -441,7 +441,10 @@ def test_admin_clients_list_groups_on_any_node_and_get_kafkas_error_codes(
     member = group_member(cluster, "listed-group")
     try:
         member.subscribe(["listed"])
-        member.poll(5)
+        deadline = time.monotonic() + 60  # (joining took over 5 s on a loaded CI machine)
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(0.5)
+        assert member.assignment(), "the member never joined its group"
         lister = AdminClient(kafka_config(cluster))  # (kept: its handle must outlive the call)
         listed = lister.list_consumer_groups().result(30)
         assert not listed.errors, listed.errors

@@ -84,12 +84,7 @@ class SaslSession:
             guard = self.broker.core.login_guard
             host = self.connection.address.rsplit(":", 1)[0]
             async with guard.attempt(host, self.scram.user):
-                try:
-                    proved, out = self.scram.final(auth_bytes)
-                except AuthenticationFailed:
-                    guard.failed(host, self.scram.user)
-                    raise
-            guard.succeeded(self.scram.user)
+                proved, out = self.scram.final(auth_bytes)
         self.done = proved is not None
         return {"error_code": 0, "auth_bytes": out, "session_lifetime": 0}, proved
 

@@ -1536,18 +1536,12 @@ class NodeCore:
     async def _guarded_authenticate(
         self, address: str, req: api.AuthenticateRequest, payload: bytes
     ) -> api.AuthenticateResponse:
-        """A token check as the login guard allows it (node/login_guard.py): failures from an
-        address or for a name make later attempts wait, and take turns for the hash threads."""
+        """A token check as the login guard allows it (node/login_guard.py): a failure is answered
+        late, later for each one from its address, and suspects take turns for the hash."""
         name = req.token.partition(":")[0][:200]
         host = address.rsplit(":", 1)[0]  # (the connection's "HOST:PORT": every port alike)
         async with self.login_guard.attempt(host, name):
-            try:
-                answer = await self._authenticate(req, payload)
-            except AuthenticationFailed:
-                self.login_guard.failed(host, name)
-                raise
-        self.login_guard.succeeded(name)
-        return answer
+            return await self._authenticate(req, payload)
 
     async def _token_holds(self, name: str, secret: str) -> bool:
         entry = self.metadata.principals.get(name)

@@ -1,14 +1,20 @@
-"""Failed logins cost their sender, not everyone else: a token or SCRAM proof that fails makes
-the next attempts from that address, and for that principal name, wait longer and longer, and
-attempts from where logins failed take turns for the password-hash checks.
+"""Failed logins cost their sender, not everyone else: a token or SCRAM proof that fails is
+answered late, later for each failure from that address; attempts for a name that failed wait
+a little before they are checked; and attempts from where logins failed take turns for the
+password-hash checks.
 
 Each token check is an Argon2id hash (125 ms on two threads): 32 connections sending bad tokens
 pushed a valid login from 0.15 s to 3.4-3.9 s, and one connection made 428 guesses a second
 (SCRAM: 200 failures in 1.2 s). Now:
-- after FREE failures within FORGET_S, each further attempt from that address or for that name
-  waits BASE_S * 2^(failures - FREE), at most CAP_S for an address and NAME_CAP_S for a name
-  (whose owner may be the one logging in), before it is checked (Kafka's
-  connection.failed.authentication.delay.ms, with backoff);
+- after FREE failures within FORGET_S, a failed attempt's answer waits
+  BASE_S * 2^(failures - FREE) for its address, at most CAP_S (Kafka's
+  connection.failed.authentication.delay.ms, with backoff). The guesser waits, holding one of
+  its `max.connections.per.ip`; a valid login from the same address (a NAT, a shared host, a
+  colleague with a wrong token on the same machine) is answered at once. A first design made
+  every attempt from the address wait before its check: one misconfigured client on 127.0.0.1
+  then held every login on the machine at 5 s for five minutes;
+- an attempt for a name with failures to its debit waits before its check, at most NAME_CAP_S
+  (its owner may be the one logging in), so guesses at one principal from many addresses slow;
 - attempts from an address or for a name with a failure to its debit are checked one at a time
   node-wide (SUSPECT_SLOTS), so they never queue ahead of a clean login for the hash threads.
 A success clears the name's debit; an address's fades after FORGET_S (an attacker with an
@@ -22,6 +28,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+
+from tidelog.errors import AuthenticationFailed
 
 FREE = 3  # failures allowed before any wait
 BASE_S = 0.1
@@ -54,26 +62,39 @@ class LoginGuard:
             return 0
         return debit.failures
 
-    def delay_s(self, address: str, name: str) -> float:
-        """How long an attempt from address for name waits before it is checked."""
-        by_address = _backoff(self._failures("a:" + address), CAP_S)
-        return max(by_address, _backoff(self._failures("p:" + name), NAME_CAP_S))
+    def wait_before_s(self, name: str) -> float:
+        """How long an attempt for name waits before it is checked."""
+        return _backoff(self._failures("p:" + name), NAME_CAP_S)
+
+    def wait_after_failure_s(self, address: str) -> float:
+        """How long a failed attempt from address waits before it is answered."""
+        return _backoff(self._failures("a:" + address), CAP_S)
 
     def suspect(self, address: str, name: str) -> bool:
         return bool(self._failures("a:" + address) or self._failures("p:" + name))
 
     @contextlib.asynccontextmanager
     async def attempt(self, address: str, name: str) -> AsyncIterator[None]:
-        """Around one check: waits what the debits ask, and takes a suspect's turn."""
-        delay = self.delay_s(address, name)
-        if delay > 0:
+        """Around one check that raises AuthenticationFailed when it fails: waits what the
+        name's debit asks, takes a suspect's turn, and holds a failure's answer back."""
+        before = self.wait_before_s(name)
+        if before > 0:
             self.delayed += 1
-            await asyncio.sleep(delay)
-        if not self.suspect(address, name):
-            yield
-            return
-        async with self._suspects:
-            yield
+            await asyncio.sleep(before)
+        try:
+            if not self.suspect(address, name):
+                yield
+            else:
+                async with self._suspects:
+                    yield
+        except AuthenticationFailed:
+            self.failed(address, name)
+            after = self.wait_after_failure_s(address)
+            if after > 0:  # (outside the suspects' turn: a held answer blocks no one)
+                self.delayed += 1
+                await asyncio.sleep(after)
+            raise
+        self.succeeded(name)
 
     def failed(self, address: str, name: str) -> None:
         now = self._clock()
