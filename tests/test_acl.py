@@ -202,6 +202,7 @@ def tidelog_requests() -> list[tuple[str, ApiKey, Any, bytes]]:
             b"",
         ),
         ("list quotas", ApiKey.QUOTAS, api.QuotasRequest("list"), b""),
+        ("accept an archive's loss", ApiKey.ARCHIVE, api.ArchiveRequest("accept_loss"), b""),
     ]
 
 

@@ -158,6 +158,93 @@ def test_archive_topic_configs_are_checked() -> None:
         TopicConfig.from_mapping({"archive.lag.policy": "maybe"})
 
 
+def test_the_metadata_log_records_what_the_store_holds_and_only_an_operator_shrinks_it(
+    tmp_path: Path,
+) -> None:
+    """The archive's identity and extents in the metadata log (replication/metadata.py), and
+    cluster.json's archive_id (node/archiver.py's claim_archive)."""
+    from tidelog.errors import ArchiveLost
+    from tidelog.node.archiver import claim_archive
+    from tidelog.replication.metadata import MetadataState, TopicMeta
+
+    state = MetadataState()
+    state.topics["t"] = TopicMeta(
+        name="t", kind="stream", configs={}, assignments=[[1]], created_offset=7
+    )
+    tid = state.topics["t"].topic_id
+
+    def extent(start: int, end: int, archive_id: str = "A", topic_id: int = tid) -> None:
+        state.apply(
+            state.applied_offset,
+            {
+                "type": "archive_extent",
+                "name": "t",
+                "partition": 0,
+                "topic_id": topic_id,
+                "archive_id": archive_id,
+                "start_offset": start,
+                "end_offset": end,
+            },
+        )
+
+    extent(0, 100)
+    assert state.archive_extents == {}  # no identity recorded yet: another store's report
+    state.apply(state.applied_offset, {"type": "archive_claimed", "archive_id": "A"})
+    state.apply(state.applied_offset, {"type": "archive_claimed", "archive_id": "B"})
+    assert state.archive_id == "A"  # the first claim stays
+    extent(0, 100)
+    extent(0, 50)  # a stale report (an older leader's) changes nothing
+    extent(0, 120, archive_id="B")  # nor one about another store
+    extent(0, 120, topic_id=tid + 1)  # nor one about another incarnation of the topic
+    assert (
+        state.archive_extents["t/0"]["start_offset"],
+        state.archive_extents["t/0"]["end_offset"],
+    ) == (0, 100)
+    extent(20, 150)
+    state.apply(
+        state.applied_offset,
+        {
+            "type": "archive_loss_accepted",
+            "archive_id": "C",
+            "lost": [
+                {
+                    "name": "t",
+                    "partition": 0,
+                    "topic_id": tid,
+                    "start_offset": 20,
+                    "end_offset": 150,
+                    "now_start": -1,
+                    "now_end": -1,
+                }
+            ],
+        },
+    )
+    assert state.archive_id == "C"
+    assert state.archive_extents["t/0"] == {
+        "topic_id": tid,
+        "start_offset": -1,
+        "end_offset": -1,
+        "lost": [[20, 150]],
+    }
+    again = MetadataState.from_snapshot(state.to_snapshot())
+    assert (again.archive_id, again.archive_extents) == (state.archive_id, state.archive_extents)
+
+    # cluster.json: an identity written once; an old one given one; a missing one is a loss
+    # once the metadata log recorded an identity.
+    store = open_store(f"file://{tmp_path}")
+    first = claim_archive(store, "c1")
+    assert first and claim_archive(store, "c1", first) == first
+    (tmp_path / "cluster.json").write_text(json.dumps({"format": 1, "cluster_id": "c1"}))
+    upgraded = claim_archive(store, "c1")
+    assert (
+        upgraded and json.loads((tmp_path / "cluster.json").read_text())["archive_id"] == upgraded
+    )
+    (tmp_path / "cluster.json").unlink()
+    with pytest.raises(ArchiveLost):
+        claim_archive(store, "c1", upgraded)
+    assert not (tmp_path / "cluster.json").exists()
+
+
 # -- a 3-node cluster with a file:// archive ----------------------------------------------------------
 
 
@@ -862,3 +949,142 @@ def test_store_errors_are_classified_by_type_and_s3_code_not_by_their_text() -> 
         with pytest.raises(TidelogError) as info, store._translated("k"):  # type: ignore[attr-defined]
             raise raised
         assert type(info.value) is expected, (raised, info.value)
+
+
+@pytest.mark.timeout(300)
+def test_a_store_that_comes_back_empty_is_archive_lost_until_an_operator_decides(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: the store came back empty (bucket re-created, directory replaced) and the
+    leaders started new manifests at the local log start: the earliest offset jumped from 0 to
+    most of the log, silently. Now the metadata log records what the store holds (its identity
+    and each partition's extent, reported by partition leaders on both nodes: one of them is
+    not the metadata leader), and a store without it is ArchiveLost until `accept-loss`."""
+    import shutil
+
+    from helpers import scrape
+    from helpers import value as metric
+    from tidelog.errors import ArchiveLost
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"file://{archive}"
+    with (
+        LocalCluster(tmp_path / "c", nodes=2, serve_args=["--archive", url], http=True) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic("gone", partitions=2, replication_factor=1, configs=ARCHIVED)
+        client.wait_for_leaders("gone")
+        for p in (0, 1):
+            produce_all_to(client, "gone", p, 800)
+
+        def recorded(p: int) -> dict[str, Any]:
+            found = [
+                e for e in client.archive().extents if (e["topic"], e["partition"]) == ("gone", p)
+            ]
+            return found[0] if found else {}
+
+        for p in (0, 1):
+            wait_for(
+                f"partition {p}'s archive to be recorded past its local log start",
+                lambda p=p: (
+                    status_row(client, "gone", p).get("local_log_start_offset", 0) > 200
+                    and recorded(p).get("end_offset", -1)
+                    >= status_row(client, "gone", p)["local_log_start_offset"]
+                ),
+            )
+        held = recorded(0)["end_offset"]
+        assert recorded(0)["start_offset"] == 0 and client.archive().archive_id
+
+        # Orphans: an upload killed before its manifest named it, and an unfinished write. An
+        # hour old, the partition's leader deletes them when it starts (and every 10 minutes).
+        key = next(k for k in open_store(url).list("gone") if k.endswith("manifest.json"))
+        prefix = archive / key.rpartition("/")[0]
+        named = set(os.listdir(prefix))
+        orphans = [
+            prefix / f"{'9' * 20}-{'9' * 20}-e1-deadbeef.log",
+            prefix / ".x.log.1234abcd.tmp",
+        ]
+        fresh = prefix / f"{'8' * 20}-{'8' * 20}-e1-cafef00d.log"  # maybe an upload in flight
+        for path in [*orphans, fresh]:
+            path.write_bytes(b"half an upload")
+        for path in orphans:
+            os.utime(path, (time.time() - 7200, time.time() - 7200))
+        owner = status_row(client, "gone", 0)["leader"]
+        cluster.stop(owner)
+        cluster.start(owner)
+        cluster.wait_ready()
+        client.wait_for_leaders("gone")
+        wait_for("the orphans to go", lambda: not any(p.exists() for p in orphans), 60)
+        assert fresh.exists() and named <= set(os.listdir(prefix))
+        fresh.unlink()
+        assert client.list_offsets("gone", 0, "earliest") == 0
+        local_start = {p: status_row(client, "gone", p)["local_log_start_offset"] for p in (0, 1)}
+
+        # The store comes back empty.
+        shutil.rmtree(archive)
+        archive.mkdir()
+        for p in (0, 1):
+            row = wait_for(
+                f"partition {p}'s status to name the loss",
+                lambda p=p: (
+                    (r := status_row(client, "gone", p)).get("archive", {}).get("error")
+                    == "ArchiveLost"
+                    and r
+                ),
+                30,
+            )
+            assert "accept-loss" in row["archive"]["error_message"]
+        leader0 = status_row(client, "gone", 0)["leader"]
+        failing = metric(
+            scrape(cluster.http_url(leader0)),
+            "tidelog_partition_archive_failing",
+            topic="gone",
+            partition="0",
+            error="ArchiveLost",
+        )
+        assert failing == 1
+        # Nothing was written into the empty store, and the local log keeps what it has.
+        produce_all_to(client, "gone", 0, 200)
+        time.sleep(1.5)
+        assert not [k for k in open_store(url).list("") if k.endswith("manifest.json")]
+        assert status_row(client, "gone", 0)["local_log_start_offset"] == local_start[0]
+        # A reader of the lost range is told so by name, or (reset=earliest) goes on with a
+        # warning; never a silent jump.
+        with pytest.raises(ArchiveLost) as lost:
+            list(client.consume("gone", 0, 0, reset="none"))
+        assert lost.value.details["lost_start"] == 0
+        # verify fails, naming it; with --bootstrap, against what the cluster recorded.
+        verify = run_tidelog("archive", "verify", url)
+        assert verify.returncode == 1 and "ArchiveLost" in verify.stdout, verify.stdout
+        verify = run_tidelog("archive", "verify", url, "--bootstrap", cluster.bootstrap)
+        assert verify.returncode == 1, verify.stdout
+        assert (
+            f"ArchiveLost: gone/0: no manifest, the cluster recorded [0, {held})" in (verify.stdout)
+            or "ArchiveLost: gone/0" in verify.stdout
+        ), verify.stdout
+        described = run_tidelog("archive", "describe", "--bootstrap", cluster.bootstrap)
+        assert described.returncode == 0 and "gone/0" in described.stdout, described.stderr
+
+        # The operator decides: the loss is recorded, uploads go on into the new store.
+        accepted = run_tidelog("archive", "accept-loss", "--bootstrap", cluster.bootstrap)
+        assert accepted.returncode == 0, accepted.stderr
+        assert "gone/0: offsets [0, " in accepted.stdout and "recorded as lost" in accepted.stdout
+        for p in (0, 1):
+            wait_for(
+                f"partition {p}'s uploads to go on",
+                lambda p=p: (
+                    (r := status_row(client, "gone", p))["archive"]["error"] == ""
+                    and r["archive"]["objects"] > 0
+                ),
+                60,
+            )
+        after = {e["partition"]: e for e in client.archive().extents if e["topic"] == "gone"}
+        assert after[0]["lost"] and after[0]["lost"][0][0] == 0
+        with pytest.raises(ArchiveLost):
+            list(client.consume("gone", 0, 0, reset="none"))
+        first = next(iter(client.consume("gone", 0, 0, reset="earliest")))
+        assert first.offset >= local_start[0]
+        verify = run_tidelog("archive", "verify", url, "--bootstrap", cluster.bootstrap)
+        assert verify.returncode == 0, verify.stdout
+        assert "lost (recorded by the cluster, accepted): gone/0: [0, " in verify.stdout

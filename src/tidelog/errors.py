@@ -42,7 +42,9 @@
     │   ├── ArchiveBucketMissing            the bucket (or directory) does not exist
     │   ├── ArchiveCorrupt(key)             an object's size or checksum is not the manifest's
     │   ├── ArchiveObjectMissing(key)       an object the manifest names is not in the store
-    │   └── ArchiveClusterMismatch          the prefix holds another cluster's archive
+    │   ├── ArchiveClusterMismatch          the prefix holds another cluster's archive
+    │   └── ArchiveLost                     the store lost what the cluster recorded it held
+    │                                       (also an OffsetOutOfRange, for a read of that range)
     ├── ArchiveLagExceeded                  retriable: produce refused, the archive is too far behind
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
@@ -346,6 +348,17 @@ class ArchiveClusterMismatch(ArchiveError):
     """The archive prefix belongs to another cluster (its cluster id differs)."""
 
     code = 116
+
+
+class ArchiveLost(ArchiveError, OffsetOutOfRange):
+    """The store came back without what the metadata log records it held (a bucket re-created,
+    a directory replaced, a manifest deleted, a backup restored): [lost_start, lost_end) of a
+    partition, or, without a partition, the whole store (cluster.json gone or another archive
+    id). Uploads stop until an operator runs `tidelog archive accept-loss`; a read of the lost
+    range gets this error (an OffsetOutOfRange, so a reader with reset=earliest goes on at the
+    log start, with a warning)."""
+
+    code = 121
 
 
 class ArchiveLagExceeded(TidelogError):

@@ -16,11 +16,13 @@ Store failures become the archive's named errors (errors.py): unreachable → Ar
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import datetime
 import fcntl
 import os
 import re
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -67,6 +69,11 @@ class ArchiveStore(Protocol):
     def get_range(self, key: str, start: int, end: int) -> bytes: ...
 
     def list(self, prefix: str) -> list[str]: ...
+
+    def list_aged(self, prefix: str) -> builtins.list[tuple[str, float]]:
+        """Every object under prefix with its age in seconds, unfinished writes included (the
+        archive's sweep of orphans)."""
+        ...
 
     def delete(self, key: str) -> None: ...
 
@@ -217,6 +224,23 @@ class FileStore:
             if p.is_file() and not p.name.startswith(".")
         )
 
+    def list_aged(self, prefix: str) -> builtins.list[tuple[str, float]]:
+        self.check()
+        base = self._path(prefix) if prefix else self.root
+        if not base.exists():
+            return []
+        now = time.time()
+        found = []
+        for p in base.rglob("*"):
+            # A write's temporary file (.NAME.XXXXXXXX.tmp) counts; a lock file never goes.
+            if p.name.endswith(".lock") or (p.name.startswith(".") and not p.name.endswith(".tmp")):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                st = p.stat()
+                if not p.is_dir():
+                    found.append((str(p.relative_to(self.root)), now - st.st_mtime))
+        return sorted(found)
+
     def delete(self, key: str) -> None:
         with self._translated(key), contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
@@ -334,6 +358,17 @@ class S3Store:
         with self._translated(prefix):
             return sorted(
                 str(meta["path"])
+                for chunk in obstore.list(self._store, prefix or None)
+                for meta in chunk
+            )
+
+    def list_aged(self, prefix: str) -> builtins.list[tuple[str, float]]:
+        import obstore
+
+        now = time.time()
+        with self._translated(prefix):
+            return sorted(
+                (str(meta["path"]), now - meta["last_modified"].timestamp())
                 for chunk in obstore.list(self._store, prefix or None)
                 for meta in chunk
             )

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tidelog.archive.manifest import CLUSTER_KEY, Manifest, check_object
 from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
-from tidelog.errors import ArchiveError
+from tidelog.errors import ArchiveError, ArchiveObjectMissing
+
+if TYPE_CHECKING:
+    from tidelog.protocol.api import ArchiveResponse
 
 
 @dataclass
@@ -24,6 +28,7 @@ class PartitionReport:
     objects: int
     bytes: int
     batches: int = 0
+    holds_until: int = -1  # one past the last offset its manifest accounts for
     gaps: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -47,6 +52,8 @@ class VerifyReport:
     cluster_id: str
     partitions: list[PartitionReport]
     problems: list[str]
+    archive_id: str = ""
+    lost: list[str] = field(default_factory=list)  # ranges the cluster recorded lost (accepted)
 
     @property
     def ok(self) -> bool:
@@ -59,9 +66,17 @@ def manifest_keys(store: ArchiveStore, topic: str | None = None) -> list[str]:
 
 def verify_archive(store: ArchiveStore, topic: str | None = None) -> VerifyReport:
     problems: list[str] = []
-    cluster_id = ""
+    cluster_id = archive_id = ""
     try:
-        cluster_id = str(json.loads(store.get(CLUSTER_KEY))["cluster_id"])
+        claimed = json.loads(store.get(CLUSTER_KEY))
+        cluster_id = str(claimed["cluster_id"])
+        archive_id = str(claimed.get("archive_id", ""))
+    except ArchiveObjectMissing:
+        problems.append(
+            f"ArchiveLost? {CLUSTER_KEY} is missing from {store.url}: the store lost what it "
+            "held, or this is not a tidelog archive (--bootstrap compares it with what the "
+            "cluster recorded)"
+        )
     except ArchiveError as exc:
         problems.append(f"{CLUSTER_KEY}: {exc.message}")
     except (ValueError, KeyError, TypeError):
@@ -76,7 +91,7 @@ def verify_archive(store: ArchiveStore, topic: str | None = None) -> VerifyRepor
         reports.append(verify_partition(store, manifest, cluster_id))
     if topic is not None and not reports:
         problems.append(f"no manifest of topic {topic!r} in {store.url}")
-    return VerifyReport(store.url, cluster_id, reports, problems)
+    return VerifyReport(store.url, cluster_id, reports, problems, archive_id)
 
 
 def verify_partition(store: ArchiveStore, manifest: Manifest, cluster_id: str) -> PartitionReport:
@@ -88,6 +103,7 @@ def verify_partition(store: ArchiveStore, manifest: Manifest, cluster_id: str) -
         manifest.end_offset,
         len(manifest.segments),
         manifest.size_bytes,
+        holds_until=manifest.end_offset if manifest.segments else manifest.start_offset,
         gaps=[f"[{g.start_offset}, {g.end_offset}): {g.reason}" for g in manifest.gaps],
     )
     if cluster_id and manifest.cluster_id != cluster_id:
@@ -103,3 +119,37 @@ def verify_partition(store: ArchiveStore, manifest: Manifest, cluster_id: str) -
         except ArchiveError as exc:
             report.problems.append(exc.message)
     return report
+
+
+def compare_with_cluster(
+    report: VerifyReport, recorded: ArchiveResponse, topic: str | None = None
+) -> list[str]:
+    """What the store lacks of what the cluster's metadata log records it holds: each named
+    ArchiveLost (the store's identity, a partition's manifest, the end of its range)."""
+    problems: list[str] = []
+    if recorded.archive_id and report.archive_id != recorded.archive_id:
+        problems.append(
+            f"ArchiveLost: the store's archive id is {report.archive_id or '(none)'}, the "
+            f"cluster recorded {recorded.archive_id}: this is not the store it archived to"
+        )
+    held = {(p.topic, p.topic_id, p.partition): p for p in report.partitions}
+    for extent in recorded.extents:
+        if topic is not None and extent["topic"] != topic:
+            continue
+        start, end = int(extent["start_offset"]), int(extent["end_offset"])
+        for a, b in extent.get("lost", []):
+            report.lost.append(f"{extent['topic']}/{extent['partition']}: [{a}, {b})")
+        if end <= start or start < 0:
+            continue
+        found = held.get((extent["topic"], int(extent["topic_id"]), int(extent["partition"])))
+        name = f"{extent['topic']}/{extent['partition']}"
+        if found is None:
+            problems.append(
+                f"ArchiveLost: {name}: no manifest, the cluster recorded [{start}, {end}) archived"
+            )
+        elif found.holds_until < end:
+            problems.append(
+                f"ArchiveLost: {name}: the store holds up to {found.holds_until}, the cluster "
+                f"recorded [{start}, {end}) archived"
+            )
+    return problems

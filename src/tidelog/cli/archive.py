@@ -1,5 +1,5 @@
-"""`tidelog archive verify` and `tidelog restore`: the archive (tidelog/archive) from outside a
-node, straight from the store."""
+"""`tidelog archive verify|describe|accept-loss` and `tidelog restore`: the archive
+(tidelog/archive) from outside a node, straight from the store, and as the cluster recorded it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from typing import Any
 
 from tidelog.archive.restore import RestorePoint, restore_topic
 from tidelog.archive.store import open_store
-from tidelog.archive.verify import verify_archive
+from tidelog.archive.verify import compare_with_cluster, verify_archive
+from tidelog.cli.connect import add_connection_options, client_of
+from tidelog.protocol import api
 
 
-def add_archive_commands(sub: Any) -> None:
+def add_archive_commands(sub: Any, with_bootstrap: Any) -> None:
     archive = sub.add_parser("archive", help="check an archive (file:///DIR or s3://BUCKET/PREFIX)")
     verbs = archive.add_subparsers(dest="verb", required=True)
     verify = verbs.add_parser(
@@ -24,7 +26,33 @@ def add_archive_commands(sub: Any) -> None:
     verify.add_argument("--topic", help="only this topic")
     verify.add_argument("--archive-endpoint", default="", help="an S3-compatible store's URL")
     verify.add_argument("--json", action="store_true")
+    verify.add_argument(
+        "--bootstrap",
+        default=None,
+        help="HOST:PORT of a node of the cluster that archives there: also check that the "
+        "store holds every range the cluster's metadata log records (ArchiveLost if not)",
+    )
+    add_connection_options(verify)
     verify.set_defaults(func=cmd_archive_verify)
+
+    describe = with_bootstrap(
+        verbs.add_parser(
+            "describe",
+            help="the archive as the cluster recorded it: the store's identity, each "
+            "partition's archived range and the ranges the store lost",
+        )
+    )
+    describe.add_argument("--json", action="store_true")
+    describe.set_defaults(func=cmd_archive_describe)
+    accept = with_bootstrap(
+        verbs.add_parser(
+            "accept-loss",
+            help="after ArchiveLost: take the store as it is now, record every range it lost "
+            "(readers of them get ArchiveLost) and let uploads go on",
+        )
+    )
+    accept.add_argument("--json", action="store_true")
+    accept.set_defaults(func=cmd_archive_accept_loss)
 
     restore = sub.add_parser(
         "restore",
@@ -54,13 +82,23 @@ def cmd_archive_verify(args: argparse.Namespace) -> int:
     store = open_store(args.url, args.archive_endpoint)
     store.check()
     report = verify_archive(store, args.topic)
+    if args.bootstrap:
+        from tidelog.cli.main import run_loop
+
+        async def recorded() -> api.ArchiveResponse:
+            async with client_of(args) as client:
+                return await client.archive()
+
+        report.problems.extend(compare_with_cluster(report, run_loop(recorded()), args.topic))
     if args.json:
         print(
             json.dumps(
                 {
                     "url": report.url,
                     "cluster_id": report.cluster_id,
+                    "archive_id": report.archive_id,
                     "ok": report.ok,
+                    "lost": report.lost,
                     "problems": report.problems,
                     "partitions": [vars(p) for p in report.partitions],
                 },
@@ -71,10 +109,58 @@ def cmd_archive_verify(args: argparse.Namespace) -> int:
         print(f"archive {report.url} of cluster {report.cluster_id or '?'}")
         for partition in report.partitions:
             print(partition.line())
+        for lost in report.lost:
+            print(f"lost (recorded by the cluster, accepted): {lost}")
         for problem in report.problems:
             print(f"PROBLEM: {problem}")
         print("ok" if report.ok else "FAILED")
     return 0 if report.ok else 1
+
+
+def cmd_archive_describe(args: argparse.Namespace) -> int:
+    from tidelog.cli.main import run_loop
+
+    async def run() -> int:
+        async with client_of(args) as client:
+            print_archive(await client.archive(), args.json)
+        return 0
+
+    return run_loop(run())
+
+
+def cmd_archive_accept_loss(args: argparse.Namespace) -> int:
+    from tidelog.cli.main import run_loop
+
+    async def run() -> int:
+        async with client_of(args) as client:
+            answer = await client.accept_archive_loss()
+        if args.json:
+            print(json.dumps(api.encode(answer), indent=1))
+            return 0
+        if not answer.accepted:
+            print(f"archive {answer.archive_id}: the store holds every range recorded; no loss")
+        for lost in answer.accepted:
+            print(
+                f"{lost['name']}/{lost['partition']}: offsets [{lost['start_offset']}, "
+                f"{lost['end_offset']}) recorded as lost; readers of them get ArchiveLost"
+            )
+        print(f"uploads go on into archive {answer.archive_id}")
+        return 0
+
+    return run_loop(run())
+
+
+def print_archive(answer: api.ArchiveResponse, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(api.encode(answer), indent=1))
+        return
+    print(f"archive id {answer.archive_id or '(none recorded yet)'}")
+    for e in answer.extents:
+        lost = "".join(f", lost [{a}, {b})" for a, b in e.get("lost", []))
+        print(
+            f"{e['topic']}/{e['partition']} (topic id {e['topic_id']}): archived "
+            f"[{e['start_offset']}, {e['end_offset']}){lost}"
+        )
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

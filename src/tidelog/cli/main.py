@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tidelog.cli.archive import add_archive_commands
     from tidelog.cli.demo import add_demo_command
 
-    add_archive_commands(sub)
+    add_archive_commands(sub, with_bootstrap)
     add_demo_command(sub)
     return parser
 

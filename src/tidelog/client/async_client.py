@@ -809,6 +809,19 @@ class AsyncClient:
         header = await self._to_metadata_leader(ApiKey.ACLS, api.AclsRequest(op, acl.to_wire()))
         return dict(api.decode(api.AclsResponse, header).acls[0])
 
+    async def archive(self) -> api.ArchiveResponse:
+        """The archive as the cluster's metadata log records it: the store's identity
+        (archive_id) and per partition what it holds and what it lost."""
+        header = await self._to_metadata_leader(ApiKey.ARCHIVE, api.ArchiveRequest("describe"))
+        return api.decode(api.ArchiveResponse, header)
+
+    async def accept_archive_loss(self) -> api.ArchiveResponse:
+        """An operator's word that the archive's store holds what it holds now: every range it
+        lost is recorded (and refused to readers by name), and uploads go on."""
+        request = api.ArchiveRequest("accept_loss")
+        header = await self._to_metadata_leader(ApiKey.ARCHIVE, request)
+        return api.decode(api.ArchiveResponse, header)
+
     async def set_quota(self, principal: str, limits: dict[str, float]) -> dict[str, Any]:
         """Limit a principal (or "*", every principal without limits of its own) per node:
         producer_byte_rate, consumer_byte_rate (bytes/s), admin_request_rate (requests/s).

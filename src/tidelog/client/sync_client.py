@@ -250,6 +250,12 @@ class Client:
             self._async.remove_acl(principal, permission, topic, prefix=prefix, cluster=cluster)
         )
 
+    def archive(self) -> api.ArchiveResponse:
+        return self._run(self._async.archive())
+
+    def accept_archive_loss(self) -> api.ArchiveResponse:
+        return self._run(self._async.accept_archive_loss())
+
     def set_quota(self, principal: str, limits: dict[str, float]) -> dict[str, Any]:
         return self._run(self._async.set_quota(principal, limits))
 

@@ -18,6 +18,7 @@ from tidelog.errors import (
     ArchiveCorrupt,
     ArchiveError,
     ArchiveLagExceeded,
+    ArchiveLost,
     ArchiveObjectMissing,
     ArchiveUnavailable,
     AuthenticationFailed,
@@ -137,6 +138,7 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     RestorePointOutside: 56,
     ArchiveClusterMismatch: 56,
     ArchiveCorrupt: 2,  # CORRUPT_MESSAGE: a damaged archived batch is never served
+    ArchiveLost: OFFSET_OUT_OF_RANGE,  # the client's auto.offset.reset decides, as for retention
     ArchiveLagExceeded: 56,  # retriable, as writes resume when the archive catches up
 }
 

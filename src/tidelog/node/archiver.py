@@ -14,6 +14,15 @@ For each partition of a topic with remote.storage.enable that this node hosts:
 
 A store that fails is retried with backoff (1 s doubling to 30 s); the error is kept and shown
 as the hold's reason until an upload succeeds.
+
+What the store holds is recorded where the store cannot lose it, the metadata log: the archive's
+identity (cluster.json's archive_id) and each partition's extent, reported by its leader after
+each manifest it writes. A store that comes back without them (a bucket re-created, a directory
+replaced, a manifest deleted, an old backup) is ArchiveLost: the leaders once started a new
+manifest at the local log start and the earliest offset jumped silently. Now uploads stop, the
+local cleaner keeps what is not archived, status and /metrics name the error, a read of the lost
+range is refused by name, until an operator runs `tidelog archive accept-loss`, which records the
+lost ranges (as gaps) and lets uploads go on.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from typing import TYPE_CHECKING
 from tidelog.archive.manifest import (
     CLUSTER_KEY,
     ArchivedSegment,
+    Gap,
     Manifest,
     check_object,
     describe_object,
@@ -42,10 +52,12 @@ from tidelog.errors import (
     ArchiveClusterMismatch,
     ArchiveError,
     ArchiveLagExceeded,
+    ArchiveLost,
     StorageError,
     TidelogError,
 )
 from tidelog.logs import event
+from tidelog.protocol.api import ApiKey
 from tidelog.replication.low_watermark import ArchiveFact, human_bytes
 
 if TYPE_CHECKING:
@@ -62,6 +74,11 @@ BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
 READ_AHEAD_MAX = 8  # ranges read ahead for readers of the archive, node-wide
 READ_AHEAD_S = 5.0  # how long one waits for its reader
+CLUSTER_RECHECK_S = 10.0  # cluster.json read again: a store emptied while we run is noticed
+LOST_RECHECK_S = 2.0  # a partition whose store lost its archive is looked at again this often
+REPORT_EVERY_S = 1.0
+ORPHAN_SWEEP_S = 600.0  # a leader looks for orphaned objects this often (and when it starts)
+ORPHAN_AGE_S = 3600.0  # an object no manifest names, or a temporary file, this old is deleted  # a partition's extent reported to the metadata log at most this often
 
 
 def wall_ms() -> int:
@@ -83,6 +100,8 @@ class ArchiveState:
     # Bumped whenever what the hold says changes (manifest, error): cached LWMs key on it.
     changes: int = 0
     released_logged: float = -1e9
+    reported_at: float = -1e9
+    swept_at: float = -1e9
 
     @property
     def archived_end(self) -> int | None:
@@ -94,6 +113,11 @@ class ArchiveState:
         if self.error is None or self.error.message != error.message:
             self.changes += 1
         self.error = error
+        if isinstance(error, ArchiveLost):
+            # Not the store failing: looked at again soon (one read), as an operator may
+            # have accepted the loss meanwhile.
+            self.retry_at = time.monotonic() + LOST_RECHECK_S
+            return
         self.retry_at = time.monotonic() + self.backoff_s
         self.backoff_s = min(BACKOFF_MAX_S, self.backoff_s * 2)
 
@@ -111,7 +135,8 @@ class Archiver:
         self.url = url
         self.store: ArchiveStore = open_store(url, endpoint)
         self.states: dict[str, ArchiveState] = {}
-        self._cluster_checked = False
+        self._cluster_checked_at = -1e9
+        self.archive_id = ""  # the store's identity, as cluster.json says
         self.cluster_error: ArchiveError | None = None
         # (group, offset, max_bytes) -> (object, its read in a worker thread)
         self._ahead: dict[
@@ -326,6 +351,11 @@ class Archiver:
                     continue
                 try:
                     await self._step(host, state)
+                    self._report_extent(host, state)
+                except ArchiveLost as exc:
+                    if state.error is None or state.error.message != exc.message:
+                        self._log_lost(exc, host)
+                    state.failed(exc)
                 except ArchiveError as exc:
                     if state.error is None or state.error.message != exc.message:
                         log.warning("%s: archive %s: %s", host.group, self.url, exc)
@@ -336,12 +366,37 @@ class Archiver:
                     state.failed(error)
 
     async def _check_cluster(self) -> bool:
-        """cluster.json names the cluster that owns the prefix: another cluster's is refused."""
-        if self._cluster_checked:
+        """cluster.json names the cluster that owns the prefix (another cluster's is refused)
+        and the store's identity, which must be the one the metadata log recorded: read again
+        every CLUSTER_RECHECK_S."""
+        if (
+            self.cluster_error is None
+            and time.monotonic() - self._cluster_checked_at < CLUSTER_RECHECK_S
+        ):
             return True
         cluster_id = self.node.identity.cluster_id
+        recorded = self.node.metadata.archive_id
         try:
-            await asyncio.to_thread(claim_archive, self.store, cluster_id)
+            self.archive_id = await asyncio.to_thread(
+                claim_archive, self.store, cluster_id, recorded
+            )
+            if recorded and self.archive_id != recorded:
+                raise ArchiveLost(
+                    f"{self.url} is not the store the cluster archived to: its archive id is "
+                    f"{self.archive_id}, the metadata log records {recorded} (a bucket or "
+                    "directory replaced?). Uploads stop until `tidelog archive accept-loss`",
+                    url=self.url,
+                    archive_id=self.archive_id,
+                    recorded_archive_id=recorded,
+                )
+        except ArchiveLost as exc:
+            if self.cluster_error is None or self.cluster_error.message != exc.message:
+                self._log_lost(exc, None)
+            self.cluster_error = exc
+            for state in self.states.values():
+                state.manifest = None  # read again once an operator decided
+            await asyncio.sleep(BACKOFF_MIN_S)
+            return False
         except ArchiveClusterMismatch as exc:
             if self.cluster_error is None:
                 log.error("archive %s refused: %s", self.url, exc)
@@ -353,9 +408,183 @@ class Archiver:
             self.cluster_error = exc
             await asyncio.sleep(BACKOFF_MIN_S)
             return False
+        if not recorded:
+            self._report({"type": "archive_claimed", "archive_id": self.archive_id}, "claimed")
         self.cluster_error = None
-        self._cluster_checked = True
+        self._cluster_checked_at = time.monotonic()
         return True
+
+    def _log_lost(self, exc: ArchiveLost, host: PartitionHost | None) -> None:
+        event(
+            log,
+            logging.ERROR,
+            "archive_lost",
+            exc.message,
+            topic=host.topic if host is not None else "",
+            partition=host.partition if host is not None else -1,
+            start_offset=int(exc.details.get("lost_start", -1)),
+            end_offset=int(exc.details.get("lost_end", -1)),
+        )
+
+    def recorded_extent(self, host: PartitionHost) -> dict[str, object] | None:
+        """What the metadata log records of host's archive (None: nothing, or another
+        incarnation of its topic's)."""
+        extent = self.node.metadata.archive_extents.get(host.group)
+        if extent is None or extent.get("topic_id") != host.topic_id:
+            return None
+        return extent
+
+    def check_holds(self, host: PartitionHost, manifest: Manifest | None) -> None:
+        """ArchiveLost if the store's manifest (None: none) holds less than the metadata log
+        recorded: its end before the recorded end."""
+        extent = self.recorded_extent(host)
+        if extent is None:
+            return
+        start, end = int(str(extent["start_offset"])), int(str(extent["end_offset"]))
+        if end <= start or start < 0:
+            return
+        held = holds_until(manifest)
+        if held >= end:
+            return
+        lost_start = max(start, held)
+        raise ArchiveLost(
+            f"{host.group}: the store {self.url} lost offsets [{lost_start}, {end}) the "
+            f"metadata log records it held ([{start}, {end}); "
+            + ("no manifest" if manifest is None else f"the manifest ends at {held}")
+            + "). Uploads stop and the local log keeps what is not archived until "
+            "`tidelog archive accept-loss` records the loss",
+            url=self.url,
+            topic=host.topic,
+            partition=host.partition,
+            lost_start=lost_start,
+            lost_end=end,
+            log_start=host.log.log_start_offset,
+            high_watermark=host.log.high_watermark,
+        )
+
+    def lost_range(self, host: PartitionHost, offset: int) -> tuple[int, int] | None:
+        """The lost range holding offset: one an operator accepted (recorded), or one the
+        partition's store lost now."""
+        extent = self.recorded_extent(host)
+        ranges = [tuple(r) for r in extent.get("lost", [])] if extent else []  # type: ignore[attr-defined]
+        error = self.state(host).error or self.cluster_error
+        if isinstance(error, ArchiveLost):
+            if "lost_start" in error.details:
+                ranges.append((int(error.details["lost_start"]), int(error.details["lost_end"])))
+            elif extent is not None:
+                ranges.append((int(str(extent["start_offset"])), int(str(extent["end_offset"]))))
+        for start, end in ranges:
+            if int(start) <= offset < int(end):
+                return int(start), int(end)
+        return None
+
+    def _report_extent(self, host: PartitionHost, state: ArchiveState) -> None:
+        """A leader tells the metadata log what its manifest holds, when it differs from what
+        is recorded (at most every REPORT_EVERY_S; lost reports are sent again)."""
+        manifest = state.manifest
+        if manifest is None or not host.replica.is_leader or not self.archive_id:
+            return
+        start = manifest.start_offset
+        end = holds_until(manifest)
+        if end < 0:
+            return  # nothing archived yet
+        extent = self.recorded_extent(host)
+        if extent is not None and (extent["start_offset"], extent["end_offset"]) == (start, end):
+            return
+        now = time.monotonic()
+        if now - state.reported_at < REPORT_EVERY_S:
+            return
+        state.reported_at = now
+        command = {
+            "type": "archive_extent",
+            "name": host.topic,
+            "topic_id": host.topic_id,
+            "partition": host.partition,
+            "archive_id": self.archive_id,
+            "start_offset": start,
+            "end_offset": end,
+        }
+        self._report(command, f"{host.group} archived [{start}, {end})")
+
+    def _report(self, command: dict[str, object], what: str) -> None:
+        core = self.node
+        if core.metadata_host.replica.is_leader:
+            core.propose_in_background(f"archive {what}", dict(command))
+            return
+        leader = core.metadata_host.replica.leader_id
+        if leader >= 0:
+            core.send_to_peer(leader, ApiKey.ARCHIVE_REPORT, dict(command), None)
+
+    def on_report_message(self, header: dict[str, object], sender: int) -> None:
+        """A partition leader (an authenticated peer) reports its archive; recorded if we lead
+        the metadata log (the command's own checks drop a stale one)."""
+        kind = header.get("type")
+        if kind not in ("archive_extent", "archive_claimed"):
+            return
+        if not self.node.metadata_host.replica.is_leader:
+            return
+        command = {k: header[k] for k in REPORT_FIELDS if k in header}
+        types = {"name": str, "archive_id": str}
+        for field in REPORT_FIELDS[1:]:
+            wanted = types.get(field, int)
+            value = command.get(field, "" if wanted is str else 0)
+            # (Every node applies what is proposed: a malformed report must not reach them.)
+            if type(value) is not wanted:
+                log.warning("node %d sent a malformed archive report: %s", sender, header)
+                return
+            command[field] = value
+        key = f"archive report {kind} {header.get('name', '')}/{header.get('partition', '')}"
+        self.node.propose_in_background(key, command)
+
+    async def accept_loss(self) -> tuple[str, list[dict[str, object]]]:
+        """The store's present contents are the truth from now on (the metadata leader, for
+        an operator): every recorded extent is compared with its manifest, what the store
+        lost is recorded, and the store's identity is recorded (a new cluster.json if none)."""
+        cluster_id = self.node.identity.cluster_id
+        archive_id = await asyncio.to_thread(claim_archive, self.store, cluster_id, "")
+        lost: list[dict[str, object]] = []
+        for key, extent in sorted(self.node.metadata.archive_extents.items()):
+            topic, _, partition_text = key.rpartition("/")
+            meta = self.node.metadata.topics.get(topic)
+            if meta is None or meta.topic_id != extent["topic_id"]:
+                continue
+            partition = int(partition_text)
+            manifest_at = manifest_key(topic, meta.topic_id, partition)
+            versioned = await asyncio.to_thread(self.store.get_versioned, manifest_at)
+            manifest = (
+                None if versioned is None else Manifest.from_bytes(versioned.data, manifest_at)
+            )
+            start, end = int(extent["start_offset"]), int(extent["end_offset"])
+            held = holds_until(manifest)
+            if held >= end or end <= start:
+                continue
+            lost.append(
+                {
+                    "name": topic,
+                    "partition": partition,
+                    "topic_id": meta.topic_id,
+                    "start_offset": max(start, held),
+                    "end_offset": end,
+                    "now_start": manifest.start_offset if manifest is not None else -1,
+                    "now_end": held,
+                }
+            )
+        await self.node.propose_metadata(
+            {"type": "archive_loss_accepted", "archive_id": archive_id, "lost": lost}, 30.0
+        )
+        for entry in lost:
+            log.warning(
+                "%s/%s: the archive's loss of [%s, %s) accepted by an operator: uploads go on",
+                entry["name"],
+                entry["partition"],
+                entry["start_offset"],
+                entry["end_offset"],
+            )
+        self._cluster_checked_at = -1e9
+        for state in self.states.values():
+            state.retry_at = 0.0
+            state.backoff_s = BACKOFF_MIN_S
+        return archive_id, lost
 
     async def _step(self, host: PartitionHost, state: ArchiveState) -> None:
         leader = host.replica.is_leader
@@ -363,6 +592,7 @@ class Archiver:
         if state.manifest is None or (stale and not leader):
             await self._load(host, state)
         if not leader:
+            state.succeeded()  # (a manifest repaired since: its error goes, no restart needed)
             return
         # Everything ready goes now (each object in a worker thread; the loop is free
         # meanwhile), within a time budget so that other partitions get their turn.
@@ -372,22 +602,48 @@ class Archiver:
             if time.monotonic() > budget_ends:
                 return
         await self._clean(host, state)
+        await self._sweep_orphans(host, state)
         state.succeeded()
+
+    async def _sweep_orphans(self, host: PartitionHost, state: ArchiveState) -> None:
+        """Objects no manifest names (an upload killed before its manifest named it, a lost
+        race) and unfinished writes (.tmp) stayed forever. An hour old, they are no upload in
+        flight: the leader deletes them."""
+        if time.monotonic() - state.swept_at < ORPHAN_SWEEP_S or state.manifest is None:
+            return
+        state.swept_at = time.monotonic()
+        prefix = partition_prefix(host.topic, host.topic_id, host.partition)
+        named = {seg.key for seg in state.manifest.segments}
+        aged = await asyncio.to_thread(self.store.list_aged, prefix + "/")
+        orphans = [
+            key
+            for key, age in aged
+            if age > ORPHAN_AGE_S and key not in named and not key.endswith("/manifest.json")
+        ]
+        for key in orphans:
+            await asyncio.to_thread(self.store.delete, key)
+        if orphans:
+            self.node.counters.inc("tidelog_archive_orphans_deleted_total", len(orphans))
+            log.info("%s: %d orphaned archive objects deleted", host.group, len(orphans))
 
     async def _load(self, host: PartitionHost, state: ArchiveState) -> None:
         key = manifest_key(host.topic, host.topic_id, host.partition)
         versioned = await asyncio.to_thread(self.store.get_versioned, key)
         if versioned is None:
+            self.check_holds(host, None)
             state.manifest = self._new_manifest(host)
             state.version = None
         else:
             manifest = Manifest.from_bytes(versioned.data, key)
             self._check_owner(manifest)
+            self.check_holds(host, manifest)
             state.manifest, state.version = manifest, versioned.version
         state.loaded_at = time.monotonic()
 
     def _new_manifest(self, host: PartitionHost) -> Manifest:
         meta = self.node.metadata.topics.get(host.topic)
+        extent = self.recorded_extent(host)
+        lost = extent.get("lost", []) if extent is not None else []
         return Manifest(
             cluster_id=self.node.identity.cluster_id,
             topic=host.topic,
@@ -395,6 +651,7 @@ class Archiver:
             partition=host.partition,
             configs=host.config.overrides(),
             partitions=len(meta.assignments) if meta is not None else 1,
+            gaps=tuple(Gap(int(a), int(b), LOST_REASON) for a, b in lost),  # type: ignore[attr-defined]
         )
 
     def _check_owner(self, manifest: Manifest) -> None:
@@ -553,22 +810,53 @@ class Archiver:
         return keep
 
 
-def claim_archive(store: ArchiveStore, cluster_id: str) -> None:
-    """Make the archive this cluster's, or refuse one that is another's."""
+LOST_REASON = "lost from the store (accepted by an operator)"
+REPORT_FIELDS = (
+    "type",
+    "name",
+    "topic_id",
+    "partition",
+    "archive_id",
+    "start_offset",
+    "end_offset",
+)
+
+
+def holds_until(manifest: Manifest | None) -> int:
+    """One past the last offset a manifest accounts for: its end, or where its cleaner left it
+    when it emptied it; -1 for none."""
+    if manifest is None:
+        return -1
+    return manifest.end_offset if manifest.segments else manifest.start_offset
+
+
+def claim_archive(store: ArchiveStore, cluster_id: str, recorded_archive_id: str = "") -> str:
+    """Make the archive this cluster's, or refuse one that is another's; the store's identity
+    (a random archive_id, written once). A missing cluster.json is written anew only while the
+    metadata log records no identity (recorded_archive_id ""): otherwise the store lost it."""
     import json
 
     versioned = store.get_versioned(CLUSTER_KEY)
     if versioned is None:
-        body = json.dumps({"format": 1, "cluster_id": cluster_id}).encode()
+        if recorded_archive_id:
+            raise ArchiveLost(
+                f"{store.url}: {CLUSTER_KEY} is gone, though the metadata log records archive "
+                f"{recorded_archive_id} there: the store lost what it held (a bucket re-created, "
+                "a directory replaced?). Uploads stop until `tidelog archive accept-loss`",
+                url=store.url,
+                recorded_archive_id=recorded_archive_id,
+            )
+        body = {"format": 1, "cluster_id": cluster_id, "archive_id": uuid.uuid4().hex}
         try:
-            store.put_if(CLUSTER_KEY, body, None)
+            store.put_if(CLUSTER_KEY, json.dumps(body).encode(), None)
         except VersionConflict:
             pass
         versioned = store.get_versioned(CLUSTER_KEY)
         if versioned is None:
             raise ArchiveError(f"{store.url}: {CLUSTER_KEY} vanished", url=store.url)
     try:
-        owner = str(json.loads(versioned.data)["cluster_id"])
+        claimed = dict(json.loads(versioned.data))
+        owner = str(claimed["cluster_id"])
     except (ValueError, KeyError, TypeError):
         raise ArchiveClusterMismatch(
             f"{store.url}: {CLUSTER_KEY} is not a tidelog archive's", url=store.url
@@ -579,6 +867,15 @@ def claim_archive(store: ArchiveStore, cluster_id: str) -> None:
             url=store.url,
             archive_cluster_id=owner,
         )
+    archive_id = str(claimed.get("archive_id", ""))
+    if not archive_id:  # written before archives had an identity: given one now, once
+        claimed["archive_id"] = uuid.uuid4().hex
+        try:
+            store.put_if(CLUSTER_KEY, json.dumps(claimed).encode(), versioned.version)
+        except VersionConflict:
+            pass  # another node gave it one first
+        return claim_archive(store, cluster_id, recorded_archive_id)
+    return archive_id
 
 
 def _read_file_range(path: str, start: int, end: int) -> bytes:

@@ -37,6 +37,8 @@ from tidelog import __version__
 from tidelog.acls import PRINCIPAL_NAME, Acl, Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
+    ArchiveError,
+    ArchiveLost,
     AuthenticationFailed,
     CursorInvalidated,
     DuplicateSequence,
@@ -153,6 +155,7 @@ QUOTA_CHARGES: dict[type[Any], str] = {
             api.PrincipalsRequest,
             api.AclsRequest,
             api.QuotasRequest,
+            api.ArchiveRequest,
         ),
         ADMIN_REQUEST_RATE,
     ),
@@ -166,6 +169,10 @@ def on_topic(operation: Operation, field: str) -> Scope:
 
 def on_cluster(operation: Operation) -> Scope:
     return lambda request: (operation, Resource.cluster(), "")
+
+
+def archive_scope(req: api.ArchiveRequest) -> tuple[Operation, Resource, str]:
+    return (Operation.DESCRIBE if req.op == "describe" else Operation.ALTER), Resource.cluster(), ""
 
 
 def principal_scope(req: api.PrincipalsRequest) -> tuple[Operation, Resource, str]:
@@ -254,6 +261,7 @@ class NodeCore:
         self._background: set[asyncio.Task[Any]] = set()
         self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._background_proposals: set[str] = set()
+        self._lost_read_logged: dict[str, float] = {}
         self._storage_bytes = 0
         self._storage_checked = 0.0
         self._storage_full_logged = -STORAGE_FULL_LOG_EVERY_S
@@ -287,6 +295,7 @@ class NodeCore:
             api.AuthenticateRequest: (self._authenticate, on_cluster(Operation.CONNECT)),
             api.AclsRequest: (self._acls, on_cluster(Operation.GRANT)),
             api.QuotasRequest: (self._quotas, on_cluster(Operation.GRANT)),
+            api.ArchiveRequest: (self._archive, archive_scope),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -637,6 +646,9 @@ class NodeCore:
             self.cleaner.on_invalidate_message(header, sender)
         elif key == ApiKey.REASSIGNMENT:
             self.topics.on_moved_message(header, sender)
+        elif key == ApiKey.ARCHIVE_REPORT:
+            if self.archiver is not None:
+                self.archiver.on_report_message(header, sender)
         elif key == ApiKey.LIVENESS:
             self._on_heartbeat(sender, header)
         elif key == ApiKey.PEER_BATCH:
@@ -978,6 +990,7 @@ class NodeCore:
                     return self._fetch_answer(host, hw), BytesSlice(archived, req.offset)
             if req.offset < hlog.log_start_offset or req.offset > limit:
                 start = self.log_start_offset(host)
+                self._refuse_lost_range(host, req.offset, start, hw)
                 raise OffsetOutOfRange(
                     f"offset {req.offset} is outside [{start}, {limit}] of {host.group}",
                     log_start=start,
@@ -990,6 +1003,32 @@ class NodeCore:
             if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
                 return self._fetch_answer(host, hw), records
             await host.wait_for_change(remaining)
+
+    def _refuse_lost_range(self, host: PartitionHost, offset: int, start: int, hw: int) -> None:
+        """A read of what the archive's store lost is refused by name (ArchiveLost), never
+        passed off as retention's doing."""
+        if self.archiver is None or not host.config.remote_storage_enable:
+            return
+        lost = self.archiver.lost_range(host, offset)
+        if lost is None:
+            return
+        if self._lost_read_logged.get(host.group, -1e9) < time.monotonic() - 10:
+            self._lost_read_logged[host.group] = time.monotonic()
+            log.warning(
+                "%s: a reader asked for offset %d, in [%d, %d), which the archive %s lost",
+                host.group,
+                offset,
+                *lost,
+                self.archiver.url,
+            )
+        raise ArchiveLost(
+            f"offset {offset} of {host.group} is in [{lost[0]}, {lost[1]}), which the archive "
+            f"{self.archiver.url} lost; the log now starts at {start}",
+            log_start=start,
+            high_watermark=hw,
+            lost_start=lost[0],
+            lost_end=lost[1],
+        )
 
     def _fetch_answer(self, host: PartitionHost, hw: int) -> api.FetchResponse:
         return api.FetchResponse(
@@ -1379,6 +1418,25 @@ class NodeCore:
             **self.describe_listeners(),
         }
         return api.StatusResponse(self.node_id, partitions, metadata, node, len(chosen) > limit)
+
+    async def _archive(self, req: api.ArchiveRequest, payload: bytes) -> api.ArchiveResponse:
+        """The archive as the metadata log records it; an operator's accepted loss."""
+        if req.op not in ("describe", "accept_loss"):
+            raise InvalidRequest(f"unknown archive op {req.op!r} (describe, accept_loss)")
+        accepted: list[dict[str, Any]] = []
+        if req.op == "accept_loss":
+            if self.archiver is None:
+                raise ArchiveError(f"node {self.node_id} archives nothing (no --archive)")
+            host = self.metadata_host
+            if not host.replica.is_leader:
+                raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
+            _, accepted = await self.archiver.accept_loss()
+        state = self.metadata
+        extents = []
+        for key, extent in sorted(state.archive_extents.items()):
+            topic, _, partition = key.rpartition("/")
+            extents.append({"topic": topic, "partition": int(partition), **extent})
+        return api.ArchiveResponse(state.archive_id, extents, accepted)
 
     def _elect_leaders(
         self, req: api.ElectLeadersRequest, payload: bytes

@@ -50,6 +50,8 @@ class ApiKey(enum.IntEnum):
     QUOTAS = 111  # set, list, remove quotas (Kafka: AlterClientQuotas, DescribeClientQuotas)
     LIVENESS = 112  # a node's heartbeat to each peer (replication/liveness.py)
     PEER_BATCH = 113  # the one-way messages a node has for one peer at once, in one frame
+    ARCHIVE = 114  # the archive as the cluster recorded it; an operator accepts a loss
+    ARCHIVE_REPORT = 115  # a partition leader tells the metadata leader its archive's extent
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -61,6 +63,7 @@ PEER_ONLY_MESSAGES = frozenset(
         ApiKey.REASSIGNMENT,
         ApiKey.LIVENESS,
         ApiKey.PEER_BATCH,
+        ApiKey.ARCHIVE_REPORT,
     }
 )
 
@@ -403,6 +406,23 @@ class ElectLeadersResponse:
 
 
 @dataclass(frozen=True)
+class ArchiveRequest:
+    """describe: the archive as the metadata log records it. accept_loss: the store's present
+    contents are the truth from now on; every range it lost is recorded (to the metadata
+    leader)."""
+
+    op: str  # describe | accept_loss
+
+
+@dataclass(frozen=True)
+class ArchiveResponse:
+    archive_id: str
+    # per partition: topic, partition, topic_id, start_offset, end_offset, lost [[start, end]]
+    extents: list[dict[str, Any]]
+    accepted: list[dict[str, Any]]  # accept_loss: what was recorded lost now
+
+
+@dataclass(frozen=True)
 class TableRequest:
     op: str  # get | scan
     topic: str
@@ -444,6 +464,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.AUTHENTICATE: AuthenticateRequest,
     ApiKey.ACLS: AclsRequest,
     ApiKey.QUOTAS: QuotasRequest,
+    ApiKey.ARCHIVE: ArchiveRequest,
 }
 
 T = TypeVar("T")

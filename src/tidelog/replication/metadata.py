@@ -199,6 +199,12 @@ class MetadataState:
     acls: dict[str, dict[str, str]] = field(default_factory=dict)
     acls_changed: int = 0  # counts changes: readers cache what they made of `acls`
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)  # principal -> limits
+    # The archive as the cluster recorded it, where the store cannot lose it: the identity of
+    # the store's contents (cluster.json's archive_id), and per partition "TOPIC/PARTITION" what
+    # the store holds and what it lost: {"topic_id", "start_offset", "end_offset", "lost":
+    # [[start, end], ...]}. A store that comes back without it is ArchiveLost (node/archiver.py).
+    archive_id: str = ""
+    archive_extents: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicMeta:
         meta = self.topics.get(name)
@@ -246,6 +252,8 @@ class MetadataState:
                 return None  # not the incarnation the command meant
             if kind == "delete_topic":
                 del self.topics[name]
+                for key in [k for k in self.archive_extents if k.rpartition("/")[0] == name]:
+                    del self.archive_extents[key]
                 for cursor in [c for c in self.cursors.values() if c.topic == name]:
                     del self.cursors[cursor.name]  # a cursor on a topic gone holds nothing
             elif kind == "alter_topic":
@@ -261,6 +269,8 @@ class MetadataState:
             return name
         if kind in NODE_COMMANDS:
             self._change_nodes(kind, command)
+        elif kind in ARCHIVE_COMMANDS:
+            self._change_archive(kind, command)
         elif kind == "create_cursor" and name not in self.cursors:
             positions = {int(p): int(o) for p, o in dict(command.get("positions", {})).items()}
             self.cursors[name] = Cursor(
@@ -344,6 +354,52 @@ class MetadataState:
             del self.nodes[node.node_id]
             self.removed_nodes.add(node.node_id)
 
+    def _change_archive(self, kind: str, command: dict[str, Any]) -> None:
+        """The archive's identity and extents: an extent only grows (a leader's report older
+        than one applied changes nothing); only an operator's accepted loss shrinks one, and
+        records what was lost."""
+        archive_id = str(command.get("archive_id", ""))
+        if kind == "archive_claimed":
+            if not self.archive_id:
+                self.archive_id = archive_id
+            return
+        if kind == "archive_loss_accepted":
+            self.archive_id = archive_id
+            for loss in command.get("lost", []):
+                key = f"{loss['name']}/{int(loss['partition'])}"
+                before = self.archive_extents.get(key, {})
+                lost = [list(r) for r in before.get("lost", [])]
+                start, end = int(loss["start_offset"]), int(loss["end_offset"])
+                if end > start:
+                    lost.append([start, end])
+                self.archive_extents[key] = {
+                    "topic_id": int(loss["topic_id"]),
+                    "start_offset": int(loss["now_start"]),
+                    "end_offset": int(loss["now_end"]),
+                    "lost": lost,
+                }
+            return
+        # archive_extent: a partition leader's manifest as it wrote it
+        name, topic_id = str(command.get("name")), int(command.get("topic_id", -1))
+        meta = self.topics.get(name)
+        if meta is None or meta.topic_id != topic_id or archive_id != self.archive_id:
+            return
+        key = f"{name}/{int(command.get('partition', -1))}"
+        start, end = int(command.get("start_offset", -1)), int(command.get("end_offset", -1))
+        old = self.archive_extents.get(key)
+        if old is not None and old["topic_id"] == topic_id:
+            if end < old["end_offset"] or start < old["start_offset"]:
+                return
+            lost = old["lost"]
+        else:
+            lost = []
+        self.archive_extents[key] = {
+            "topic_id": topic_id,
+            "start_offset": start,
+            "end_offset": end,
+            "lost": lost,
+        }
+
     def hosted_on(self, node_id: int) -> list[tuple[str, int]]:
         """The partitions that keep a replica on a node (assigned there, or moving off it)."""
         return [
@@ -396,6 +452,7 @@ class MetadataState:
             "principals": self.principals,
             "acls": list(self.acls.values()),
             "quotas": self.quotas,
+            "archive": {"archive_id": self.archive_id, "extents": self.archive_extents},
         }
 
     @staticmethod
@@ -415,6 +472,11 @@ class MetadataState:
         state.quotas = {
             str(k): {str(q): float(r) for q, r in dict(v).items()}
             for k, v in dict(data.get("quotas", {})).items()
+        }
+        archive = dict(data.get("archive", {}))
+        state.archive_id = str(archive.get("archive_id", ""))
+        state.archive_extents = {
+            str(k): dict(v) for k, v in dict(archive.get("extents", {})).items()
         }
         for a in data.get("acls", []):
             acl = {str(k): str(v) for k, v in dict(a).items()}
@@ -438,6 +500,7 @@ def topic_command(meta: TopicMeta, kind: str, **fields: Any) -> dict[str, Any]:
 
 
 NODE_COMMANDS = frozenset({"register_nodes", "add_node", "drain_node", "remove_node"})
+ARCHIVE_COMMANDS = frozenset({"archive_claimed", "archive_extent", "archive_loss_accepted"})
 
 
 def node_conflict(state: MetadataState, entry: NodeEntry) -> str:
