@@ -877,3 +877,22 @@ def test_what_a_node_writes_is_its_own(tmp_path: Path) -> None:
     assert len(made) > 5
     loose = [(str(p), oct(p.stat().st_mode & 0o777)) for p in made if p.stat().st_mode & 0o077]
     assert not loose, loose
+
+
+def test_nodes_of_a_cluster_without_a_secret_refuse_to_start_and_say_what_to_add(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: three nodes started as the README shows but without --cluster-secret-file
+    each formatted a cluster id of their own and refused each other forever; `topics create`
+    answered NotLeader until the user gave up. Now such a node refuses to start and names the
+    flag; with the secret, or the same --cluster-id, the same command works."""
+    from helpers import run_tidelog
+
+    ports = free_ports(3)
+    peers = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
+    serve = ["serve", "--node-id", "1", "--listen", f"127.0.0.1:{ports[0]}", "--peers", peers]
+    refused = run_tidelog(*serve, "--data", str(tmp_path / "n1"))
+    assert refused.returncode != 0
+    assert "InvalidConfig" in refused.stderr and "--cluster-secret-file" in refused.stderr
+    assert "token_hex" in refused.stderr  # how to make one
+    assert not (tmp_path / "n1" / "meta.properties").exists()  # nothing formatted

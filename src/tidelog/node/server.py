@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidelog.errors import InvalidConfig
 from tidelog.node.access import Principal
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
@@ -34,7 +35,7 @@ from tidelog.node.partition import PartitionHost
 from tidelog.replication.metadata import MetadataState
 from tidelog.scram import seed_decoys
 from tidelog.storage.descriptors import SEGMENT_FILES, capacity_for
-from tidelog.storage.identity import load_or_format
+from tidelog.storage.identity import load_or_format, read_identity
 
 if TYPE_CHECKING:
     from tidelog.kafka.broker import KafkaBroker
@@ -181,6 +182,21 @@ class Node:
         node or cluster; formatted if new. A cluster without an explicit id formats its nodes
         with one derived from the cluster secret, so that they agree without being told."""
         config = self.config
+        if (
+            len(config.voters) > 1
+            and not config.cluster_secret
+            and not config.cluster_id
+            and read_identity(data) is None
+        ):
+            # Each would format a cluster id of its own and refuse the others forever
+            # (InconsistentClusterId every 0.3 s, topics create answering NotLeader).
+            raise InvalidConfig(
+                f"node {self.node_id} is one of {len(config.voters)} nodes (--peers) but has no "
+                "--cluster-secret-file: give every node the same secret file, made once with "
+                '`python3 -c "import secrets; print(secrets.token_hex(32))" > cluster.secret` '
+                "(or TIDELOG_CLUSTER_SECRET), or, on a trusted network, the same --cluster-id ID",
+                key="cluster_secret_file",
+            )
         derived = ""
         if config.cluster_secret:
             digest = hashlib.sha256(b"tidelog cluster id|" + config.cluster_secret).hexdigest()
