@@ -430,6 +430,7 @@ def test_a_group_outlives_its_coordinator_without_a_rebalance(cluster: LocalClus
         consumer.close()
 
 
+@pytest.mark.filterwarnings("ignore:alter_configs has been deprecated")
 def test_admin_clients_list_groups_on_any_node_and_get_kafkas_error_codes(
     cluster: LocalCluster,
 ) -> None:
@@ -457,3 +458,16 @@ def test_admin_clients_list_groups_on_any_node_and_get_kafkas_error_codes(
         futures["too-many-copies"].result(30)
     error = info.value.args[0]
     assert error.code() == confluent_kafka.KafkaError.INVALID_REPLICATION_FACTOR, error
+    # AlterConfigs (33), the whole-set kind kafkajs has (confluent's alter_configs too): the
+    # topic's overrides become exactly those given, the others go back to their defaults.
+    create_topic(cluster, "altered", 1, **{"retention.ms": "600000"})
+    whole = ConfigResource("topic", "altered", set_config={"max.message.bytes": "200000"})
+    admin.alter_configs([whole])[whole].result(30)
+    described = admin.describe_configs([ConfigResource("topic", "altered")])
+    configs = next(iter(described.values())).result(30)
+    assert configs["max.message.bytes"].value == "200000"
+    assert configs["retention.ms"].value == str(7 * 24 * 3600 * 1000)  # back to its default
+    bad = ConfigResource("topic", "altered", set_config={"retention.ms": "soon"})
+    with pytest.raises(Exception) as info:
+        admin.alter_configs([bad], validate_only=True)[bad].result(30)
+    assert info.value.args[0].code() == confluent_kafka.KafkaError.INVALID_CONFIG

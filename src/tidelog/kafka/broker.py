@@ -50,6 +50,7 @@ from tidelog.replication.metadata import (
     Cursor,
     MetadataState,
     default_replication_factor,
+    validate_alter,
 )
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class KafkaBroker:
             21: self.delete_records,
             22: self.init_producer_id,
             32: self.describe_configs,
+            33: self.alter_configs,
             37: self.create_partitions,
             42: self.delete_groups,
             44: self.incremental_alter_configs,
@@ -710,6 +712,30 @@ class KafkaBroker:
                 entry["error_message"] = "only topic and broker configs are described"
             results.append(entry)
         return {"throttle_time_ms": 0, "results": results}
+
+    async def alter_configs(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """The older, whole-set AlterConfigs (kafkajs, kafka-python and confluent's
+        alter_configs use it): a topic's configs become exactly those given; every override
+        not named goes back to its default, as in Kafka."""
+        responses = []
+        for resource in req.body.resources:
+            entry = resource_entry(resource)
+            try:
+                if resource.resource_type != TOPIC_RESOURCE:
+                    raise InvalidRequest("only topic configs are altered here")
+                sets = {c.name: c.value or "" for c in resource.configs}
+                meta = self.core.metadata.topic(resource.resource_name)
+                deletes = sorted(set(meta.configs) - set(sets))
+                if req.body.validate_only:
+                    validate_alter(self.core.metadata, resource.resource_name, sets, deletes)
+                else:
+                    await self._admin(
+                        principal, api.AlterTopicRequest(resource.resource_name, sets, deletes)
+                    )
+            except TidelogError as exc:
+                refuse(entry, exc, kerr.NOT_CONTROLLER)
+            responses.append(entry)
+        return {"throttle_time_ms": 0, "responses": responses}
 
     async def incremental_alter_configs(self, principal: Principal, req: KafkaRequest) -> Answer:
         responses = []

@@ -55,6 +55,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     21: (0, 2),  # DeleteRecords
     22: (0, 4),  # InitProducerId
     32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs (kafkajs has only this one)
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
