@@ -3,16 +3,29 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+JS_STAMP := tests/js/node_modules/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium sim-sweep fuzz
+.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium node sim-sweep fuzz
 
-setup: $(STAMP)
+setup: $(STAMP) $(JS_STAMP)
 
 $(STAMP): pyproject.toml $(wildcard src/tidelog/record/*.c src/tidelog/record/*.h) | java kcat cc chromium
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip==24.3.1
 	$(BIN)/python -m pip install --quiet -e '.[spark,dev]'
 	@touch $(STAMP)
+
+# kafkajs (tests/js, pinned by its package-lock.json) is one of the Kafka clients the client
+# library tests use: node.js and npm are expected on the machine, installed with apt if missing.
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json | node
+	cd tests/js && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(JS_STAMP)
+
+node:
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "npm not found: installing nodejs and npm"; \
+	  (sudo -n true 2>/dev/null && SUDO=sudo || SUDO=); \
+	  $$SUDO apt-get install -y -qq nodejs npm || { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq nodejs npm; }; }
 
 # Spark needs a JVM: Java 17 is expected on the machine, installed with apt if missing.
 java:

@@ -1,15 +1,17 @@
 """Kafka client libraries nobody here wrote, against a 3-node cluster's Kafka ports: kafka-python,
-aiokafka, confluent-kafka (librdkafka) and kcat each create a topic, produce keys and headers with
+aiokafka, confluent-kafka (librdkafka), kcat and kafkajs (node.js, tests/js) each create a topic, produce keys and headers with
 every codec, consume from the earliest offset and from a timestamp in a group, commit, and after
 a restart resume from the committed offset, which is a tidelog cursor named after the group."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -394,3 +396,37 @@ def test_kcat(cluster: LocalCluster) -> None:
     assert sum(positions.values()) == len(plan.first) + len(plan.second)
     produce([("none", r) for r in plan.third])
     assert sorted(r for _, _, r in group_read()) == sorted(plan.third)
+
+
+JS = Path(__file__).parent / "js"
+
+
+def test_kafkajs(cluster: LocalCluster) -> None:
+    """kafkajs 2.2.4 (node.js, tests/js): createTopics, alterConfigs (it has no incremental
+    one), describeConfigs, an idempotent producer with gzip, a group that reads everything and
+    commits, listGroups on a 3-node cluster, fetchOffsets."""
+    done = subprocess.run(
+        ["node", str(JS / "kafkajs_client.js"), cluster.kafka_bootstrap, "js-topic", "js-group"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["retention"] == "3600000"
+    got = result["got"]
+    assert sorted(int(m["value"][1:]) for m in got) == list(range(60))  # each once
+    assert all(
+        m["key"] == "k" + m["value"][1:] and m["header"] == "x" + m["value"][1:] for m in got
+    )
+    assert "js-group" in result["groups"]
+    ends = {
+        p: 1 + max(m["offset"] for m in got if m["partition"] == p)
+        for p in {m["partition"] for m in got}
+    }
+    assert {
+        o["partition"]: o["offset"] for o in result["offsets"] if o["partition"] in ends
+    } == ends
+    with Client(cluster.bootstrap) as client:  # the group's offsets are a tidelog cursor
+        cursor = next(c for c in client.cursors() if c["name"] == "js-group")
+        assert {int(p): o for p, o in cursor["positions"].items() if int(p) in ends} == ends
