@@ -1,5 +1,5 @@
 """Kafka client libraries nobody here wrote, against a 3-node cluster's Kafka ports: kafka-python,
-aiokafka, confluent-kafka (librdkafka), kcat and kafkajs (node.js, tests/js) each create a topic, produce keys and headers with
+aiokafka, confluent-kafka (librdkafka), kcat, kafkajs and @platformatic/kafka (node.js, tests/js) each create a topic, produce keys and headers with
 every codec, consume from the earliest offset and from a timestamp in a group, commit, and after
 a restart resume from the committed offset, which is a tidelog cursor named after the group."""
 
@@ -401,32 +401,63 @@ def test_kcat(cluster: LocalCluster) -> None:
 JS = Path(__file__).parent / "js"
 
 
-def test_kafkajs(cluster: LocalCluster) -> None:
-    """kafkajs 2.2.4 (node.js, tests/js): createTopics, alterConfigs (it has no incremental
-    one), describeConfigs, an idempotent producer with gzip, a group that reads everything and
-    commits, listGroups on a 3-node cluster, fetchOffsets."""
+def run_js(cluster: LocalCluster, script: str, topic: str, group: str) -> dict[str, Any]:
+    """A node.js client script of tests/js against the cluster: its JSON line."""
     done = subprocess.run(
-        ["node", str(JS / "kafkajs_client.js"), cluster.kafka_bootstrap, "js-topic", "js-group"],
+        ["node", str(JS / script), cluster.kafka_bootstrap, topic, group],
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def check_js(
+    cluster: LocalCluster, result: dict[str, Any], group: str, count: int
+) -> dict[int, int]:
+    """Every record once with its key and header, the topic's altered config, the group listed;
+    the offsets the group committed (as the client sees them) are a tidelog cursor's."""
     assert result["retention"] == "3600000"
     got = result["got"]
-    assert sorted(int(m["value"][1:]) for m in got) == list(range(60))  # each once
+    assert sorted(int(m["value"][1:]) for m in got) == list(range(count))  # each once
     assert all(
         m["key"] == "k" + m["value"][1:] and m["header"] == "x" + m["value"][1:] for m in got
     )
-    assert "js-group" in result["groups"]
+    assert group in result["groups"]
     ends = {
         p: 1 + max(m["offset"] for m in got if m["partition"] == p)
         for p in {m["partition"] for m in got}
     }
+    with Client(cluster.bootstrap) as client:
+        cursor = next(c for c in client.cursors() if c["name"] == group)
+        assert {int(p): o for p, o in cursor["positions"].items() if int(p) in ends} == ends
+    return ends
+
+
+def test_kafkajs(cluster: LocalCluster) -> None:
+    """kafkajs 2.2.4 (node.js, tests/js): createTopics, alterConfigs (it has no incremental
+    one), describeConfigs, an idempotent producer with gzip, a group that reads everything and
+    commits, listGroups on a 3-node cluster, fetchOffsets."""
+    result = run_js(cluster, "kafkajs_client.js", "js-topic", "js-group")
+    ends = check_js(cluster, result, "js-group", 60)
     assert {
         o["partition"]: o["offset"] for o in result["offsets"] if o["partition"] in ends
     } == ends
-    with Client(cluster.bootstrap) as client:  # the group's offsets are a tidelog cursor
-        cursor = next(c for c in client.cursors() if c["name"] == "js-group")
-        assert {int(p): o for p, o in cursor["positions"].items() if int(p) in ends} == ends
+
+
+def test_platformatic_kafka(cluster: LocalCluster) -> None:
+    """@platformatic/kafka 2.12.1 (node.js, tests/js): createTopics, alterConfigs,
+    describeConfigs, a producer, a group consuming from the earliest offset with autocommit,
+    listGroups on a 3-node cluster, listConsumerGroupOffsets."""
+    result = run_js(cluster, "platformatic_client.mjs", "platformatic-topic", "platformatic-group")
+    ends = check_js(cluster, result, "platformatic-group", 30)
+    (listed,) = result["offsets"]
+    committed = {
+        p["partitionIndex"]: p["committedOffset"]
+        for t in listed["topics"]
+        for p in t["partitions"]
+        if p["partitionIndex"] in ends
+    }
+    assert committed == ends
