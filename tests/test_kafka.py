@@ -9,6 +9,7 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -471,3 +472,90 @@ def test_admin_clients_list_groups_on_any_node_and_get_kafkas_error_codes(
     with pytest.raises(Exception) as info:
         admin.alter_configs([bad], validate_only=True)[bad].result(30)
     assert info.value.args[0].code() == confluent_kafka.KafkaError.INVALID_CONFIG
+
+
+def kafka_call(port: int, api_key: int, version: int, body: dict[str, Any]) -> Any:
+    """One request (a mapping fitted to kio's class of that api and version) to a node's Kafka
+    port, and its parsed answer."""
+    import io
+
+    from kio.index import load_request_schema
+    from kio.serial import entity_writer
+
+    from tidelog.kafka.codec import build
+
+    schema = load_request_schema(api_key, version)
+    out = io.BytesIO()
+    header = schema.__header_schema__(
+        request_api_key=api_key, request_api_version=version, correlation_id=9, client_id="t"
+    )
+    entity_writer(schema.__header_schema__)(out, header)
+    entity_writer(schema)(out, build(schema, body))
+    request = out.getvalue()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "the node closed the connection"
+            data += chunk
+    view = memoryview(data)[4:]
+    response = load_response_schema(api_key, version)
+    _, used = entity_reader(response.__header_schema__)(view, 0)
+    return entity_reader(response)(view[used:], 0)[0]
+
+
+def test_fetch_by_topic_id_and_offset_fetch_of_several_groups(cluster: LocalCluster) -> None:
+    """Issue 32: Kafka >= 3.5 serves Fetch 13+ (topics by id, KIP-516) and OffsetFetch 8+
+    (several groups in one request); clients that speak only those could not consume."""
+    create_topic(cluster, "by-id", 1)
+    with Client(cluster.bootstrap) as client:
+        client.produce("by-id", [b"a", b"b", b"c"], partition=0)
+    port = next(iter(cluster.kafka_ports.values()))
+    meta = kafka_call(port, 3, 12, {"topics": [{"name": "by-id"}]})
+    (topic,) = meta.topics
+    leader = topic.partitions[0].leader_id
+    topic_id = topic.topic_id
+    for version in (13, 15, 16):
+        fetch = {
+            "max_wait": 100,
+            "min_bytes": 1,
+            "topics": [
+                {
+                    "topic_id": topic_id,
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                    ],
+                },
+                {
+                    "topic_id": uuid.uuid4(),
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                    ],
+                },
+            ],
+        }
+        answer = kafka_call(cluster.kafka_ports[leader], 1, version, fetch)
+        found = {r.topic_id: r.partitions[0] for r in answer.responses}
+        assert found[topic_id].error_code == 0 and found[topic_id].high_watermark == 3
+        assert found[topic_id].records and len(found[topic_id].records) > 30
+        assert [p.error_code for t, p in found.items() if t != topic_id] == [
+            100
+        ]  # UNKNOWN_TOPIC_ID
+
+    # Two groups' offsets in one OffsetFetch v8/v9, from whichever node coordinates groups.
+    for group, offset in (("first-group", 1), ("second-group", 3)):
+        committer = Consumer(kafka_config(cluster, **{"group.id": group}))
+        committer.commit(offsets=[TopicPartition("by-id", 0, offset)], asynchronous=False)
+        committer.close()
+    for version in (8, 9):
+        wanted = {
+            "groups": [
+                {"group_id": g, "topics": [{"name": "by-id", "partition_indexes": [0]}]}
+                for g in ("first-group", "second-group", "no-such-group")
+            ]
+        }
+        answers = [kafka_call(p, 9, version, wanted) for p in cluster.kafka_ports.values()]
+        answer = next(a for a in answers if all(g.error_code == 0 for g in a.groups))
+        offsets = {g.group_id: g.topics[0].partitions[0].committed_offset for g in answer.groups}
+        assert offsets == {"first-group": 1, "second-group": 3, "no-such-group": -1}

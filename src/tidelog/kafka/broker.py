@@ -140,6 +140,7 @@ class KafkaBroker:
         self.view = ClusterView(core, advertised)
         self.groups = GroupCoordinator(self._keep_group)
         self._coordinator_epoch = -1
+        self._names_by_id: tuple[int, dict[Any, str]] = (-1, {})
         self.handlers: dict[int, Handler] = {
             0: self.produce,
             1: self.fetch,
@@ -416,11 +417,23 @@ class KafkaBroker:
         """Kafka's fetch over the core's per-partition fetch: answer at once when min_bytes
         are there (or an error), else wait for the first partition with news, up to max_wait."""
         body = req.body
-        wanted = [
-            (topic.topic, part.partition, int(part.fetch_offset), int(part.partition_max_bytes))
-            for topic in body.topics
-            for part in topic.partitions
-        ]
+        # Fetch 13+ names topics by their id (KIP-516): unknown ids are UNKNOWN_TOPIC_ID.
+        by_id = req.api_version >= 13
+        names = self._topic_names_by_id() if by_id else {}
+        ids: dict[str, Any] = {}
+        unknown: list[Any] = []
+        wanted: list[tuple[str, int, int, int]] = []
+        for topic in body.topics:
+            name = names.get(topic.topic_id, "") if by_id else topic.topic
+            if by_id:
+                if not name:
+                    unknown.append(topic)
+                    continue
+                ids[name] = topic.topic_id
+            wanted.extend(
+                (name, part.partition, int(part.fetch_offset), int(part.partition_max_bytes))
+                for part in topic.partitions
+            )
         max_wait_ms = min(max(millis(body.max_wait), 0), FETCH_WAIT_MAX_MS)
         replica_read = req.api_version >= 11  # KIP-392: a follower serves what it has committed
         results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
@@ -469,12 +482,42 @@ class KafkaBroker:
                 entry["log_start_offset"] = response.log_start_offset
                 entry["records"] = records or b""
             by_topic.setdefault(topic, []).append(entry)
+        responses = [
+            {"topic": t, "topic_id": ids.get(t), "partitions": ps} for t, ps in by_topic.items()
+        ]
+        for topic in unknown:
+            unknown_entries = [
+                {
+                    "partition_index": part.partition,
+                    "error_code": kerr.UNKNOWN_TOPIC_ID,
+                    "high_watermark": -1,
+                    "last_stable_offset": -1,
+                    "log_start_offset": -1,
+                    "records": b"",
+                }
+                for part in topic.partitions
+            ]
+            responses.append({"topic_id": topic.topic_id, "partitions": unknown_entries})
         return {
             "throttle_time_ms": 0,
             "error_code": kerr.NONE,
             "session_id": 0,  # no incremental fetch session: every fetch names its partitions
-            "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+            "responses": responses,
         }
+
+    def _topic_names_by_id(self) -> dict[Any, str]:
+        """Kafka topic ids (uuids, as Metadata gives them) to names, made once per metadata."""
+        state = self.core.metadata
+        if self._names_by_id[0] != state.applied_offset:
+            cluster_id = self.core.identity.cluster_id
+            self._names_by_id = (
+                state.applied_offset,
+                {
+                    topic_uuid(cluster_id, name, meta.topic_id): name
+                    for name, meta in state.topics.items()
+                },
+            )
+        return self._names_by_id[1]
 
     async def _fetch_round(
         self,
@@ -1022,20 +1065,34 @@ class KafkaBroker:
         await self._call(principal, api.CursorRequest("commit", name, topic, wire))
 
     async def offset_fetch(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """A group's committed offsets (its cursors); v8+ asks for several groups at once."""
         body = req.body
+        if req.api_version < 8:
+            topics, code = self._group_offsets(principal, body.group_id, body.topics)
+            return {"throttle_time_ms": 0, "topics": topics, "error_code": code}
+        groups = []
+        for group in body.groups:
+            topics, code = self._group_offsets(principal, group.group_id, group.topics)
+            groups.append({"group_id": group.group_id, "topics": topics, "error_code": code})
+        return {"throttle_time_ms": 0, "groups": groups}
+
+    def _group_offsets(
+        self, principal: Principal, group_id: str, asked: Any
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One group's offsets for the topics asked (None: every topic it has offsets on)."""
         try:
             self._check_coordinator()
         except GroupError as exc:
-            return {"throttle_time_ms": 0, "topics": [], "error_code": exc.code}
+            return [], exc.code
         state = self.core.metadata
         wanted: list[tuple[str, list[int] | None]]
-        if body.topics is None:
-            wanted = [(c.topic, None) for c in group_cursors(state, body.group_id)]
+        if asked is None:
+            wanted = [(c.topic, None) for c in group_cursors(state, group_id)]
         else:
-            wanted = [(t.name, list(t.partition_indexes)) for t in body.topics]
+            wanted = [(t.name, list(t.partition_indexes)) for t in asked]
         topics = []
         for name, partitions in wanted:
-            cursor = state.cursors.get(group_cursor(state, body.group_id, name))
+            cursor = state.cursors.get(group_cursor(state, group_id, name))
             positions = cursor.positions if cursor is not None and cursor.topic == name else {}
             listed = sorted(positions) if partitions is None else partitions
             # A group's offsets are read on their topic, as its cursor's are.
@@ -1061,7 +1118,7 @@ class KafkaBroker:
                     ],
                 }
             )
-        return {"throttle_time_ms": 0, "topics": topics, "error_code": kerr.NONE}
+        return topics, kerr.NONE
 
 
 def _empty_fetch(broker: KafkaBroker, topic: str, partition: int) -> api.FetchResponse:

@@ -31,16 +31,17 @@ from tidelog.kafka.bounds import check_request
 from tidelog.protocol.framing import FrameDecoder
 
 # api key -> (lowest, highest) version served. Upper bounds stop before versions whose meaning
-# tidelog does not implement: Fetch 13+ and OffsetCommit/OffsetFetch 9+ name topics by UUID or
-# use KIP-848's group protocol; ListOffsets 7+ asks for the max-timestamp spec; Produce 10+
-# wants leader endpoints on errors. Clients negotiate down to these, as with any Kafka broker.
+# tidelog does not implement: Fetch 17 carries KIP-853's replica directory ids; OffsetCommit 9+
+# and OffsetFetch 10+ use KIP-848's group protocol or topic ids; ListOffsets 7+ asks for the
+# max-timestamp spec; Produce 10+ wants leader endpoints on errors. Clients negotiate down to
+# these, as with any Kafka broker. Fetch 13-16 name topics by the ids Metadata gives.
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     0: (3, 9),  # Produce
-    1: (4, 12),  # Fetch
+    1: (4, 16),  # Fetch (13+: topics by id)
     2: (1, 6),  # ListOffsets
     3: (0, 12),  # Metadata
     8: (2, 8),  # OffsetCommit
-    9: (1, 7),  # OffsetFetch
+    9: (1, 9),  # OffsetFetch (8+: several groups at once)
     10: (0, 4),  # FindCoordinator
     11: (0, 9),  # JoinGroup
     12: (0, 4),  # Heartbeat
