@@ -217,6 +217,33 @@ OPEN_REQUESTS = {
 }
 
 
+def test_group_acls_grant_only_their_groups() -> None:
+    """Kafka's GROUP resource: read on a group (or prefix) uses that group only, admin deletes
+    it; topic ACLs grant nothing on groups, nor group ACLs on topics."""
+    from tidelog.acls import Acl, Permission, Resource, permitted
+    from tidelog.errors import InvalidRequest
+
+    acls = [
+        Acl.of("alice", "read", group="billing"),
+        Acl.of("bob", "read", group_prefix="etl."),
+        Acl.of("carol", "read", "billing"),  # the topic billing, not the group
+        Acl.of("dave", "admin", group="billing"),
+    ]
+    billing = Resource.group("billing")
+    assert permitted(acls, "alice", Permission.READ, billing)
+    assert not permitted(acls, "alice", Permission.READ, Resource.group("billing2"))
+    assert not permitted(acls, "alice", Permission.READ, Resource.topic("billing"))
+    assert permitted(acls, "bob", Permission.READ, Resource.group("etl.daily"))
+    assert not permitted(acls, "carol", Permission.READ, billing)
+    assert permitted(acls, "dave", Permission.ADMIN, billing)
+    assert not permitted(acls, "dave", Permission.READ, billing)
+    assert str(acls[1]) == "bob: read on groups etl.*"
+    with pytest.raises(InvalidRequest):
+        Acl.of("alice", "write", group="billing")  # a group is used or deleted, not written
+    with pytest.raises(InvalidRequest):
+        Acl.of("alice", "read", "t", group="g")  # one resource
+
+
 def test_every_client_request_is_either_open_or_in_the_table() -> None:
     served = set(api.REQUEST_TYPES) - set(api.PEER_ONLY_MESSAGES)
     tabled = {key for _, key, _, _ in tidelog_requests()}
@@ -465,7 +492,9 @@ def error_codes(value: Any) -> set[int]:
 KAFKA_AUTHORIZATION_FAILED = {29, 30, 31}  # TOPIC_, GROUP_, CLUSTER_AUTHORIZATION_FAILED
 
 
-def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
+def kafka_requests(topic_id: Any = None) -> dict[int, tuple[str, dict[str, Any]]]:
+    """A request of each api the Kafka port serves, on the guarded topic (Fetch 13+ names it by
+    topic_id, as Metadata gives it)."""
     guarded = [{"name": GUARDED, "partitions": [{"partition_index": 0}]}]
     batch = batch_of(b"intruder")
     return {
@@ -488,6 +517,7 @@ def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
                 "topics": [
                     {
                         "topic": GUARDED,
+                        "topic_id": topic_id,
                         "partitions": [{"partition": 0, "partition_max_bytes": 1 << 20}],
                     }
                 ],
@@ -506,7 +536,14 @@ def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
         ),
         9: (
             "offset fetch",
-            {"group_id": "guarded-cursor", "topics": [{"name": GUARDED, "partition_indexes": [0]}]},
+            {
+                "groups": [
+                    {
+                        "group_id": "guarded-cursor",
+                        "topics": [{"name": GUARDED, "partition_indexes": [0]}],
+                    }
+                ]
+            },
         ),
         11: (
             "join group",
@@ -522,7 +559,6 @@ def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
         13: ("leave group", {"group_id": "g", "members": [{"member_id": "m"}]}),
         14: ("sync group", {"group_id": "g", "generation_id": 1, "member_id": "m"}),
         15: ("describe groups", {"groups": ["g"]}),
-        16: ("list groups", {}),
         19: (
             "create topics",
             {
@@ -546,6 +582,19 @@ def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
             "create partitions",
             {"timeout": 5000, "topics": [{"name": GUARDED, "count": 4}]},
         ),
+        33: (
+            "alter configs (the whole set)",
+            {
+                "resources": [
+                    {
+                        "resource_type": 2,
+                        "resource_name": GUARDED,
+                        "configs": [{"name": "retention.ms", "value": "1"}],
+                    }
+                ],
+                "validate_only": False,
+            },
+        ),
         42: ("delete groups", {"groups_names": ["guarded-cursor"]}),
         44: (
             "alter configs",
@@ -564,8 +613,9 @@ def kafka_requests() -> dict[int, tuple[str, dict[str, Any]]]:
 
 # Open on the Kafka port as on tidelog's: ApiVersions, Metadata (without auto-creation: that
 # is a create), FindCoordinator (a node's address), DescribeConfigs (a topic's settings),
-# DescribeCluster.
-KAFKA_OPEN = {18, 3, 10, 32, 60, 17, 36}  # and SaslHandshake, SaslAuthenticate
+# DescribeCluster; ListGroups answers, listing only the groups one may use (as Kafka's lists
+# only those one may describe).
+KAFKA_OPEN = {18, 3, 10, 32, 60, 17, 36, 16}  # and SaslHandshake, SaslAuthenticate
 
 
 def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Secured) -> None:
@@ -580,15 +630,23 @@ def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Sec
     stranger.load_cert_chain(
         secured.other_ca / "client-mallory.pem", secured.other_ca / "client-mallory.key"
     )
+    described = kafka_exchange(
+        port, anonymous, 3, {"topics": [{"name": GUARDED}], "allow_auto_topic_creation": False}
+    )
+    assert described is not None
+    topic_id = described["topics"][0]["topic_id"]
     # bob may write a topic (not this one): he may have a producer id, not write with it.
     for who, context, permitted in (("anonymous", anonymous, set()), ("bob", bob, {22})):
-        for key, (what, values) in kafka_requests().items():
+        for key, (what, values) in kafka_requests(topic_id).items():
             if key in permitted:
                 continue
             answer = kafka_exchange(port, context, key, values)
             assert answer is not None, (who, what, "closed instead of answered")
             codes = error_codes(answer)
             assert codes & KAFKA_AUTHORIZATION_FAILED, (who, what, answer)
+        for node_port in secured.cluster.kafka_ports.values():  # the coordinator among them
+            listed = kafka_exchange(node_port, context, 16, {})
+            assert listed is not None and not listed["groups"], (who, listed)
     # A wrong token over SASL (PLAIN, SCRAM): SASL_AUTHENTICATION_FAILED, then the connection
     # ends; the next request is never served.
     for mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
@@ -674,7 +732,27 @@ def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
     assert delivered and delivered[0] is not None
     assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
 
-    # alice reads with a group (its offsets need read on the topic: she has it).
+    # alice reads with a group: it needs read on the group (Kafka's GROUP resource; any
+    # reader of any topic could join, and so rebalance, any group) and on the topic.
+    refused = Consumer(
+        {**sasl("SCRAM-SHA-512", "alice", secret), "group.id": "alice-group"}
+        | {"auto.offset.reset": "earliest", "enable.auto.commit": False}
+    )
+    try:
+        refused.subscribe([OPEN_TO_ALL])
+        error = None
+        for _ in range(40):
+            message = refused.poll(0.5)
+            if message is not None and message.error() is not None:
+                error = message.error()
+                break
+        assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
+    finally:
+        refused.close()
+    with secured.admin() as admin:
+        admin.add_acl("alice", "read", group="alice-group")
+        listed = {a["resource"] + " " + a["name"] for a in admin.acls("alice")}
+        assert "group alice-group" in listed
     consumer = Consumer(
         {**sasl("SCRAM-SHA-512", "alice", secret), "group.id": "alice-group"}
         | {"auto.offset.reset": "earliest", "enable.auto.commit": False}

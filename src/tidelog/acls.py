@@ -12,6 +12,11 @@ Permissions on a topic, by what they let a principal do:
   write  produce
   admin  create, delete, alter configs, add partitions, reassign, elect leaders, delete records
 Admin on a topic does not imply read or write: deleting a topic's records is not reading them.
+
+Permissions on a Kafka consumer group (Kafka's GROUP resource), by name or prefix:
+  read   join, sync, heartbeat, leave, commit and fetch its offsets, describe and list it
+  admin  delete it
+A member also needs read on each topic whose offsets it commits or fetches, as in Kafka.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Permission(enum.Enum):
 class ResourceKind(enum.Enum):
     TOPIC = "topic"
     CLUSTER = "cluster"
+    GROUP = "group"  # a Kafka consumer group
 
 
 class Pattern(enum.Enum):
@@ -59,8 +65,14 @@ class Resource:
     def cluster() -> Resource:
         return Resource(ResourceKind.CLUSTER)
 
+    @staticmethod
+    def group(name: str) -> Resource:
+        return Resource(ResourceKind.GROUP, name)
+
     def __str__(self) -> str:
-        return "cluster" if self.kind is ResourceKind.CLUSTER else f"topic {self.name!r}"
+        return (
+            "cluster" if self.kind is ResourceKind.CLUSTER else f"{self.kind.value} {self.name!r}"
+        )
 
 
 PRINCIPAL_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,400}")  # subjects carry '=', ',' and spaces
@@ -83,7 +95,11 @@ class Acl:
             if self.pattern is not Pattern.LITERAL:
                 raise InvalidRequest("the cluster has no prefix")
         elif not self.name or len(self.name) > 249:
-            raise InvalidRequest("a topic ACL names a topic or a prefix (1..249 characters)")
+            raise InvalidRequest(
+                f"a {self.kind.value} ACL names a {self.kind.value} or a prefix (1..249 characters)"
+            )
+        elif self.kind is ResourceKind.GROUP and self.permission is Permission.WRITE:
+            raise InvalidRequest("a group has two permissions: read (use it), admin (delete it)")
 
     @staticmethod
     def of(
@@ -92,11 +108,17 @@ class Acl:
         topic: str | None = None,
         prefix: str | None = None,
         cluster: bool = False,
+        group: str | None = None,
+        group_prefix: str | None = None,
     ) -> Acl:
         """An ACL as a user names it: a permission on a topic, on every topic starting with a
-        prefix, or admin on the cluster (exactly one of the three)."""
-        if (topic is not None) + (prefix is not None) + cluster != 1:
-            raise InvalidRequest("an ACL is on one of: a topic, a topic prefix, the cluster")
+        prefix, on a consumer group or every group starting with a prefix, or admin on the
+        cluster (exactly one)."""
+        given = (topic, prefix, group, group_prefix)
+        if sum(g is not None for g in given) + cluster != 1:
+            raise InvalidRequest(
+                "an ACL is on one of: a topic, a topic prefix, a group, a group prefix, the cluster"
+            )
         try:
             granted = Permission(permission)
         except ValueError:
@@ -105,6 +127,10 @@ class Acl:
             ) from None
         if cluster:
             return Acl(principal, granted, ResourceKind.CLUSTER)
+        if group is not None:
+            return Acl(principal, granted, ResourceKind.GROUP, group)
+        if group_prefix is not None:
+            return Acl(principal, granted, ResourceKind.GROUP, group_prefix, Pattern.PREFIX)
         if prefix is not None:
             return Acl(principal, granted, ResourceKind.TOPIC, prefix, Pattern.PREFIX)
         return Acl(principal, granted, ResourceKind.TOPIC, str(topic))
@@ -112,7 +138,7 @@ class Acl:
     def covers(self, permission: Permission, resource: Resource) -> bool:
         if self.kind is ResourceKind.CLUSTER:
             return True  # cluster admin: everything
-        if resource.kind is not ResourceKind.TOPIC or permission is not self.permission:
+        if resource.kind is not self.kind or permission is not self.permission:
             return False
         if self.pattern is Pattern.PREFIX:
             return resource.name.startswith(self.name)
@@ -148,7 +174,8 @@ class Acl:
     def __str__(self) -> str:
         if self.kind is ResourceKind.CLUSTER:
             return f"{self.principal}: cluster admin"
-        where = f"topics {self.name}*" if self.pattern is Pattern.PREFIX else f"topic {self.name}"
+        kind = self.kind.value
+        where = f"{kind}s {self.name}*" if self.pattern is Pattern.PREFIX else f"{kind} {self.name}"
         return f"{self.principal}: {self.permission.value} on {where}"
 
 

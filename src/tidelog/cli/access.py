@@ -14,7 +14,7 @@ from tidelog.cli.connect import client_of
 from tidelog.cli.tables import table_lines
 from tidelog.node.quotas import check_limits
 
-RESOURCE_HELP = "exactly one of --topic, --topic-prefix, --cluster"
+RESOURCE_HELP = "exactly one of --topic, --topic-prefix, --group, --group-prefix, --cluster"
 
 
 def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
@@ -58,6 +58,10 @@ def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
         where = parser.add_mutually_exclusive_group(required=True)
         where.add_argument("--topic", help="one topic")
         where.add_argument("--topic-prefix", help="every topic whose name starts with this")
+        where.add_argument(
+            "--group", help="one Kafka consumer group (read: use it; admin: delete it)"
+        )
+        where.add_argument("--group-prefix", help="every group whose name starts with this")
         where.add_argument(
             "--cluster", action="store_true", help="the cluster (admin only: everything)"
         )
@@ -167,7 +171,8 @@ def print_listing(
 def describe_acl(acl: dict[str, Any]) -> str:
     if acl["resource"] == "cluster":
         return "cluster"
-    return f"topic {acl['name']}*" if acl["pattern"] == "prefix" else f"topic {acl['name']}"
+    kind = acl["resource"]
+    return f"{kind} {acl['name']}*" if acl["pattern"] == "prefix" else f"{kind} {acl['name']}"
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
@@ -183,6 +188,8 @@ def cmd_acl(args: argparse.Namespace) -> int:
                     args.topic,
                     prefix=args.topic_prefix,
                     cluster=args.cluster,
+                    group=args.group,
+                    group_prefix=args.group_prefix,
                 )
                 return 0
             print_listing(

@@ -782,13 +782,18 @@ class AsyncClient:
         *,
         prefix: str | None = None,
         cluster: bool = False,
+        group: str | None = None,
+        group_prefix: str | None = None,
     ) -> dict[str, Any]:
         """Grant principal a permission (read, write, admin) on a topic, on every topic whose
-        name starts with prefix, or admin on the cluster. Adding one twice keeps one."""
-        return await self._change_acl("add", Acl.of(principal, permission, topic, prefix, cluster))
+        name starts with prefix, on a Kafka consumer group (read: use it; admin: delete it) or
+        every group whose name starts with group_prefix, or admin on the cluster. Adding one
+        twice keeps one."""
+        acl = Acl.of(principal, permission, topic, prefix, cluster, group, group_prefix)
+        return await self._change_acl("add", acl)
 
     async def acls(self, principal: str | None = None) -> list[dict[str, Any]]:
-        """Every ACL (or one principal's): principal, permission, resource (topic|cluster),
+        """Every ACL (or one principal's): principal, permission, resource (topic|group|cluster),
         name, pattern (literal|prefix)."""
         request = api.AclsRequest("list", principal=principal or "")
         header = await self._to_metadata_leader(ApiKey.ACLS, request)  # read-your-writes
@@ -802,8 +807,11 @@ class AsyncClient:
         *,
         prefix: str | None = None,
         cluster: bool = False,
+        group: str | None = None,
+        group_prefix: str | None = None,
     ) -> None:
-        await self._change_acl("remove", Acl.of(principal, permission, topic, prefix, cluster))
+        acl = Acl.of(principal, permission, topic, prefix, cluster, group, group_prefix)
+        await self._change_acl("remove", acl)
 
     async def _change_acl(self, op: str, acl: Acl) -> dict[str, Any]:
         header = await self._to_metadata_leader(ApiKey.ACLS, api.AclsRequest(op, acl.to_wire()))

@@ -229,9 +229,19 @@ class Client:
         *,
         prefix: str | None = None,
         cluster: bool = False,
+        group: str | None = None,
+        group_prefix: str | None = None,
     ) -> dict[str, Any]:
         return self._run(
-            self._async.add_acl(principal, permission, topic, prefix=prefix, cluster=cluster)
+            self._async.add_acl(
+                principal,
+                permission,
+                topic,
+                prefix=prefix,
+                cluster=cluster,
+                group=group,
+                group_prefix=group_prefix,
+            )
         )
 
     def acls(self, principal: str | None = None) -> list[dict[str, Any]]:
@@ -245,9 +255,19 @@ class Client:
         *,
         prefix: str | None = None,
         cluster: bool = False,
+        group: str | None = None,
+        group_prefix: str | None = None,
     ) -> None:
         self._run(
-            self._async.remove_acl(principal, permission, topic, prefix=prefix, cluster=cluster)
+            self._async.remove_acl(
+                principal,
+                permission,
+                topic,
+                prefix=prefix,
+                cluster=cluster,
+                group=group,
+                group_prefix=group_prefix,
+            )
         )
 
     def archive(self) -> api.ArchiveResponse:

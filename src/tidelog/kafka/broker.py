@@ -122,10 +122,10 @@ def group_cursors(state: MetadataState, group: str) -> list[Cursor]:
 # Kafka requests the core does not authorize, by api key: consumer-group membership
 # (JoinGroup, Heartbeat, LeaveGroup, SyncGroup, ListGroups; DescribeGroups answers per group)
 # and InitProducerId. FindCoordinator is open: it names a node, as Metadata does.
-KAFKA_ONLY_OPERATIONS = {
-    **dict.fromkeys((11, 12, 13, 14, 16), Operation.GROUP),
-    22: Operation.PRODUCER_ID,
-}
+# What the core does not see, authorized here: membership of a group (JoinGroup, Heartbeat,
+# LeaveGroup, SyncGroup) needs read on the group; a producer id, write on some topic.
+GROUP_MEMBERSHIP = frozenset({11, 12, 13, 14})
+PRODUCER_ID_API = 22
 
 
 class NotControllerHere(TidelogError):
@@ -179,10 +179,15 @@ class KafkaBroker:
         # What the core does not see (groups' membership, producer ids) is authorized here;
         # everything else is, by the core, as it is for tidelog's protocol.
         self.core.require_started()
-        operation = KAFKA_ONLY_OPERATIONS.get(request.api_key)
-        if operation is not None:
-            self.core.access.authorize(principal, operation, Resource.cluster())
+        if request.api_key in GROUP_MEMBERSHIP:
+            group = Resource.group(str(request.body.group_id))
+            self.core.access.authorize(principal, Operation.GROUP, group)
+        elif request.api_key == PRODUCER_ID_API:
+            self.core.access.authorize(principal, Operation.PRODUCER_ID, Resource.cluster())
         return await self.handlers[request.api_key](principal, request)
+
+    def _may_use_group(self, principal: Principal, group_id: str) -> bool:
+        return self.core.access.allows(principal, Operation.GROUP, Resource.group(group_id))
 
     async def _call(self, principal: Principal, request: Any, payload: bytes = b"") -> Any:
         result = self.core.handle(principal, request, payload)
@@ -936,7 +941,7 @@ class KafkaBroker:
                 "authorized_operations": NO_AUTHORIZED_OPERATIONS,
             }
             try:
-                self.core.access.authorize(principal, Operation.GROUP, Resource.cluster())
+                self.core.access.authorize(principal, Operation.GROUP, Resource.group(group_id))
                 self._check_coordinator()
                 entry.update(self.groups.describe(group_id))
                 if entry["group_state"] == "Dead" and group_cursors(self.core.metadata, group_id):
@@ -971,7 +976,11 @@ class KafkaBroker:
                 "group_state": group.state.value,
             }
         states = set(getattr(req.body, "states_filter", ()) or ())
-        groups = [g for _, g in sorted(found.items()) if not states or g["group_state"] in states]
+        groups = [
+            g
+            for name, g in sorted(found.items())
+            if (not states or g["group_state"] in states) and self._may_use_group(principal, name)
+        ]
         return {"error_code": kerr.NONE, "groups": groups, "throttle_time_ms": 0}
 
     async def delete_groups(self, principal: Principal, req: KafkaRequest) -> Answer:
@@ -979,6 +988,8 @@ class KafkaBroker:
         for group_id in req.body.groups_names:
             entry: dict[str, Any] = {"group_id": group_id, "error_code": kerr.NONE}
             try:
+                resource = Resource.group(group_id)
+                self.core.access.authorize(principal, Operation.DELETE_GROUP, resource)
                 self._check_coordinator()
                 cursors = group_cursors(self.core.metadata, group_id)
                 if not cursors and group_id not in self.groups.groups:
@@ -1008,6 +1019,8 @@ class KafkaBroker:
         body = req.body
         code = kerr.NONE
         try:
+            if not self._may_use_group(principal, body.group_id):
+                raise GroupError(kerr.GROUP_AUTHORIZATION_FAILED, f"group {body.group_id}")
             self._check_group_id(body.group_id)
             self._check_coordinator()
             generation = int(
@@ -1080,6 +1093,8 @@ class KafkaBroker:
         self, principal: Principal, group_id: str, asked: Any
     ) -> tuple[list[dict[str, Any]], int]:
         """One group's offsets for the topics asked (None: every topic it has offsets on)."""
+        if not self._may_use_group(principal, group_id):
+            return [], kerr.GROUP_AUTHORIZATION_FAILED
         try:
             self._check_coordinator()
         except GroupError as exc:

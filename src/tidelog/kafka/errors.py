@@ -66,7 +66,8 @@ NONE = 0
 UNKNOWN_SERVER_ERROR = -1
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
-UNKNOWN_TOPIC_ID = 100  # Fetch 13+: a topic id no topic has (deleted, or never)
+UNKNOWN_TOPIC_ID = 100
+GROUP_AUTHORIZATION_FAILED = 30  # Fetch 13+: a topic id no topic has (deleted, or never)
 LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
 REQUEST_TIMED_OUT = 7
@@ -151,7 +152,7 @@ def kafka_code(error: TidelogError, not_leader: int = NOT_LEADER_OR_FOLLOWER) ->
     if isinstance(error, NotLeader):
         return not_leader
     if isinstance(error, NotAuthorized):
-        if error.details.get("operation") == Operation.GROUP.value:
+        if error.details.get("operation") in (Operation.GROUP.value, Operation.DELETE_GROUP.value):
             return 30  # GROUP_AUTHORIZATION_FAILED
         if error.details.get("resource") == "cluster":
             return 31  # CLUSTER_AUTHORIZATION_FAILED

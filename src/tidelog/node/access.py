@@ -43,9 +43,11 @@ class Operation(enum.Enum):
     ALTER = "alter"  # alter a topic's configs or partitions or replicas; the cluster's nodes
     DELETE = "delete"  # delete a topic or its records
     GRANT = "grant"  # add, list, remove ACLs
-    # Kafka's consumer-group membership and producer ids: they name no topic, so they need
-    # read (groups) or write (producer ids) on some topic; offsets need read on their topic.
-    GROUP = "use consumer groups"
+    # Kafka's consumer groups: read on the group (Resource.group) to use it, admin to delete
+    # it; offsets also need read on their topic. Producer ids name no topic: they need write
+    # on some topic.
+    GROUP = "use consumer group"
+    DELETE_GROUP = "delete consumer group"
     PRODUCER_ID = "get a producer id"
     PRINCIPAL = "principal"  # add (or renew), list, remove principals' tokens
     REPLICATE = "replicate"  # replication and cursor-invalidation messages between peers
@@ -60,6 +62,7 @@ NEEDS = {
     Operation.ALTER: Permission.ADMIN,
     Operation.DELETE: Permission.ADMIN,
     Operation.GRANT: Permission.ADMIN,
+    Operation.DELETE_GROUP: Permission.ADMIN,
 }
 
 
@@ -139,8 +142,10 @@ class Access:
             self.denied += 1
             if operation is Operation.PRINCIPAL:
                 what = f" principal {target!r}"
-            elif operation in (Operation.GROUP, Operation.PRODUCER_ID):
+            elif operation is Operation.PRODUCER_ID:
                 what = ""
+            elif operation in (Operation.GROUP, Operation.DELETE_GROUP):
+                what = f" {resource.name!r}"
             else:
                 what = f" {resource}"
             raise NotAuthorized(
@@ -172,9 +177,10 @@ class Access:
             return True
         if principal.name in self.super_users:
             return True
-        if operation in (Operation.GROUP, Operation.PRODUCER_ID):
-            wanted = Permission.READ if operation is Operation.GROUP else Permission.WRITE
-            return permitted_somewhere(self.acls(), principal.name, wanted)
+        if operation is Operation.PRODUCER_ID:
+            return permitted_somewhere(self.acls(), principal.name, Permission.WRITE)
+        if operation is Operation.GROUP:
+            return permitted(self.acls(), principal.name, Permission.READ, resource)
         return permitted(self.acls(), principal.name, NEEDS[operation], resource)
 
     def is_cluster_admin(self, principal: Principal) -> bool:
