@@ -145,6 +145,59 @@ def test_objects_manifests_and_the_file_store(tmp_path: Path) -> None:
     assert isinstance(a, ArchivedSegment)
 
 
+def test_old_manifest_entries_are_sealed_into_parts_and_read_back_whole(tmp_path: Path) -> None:
+    """Issue 32: every upload rewrote the whole manifest (~400 B per object ever archived).
+    The manifest now holds at most HEAD_MAX entries; older ones are sealed into immutable parts
+    (bench/archive_manifest.py measures the cost at 1,000 and 10,000 objects)."""
+    from dataclasses import replace
+
+    from tidelog.archive.manifest import (
+        HEAD_MAX,
+        PART_ENTRIES,
+        ManifestPart,
+        part_bytes,
+        part_key,
+    )
+
+    store = open_store(f"file://{tmp_path}")
+    template = describe_object(batches(0, 10), "t/1/0/x.log")
+
+    def entry(i: int) -> ArchivedSegment:
+        return replace(
+            template, key=f"t/1/0/{i:06d}.log", base_offset=10 * i, end_offset=10 * i + 10
+        )
+
+    manifest = Manifest(cluster_id="c", topic="t", topic_id=1, partition=0)
+    for i in range(HEAD_MAX):
+        manifest = manifest.appended(entry(i), 1)
+        assert not manifest.to_seal()
+    assert json.loads(manifest.to_bytes())["format"] == 1  # no parts: what older nodes read
+    for i in range(HEAD_MAX, 4 * PART_ENTRIES + 50):
+        manifest = manifest.appended(entry(i), 1)
+        sealed = manifest.to_seal()
+        if sealed:
+            base, end = sealed[0].base_offset, sealed[-1].end_offset
+            part = ManifestPart(part_key("t/1/0", base, end, "n"), base, end, len(sealed))
+            store.put(part.key, part_bytes(sealed))
+            manifest = manifest.sealed(part)
+    raw = manifest.to_bytes()
+    written = json.loads(raw)
+    assert written["format"] == 2 and len(written["segments"]) <= HEAD_MAX
+    assert len(manifest.parts) == 3  # sealed at 201, 301, 401 entries: 150 left in the head
+    again = Manifest.from_bytes(raw, "m", store.get)
+    assert again.segments == manifest.segments and again.parts == manifest.parts
+    with pytest.raises(ArchiveCorrupt):
+        Manifest.from_bytes(raw, "m")  # names parts, and nothing reads them
+    # The cleaner: a part partly below the start stays (its entries below it are skipped when
+    # read); one wholly below goes, to be deleted with the objects.
+    cleaned, gone = manifest.without_below(10 * (PART_ENTRIES + 30))
+    assert len(gone) == PART_ENTRIES + 30
+    assert manifest.parts_without(cleaned) == [manifest.parts[0]]
+    again = Manifest.from_bytes(cleaned.to_bytes(), "m", store.get)
+    assert again.segments == cleaned.segments and again.start_offset == 10 * (PART_ENTRIES + 30)
+    assert again.check_continuity() == []
+
+
 def test_archive_topic_configs_are_checked() -> None:
     from tidelog.config import TopicConfig
 
@@ -1088,3 +1141,41 @@ def test_a_store_that_comes_back_empty_is_archive_lost_until_an_operator_decides
         verify = run_tidelog("archive", "verify", url, "--bootstrap", cluster.bootstrap)
         assert verify.returncode == 0, verify.stdout
         assert "lost (recorded by the cluster, accepted): gone/0: [0, " in verify.stdout
+
+
+@pytest.mark.timeout(240)
+def test_a_long_archive_seals_parts_and_reads_whole_after_a_restart(tmp_path: Path) -> None:
+    """A live archive past HEAD_MAX objects: parts are written before the manifest names
+    them, a restarted node reads the whole archive back through them, verify passes."""
+    from tidelog.archive.manifest import HEAD_MAX
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"file://{archive}"
+    small = {**ARCHIVED, "segment.bytes": "2048", "local.retention.bytes": "8192"}
+    with (
+        LocalCluster(tmp_path / "c", nodes=1, serve_args=["--archive", url]) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        client.create_topic("long", replication_factor=1, configs=small)
+        client.wait_for_leaders("long")
+        total = 0
+        while status_row(client, "long").get("archive", {}).get("objects", 0) <= HEAD_MAX + 120:
+            client.produce("long", [record(total + i) for i in range(10)], partition=0)
+            total += 10
+            assert total < 20_000, status_row(client, "long")
+        key = next(k for k in open_store(url).list("long") if k.endswith("manifest.json"))
+        written = json.loads((archive / key).read_text())
+        assert written["format"] == 2 and written["parts"]
+        assert len(written["segments"]) <= HEAD_MAX
+        cluster.stop(1)
+        cluster.start(1)
+        cluster.wait_ready()
+        client.wait_for_leaders("long")
+        # At once after the restart: `earliest` is the archive's start (the metadata log
+        # records it) even before the node has read the manifest.
+        assert client.list_offsets("long", 0, "earliest") == 0
+        values = [r.value for r in client.consume("long", 0, "earliest", reset="none")]
+        assert values == [value(i) for i in range(total)]
+    verify = run_tidelog("archive", "verify", url)
+    assert verify.returncode == 0, verify.stdout

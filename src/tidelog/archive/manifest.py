@@ -16,18 +16,31 @@ or an overlap; the next leader continues from the manifest's end.
 
 The manifest is replaced with a conditional put (the store's compare-and-swap): of two leaders
 racing, one loses and re-reads. Its writer's leader epoch only grows.
+
+An upload must not cost more as the archive ages: the manifest once named every object, so each
+upload rewrote ~400 bytes per object ever archived (4 MB at 10,000 objects). Now the manifest
+names at most HEAD_MAX objects itself; older entries are sealed, PART_ENTRIES at a time, into
+immutable part objects (TOPIC/TOPIC_ID/PARTITION/manifest-parts/BASE-END-NONCE.json, written
+before the manifest that names them), which the manifest lists by key and range. A manifest
+without parts is format 1, as before (older readers read it); one with parts is format 2. In
+memory a Manifest holds every entry; readers load the parts (immutable: cached by key).
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tidelog.errors import ArchiveCorrupt, CorruptRecord
 from tidelog.record.batch import BatchHeader, crc32c, iter_headers
 
-FORMAT = 1
+FORMAT = 1  # a manifest without parts
+FORMAT_PARTS = 2  # a manifest naming part objects
+PART_ENTRIES = 100  # entries sealed into one part
+HEAD_MAX = 2 * PART_ENTRIES  # entries the manifest itself holds before the oldest are sealed
 CLUSTER_KEY = "cluster.json"
 # A sparse index entry per this many bytes of an object: a read fetches at most this much it
 # does not need.
@@ -40,6 +53,10 @@ def partition_prefix(topic: str, topic_id: int, partition: int) -> str:
 
 def manifest_key(topic: str, topic_id: int, partition: int) -> str:
     return f"{partition_prefix(topic, topic_id, partition)}/manifest.json"
+
+
+def part_key(prefix: str, base_offset: int, end_offset: int, nonce: str) -> str:
+    return f"{prefix}/manifest-parts/{base_offset:020d}-{end_offset:020d}-{nonce}.json"
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,34 @@ class ArchivedSegment:
 
 
 @dataclass(frozen=True)
+class ManifestPart:
+    """An immutable object holding count manifest entries, objects [base_offset, end_offset)."""
+
+    key: str
+    base_offset: int
+    end_offset: int
+    count: int
+
+
+def _base_offset(seg: ArchivedSegment) -> int:
+    return seg.base_offset
+
+
+def part_bytes(entries: tuple[ArchivedSegment, ...]) -> bytes:
+    return json.dumps(
+        {"format": FORMAT_PARTS, "segments": [s.to_json() for s in entries]}, sort_keys=True
+    ).encode()
+
+
+def part_entries(raw: bytes, key: str) -> tuple[ArchivedSegment, ...]:
+    try:
+        data = json.loads(raw)
+        return tuple(ArchivedSegment.from_json(s) for s in data["segments"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ArchiveCorrupt(f"{key}: not a manifest part ({exc})", key=key) from None
+
+
+@dataclass(frozen=True)
 class Gap:
     """A range the archive was never given: released by archive.lag.policy=release, or deleted
     locally before the archive was enabled. Recorded, so a reader is told, never surprised."""
@@ -109,6 +154,23 @@ class Manifest:
     gaps: tuple[Gap, ...] = ()
     configs: dict[str, str] = field(default_factory=dict)  # the topic's, for a restore
     partitions: int = 1  # how many the topic had, for a restore
+    parts: tuple[ManifestPart, ...] = ()  # sealed entries (the first of segments), oldest first
+
+    @property
+    def head(self) -> tuple[ArchivedSegment, ...]:
+        """The entries the manifest object itself holds: those after its last part."""
+        if not self.parts:
+            return self.segments
+        sealed_end = self.parts[-1].end_offset  # (entries are in offset order: a bisection)
+        return self.segments[bisect_left(self.segments, sealed_end, key=_base_offset) :]
+
+    def to_seal(self) -> tuple[ArchivedSegment, ...]:
+        """The oldest PART_ENTRIES of the head, once it holds more than HEAD_MAX: the next part."""
+        head = self.head
+        return head[:PART_ENTRIES] if len(head) > HEAD_MAX else ()
+
+    def sealed(self, part: ManifestPart) -> Manifest:
+        return replace(self, parts=(*self.parts, part))
 
     @property
     def end_offset(self) -> int:
@@ -147,7 +209,15 @@ class Manifest:
             return self, []
         start = kept[0].base_offset if kept else -1
         gaps = tuple(g for g in self.gaps if g.end_offset > (start if kept else offset))
-        return replace(self, segments=kept, start_offset=start, gaps=gaps), gone
+        # A part with nothing left goes (its object with the objects); one partly cleaned
+        # stays, its entries below the start ignored when it is read.
+        parts = tuple(p for p in self.parts if kept and p.end_offset > start)
+        return replace(self, segments=kept, start_offset=start, gaps=gaps, parts=parts), gone
+
+    def parts_without(self, other: Manifest) -> list[ManifestPart]:
+        """The parts self names that other does not (to delete once other is written)."""
+        keep = {p.key for p in other.parts}
+        return [p for p in self.parts if p.key not in keep]
 
     def check_continuity(self) -> list[str]:
         """What is wrong with it: holes not recorded as gaps, overlaps, epochs going back."""
@@ -177,8 +247,8 @@ class Manifest:
         return problems
 
     def to_bytes(self) -> bytes:
-        data = {
-            "format": FORMAT,
+        data: dict[str, Any] = {
+            "format": FORMAT_PARTS if self.parts else FORMAT,
             "cluster_id": self.cluster_id,
             "topic": self.topic,
             "topic_id": self.topic_id,
@@ -189,16 +259,36 @@ class Manifest:
             "end_offset": self.end_offset,
             "configs": self.configs,
             "gaps": [asdict(g) for g in self.gaps],
-            "segments": [s.to_json() for s in self.segments],
+            "segments": [s.to_json() for s in self.head],
         }
+        if self.parts:
+            data["parts"] = [asdict(p) for p in self.parts]
         return json.dumps(data, indent=1, sort_keys=True).encode()
 
     @staticmethod
-    def from_bytes(raw: bytes, key: str = "manifest.json") -> Manifest:
+    def from_bytes(
+        raw: bytes, key: str = "manifest.json", read_part: Callable[[str], bytes] | None = None
+    ) -> Manifest:
+        """The manifest and, for a format-2 one, every entry of its parts, each part read with
+        read_part(key) (a store's get, or a cache of it: parts never change)."""
         try:
             data = json.loads(raw)
-            if int(data.get("format", -1)) != FORMAT:
+            if int(data.get("format", -1)) not in (FORMAT, FORMAT_PARTS):
                 raise ArchiveCorrupt(f"{key}: manifest format {data.get('format')!r}", key=key)
+            parts = tuple(
+                ManifestPart(
+                    str(p["key"]), int(p["base_offset"]), int(p["end_offset"]), int(p["count"])
+                )
+                for p in data.get("parts", [])
+            )
+            start = int(data["start_offset"])
+            sealed: list[ArchivedSegment] = []
+            for part in parts:
+                if read_part is None:
+                    raise ArchiveCorrupt(f"{key}: names parts, and nothing reads them", key=key)
+                sealed.extend(
+                    s for s in part_entries(read_part(part.key), part.key) if s.base_offset >= start
+                )
             return Manifest(
                 cluster_id=str(data["cluster_id"]),
                 topic=str(data["topic"]),
@@ -212,7 +302,11 @@ class Manifest:
                     Gap(int(g["start_offset"]), int(g["end_offset"]), str(g["reason"]))
                     for g in data.get("gaps", [])
                 ),
-                segments=tuple(ArchivedSegment.from_json(s) for s in data["segments"]),
+                segments=(
+                    *sealed,
+                    *(ArchivedSegment.from_json(s) for s in data["segments"]),
+                ),
+                parts=parts,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ArchiveCorrupt(f"{key}: not a manifest ({exc})", key=key) from None

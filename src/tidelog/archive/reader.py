@@ -26,7 +26,7 @@ def load_manifest(
     versioned = store.get_versioned(manifest_key(topic, topic_id, partition))
     if versioned is None:
         return None
-    return Manifest.from_bytes(versioned.data, manifest_key(topic, topic_id, partition))
+    return Manifest.from_bytes(versioned.data, manifest_key(topic, topic_id, partition), store.get)
 
 
 def read_batches(store: ArchiveStore, seg: ArchivedSegment, offset: int, max_bytes: int) -> bytes:

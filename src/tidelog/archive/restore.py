@@ -93,7 +93,7 @@ def latest_manifests(store: ArchiveStore, topic: str) -> list[Manifest]:
     """The newest incarnation of topic in the archive, a manifest per partition."""
     found: dict[int, list[Manifest]] = {}
     for key in manifest_keys(store, topic):
-        manifest = Manifest.from_bytes(store.get(key), key)
+        manifest = Manifest.from_bytes(store.get(key), key, store.get)
         if manifest.topic == topic:
             found.setdefault(manifest.topic_id, []).append(manifest)
     if not found:

@@ -84,7 +84,7 @@ def verify_archive(store: ArchiveStore, topic: str | None = None) -> VerifyRepor
     reports = []
     for key in manifest_keys(store, topic):
         try:
-            manifest = Manifest.from_bytes(store.get(key), key)
+            manifest = Manifest.from_bytes(store.get(key), key, store.get)
         except ArchiveError as exc:
             problems.append(exc.message)
             continue

@@ -31,6 +31,7 @@ import asyncio
 import itertools
 import logging
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -41,9 +42,12 @@ from tidelog.archive.manifest import (
     ArchivedSegment,
     Gap,
     Manifest,
+    ManifestPart,
     check_object,
     describe_object,
     manifest_key,
+    part_bytes,
+    part_key,
     partition_prefix,
 )
 from tidelog.archive.reader import read_chunk
@@ -77,6 +81,7 @@ READ_AHEAD_S = 5.0  # how long one waits for its reader
 CLUSTER_RECHECK_S = 10.0  # cluster.json read again: a store emptied while we run is noticed
 LOST_RECHECK_S = 2.0  # a partition whose store lost its archive is looked at again this often
 REPORT_EVERY_S = 1.0
+PARTS_CACHED = 256  # manifest parts (about 40 KB each) kept in memory, node-wide
 ORPHAN_SWEEP_S = 600.0  # a leader looks for orphaned objects this often (and when it starts)
 ORPHAN_AGE_S = 3600.0  # an object no manifest names, or a temporary file, this old is deleted  # a partition's extent reported to the metadata log at most this often
 
@@ -138,6 +143,9 @@ class Archiver:
         self._cluster_checked_at = -1e9
         self.archive_id = ""  # the store's identity, as cluster.json says
         self.cluster_error: ArchiveError | None = None
+        # Manifest parts never change: kept by key (the oldest go first past PARTS_CACHED).
+        self._parts: dict[str, bytes] = {}
+        self._parts_lock = threading.Lock()
         # (group, offset, max_bytes) -> (object, its read in a worker thread)
         self._ahead: dict[
             tuple[str, int, int], tuple[ArchivedSegment, asyncio.Task[tuple[bytes, int]]]
@@ -229,9 +237,23 @@ class Archiver:
         """The whole log's first offset: the archive's when it reaches the local log start."""
         local = host.log.log_start_offset
         state = self.states.get(host.group)
-        if state is None or state.manifest is None or not state.manifest.segments:
-            return local
+        if state is None or state.manifest is None:
+            # Not read yet (a node just started): what the metadata log records it holds, so
+            # that `earliest` does not jump to the local log start for a moment.
+            extent = self.recorded_extent(host)
+            if (
+                extent is None
+                or host.config.archive_lag_policy == "release"  # (a gap may lie before local)
+                or (state is not None and isinstance(state.error, ArchiveLost))
+            ):
+                return local
+            # (Its recorded end may lag the manifest's: the hold kept everything from there
+            # to the local log start until it was archived.)
+            start = int(str(extent["start_offset"]))
+            return start if 0 <= start < local else local
         manifest = state.manifest
+        if not manifest.segments:
+            return local
         if manifest.end_offset >= local and manifest.start_offset < local:
             return manifest.start_offset
         return local
@@ -550,10 +572,7 @@ class Archiver:
                 continue
             partition = int(partition_text)
             manifest_at = manifest_key(topic, meta.topic_id, partition)
-            versioned = await asyncio.to_thread(self.store.get_versioned, manifest_at)
-            manifest = (
-                None if versioned is None else Manifest.from_bytes(versioned.data, manifest_at)
-            )
+            manifest, _ = await asyncio.to_thread(self._read_manifest, manifest_at)
             start, end = int(extent["start_offset"]), int(extent["end_offset"])
             held = holds_until(manifest)
             if held >= end or end <= start:
@@ -614,6 +633,7 @@ class Archiver:
         state.swept_at = time.monotonic()
         prefix = partition_prefix(host.topic, host.topic_id, host.partition)
         named = {seg.key for seg in state.manifest.segments}
+        named.update(part.key for part in state.manifest.parts)
         aged = await asyncio.to_thread(self.store.list_aged, prefix + "/")
         orphans = [
             key
@@ -628,17 +648,35 @@ class Archiver:
 
     async def _load(self, host: PartitionHost, state: ArchiveState) -> None:
         key = manifest_key(host.topic, host.topic_id, host.partition)
-        versioned = await asyncio.to_thread(self.store.get_versioned, key)
-        if versioned is None:
+        manifest, version = await asyncio.to_thread(self._read_manifest, key)
+        if manifest is None:
             self.check_holds(host, None)
             state.manifest = self._new_manifest(host)
             state.version = None
         else:
-            manifest = Manifest.from_bytes(versioned.data, key)
             self._check_owner(manifest)
             self.check_holds(host, manifest)
-            state.manifest, state.version = manifest, versioned.version
+            state.manifest, state.version = manifest, version
         state.loaded_at = time.monotonic()
+
+    def _read_manifest(self, key: str) -> tuple[Manifest | None, str | None]:
+        """A manifest and its version, its parts included (in a worker thread)."""
+        versioned = self.store.get_versioned(key)
+        if versioned is None:
+            return None, None
+        return Manifest.from_bytes(versioned.data, key, self._read_part), versioned.version
+
+    def _read_part(self, key: str) -> bytes:
+        """A manifest part, from memory if read before (worker threads share the cache)."""
+        with self._parts_lock:
+            data = self._parts.get(key)
+        if data is None:
+            data = self.store.get(key)
+            with self._parts_lock:
+                self._parts[key] = data
+                while len(self._parts) > PARTS_CACHED:
+                    del self._parts[next(iter(self._parts))]
+        return data
 
     def _new_manifest(self, host: PartitionHost) -> Manifest:
         meta = self.node.metadata.topics.get(host.topic)
@@ -734,13 +772,27 @@ class Archiver:
                 end_offset=seg.base_offset,
             )
         new = manifest.appended(seg, epoch)
+        sealed = new.to_seal()
+        part: ManifestPart | None = None
+        if sealed:  # the oldest entries go into a part first: the manifest stays small
+            base, end = sealed[0].base_offset, sealed[-1].end_offset
+            part = ManifestPart(
+                part_key(prefix, base, end, uuid.uuid4().hex[:8]), base, end, len(sealed)
+            )
+            data = part_bytes(sealed)
+            await asyncio.to_thread(self.store.put, part.key, data)
+            with self._parts_lock:
+                self._parts[part.key] = data
+            new = new.sealed(part)
         key = manifest_key(host.topic, host.topic_id, host.partition)
         try:
             version = await asyncio.to_thread(self.store.put_if, key, new.to_bytes(), state.version)
         except VersionConflict:
             # Someone else (a leader before us, still finishing) wrote it: read it again, and
-            # let the object we wrote go (it is in no manifest).
+            # let the objects we wrote go (they are in no manifest).
             await asyncio.to_thread(self.store.delete, seg.key)
+            if part is not None:
+                await asyncio.to_thread(self.store.delete, part.key)
             state.manifest = None
             return False
         state.manifest, state.version = new, version
@@ -771,6 +823,10 @@ class Archiver:
         state.manifest, state.version = new, version
         for seg in gone:
             await asyncio.to_thread(self.store.delete, seg.key)
+        for part in manifest.parts_without(new):
+            await asyncio.to_thread(self.store.delete, part.key)
+            with self._parts_lock:
+                self._parts.pop(part.key, None)
         self.node.counters.inc("tidelog_archive_deleted_objects_total", len(gone))
         log.info(
             "%s: archive start %d -> %d (%d objects deleted)",

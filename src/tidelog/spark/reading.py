@@ -126,7 +126,7 @@ def read_archived(r: OffsetRange) -> Iterator[tuple[pa.RecordBatch | None, int]]
     where = r.archive
     store = open_store(where.url, where.endpoint)
     key = f"{where.prefix}/manifest.json"
-    manifest = Manifest.from_bytes(store.get(key), key)
+    manifest = Manifest.from_bytes(store.get(key), key, store.get)
     stop = min(r.end, manifest.end_offset)
     offset = r.start
     pending: list[bytes] = []
