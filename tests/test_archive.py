@@ -747,6 +747,26 @@ def test_damage_and_another_clusters_archive_are_named(tmp_path: Path) -> None:
         with pytest.raises(ArchiveCorrupt):
             list(client.consume("d", 0, second.base_offset))
         assert "truncated" in run_tidelog("archive", "verify", url).stdout
+        # A damaged manifest, then repaired: named while damaged, forgotten once repaired (a
+        # node that had read the bad one answered ArchiveCorrupt until it restarted).
+        wait_for(
+            "every closed segment archived",
+            lambda: status_row(client, "d")["archive"]["segments_behind"] == 0,
+        )
+        manifest_path = archive / next(k for k in store.list("d") if k.endswith("manifest.json"))
+        good = manifest_path.read_bytes()
+        manifest_path.write_bytes(b"{not json")
+        produce_all(client, "d", 800, 300)  # an upload meets the damaged manifest
+        wait_for(
+            "the damage named in status",
+            lambda: status_row(client, "d")["archive"]["error"] == "ArchiveCorrupt",
+        )
+        manifest_path.write_bytes(good)
+        wait_for(
+            "the repaired manifest read again, without a restart",
+            lambda: status_row(client, "d")["archive"]["error"] == "",
+            60,
+        )
 
     # Another cluster pointed at the same archive is refused, and deletes nothing unarchived.
     with (

@@ -297,12 +297,19 @@ class Archiver:
         if seg is None:
             return None
         ahead = self._ahead.pop((host.group, offset, max_bytes), None)
-        if ahead is not None and ahead[0].key == seg.key:
-            data, next_offset = await ahead[1]
-        else:
-            data, next_offset = await asyncio.to_thread(
-                read_chunk, self.store, seg, offset, max_bytes
-            )
+        try:
+            if ahead is not None and ahead[0].key == seg.key:
+                data, next_offset = await ahead[1]
+            else:
+                data, next_offset = await asyncio.to_thread(
+                    read_chunk, self.store, seg, offset, max_bytes
+                )
+        except ArchiveError:
+            # The manifest held may be what is wrong (repaired or replaced since): the next
+            # read reads it again, rather than answer this error until a restart.
+            if state.manifest is manifest:
+                state.manifest = None
+            raise
         self.node.counters.inc("tidelog_archive_reads_total")
         self.node.counters.inc("tidelog_archive_read_bytes_total", len(data))
         self._read_ahead(host, manifest, next_offset, max_bytes)
