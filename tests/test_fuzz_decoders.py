@@ -2,11 +2,13 @@
 atheris/libFuzzer), then its corpus sent to a live node on every listener.
 
 The fuzzer runs every Kafka api and version ApiVersions announces, tidelog's framing and every
-client request type, the peer handshake and replication messages, SCRAM, and producer batches.
+client request type, the peer handshake and replication messages, SCRAM, producer batches, and
+HTTP requests as the HTTP listener parses them.
 Any exception but a named refusal, or a crash (a native decoder aborting: how one 20-byte
 Kafka request used to kill a node) fails the run; libFuzzer keeps the input as crash-*. Then the
 inputs that reached new code go to a real `tidelog serve` on its client, Kafka and peer ports:
 it must answer or close each, stay alive, stay bounded, and serve a well-formed client after.
+(HTTP inputs go to its HTTP port.)
 
 TIDELOG_DECODER_FUZZ_SECONDS (default 45) sets the fuzzing time; `make fuzz` runs it longer.
 """
@@ -20,6 +22,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -96,13 +99,17 @@ def test_coverage_guided_fuzzing_of_every_decoder_and_a_live_node_takes_the_corp
         f"{stats.get('coverage_features')} features, fuzzer peak RSS {stats.get('peak_rss_mb')} MB"
     )
     assert stats.get("number_of_executed_units", 0) > 1000
-    kafka_port, peer_port = free_ports(2)
-    flags = ("--kafka-listen", f"127.0.0.1:{kafka_port}", "--peer-listen", f"127.0.0.1:{peer_port}")
+    kafka_port, peer_port, http_port = free_ports(3)
+    flags = (
+        *("--kafka-listen", f"127.0.0.1:{kafka_port}", "--peer-listen", f"127.0.0.1:{peer_port}"),
+        *("--http-listen", f"127.0.0.1:{http_port}"),
+    )
     with serve(tmp_path, "request.receive.timeout.ms=2000", flags=flags) as (proc, address):
         with Client("{}:{}".format(*address)) as client:
             client.create_topic("t", partitions=1)
         baseline_kb = rss_peak_kb(proc.pid)
         kafka, peer = ("127.0.0.1", kafka_port), ("127.0.0.1", peer_port)
+        http = ("127.0.0.1", http_port)
 
         def one(item: tuple[str, bytes]) -> None:
             target, data = item
@@ -114,6 +121,8 @@ def test_coverage_guided_fuzzing_of_every_decoder_and_a_live_node_takes_the_corp
                 send(peer, data)
             elif target == "client":
                 send(address, data)
+            elif target == "http":
+                send(http, data)
             else:  # a producer's batches, in a produce request
                 header = {"topic": "t", "partition": 0, "acks": 1}
                 send(
@@ -138,5 +147,7 @@ def test_coverage_guided_fuzzing_of_every_decoder_and_a_live_node_takes_the_corp
             assert written is not None
             got = client.fetch("after", 0, written.base_offset)
             assert [r.value for r in got.records][:1] == [b"after"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as page:
+            assert page.status == 200  # the HTTP listener serves after the corpus too
     log = (tmp_path / "node.log").read_text()
     assert "Traceback" not in log, log[-3000:]

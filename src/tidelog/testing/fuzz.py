@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing of every decoder a node runs on bytes from outside (atheris: libFuzzer
 over CPython's coverage).
 
-    python -m tidelog.testing.fuzz --seconds 60 [--corpus DIR] [--only kafka|client|peer|sasl|batch]
+    python -m tidelog.testing.fuzz --seconds 60 [--corpus DIR] [--only kafka|client|peer|sasl|batch|http]
 
 Targets, each given the fuzzer's bytes:
   - kafka: a request of every api and version ApiVersions announces (the input picks which),
@@ -10,7 +10,9 @@ Targets, each given the fuzzer's bytes:
     the typed request of its api key (protocol/api.py), as the client listener decodes them;
   - peer: the peer handshake's requests and every replication message (replication_codec);
   - sasl: SASL/PLAIN and SCRAM client messages (kafka/sasl.py's parsing, scram.py);
-  - batch: a producer's payload through the batch validator and the record decoders.
+  - batch: a producer's payload through the batch validator and the record decoders;
+  - http: a request as the HTTP listener reads it (aiohttp's Python parser, the same grammar as
+    its C one), then its Host header through the listener's DNS-rebinding guard.
 
 A decoder may refuse bad bytes only with a named tidelog error (TidelogError). Anything else, an
 allocation that outgrows --rss-mb, or a crash of the process (a native decoder aborting) is a
@@ -32,7 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("kafka", "client", "peer", "sasl", "batch")
+TARGETS = ("kafka", "client", "peer", "sasl", "batch", "http")
 
 
 def _served() -> list[tuple[int, int]]:
@@ -142,6 +144,22 @@ class Targets:
                 pass
         decode_columns([item for _, item in batch_items(data, verify=False)], True)
 
+    def http(self, data: bytes) -> None:
+        from aiohttp.base_protocol import BaseProtocol
+        from aiohttp.http_exceptions import HttpProcessingError
+        from aiohttp.http_parser import HttpRequestParserPy
+
+        from tidelog.node.listeners.http import host_allowed
+
+        loop = asyncio.get_event_loop()
+        parser = HttpRequestParserPy(BaseProtocol(loop), loop, 2**16)
+        try:
+            messages, _, _ = parser.feed_data(data)
+        except HttpProcessingError:
+            return  # aiohttp answers 400 and closes
+        for message, _ in messages:
+            host_allowed(message.headers.get("Host", ""), ("console.example",), ("node1",))
+
 
 def seed_corpus(directory: Path, examples_per_version: int = 3) -> int:
     """Well-formed inputs for every target: every Kafka request version kio can write, one of
@@ -195,6 +213,12 @@ def seed_corpus(directory: Path, examples_per_version: int = 3) -> int:
     keep("sasl", b"\x00n,,n=u,r=abc\xffc=biws,r=abc,p=AAAA")
     batch = build_batch([ProducerRecord(b"k", b"v"), ProducerRecord(None, b"w" * 40)])
     keep("batch", batch)
+    keep("http", b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n")
+    keep("http", b"POST /api/status HTTP/1.1\r\nHost: [::1]\r\nContent-Length: 3\r\n\r\nabc")
+    keep(
+        "http",
+        b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
     return written
 
 
@@ -227,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.corpus.exists() or not any(args.corpus.iterdir()):
         print(f"seeding {args.corpus}: {seed_corpus(args.corpus)} inputs", flush=True)
-    with atheris.instrument_imports(include=["tidelog", "kio"]):
+    with atheris.instrument_imports(include=["tidelog", "kio", "aiohttp"]):
         targets = Targets()
         for name in TARGETS:  # import every decoder now, instrumented
             try:

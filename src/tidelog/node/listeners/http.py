@@ -21,10 +21,12 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Collection
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from tidelog.cluster_status import merge_status, node_status
 from tidelog.errors import NotAuthorized, TidelogError
@@ -38,6 +40,25 @@ from tidelog.protocol.api import ApiKey
 log = logging.getLogger(__name__)
 
 CLUSTER_ASK_TIMEOUT_S = 2.0
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs every malformed request at ERROR with a traceback: anyone could fill the
+    node's log (the decoder fuzzer's HTTP corpus did). Such a request is answered 400 and
+    closed; it is logged in one line, at INFO."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg = f"refused a malformed HTTP request ({type(error).__name__}): %s"
+            record.args = (str(error.message).splitlines()[0][:200] if error.message else "",)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+BAD_REQUESTS_LOG = logging.getLogger("tidelog.http")
+BAD_REQUESTS_LOG.addFilter(_MalformedRequests())
 # Many consoles open at once share one gathering of the cluster's status at most this often.
 CLUSTER_VIEW_MAX_AGE_S = 0.25
 # The console's own files only, never in a frame (clickjacking), no sniffing of types. Its
@@ -74,7 +95,9 @@ class HttpListener:
         app.router.add_get("/api/cluster", self._cluster)
         app.router.add_get("/", self._index)
         app.router.add_get("/console/{name}", self._console_file)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, logger=BAD_REQUESTS_LOG
+        )
         await self._runner.setup()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -91,26 +114,7 @@ class HttpListener:
             await runner.cleanup()
 
     def host_allowed(self, host_header: str) -> bool:
-        """The DNS-rebinding guard: a page from another site whose name was made to resolve
-        to this node (a loopback console included) sends that name as Host. IP literals,
-        localhost, this node's own names and http.allowed.hosts are answered."""
-        allowed = self.core.config.http_allowed_hosts
-        if "*" in allowed:
-            return True
-        host = host_header.strip().lower()
-        if host.startswith("["):  # [::1]:8080
-            host = host[1 : host.find("]")] if "]" in host else host
-        elif host.count(":") == 1:
-            host = host.rsplit(":", 1)[0]
-        if not host:
-            return False
-        try:
-            ipaddress.ip_address(host)
-            return True
-        except ValueError:
-            pass
-        host = host.rstrip(".")
-        return host in ("localhost", *self._own_hosts, *allowed)
+        return host_allowed(host_header, self.core.config.http_allowed_hosts, self._own_hosts)
 
     @web.middleware
     async def _guarded(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -262,3 +266,25 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return sorted(value)
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def host_allowed(host_header: str, allowed: Collection[str], own_hosts: Collection[str]) -> bool:
+    """The DNS-rebinding guard: a page from another site whose name was made to resolve to
+    this node (a loopback console included) sends that name as Host. IP literals, localhost,
+    this node's own names and http.allowed.hosts are answered."""
+    if "*" in allowed:
+        return True
+    host = host_header.strip().lower()
+    if host.startswith("["):  # [::1]:8080
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    if not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    host = host.rstrip(".")
+    return host in ("localhost", *own_hosts, *allowed)
