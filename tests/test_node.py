@@ -329,7 +329,7 @@ def test_a_node_listening_before_its_metadata_log_is_open_says_come_again(
             while node.config.listen[1] == 0:
                 await asyncio.sleep(0.01)
             address = f"127.0.0.1:{node.config.listen[1]}"
-            async with AsyncClient(address, retries=1) as impatient:
+            async with AsyncClient(address, retries=1, admin_timeout_ms=0) as impatient:
                 with pytest.raises(NotLeader, match="starting"):
                     await impatient.call(node.config.listen, ApiKey.METADATA, api.MetadataRequest())
                 with pytest.raises(NotLeader, match="starting"):
