@@ -359,6 +359,38 @@ def test_permissions_granted_are_permissions_held(secured: Secured) -> None:
         run_tidelog("acl", "remove", "alice", "admin", "--cluster", *admin)
 
 
+def test_a_cursor_is_its_creators_and_its_positions_follow_read(secured: Secured) -> None:
+    """Issue 32: anonymous `cursors list` showed every cursor's positions while describe
+    refused, and any reader of a topic could delete or rewind another's cursor on it. Now a
+    cursor is its creator's: another reader may describe it but not commit (rewind), delete or
+    invalidate it without read on the group of its name (Kafka's group ACL) or cluster admin;
+    a list shows positions only on topics one may read."""
+    with secured.admin() as admin:
+        carol = admin.add_principal("carol")
+        admin.add_acl("carol", "read", OPEN_TO_ALL)
+    with secured.client(token=secured.alice) as alice:
+        alice.create_cursor("alice-own", OPEN_TO_ALL, {0: 0, 1: 0})
+    with secured.client(token=carol) as other:
+        (described,) = other.cursors("alice-own")
+        assert described["owner"] == "alice" and described["positions"] == {"0": 0, "1": 0}
+        for change in (
+            lambda: other.commit_cursor("alice-own", {0: 0}),
+            lambda: other.delete_cursor("alice-own"),
+        ):
+            with pytest.raises(NotAuthorized, match="alice created it"):
+                change()
+    with secured.client() as anonymous:
+        (listed,) = [c for c in anonymous.cursors() if c["name"] == "alice-own"]
+        assert listed["positions"] == {} and listed["positions_hidden"]
+    with secured.admin() as admin:
+        admin.add_acl("carol", "read", group="alice-own")
+    with secured.client(token=carol) as other:
+        other.commit_cursor("alice-own", {0: 0})  # shared now, as a Kafka group would be
+        other.delete_cursor("alice-own")
+    with secured.admin() as admin:
+        admin.remove_principal("carol")
+
+
 def test_a_node_beyond_loopback_needs_tls_and_acls_or_insecure(tmp_path: Path) -> None:
     base = {"data": str(tmp_path), "listen": "0.0.0.0:0"}
     with pytest.raises(InvalidConfig) as refused:

@@ -44,6 +44,7 @@ from tidelog.errors import (
     DuplicateSequence,
     InvalidRequest,
     NodeAlreadyExists,
+    NotAuthorized,
     NotEnoughNodes,
     NotLeader,
     OffsetOutOfRange,
@@ -57,7 +58,7 @@ from tidelog.errors import (
     from_wire,
 )
 from tidelog.logs import event
-from tidelog.node.access import Access, Operation, Principal
+from tidelog.node.access import Access, Listener, Operation, Principal
 from tidelog.node.archiver import Archiver
 from tidelog.node.asking import NodeAsker
 from tidelog.node.cleaner import Cleaner, wall_ms
@@ -767,6 +768,8 @@ class NodeCore:
         handler = self.authorize(principal, request)
         if isinstance(request, api.AuthenticateRequest) and not request.forwarded:
             return self._guarded_authenticate(principal.address, request, payload)
+        if isinstance(request, api.CursorRequest):
+            request = self._cursor_as(principal, request)
         quota = QUOTA_CHARGES.get(type(request))
         if quota == PRODUCER_BYTE_RATE:
             self.quotas.charge(principal.name, quota, len(payload))
@@ -780,6 +783,36 @@ class NodeCore:
         ):
             return self._charged_fetch(principal.name, result)
         return result
+
+    def _cursor_as(self, principal: Principal, req: api.CursorRequest) -> api.CursorRequest:
+        """What a cursor request may do beyond its topic's read permission (checked already):
+        a cursor is its creator's; changing another's (commit, so rewind; delete; invalidate)
+        needs read on the group of its name (Kafka's group ACL) or cluster admin, and a list
+        shows positions only on topics one may read (describe already needs that)."""
+        if req.op == "list":
+            return dataclasses.replace(req, owner=principal.name)
+        if req.op == "create":
+            return dataclasses.replace(req, owner=principal.name)
+        cursor = self.metadata.cursors.get(req.name)
+        if cursor is None or not self.access.enforced or cursor.owner in ("", principal.name):
+            return req
+        group = cursor.name.split(":", 1)[0]  # a Kafka group's cursors: GROUP:TOPIC
+        if req.op == "describe" or any(
+            self.access.allows(principal, Operation.GROUP, Resource.group(name))
+            for name in {cursor.name, group}
+        ):
+            return req
+        if self.access.is_cluster_admin(principal):
+            return req
+        self.access.denied += 1
+        raise NotAuthorized(
+            f"{principal.name} may not {req.op} cursor {cursor.name!r}: {cursor.owner} created "
+            f"it (grant read on group {group!r} to share it)",
+            principal=principal.name,
+            operation=Operation.GROUP.value,
+            resource="group",
+            resource_name=group,
+        )
 
     async def _charged_fetch(self, principal: str, pending: Awaitable[Any]) -> Any:
         result = await pending
@@ -1624,7 +1657,17 @@ class NodeCore:
     async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
         if req.op in ("list", "describe"):
             names = [req.name] if req.op == "describe" else sorted(self.metadata.cursors)
-            return api.CursorResponse([self.metadata.cursor(n).to_wire() for n in names])
+            listed = [self.metadata.cursor(n).to_wire() for n in names]
+            if req.op == "list" and self.access.enforced:
+                # Names are open (as Kafka's group names are to DESCRIBE); positions follow
+                # read on the topic, as describe's do.
+                asking = Principal(req.owner, Listener.CLIENT)
+                for wire in listed:
+                    topic = Resource.topic(str(wire["topic"]))
+                    if not self.access.allows(asking, Operation.READ, topic):
+                        wire["positions"] = {}
+                        wire["positions_hidden"] = True
+            return api.CursorResponse(listed)
         if not CURSOR_NAME.fullmatch(req.name):
             raise InvalidRequest(f"invalid cursor name {req.name!r}")
         if req.op == "create":
@@ -1687,6 +1730,7 @@ class NodeCore:
             "topic": req.topic,
             "positions": positions,
             "backup": req.backup,
+            "owner": req.owner,
             "at_ms": wall_ms(),
         }
         await self.propose_metadata(command, 30.0)

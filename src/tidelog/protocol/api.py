@@ -313,6 +313,7 @@ class CursorRequest:
     # create: positions for some partitions only; the others hold nothing until committed
     # (a Kafka group commits the partitions it was assigned)
     partial: bool = False
+    owner: str = ""  # set by the node to the principal asking (what a client sends is ignored)
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,7 @@ class Cursor:
     created_ms: int
     committed_ms: int
     invalidated: str = ""  # why it stopped holding; "" while live
+    owner: str = ""  # the principal that created it ("" before cursors had owners)
 
     @property
     def live(self) -> bool:
@@ -165,6 +166,7 @@ class Cursor:
             "created_ms": self.created_ms,
             "committed_ms": self.committed_ms,
             "invalidated": self.invalidated,
+            "owner": self.owner,
         }
 
     @staticmethod
@@ -177,6 +179,7 @@ class Cursor:
             created_ms=int(data.get("created_ms", 0)),
             committed_ms=int(data.get("committed_ms", 0)),
             invalidated=str(data.get("invalidated", "")),
+            owner=str(data.get("owner", "")),
         )
 
 
@@ -280,6 +283,7 @@ class MetadataState:
                 bool(command.get("backup")),
                 at_ms,
                 at_ms,
+                owner=str(command.get("owner", "")),
             )
         elif kind == "commit_cursor" and name in self.cursors and self.cursors[name].live:
             cursor = self.cursors[name]
