@@ -218,3 +218,49 @@ def test_metrics_and_the_console_are_served_over_tls(cluster: LocalCluster, cert
     with pytest.raises(urllib.error.URLError) as info:
         urllib.request.urlopen(url + "/metrics", context=ssl.create_default_context(), timeout=10)
     assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+
+
+def test_silent_tls_handshakes_count_against_the_limits_and_time_out(
+    certs: Path, tmp_path: Path
+) -> None:
+    """Issue 32: connections still in their TLS handshake escaped max.connections, the
+    per-address limit and fd.reserve (asyncio's TLS server hands a connection over only once
+    its handshake is done): 1,000 silent ones locked clients out. Now a connection is admitted
+    from its first byte and starts TLS itself: 120 silent sockets from one address hold at most
+    max.connections.per.ip places, a TLS client still gets in, and handshakes not done within
+    request.receive.timeout.ms are closed."""
+    import socket
+
+    from test_trust import serve
+
+    settings = ("max.connections.per.ip=40", "request.receive.timeout.ms=2000")
+    with serve(tmp_path, *settings, flags=tuple(serve_args(certs))) as (proc, address):
+        silent = [socket.create_connection(address) for _ in range(120)]
+        time.sleep(1.3)  # they do nothing: they may make room
+        started = time.monotonic()
+        with Client("{}:{}".format(*address), tls=TlsFiles.of(ca=certs / "ca.pem")) as client:
+            client.create_topic("through", partitions=1)
+            client.produce("through", [ProducerRecord(None, b"x")], partition=0)
+        assert time.monotonic() - started < 10
+        deadline = time.monotonic() + 10
+        open_ones = silent
+        while open_ones and time.monotonic() < deadline:
+            time.sleep(0.5)
+            still = []
+            for s in open_ones:
+                s.setblocking(False)
+                try:
+                    if s.recv(1) != b"":
+                        still.append(s)
+                except BlockingIOError:
+                    still.append(s)  # nothing yet: still open
+                except OSError:
+                    pass  # reset: closed by the node
+            open_ones = still
+        assert not open_ones, f"{len(open_ones)} silent handshakes still open"
+        assert proc.poll() is None
+    for s in silent:
+        s.close()
+    said = (tmp_path / "node.log").read_text()
+    assert "max.connections.per.ip=40" in said or "to make room" in said
+    assert "TLS handshake not done" in said

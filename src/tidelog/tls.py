@@ -112,9 +112,7 @@ class TlsFiles:
             ) from None
 
 
-def handshake_error(
-    exc: BaseException, address: str, in_handshake: bool = False
-) -> AuthenticationFailed | None:
+def handshake_error(exc: BaseException, address: str) -> AuthenticationFailed | None:
     """The named error for a TLS handshake that failed, or None when exc is not one (a refused
     connection, or a reset outside the handshake, stays a NetworkError)."""
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -126,15 +124,20 @@ def handshake_error(
         return AuthenticationFailed(
             f"TLS handshake with {address} failed: {exc.reason or exc}", address=address
         )
-    if in_handshake and isinstance(exc, ConnectionResetError):
-        # The node accepted the connection and dropped it within the handshake: what a node
-        # does with a client certificate it does not trust (its alert is lost in the reset).
-        return AuthenticationFailed(
-            f"{address} ended the TLS handshake: it does not accept this client's certificate "
-            "(signed by a CA the node does not trust?)",
-            address=address,
-        )
     return None
+
+
+def handshake_reset_hint(exc: BaseException, in_handshake: bool) -> str:
+    """Why a node may have ended a connection within the TLS handshake, for the (retriable)
+    NetworkError that says so: it admits a connection before its handshake, so one it turns
+    away for want of room ends there too -- not only a certificate it does not accept."""
+    if not in_handshake or not isinstance(exc, ConnectionResetError):
+        return ""
+    return (
+        " (ended within the TLS handshake: the node may be turning connections away -- "
+        "max.connections, max.connections.per.ip, its descriptor reserve -- or not accept "
+        "this client's certificate)"
+    )
 
 
 def peer_subject(transport_info: object) -> str:

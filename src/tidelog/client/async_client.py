@@ -291,7 +291,10 @@ class AsyncClient:
         self._connecting[address] = future
         try:
             conn = await NodeConnection.open(
-                address, min(self.request_timeout_s, 10.0), self._tls_context
+                address,
+                min(self.request_timeout_s, 10.0),
+                self._tls_context,
+                self.tls is not None and self.tls.cert is not None,
             )
             if self.token:
                 await self._authenticate(conn, self.token)

@@ -9,9 +9,9 @@ import ssl
 import typing
 from typing import Any
 
-from tidelog.errors import NetworkError, Timeout
+from tidelog.errors import AuthenticationFailed, NetworkError, Timeout
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
-from tidelog.tls import HANDSHAKE_TIMEOUT_S, handshake_error
+from tidelog.tls import HANDSHAKE_TIMEOUT_S, handshake_error, handshake_reset_hint
 
 CLIENT_FRAME_BYTES_MAX = 256 * 1024 * 1024
 
@@ -31,8 +31,14 @@ class NodeConnection(asyncio.Protocol):
 
     @classmethod
     async def open(
-        cls, address: tuple[str, int], timeout_s: float, tls: ssl.SSLContext | None = None
+        cls,
+        address: tuple[str, int],
+        timeout_s: float,
+        tls: ssl.SSLContext | None = None,
+        with_certificate: bool = False,
     ) -> NodeConnection:
+        """with_certificate: the TLS context presents a client certificate (a connection the
+        node ends within the handshake may then be one it does not accept)."""
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
@@ -48,10 +54,20 @@ class NodeConnection(asyncio.Protocol):
         except (OSError, TimeoutError) as exc:
             failed = None
             if tls is not None:
-                failed = handshake_error(exc, f"{address[0]}:{address[1]}", in_handshake=True)
+                failed = handshake_error(exc, f"{address[0]}:{address[1]}")
             if failed is not None:
                 raise failed from None
-            raise NetworkError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
+            hint = handshake_reset_hint(exc, tls is not None)
+            if hint and with_certificate:
+                # Its alert lost in the reset: a certificate the node does not accept, or a
+                # node turning connections away -- named as the first, both said.
+                raise AuthenticationFailed(
+                    f"{address[0]}:{address[1]} ended the TLS handshake: it does not accept "
+                    "this client's certificate (signed by a CA the node does not trust?), or "
+                    "it was turning connections away (max.connections, its descriptors)",
+                    address=f"{address[0]}:{address[1]}",
+                ) from None
+            raise NetworkError(f"cannot connect to {address[0]}:{address[1]}: {exc}{hint}") from exc
         return conn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -67,8 +67,7 @@ class KafkaConnection(FrameConnection):
         self.principal = Principal.anonymous("", Origin.KAFKA)
         self._slots: collections.deque[_Slot] = collections.deque()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+    def on_ready(self, transport: asyncio.Transport) -> None:
         self.principal = Principal.of_connection(
             self.address, Origin.KAFKA, transport.get_extra_info("peercert")
         )

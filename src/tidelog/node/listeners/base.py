@@ -16,7 +16,10 @@ subclass; a `Listener` accepts connections and holds them to the node's limits:
   a new connection takes the place of one that has done nothing for a while (stalled or idle),
   or is closed at once;
 - client connections leave `fd.reserve` descriptors free, so that segment files, fsyncs and
-  peers keep working when clients exhaust the process's descriptors.
+  peers keep working when clients exhaust the process's descriptors;
+- all of it from a connection's first byte: a TLS connection is admitted before its handshake
+  (which the connection then starts itself), and a handshake not done within
+  `request.receive.timeout.ms` is closed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import resource
 import ssl
 import time
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,6 +151,8 @@ class FrameConnection(asyncio.Protocol):
         self._pauses: dict[str, float] = {}  # why reading is paused -> since when
         self._held_until = 0.0  # a quota's throttle: nothing is read before this
         self._hold: asyncio.TimerHandle | None = None
+        self.handshaking = False  # admitted, its TLS handshake not done yet
+        self._handshake: asyncio.Future[None] | None = None
 
     # -- what subclasses say ------------------------------------------------------------------
 
@@ -168,18 +174,76 @@ class FrameConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = typing.cast(asyncio.Transport, transport)
-        peer = self.transport.get_extra_info("peername")
+        raw = typing.cast(asyncio.Transport, transport)
+        self.transport = raw
+        peer = raw.get_extra_info("peername")
         self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self.address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.open = True
         if not self.listener.admit(self):
             self.open = False
-            self.transport.abort()
+            raw.abort()
             return
-        self.tune(self.transport)
-        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
-        self.writer = FrameWriter(self.transport, self.listener.zero_copy)
+        tls = self.listener.tls
+        if tls is None:
+            self._ready(raw)
+            return
+        # The TLS handshake runs on a connection already counted against the limits and the
+        # descriptor reserve: silent handshakes once escaped both (asyncio's TLS server calls
+        # connection_made only after the handshake), and 1,000 of them locked clients out.
+        self.handshaking = True
+        loop = asyncio.get_running_loop()
+        handshake = loop.start_tls(
+            raw, self, tls, server_side=True, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+        )
+        try:
+            started = started_now(handshake)
+        except (OSError, RuntimeError) as exc:  # the socket already gone
+            log.info("%s listener: no TLS with %s: %s", self.listener.name, self.address, exc)
+            self.open = False
+            raw.abort()
+            self._release_all()
+            return
+        self._handshake = asyncio.ensure_future(self._finish_tls(raw, started))
+
+    async def _finish_tls(
+        self, raw: asyncio.Transport, handshake: typing.Awaitable[asyncio.Transport | None]
+    ) -> None:
+        try:
+            secured = await handshake
+        except (OSError, ssl.SSLError, TimeoutError, RuntimeError) as exc:
+            if self.open:
+                log.info(
+                    "%s listener: TLS handshake with %s failed: %s",
+                    self.listener.name,
+                    self.address,
+                    exc,
+                )
+                self.listener.counters.inc(
+                    "tidelog_connections_closed_total", listener=self.listener.name, why="tls"
+                )
+                self.open = False
+                raw.abort()
+                self._release_all()
+            return
+        if secured is None or not self.open:  # dropped (evicted, timed out) meanwhile
+            if secured is not None:
+                secured.abort()
+            return
+        self.handshaking = False
+        self._ready(secured)
+
+    def _ready(self, transport: asyncio.Transport) -> None:
+        """The connection is established (its TLS handshake done, if any)."""
+        self.transport = transport
+        self.tune(transport)
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
+        self.writer = FrameWriter(transport, self.listener.zero_copy)
+        self.on_ready(transport)
+
+    def on_ready(self, transport: asyncio.Transport) -> None:
+        """What a subclass learns once the connection is established (a TLS peer's
+        certificate, say)."""
 
     def tune(self, transport: asyncio.Transport) -> None:
         tune_socket(transport)
@@ -374,6 +438,7 @@ class Listener:
         self._reserve = reserve_descriptors
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.tls: ssl.SSLContext | None = None
         self._fds = DescriptorGauge()
         self.refused = 0
         self.evicted = 0
@@ -383,14 +448,13 @@ class Listener:
         self, host: str, port: int, tls: ssl.SSLContext | None = None
     ) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
+        self.tls = tls  # each connection starts TLS itself, once admitted (FrameConnection)
         self._server = await loop.create_server(
             lambda: self._factory(self),
             host,
             port,
             reuse_address=True,
             backlog=1024,
-            ssl=tls,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls is not None else None,
         )
         self._sweeper = loop.create_task(self._sweep())
         bound = self._server.sockets[0].getsockname()
@@ -492,6 +556,9 @@ class Listener:
             stalled = conn.paused_since("writes")
             if stalled is not None and now - stalled > limits.request_receive_timeout_s:
                 why = "not reading"  # its answers back up: it holds memory and makes no progress
+            elif conn.handshaking:
+                if now - conn.opened_at > limits.request_receive_timeout_s:
+                    why = "TLS handshake not done"
             elif started is not None:
                 if not conn.waiting_on_node and now - started > limits.request_receive_timeout_s:
                     why = "slow"
@@ -548,3 +615,48 @@ class DescriptorGauge:
 
     def closed(self) -> None:
         self._open -= 1
+
+
+T = typing.TypeVar("T")
+
+
+def started_now(coro: typing.Coroutine[Any, Any, T]) -> typing.Awaitable[T]:
+    """coro with its first step taken now, synchronously, the rest awaited as usual. For
+    loop.start_tls from connection_made: its first step takes the socket's bytes over for the
+    TLS protocol; run a tick later (as a task would), uvloop has begun reading by then (it
+    starts after connection_made returns, whatever pause_reading said) and the ClientHello went
+    to the frame decoder."""
+    try:
+        yielded = coro.send(None)
+    except StopIteration as done:
+        return _already(typing.cast(T, done.value))
+    except BaseException:
+        coro.close()
+        raise
+    return _resumed(coro, yielded)
+
+
+async def _already(value: T) -> T:
+    return value
+
+
+@types.coroutine
+def _resumed(coro: typing.Coroutine[Any, Any, T], yielded: Any) -> typing.Generator[Any, Any, T]:
+    """The rest of a coroutine whose first step was taken: what it waits on goes up to the
+    task, what the task sends or throws goes down to it."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as done:
+                return typing.cast(T, done.value)
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as done:
+                return typing.cast(T, done.value)

@@ -67,8 +67,7 @@ class ClientConnection(FrameConnection):
         self._slots: collections.deque[_Slot] = collections.deque()
         self._held_bytes = 0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+    def on_ready(self, transport: asyncio.Transport) -> None:
         self.principal = Principal.of_connection(
             self.address,
             Origin.CLIENT,
