@@ -232,16 +232,26 @@ def test_silent_tls_handshakes_count_against_the_limits_and_time_out(
     import socket
 
     from test_trust import serve
+    from tidelog.cli.cluster import free_ports
 
     settings = ("max.connections.per.ip=40", "request.receive.timeout.ms=2000")
-    with serve(tmp_path, *settings, flags=tuple(serve_args(certs))) as (proc, address):
+    (http_port,) = free_ports(1)
+    flags = (*serve_args(certs), "--http-listen", f"127.0.0.1:{http_port}")
+    with serve(tmp_path, *settings, flags=flags) as (proc, address):
         silent = [socket.create_connection(address) for _ in range(120)]
+        # The HTTPS listener too: its silent handshakes are held to the same limits.
+        silent += [socket.create_connection(("127.0.0.1", http_port)) for _ in range(60)]
         time.sleep(1.3)  # they do nothing: they may make room
         started = time.monotonic()
         with Client("{}:{}".format(*address), tls=TlsFiles.of(ca=certs / "ca.pem")) as client:
             client.create_topic("through", partitions=1)
             client.produce("through", [ProducerRecord(None, b"x")], partition=0)
         assert time.monotonic() - started < 10
+        context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{http_port}/metrics", timeout=10, context=context
+        ) as page:
+            assert page.status == 200  # 40 of the 60 silent ones held places: one made room
         deadline = time.monotonic() + 10
         open_ones = silent
         while open_ones and time.monotonic() < deadline:
@@ -264,3 +274,5 @@ def test_silent_tls_handshakes_count_against_the_limits_and_time_out(
     said = (tmp_path / "node.log").read_text()
     assert "max.connections.per.ip=40" in said or "to make room" in said
     assert "TLS handshake not done" in said
+    assert "http listener closes 127.0.0.1 (still in its TLS handshake) to make room" in said
+    assert "http listener closes 127.0.0.1: TLS handshake not done" in said

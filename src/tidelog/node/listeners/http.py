@@ -15,12 +15,14 @@ node's TLS when it has one.
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import json
 import logging
 import socket
 import ssl
 import time
+import typing
 from collections.abc import Collection
 from importlib import resources
 from typing import Any
@@ -34,8 +36,10 @@ from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
 from tidelog.node.core import NodeCore
 from tidelog.node.exposition import CONTENT_TYPE, render, snapshot
+from tidelog.node.listeners.base import DescriptorGauge, started_now
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
+from tidelog.tls import HANDSHAKE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +82,164 @@ CONSOLE_FILES = {
 }
 
 
+class HttpGate:
+    """The HTTP listener's connections held to the node's limits from their first byte, as the
+    other listeners' are: max.connections, max.connections.per.ip and fd.reserve, a TLS
+    handshake started only once admitted and closed if not done within
+    request.receive.timeout.ms. (aiohttp's server takes every connection, and with TLS hands
+    it over only after its handshake: silent connections escaped every limit.)"""
+
+    def __init__(self, core: NodeCore, tls: ssl.SSLContext | None) -> None:
+        self.core = core
+        self.tls = tls
+        self.connections: set[_GatedHttp] = set()
+        self.per_host: collections.Counter[str] = collections.Counter()
+        self._fds = DescriptorGauge()
+        self.refused = 0
+
+    def admit(self, conn: _GatedHttp) -> bool:
+        config = self.core.config
+        why = ""
+        if self.per_host[conn.host] >= config.max_connections_per_ip and not self._evict(conn.host):
+            why = f"max.connections.per.ip={config.max_connections_per_ip} from {conn.host}"
+        elif len(self.connections) >= config.max_connections and not self._evict(None):
+            why = f"max.connections={config.max_connections}"
+        elif self._fds.free() <= config.fd_reserve and not self._evict(None):
+            why = f"only {self._fds.free()} descriptors left, {config.fd_reserve} are kept"
+        if why:
+            self.refused += 1
+            self.core.counters.inc("tidelog_connections_refused_total", listener="http")
+            log.warning("http listener refuses a connection from %s: %s", conn.host, why)
+            return False
+        self.connections.add(conn)
+        self.per_host[conn.host] += 1
+        self._fds.opened()
+        return True
+
+    def _evict(self, host: str | None) -> bool:
+        """Make room by closing the oldest connection (of host) still in its TLS handshake a
+        second or more after it came: one that has sent nothing a node could answer."""
+        now = time.monotonic()
+        silent = [
+            c
+            for c in self.connections
+            if c.handshaking and (host is None or c.host == host) and now - c.opened_at >= 1.0
+        ]
+        if not silent:
+            return False
+        victim = min(silent, key=lambda c: c.opened_at)
+        log.info("http listener closes %s (still in its TLS handshake) to make room", victim.host)
+        victim.abort()
+        return True
+
+    def forget(self, conn: _GatedHttp) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.per_host[conn.host] -= 1
+            if self.per_host[conn.host] <= 0:
+                del self.per_host[conn.host]
+            self._fds.closed()
+
+    async def sweep(self) -> None:
+        timeout_s = self.core.config.request_receive_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                if conn.handshaking and now - conn.opened_at > timeout_s:
+                    log.info("http listener closes %s: TLS handshake not done", conn.host)
+                    self.core.counters.inc(
+                        "tidelog_connections_closed_total",
+                        listener="http",
+                        why="TLS handshake not done",
+                    )
+                    conn.abort()
+
+
+class _GatedHttp(asyncio.Protocol):
+    """One HTTP connection: admitted by its gate, then (TLS) secured, then aiohttp's."""
+
+    def __init__(self, gate: HttpGate, inner: asyncio.Protocol) -> None:
+        self.gate = gate
+        self.inner = inner
+        self.host = ""
+        self.opened_at = time.monotonic()
+        self.handshaking = False
+        self.connected = False  # aiohttp's protocol has the connection
+        self.raw: asyncio.Transport | None = None
+        self._handshake: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        raw = typing.cast(asyncio.Transport, transport)
+        self.raw = raw
+        peer = raw.get_extra_info("peername")
+        self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        if not self.gate.admit(self):
+            raw.abort()
+            return
+        tls = self.gate.tls
+        if tls is None:
+            self.connected = True
+            self.inner.connection_made(raw)
+            return
+        self.handshaking = True
+        handshake = asyncio.get_running_loop().start_tls(
+            raw, self, tls, server_side=True, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+        )
+        try:
+            started = started_now(handshake)  # (see listeners/base.py: uvloop reads at once)
+        except (OSError, RuntimeError):
+            self.abort()
+            return
+        self._handshake = asyncio.ensure_future(self._secured(started))
+
+    async def _secured(self, handshake: typing.Awaitable[asyncio.Transport | None]) -> None:
+        try:
+            secured = await handshake
+        except (OSError, ssl.SSLError, TimeoutError, RuntimeError):
+            self.abort()
+            return
+        if secured is None or self not in self.gate.connections:
+            if secured is not None:
+                secured.abort()
+            return
+        self.handshaking = False
+        self.connected = True
+        self.inner.connection_made(secured)
+
+    def abort(self) -> None:
+        self.gate.forget(self)
+        if self.raw is not None:
+            self.raw.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.connected:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.connected else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gate.forget(self)
+        if self.connected:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.connected:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.connected:
+            self.inner.resume_writing()
+
+
 class HttpListener:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.gate: HttpGate | None = None
         self._view: tuple[float, dict[str, Any]] | None = None
         self._gathering: asyncio.Future[dict[str, Any]] | None = None
         self._own_hosts: set[str] = set()
@@ -105,10 +263,22 @@ class HttpListener:
         sock.bind((host, port))
         sock.setblocking(False)
         bound = sock.getsockname()
-        await web.SockSite(self._runner, sock, ssl_context=tls).start()
+        runner, gate = self._runner, HttpGate(self.core, tls)
+        self.gate = gate
+        assert runner.server is not None
+        handler = runner.server
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _GatedHttp(gate, handler()), sock=sock, backlog=128
+        )
+        self._sweeper = loop.create_task(gate.sweep())
         return bound[0], bound[1]
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
