@@ -194,6 +194,48 @@ def test_the_login_guard_makes_failures_wait_and_take_turns() -> None:
     assert guard.wait_after_failure_s("10.0.0.1") == 0.0
 
 
+def test_suspects_wait_in_a_bounded_queue_for_one_hash_at_a_time() -> None:
+    """Suspects (an address or a name with failures) take turns for one hash check; at most
+    SUSPECT_QUEUE_MAX wait, more are turned away at once (Timeout, retriable, no hash), and a
+    clean login never waits for them."""
+    import asyncio
+
+    from tidelog.errors import Timeout
+    from tidelog.node import login_guard as lg
+
+    async def main() -> None:
+        guard = lg.LoginGuard()
+        for _ in range(lg.FREE + 1):
+            guard.failed("10.0.0.1", "mallory")
+        release = asyncio.Event()
+        running = 0
+        most = 0
+
+        async def check(address: str, name: str) -> None:
+            nonlocal running, most
+            async with guard.attempt(address, name):
+                running += 1
+                most = max(most, running)
+                await release.wait()
+                running -= 1
+
+        waiting = [
+            asyncio.create_task(check("10.0.0.1", "x")) for _ in range(lg.SUSPECT_QUEUE_MAX + 1)
+        ]
+        await asyncio.sleep(0.05)
+        with pytest.raises(Timeout):
+            await check("10.0.0.1", "y")  # the queue is full: turned away, unchecked
+        assert guard.turned_away == 1
+        clean = asyncio.create_task(check("10.0.0.2", "alice"))
+        await asyncio.sleep(0.05)
+        assert running == 2  # one suspect and the clean login, side by side
+        release.set()
+        await asyncio.gather(*waiting, clean)
+        assert most == 2
+
+    asyncio.run(main())
+
+
 def test_a_flood_of_bad_tokens_slows_its_sender_not_a_valid_login(tmp_path: Path) -> None:
     """32 connections sending bad tokens pushed a valid login from 0.15 s to 3.4-3.9 s, and
     one connection made 428 guesses a second. Now the guesser's failures are answered later

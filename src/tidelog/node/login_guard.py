@@ -16,7 +16,8 @@ pushed a valid login from 0.15 s to 3.4-3.9 s, and one connection made 428 guess
 - an attempt for a name with failures to its debit waits before its check, at most NAME_CAP_S
   (its owner may be the one logging in), so guesses at one principal from many addresses slow;
 - attempts from an address or for a name with a failure to its debit are checked one at a time
-  node-wide (SUSPECT_SLOTS), so they never queue ahead of a clean login for the hash threads.
+  node-wide (SUSPECT_SLOTS), so they never queue ahead of a clean login for the hash threads;
+  at most SUSPECT_QUEUE_MAX wait for that turn, more are answered Timeout (retriable) at once.
 A success clears the name's debit; an address's fades after FORGET_S (an attacker with an
 account of its own cannot clear it by logging in between guesses).
 """
@@ -29,7 +30,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from tidelog.errors import AuthenticationFailed
+from tidelog.errors import AuthenticationFailed, Timeout
 
 FREE = 3  # failures allowed before any wait
 BASE_S = 0.1
@@ -37,6 +38,7 @@ CAP_S = 5.0
 NAME_CAP_S = 1.0
 FORGET_S = 300.0  # a debit not added to for this long is forgotten
 SUSPECT_SLOTS = 1
+SUSPECT_QUEUE_MAX = 64  # suspects waiting for a slot, at most; more are turned away unchecked
 MAX_TRACKED = 100_000  # addresses and names remembered at most (the oldest go first)
 
 
@@ -52,6 +54,8 @@ class LoginGuard:
         self._debits: dict[str, _Debit] = {}
         self._suspects = asyncio.Semaphore(SUSPECT_SLOTS)
         self.delayed = 0  # attempts made to wait (a counter for /metrics)
+        self.turned_away = 0  # suspects refused unchecked: the queue was full
+        self._queued = 0
 
     def _failures(self, key: str) -> int:
         debit = self._debits.get(key)
@@ -81,16 +85,31 @@ class LoginGuard:
         if before > 0:
             self.delayed += 1
             await asyncio.sleep(before)
+        suspect = self.suspect(address, name)
+        if suspect:
+            if self._queued >= SUSPECT_QUEUE_MAX:
+                # A bounded queue: past it a suspect is turned away unchecked (no hash), and
+                # retries; memory and the wait of those queued stay bounded.
+                self.turned_away += 1
+                raise Timeout(
+                    f"{SUSPECT_QUEUE_MAX} logins from addresses or for names with failed logins "
+                    "already wait to be checked: try again later"
+                )
+            self._queued += 1
+            try:
+                await self._suspects.acquire()
+            finally:
+                self._queued -= 1
         try:
-            if not self.suspect(address, name):
+            try:
                 yield
-            else:
-                async with self._suspects:
-                    yield
+            finally:
+                if suspect:
+                    self._suspects.release()
         except AuthenticationFailed:
             self.failed(address, name)
             after = self.wait_after_failure_s(address)
-            if after > 0:  # (outside the suspects' turn: a held answer blocks no one)
+            if after > 0:  # (after the suspects' turn: a held answer blocks no one)
                 self.delayed += 1
                 await asyncio.sleep(after)
             raise
