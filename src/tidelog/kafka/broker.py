@@ -765,43 +765,43 @@ class KafkaBroker:
         """The older, whole-set AlterConfigs (kafkajs, kafka-python and confluent's
         alter_configs use it): a topic's configs become exactly those given; every override
         not named goes back to its default, as in Kafka."""
-        responses = []
-        for resource in req.body.resources:
-            entry = resource_entry(resource)
-            try:
-                if resource.resource_type != TOPIC_RESOURCE:
-                    raise InvalidRequest("only topic configs are altered here")
-                sets = {c.name: c.value or "" for c in resource.configs}
-                meta = self.core.metadata.topic(resource.resource_name)
-                deletes = sorted(set(meta.configs) - set(sets))
-                if req.body.validate_only:
-                    validate_alter(self.core.metadata, resource.resource_name, sets, deletes)
-                else:
-                    await self._admin(
-                        principal, api.AlterTopicRequest(resource.resource_name, sets, deletes)
-                    )
-            except TidelogError as exc:
-                refuse(entry, exc, kerr.NOT_CONTROLLER)
-            responses.append(entry)
-        return {"throttle_time_ms": 0, "responses": responses}
+
+        def whole_set(resource: Any) -> tuple[dict[str, str], list[str]]:
+            sets = {c.name: c.value or "" for c in resource.configs}
+            meta = self.core.metadata.topic(resource.resource_name)
+            return sets, sorted(set(meta.configs) - set(sets))
+
+        return await self._alter_topics(principal, req, whole_set)
 
     async def incremental_alter_configs(self, principal: Principal, req: KafkaRequest) -> Answer:
+        def changes(resource: Any) -> tuple[dict[str, str], list[str]]:
+            if any(c.config_operation not in (0, 1) for c in resource.configs):
+                raise InvalidRequest("APPEND and SUBTRACT apply to list configs: tidelog has none")
+            sets = {c.name: c.value or "" for c in resource.configs if c.config_operation == 0}
+            return sets, [c.name for c in resource.configs if c.config_operation == 1]
+
+        return await self._alter_topics(principal, req, changes)
+
+    async def _alter_topics(
+        self,
+        principal: Principal,
+        req: KafkaRequest,
+        changes: Callable[[Any], tuple[dict[str, str], list[str]]],
+    ) -> Answer:
+        """Each resource's (set, deleted) configs, as the metadata leader alters a topic; with
+        validate_only, checked as it would be and changed nowhere."""
         responses = []
         for resource in req.body.resources:
             entry = resource_entry(resource)
             try:
                 if resource.resource_type != TOPIC_RESOURCE:
                     raise InvalidRequest("only topic configs are altered here")
-                sets = {c.name: c.value or "" for c in resource.configs if c.config_operation == 0}
-                deletes = [c.name for c in resource.configs if c.config_operation == 1]
-                if any(c.config_operation not in (0, 1) for c in resource.configs):
-                    raise InvalidRequest(
-                        "APPEND and SUBTRACT apply to list configs: tidelog has none"
-                    )
-                if not req.body.validate_only:
-                    await self._admin(
-                        principal, api.AlterTopicRequest(resource.resource_name, sets, deletes)
-                    )
+                sets, deletes = changes(resource)
+                name = resource.resource_name
+                if req.body.validate_only:
+                    validate_alter(self.core.metadata, name, sets, deletes)
+                else:
+                    await self._admin(principal, api.AlterTopicRequest(name, sets, deletes))
             except TidelogError as exc:
                 refuse(entry, exc, kerr.NOT_CONTROLLER)
             responses.append(entry)

@@ -534,12 +534,7 @@ class Listener:
         self._drop(conn)
 
     def _drop(self, conn: FrameConnection) -> None:
-        if conn in self.connections:
-            self.connections.discard(conn)
-            self.per_host[conn.host] -= 1
-            if self.per_host[conn.host] <= 0:
-                del self.per_host[conn.host]
-            self._fds.closed()
+        let_go(self.connections, self.per_host, self._fds, conn, conn.host)
 
     # -- timeouts -------------------------------------------------------------------------------
 
@@ -584,6 +579,23 @@ class Listener:
             "receive_budget_waits": self.budget.waits,
             "descriptors_free": self._fds.free(),
         }
+
+
+def let_go(
+    connections: set[Any],
+    per_host: collections.Counter[str],
+    fds: DescriptorGauge,
+    conn: Any,
+    host: str,
+) -> None:
+    """A listener's books on a connection gone: its place, its address's count, its
+    descriptor (once, however often it is called)."""
+    if conn in connections:
+        connections.discard(conn)
+        per_host[host] -= 1
+        if per_host[host] <= 0:
+            del per_host[host]
+        fds.closed()
 
 
 class DescriptorGauge:

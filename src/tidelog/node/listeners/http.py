@@ -36,7 +36,7 @@ from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
 from tidelog.node.core import NodeCore
 from tidelog.node.exposition import CONTENT_TYPE, render, snapshot
-from tidelog.node.listeners.base import DescriptorGauge, started_now
+from tidelog.node.listeners.base import DescriptorGauge, let_go, started_now
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.tls import HANDSHAKE_TIMEOUT_S
@@ -133,12 +133,7 @@ class HttpGate:
         return True
 
     def forget(self, conn: _GatedHttp) -> None:
-        if conn in self.connections:
-            self.connections.discard(conn)
-            self.per_host[conn.host] -= 1
-            if self.per_host[conn.host] <= 0:
-                del self.per_host[conn.host]
-            self._fds.closed()
+        let_go(self.connections, self.per_host, self._fds, conn, conn.host)
 
     async def sweep(self) -> None:
         timeout_s = self.core.config.request_receive_timeout_ms / 1000
