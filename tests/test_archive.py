@@ -196,6 +196,16 @@ def test_old_manifest_entries_are_sealed_into_parts_and_read_back_whole(tmp_path
     again = Manifest.from_bytes(cleaned.to_bytes(), "m", store.get)
     assert again.segments == cleaned.segments and again.start_offset == 10 * (PART_ENTRIES + 30)
     assert again.check_continuity() == []
+    # Emptied by its cleaner, a manifest still says how far it held: the metadata log's record
+    # of the archive (issue 32's ArchiveLost) must not take retention for a loss.
+    from tidelog.node.archiver import holds_until
+
+    emptied, _ = manifest.without_below(manifest.end_offset)
+    assert not emptied.segments and not emptied.parts
+    assert holds_until(emptied) == manifest.end_offset
+    assert (
+        holds_until(Manifest.from_bytes(emptied.to_bytes(), "m", store.get)) == manifest.end_offset
+    )
 
 
 def test_archive_topic_configs_are_checked() -> None:

@@ -149,7 +149,9 @@ class Manifest:
     topic_id: int
     partition: int
     leader_epoch: int = -1  # the epoch of the leader that last wrote it
-    start_offset: int = -1  # the archive's first offset (its cleaner moves it); -1: empty
+    # the archive's first offset (its cleaner moves it; an emptied one keeps where it stopped);
+    # -1: it never held anything
+    start_offset: int = -1
     segments: tuple[ArchivedSegment, ...] = ()
     gaps: tuple[Gap, ...] = ()
     configs: dict[str, str] = field(default_factory=dict)  # the topic's, for a restore
@@ -207,8 +209,10 @@ class Manifest:
         kept = self.segments[len(gone) :]
         if not gone:
             return self, []
-        start = kept[0].base_offset if kept else -1
-        gaps = tuple(g for g in self.gaps if g.end_offset > (start if kept else offset))
+        # Emptied, it keeps where its cleaner left it (holds_until: the metadata log's record
+        # of what the store holds must not read an emptied archive as a lost one).
+        start = kept[0].base_offset if kept else max(offset, gone[-1].end_offset)
+        gaps = tuple(g for g in self.gaps if g.end_offset > start)
         # A part with nothing left goes (its object with the objects); one partly cleaned
         # stays, its entries below the start ignored when it is read.
         parts = tuple(p for p in self.parts if kept and p.end_offset > start)
