@@ -80,7 +80,7 @@ SWEEP_START ?= random
 sim-sweep: setup
 	$(BIN)/python -m tidelog.testing --seeds $(SWEEP_SEEDS) --start $(SWEEP_START) --jobs 0
 
-# The coverage-guided fuzzer of every decoder, longer than CI's 30 s, then its corpus against a
+# The coverage-guided fuzzer of every decoder, longer than CI's 20 s, then its corpus against a
 # live node (tests/test_fuzz_decoders.py); figures printed. FUZZ_SECONDS=3600 for an hour.
 FUZZ_SECONDS ?= 600
 fuzz: setup

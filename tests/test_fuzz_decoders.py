@@ -10,7 +10,7 @@ inputs that reached new code go to a real `tidelog serve` on its client, Kafka a
 it must answer or close each, stay alive, stay bounded, and serve a well-formed client after.
 (HTTP inputs go to its HTTP port.)
 
-TIDELOG_DECODER_FUZZ_SECONDS (default 30) sets the fuzzing time; `make fuzz` runs it longer.
+TIDELOG_DECODER_FUZZ_SECONDS (default 20) sets the fuzzing time; `make fuzz` runs it longer.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tidelog.protocol.framing import Frame, Kind, encode_frame
 from tidelog.testing.fuzz import corpus_inputs, kafka_wire
 
 atheris = pytest.importorskip("atheris")
-SECONDS = int(os.environ.get("TIDELOG_DECODER_FUZZ_SECONDS", "30"))
+SECONDS = int(os.environ.get("TIDELOG_DECODER_FUZZ_SECONDS", "20"))
 FUZZ = [sys.executable, "-m", "tidelog.testing.fuzz"]
 
 
