@@ -87,6 +87,7 @@ def sasl_wire(data: bytes) -> bytes:
     )
 
 
+@pytest.mark.timeout(SECONDS + 600)  # (make fuzz runs it for 600 s and more)
 def test_coverage_guided_fuzzing_of_every_decoder_and_a_live_node_takes_the_corpus(
     tmp_path: Path,
 ) -> None:
