@@ -316,6 +316,14 @@ class Manifest:
             raise ArchiveCorrupt(f"{key}: not a manifest ({exc})", key=key) from None
 
 
+def holds_until(manifest: Manifest | None) -> int:
+    """One past the last offset a manifest accounts for: its end, or where its cleaner left it
+    when it emptied it; -1 for none."""
+    if manifest is None:
+        return -1
+    return manifest.end_offset if manifest.segments else manifest.start_offset
+
+
 # -- objects ----------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tidelog.archive.manifest import CLUSTER_KEY, Manifest, check_object
+from tidelog.archive.manifest import CLUSTER_KEY, Manifest, check_object, holds_until
 from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
 from tidelog.errors import ArchiveError, ArchiveObjectMissing
@@ -103,7 +103,7 @@ def verify_partition(store: ArchiveStore, manifest: Manifest, cluster_id: str) -
         manifest.end_offset,
         len(manifest.segments),
         manifest.size_bytes,
-        holds_until=manifest.end_offset if manifest.segments else manifest.start_offset,
+        holds_until=holds_until(manifest),
         gaps=[f"[{g.start_offset}, {g.end_offset}): {g.reason}" for g in manifest.gaps],
     )
     if cluster_id and manifest.cluster_id != cluster_id:

@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidelog.archive.manifest import (
     CLUSTER_KEY,
@@ -45,6 +45,7 @@ from tidelog.archive.manifest import (
     ManifestPart,
     check_object,
     describe_object,
+    holds_until,
     manifest_key,
     part_bytes,
     part_key,
@@ -249,7 +250,7 @@ class Archiver:
                 return local
             # (Its recorded end may lag the manifest's: the hold kept everything from there
             # to the local log start until it was archived.)
-            start = int(str(extent["start_offset"]))
+            start = int(extent["start_offset"])
             return start if 0 <= start < local else local
         manifest = state.manifest
         if not manifest.segments:
@@ -455,7 +456,7 @@ class Archiver:
             end_offset=int(exc.details.get("lost_end", -1)),
         )
 
-    def recorded_extent(self, host: PartitionHost) -> dict[str, object] | None:
+    def recorded_extent(self, host: PartitionHost) -> dict[str, Any] | None:
         """What the metadata log records of host's archive (None: nothing, or another
         incarnation of its topic's)."""
         extent = self.node.metadata.archive_extents.get(host.group)
@@ -469,7 +470,7 @@ class Archiver:
         extent = self.recorded_extent(host)
         if extent is None:
             return
-        start, end = int(str(extent["start_offset"])), int(str(extent["end_offset"]))
+        start, end = int(extent["start_offset"]), int(extent["end_offset"])
         if end <= start or start < 0:
             return
         held = holds_until(manifest)
@@ -495,16 +496,16 @@ class Archiver:
         """The lost range holding offset: one an operator accepted (recorded), or one the
         partition's store lost now."""
         extent = self.recorded_extent(host)
-        ranges = [tuple(r) for r in extent.get("lost", [])] if extent else []  # type: ignore[attr-defined]
+        ranges = [(int(a), int(b)) for a, b in extent.get("lost", [])] if extent else []
         error = self.state(host).error or self.cluster_error
         if isinstance(error, ArchiveLost):
             if "lost_start" in error.details:
                 ranges.append((int(error.details["lost_start"]), int(error.details["lost_end"])))
             elif extent is not None:
-                ranges.append((int(str(extent["start_offset"])), int(str(extent["end_offset"]))))
+                ranges.append((int(extent["start_offset"]), int(extent["end_offset"])))
         for start, end in ranges:
-            if int(start) <= offset < int(end):
-                return int(start), int(end)
+            if start <= offset < end:
+                return start, end
         return None
 
     def _report_extent(self, host: PartitionHost, state: ArchiveState) -> None:
@@ -696,7 +697,7 @@ class Archiver:
             partition=host.partition,
             configs=host.config.overrides(),
             partitions=len(meta.assignments) if meta is not None else 1,
-            gaps=tuple(Gap(int(a), int(b), LOST_REASON) for a, b in lost),  # type: ignore[attr-defined]
+            gaps=tuple(Gap(int(a), int(b), LOST_REASON) for a, b in lost),
         )
 
     def _check_owner(self, manifest: Manifest) -> None:
@@ -883,14 +884,6 @@ REPORT_FIELDS = (
     "start_offset",
     "end_offset",
 )
-
-
-def holds_until(manifest: Manifest | None) -> int:
-    """One past the last offset a manifest accounts for: its end, or where its cleaner left it
-    when it emptied it; -1 for none."""
-    if manifest is None:
-        return -1
-    return manifest.end_offset if manifest.segments else manifest.start_offset
 
 
 def claim_archive(store: ArchiveStore, cluster_id: str, recorded_archive_id: str = "") -> str:
