@@ -15,7 +15,6 @@ with one voter each, every group elects this node at start.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import resource
 import time
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tidelog.errors import InvalidConfig
 from tidelog.node.access import Principal
 from tidelog.node.cleaner import Cleaner
+from tidelog.node.cluster_id import agree_cluster_id
 from tidelog.node.config import NodeConfig
 from tidelog.node.core import METADATA_GROUP, NodeCore
 from tidelog.node.join import join_cluster, load_joined
@@ -124,7 +124,7 @@ class Node:
         if joined is not None:
             self.config = self.core.config = joined.config(self.config)
             self.core.initial_voters = joined.metadata_voters
-        self._check_identity(data)
+        await self._check_identity(data)
         config = self.config
         tls = config.tls
         # tidelog's client listener asks for a certificate and refuses by name, request by
@@ -177,10 +177,10 @@ class Node:
             list(self.core.metadata_host.replica.voters),
         )
 
-    def _check_identity(self, data: Path) -> None:
+    async def _check_identity(self, data: Path) -> None:
         """The directory's identity (storage/identity.py): refused if it belongs to another
-        node or cluster; formatted if new. A cluster without an explicit id formats its nodes
-        with one derived from the cluster secret, so that they agree without being told."""
+        node or cluster; formatted if new. Nodes of a cluster without an explicit id agree on
+        a random one first (node/cluster_id.py)."""
         config = self.config
         if (
             len(config.voters) > 1
@@ -197,11 +197,10 @@ class Node:
                 "(or TIDELOG_CLUSTER_SECRET), or, on a trusted network, the same --cluster-id ID",
                 key="cluster_secret_file",
             )
-        derived = ""
-        if config.cluster_secret:
-            digest = hashlib.sha256(b"tidelog cluster id|" + config.cluster_secret).hexdigest()
-            derived = digest[:22]
-        self.identity = load_or_format(data, self.node_id, config.cluster_id, derived)
+        agreed = ""
+        if len(config.voters) > 1 and not config.cluster_id and read_identity(data) is None:
+            agreed = await agree_cluster_id(config)
+        self.identity = load_or_format(data, self.node_id, config.cluster_id, agreed)
         self.core.identity = self.identity
         self.core.load_peer_directories()
         if self.identity.formatted:

@@ -5,17 +5,20 @@ only after both sides prove they hold the cluster secret (mutual challenge-respo
     PEER_HELLO {node_id, to, nonce_d, cluster_id, directory_id}
                                        ──►   checks: `to` is itself, node_id is a peer, and
                                              the cluster is ours
-               ◄──  {node_id, nonce_l, proof_l = MAC("listener", d, l, nonce_d, nonce_l)}
+               ◄──  {node_id, nonce_l, cluster_id,
+                     proof_l = MAC("listener", d, l, nonce_d, nonce_l, cluster_id)}
     checks proof_l
     PEER_AUTH {proof_d = MAC("dialer", ...)}  ──►  checks proof_d; the connection is node d's
                ◄──  {accepted: true}
 
 MAC is HMAC-SHA256 keyed by the cluster secret; each side's nonce makes every proof fresh, so a
 recorded handshake cannot be replayed. The dialer's cluster and directory ids are bound into its
-proof, so they cannot be changed in flight; the directory id is how the listener tells a peer
-that kept its disk from one that came back empty (replication/directories.py). Nothing but these two requests is read on a peer
-connection until it is bound. Under TLS the channel is mutual TLS as well, and the secret is
-still proved: a certificate from the CA proves a machine, the secret proves a member.
+proof, so they cannot be changed in flight, and the listener's cluster id into its own (a node
+formatting its first start adopts it: node/cluster_id.py). The directory id is how the listener
+tells a peer that kept its disk from one that came back empty (replication/directories.py).
+Nothing but these two requests is read on a peer connection until it is bound. Under TLS the
+channel is mutual TLS as well, and the secret is still proved: a certificate from the CA proves
+a machine, the secret proves a member.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class PeerHelloResponse:
     node_id: int  # the listener
     nonce: str
     proof: str
+    cluster_id: str = ""  # the listener's; "" while it is not formatted yet
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,10 @@ class ListenerHandshake:
         return PeerHelloResponse(
             self.node_id,
             mine,
-            proof(self.secret, "listener", msg.node_id, self.node_id, msg.nonce, mine),
+            proof(
+                self.secret, "listener", msg.node_id, self.node_id, msg.nonce, mine, self.cluster_id
+            ),
+            self.cluster_id,
         )
 
     def auth(self, msg: PeerAuth) -> int:
@@ -162,15 +169,27 @@ class DialerHandshake:
     def hello(self) -> PeerHello:
         return PeerHello(self.node_id, self.to, self.nonce, self.cluster_id, self.directory_id)
 
-    def answer(self, msg: PeerHelloResponse) -> PeerAuth:
+    def listener_cluster(self, msg: PeerHelloResponse) -> str:
+        """The listener's cluster id ("" if not formatted), once it proved the secret."""
         check_nonce(msg.nonce)
         check_proof(msg.proof)
         if msg.node_id != self.to:
             raise InvalidRequest(f"peer handshake: expected node {self.to}, reached {msg.node_id}")
-        expected = proof(self.secret, "listener", self.node_id, self.to, self.nonce, msg.nonce)
+        expected = proof(
+            self.secret, "listener", self.node_id, self.to, self.nonce, msg.nonce, msg.cluster_id
+        )
         if not hmac.compare_digest(expected, msg.proof):
             raise InvalidRequest(
                 f"peer handshake: node {self.to} did not prove it holds the cluster secret"
+            )
+        return msg.cluster_id
+
+    def answer(self, msg: PeerHelloResponse) -> PeerAuth:
+        theirs = self.listener_cluster(msg)
+        if theirs and self.cluster_id and theirs != self.cluster_id:
+            raise InconsistentClusterId(
+                f"peer handshake: node {self.to} belongs to cluster {theirs}, "
+                f"this node to cluster {self.cluster_id}"
             )
         ids = _ids(self.cluster_id, self.directory_id)
         return PeerAuth(

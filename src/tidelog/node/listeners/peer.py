@@ -179,13 +179,39 @@ async def discover_peer_port(
     address: tuple[str, int], timeout_s: float, tls: ssl.SSLContext | None = None
 ) -> int:
     """Ask a node's client listener where its peer channel listens."""
+    request = api.encode(api.ApiVersionsRequest("peer-discovery"))
+    answer = await _ask(address, timeout_s, tls, ApiKey.API_VERSIONS, request)
+    port = api.decode(api.ApiVersionsResponse, answer).peer_port
+    if port <= 0:
+        raise InvalidRequest(f"node at {address[0]}:{address[1]} has no peer channel")
+    return port
+
+
+async def ask_cluster_id(
+    dialer: DialerHandshake, address: tuple[str, int], timeout_s: float, tls: ssl.SSLContext | None
+) -> str:
+    """The cluster id of the peer whose peer channel is at address ("" if it is not formatted
+    yet), once it proved it holds the cluster secret. Only the hello is sent: the connection is
+    never bound."""
+    hello = api.encode(dialer.hello())
+    answer = await _ask(address, timeout_s, tls, ApiKey.PEER_HELLO, hello)
+    return dialer.listener_cluster(api.decode(PeerHelloResponse, answer))
+
+
+async def _ask(
+    address: tuple[str, int],
+    timeout_s: float,
+    tls: ssl.SSLContext | None,
+    key: int,
+    request: dict[str, Any],
+) -> dict[str, Any]:
+    """One request on a connection of its own, and its answer's header."""
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(*address, ssl=tls, server_hostname=address[0] if tls else None),
         timeout_s,
     )
     try:
-        request = api.encode(api.ApiVersionsRequest("peer-discovery"))
-        writer.write(encode_prefix(Kind.REQUEST, ApiKey.API_VERSIONS, 1, request, 0))
+        writer.write(encode_prefix(Kind.REQUEST, key, 1, request, 0))
         decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES)
         while True:
             frame = decoder.next_frame()
@@ -198,10 +224,7 @@ async def discover_peer_port(
         error = api.error_of(frame.header)
         if error is not None:
             raise error
-        port = api.decode(api.ApiVersionsResponse, frame.header).peer_port
-        if port <= 0:
-            raise InvalidRequest(f"node at {address[0]}:{address[1]} has no peer channel")
-        return port
+        return frame.header
     finally:
         writer.close()
 
