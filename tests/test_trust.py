@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from helpers import batch_of
+from helpers import batch_of, wait_for
 from test_cluster import leader_of
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster, free_ports
@@ -344,6 +344,56 @@ def test_slow_and_idle_connections_are_closed(tmp_path: Path) -> None:
             assert counters['tidelog_connections_closed_total{listener="client",why="idle"}'] >= 1
 
     asyncio.run(main())
+
+
+def test_slow_and_silent_http_requests_are_closed(tmp_path: Path) -> None:
+    """Issue 32: aiohttp waits for a request's head as long as a client trickles it, so slow-loris
+    connections to /metrics stayed open past 93 s. Now a head not received within
+    request.receive.timeout.ms of its first byte (or of the connection) is closed, and a
+    keep-alive connection's second request is timed from its own first byte."""
+    (http_port,) = free_ports(1)
+    flags = ("--http-listen", f"127.0.0.1:{http_port}")
+    with serve(tmp_path, "request.receive.timeout.ms=1500", flags=flags) as (proc, _):
+        http = ("127.0.0.1", http_port)
+        wait_for("the HTTP listener", lambda: socket.create_connection(http, 1).close() is None)
+
+        def closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> float:
+            """Seconds until the node closes sock, trickling a byte of it every 0.25 s."""
+            started = time.monotonic()
+            sock.settimeout(0.25)
+            for i in range(int(seconds / 0.25)):
+                if i < len(trickle):
+                    try:
+                        sock.sendall(trickle[i : i + 1])
+                    except OSError:
+                        return time.monotonic() - started
+                try:
+                    if sock.recv(4096) == b"":
+                        return time.monotonic() - started
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return time.monotonic() - started
+            return float("inf")
+
+        head = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
+        assert closed_within(socket.create_connection(http), 6, head) < 3.5
+        assert closed_within(socket.create_connection(http), 6) < 3.5  # silent
+        # A keep-alive connection: served, idle longer than the timeout, served again.
+        with socket.create_connection(http) as sock:
+            request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            for _ in range(2):
+                sock.sendall(request)
+                sock.settimeout(10)
+                assert sock.recv(64).startswith(b"HTTP/1.1 200"), "served"
+                time.sleep(2.0)  # past the timeout, between requests: allowed
+                sock.settimeout(0.5)
+                with contextlib.suppress(TimeoutError):
+                    while sock.recv(65536):  # the rest of the answer
+                        pass
+        assert proc.poll() is None
+    said = (tmp_path / "node.log").read_text()
+    assert "http listener closes 127.0.0.1: request not received" in said
 
 
 def test_a_connection_flood_makes_room_for_a_working_client(tmp_path: Path) -> None:

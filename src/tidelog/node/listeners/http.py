@@ -86,13 +86,17 @@ class HttpGate:
     """The HTTP listener's connections held to the node's limits from their first byte, as the
     other listeners' are: max.connections, max.connections.per.ip and fd.reserve, a TLS
     handshake started only once admitted and closed if not done within
-    request.receive.timeout.ms. (aiohttp's server takes every connection, and with TLS hands
-    it over only after its handshake: silent connections escaped every limit.)"""
+    request.receive.timeout.ms, and a request whose head has not arrived within that time of
+    its first byte (or of the connection, for the first) closed too. (aiohttp's server takes
+    every connection, with TLS hands it over only after its handshake, and waits for a
+    request's head as long as the client trickles it: silent and slow-loris connections
+    escaped every limit.)"""
 
     def __init__(self, core: NodeCore, tls: ssl.SSLContext | None) -> None:
         self.core = core
         self.tls = tls
         self.connections: set[_GatedHttp] = set()
+        self.by_handler: dict[asyncio.Protocol, _GatedHttp] = {}  # aiohttp's protocol -> ours
         self.per_host: collections.Counter[str] = collections.Counter()
         self._fds = DescriptorGauge()
         self.refused = 0
@@ -112,6 +116,7 @@ class HttpGate:
             log.warning("http listener refuses a connection from %s: %s", conn.host, why)
             return False
         self.connections.add(conn)
+        self.by_handler[conn.inner] = conn
         self.per_host[conn.host] += 1
         self._fds.opened()
         return True
@@ -132,7 +137,14 @@ class HttpGate:
         victim.abort()
         return True
 
+    def request_arrived(self, handler: object) -> None:
+        """aiohttp has a request's head (it reached the middleware): not a slow one."""
+        conn = self.by_handler.get(typing.cast(asyncio.Protocol, handler))
+        if conn is not None:
+            conn.waiting_since = None
+
     def forget(self, conn: _GatedHttp) -> None:
+        self.by_handler.pop(conn.inner, None)
         let_go(self.connections, self.per_host, self._fds, conn, conn.host)
 
     async def sweep(self) -> None:
@@ -141,12 +153,15 @@ class HttpGate:
             await asyncio.sleep(0.5)
             now = time.monotonic()
             for conn in list(self.connections):
+                why = ""
                 if conn.handshaking and now - conn.opened_at > timeout_s:
-                    log.info("http listener closes %s: TLS handshake not done", conn.host)
+                    why = "TLS handshake not done"
+                elif conn.waiting_since is not None and now - conn.waiting_since > timeout_s:
+                    why = "request not received"
+                if why:
+                    log.info("http listener closes %s: %s", conn.host, why)
                     self.core.counters.inc(
-                        "tidelog_connections_closed_total",
-                        listener="http",
-                        why="TLS handshake not done",
+                        "tidelog_connections_closed_total", listener="http", why=why
                     )
                     conn.abort()
 
@@ -161,6 +176,9 @@ class _GatedHttp(asyncio.Protocol):
         self.opened_at = time.monotonic()
         self.handshaking = False
         self.connected = False  # aiohttp's protocol has the connection
+        # Since when a request's head is awaited (the connection's start, then each request's
+        # first byte); None while none is: between requests, and once aiohttp has the head.
+        self.waiting_since: float | None = None
         self.raw: asyncio.Transport | None = None
         self._handshake: asyncio.Future[None] | None = None
 
@@ -174,8 +192,7 @@ class _GatedHttp(asyncio.Protocol):
             return
         tls = self.gate.tls
         if tls is None:
-            self.connected = True
-            self.inner.connection_made(raw)
+            self._connect(raw)
             return
         self.handshaking = True
         handshake = asyncio.get_running_loop().start_tls(
@@ -199,8 +216,12 @@ class _GatedHttp(asyncio.Protocol):
                 secured.abort()
             return
         self.handshaking = False
+        self._connect(secured)
+
+    def _connect(self, transport: asyncio.Transport) -> None:
         self.connected = True
-        self.inner.connection_made(secured)
+        self.waiting_since = time.monotonic()
+        self.inner.connection_made(transport)
 
     def abort(self) -> None:
         self.gate.forget(self)
@@ -209,6 +230,8 @@ class _GatedHttp(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.connected:
+            if self.waiting_since is None:
+                self.waiting_since = time.monotonic()
             self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -283,6 +306,8 @@ class HttpListener:
 
     @web.middleware
     async def _guarded(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.gate is not None:
+            self.gate.request_arrived(request.protocol)
         if not self.host_allowed(request.headers.get("Host", "")):
             self.core.counters.inc("tidelog_http_refused_hosts_total")
             return web.json_response(
