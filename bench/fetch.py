@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from common import RECORD_BYTES, make_batch, print_table, scratch_dir
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.sync_client import Client
 from tidelog.record import decode_records, iter_headers

@@ -20,8 +20,8 @@ import time
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from common import print_table, scratch_dir
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer as TidelogProducer
 from tidelog.client.sync_client import Client

@@ -20,8 +20,8 @@ from common import (
     run_producers,
     scratch_dir,
 )
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 
 

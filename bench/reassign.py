@@ -16,8 +16,8 @@ import asyncio
 import time
 
 from common import RECORD_BYTES, make_batch, print_table, scratch_dir
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 from tidelog.errors import TidelogError
 

@@ -27,8 +27,9 @@ from common import (
     run_producers,
     scratch_dir,
 )
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status, run_loop
+from tidelog.cli.main import merge_status
 from tidelog.client.async_client import AsyncClient
 from tidelog.errors import TidelogError
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from common import RECORD_BYTES, percentile, print_table, scratch_dir
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 from tidelog.record import ProducerRecord, build_batch
 

@@ -28,8 +28,8 @@ from common import (
     run_producers,
     scratch_dir,
 )
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 from tidelog.devcerts import make_dev_certs
 from tidelog.tls import TlsFiles

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from common import median, print_table, run_producers, scratch_dir
+from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import free_ports
-from tidelog.cli.main import run_loop
 from tidelog.client.async_client import AsyncClient
 from tidelog.record import ProducerRecord, build_batch
 

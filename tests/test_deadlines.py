@@ -14,8 +14,9 @@ import pytest
 
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
+from tidelog.replication.clock import Clock
 from tidelog.replication.liveness import Heartbeat, Liveness
-from tidelog.replication.replica import Clock, QuorumState, Replica, ReplicaConfig
+from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
 from tidelog.storage.memory_log import MemoryLog
 from tidelog.testing.sim import SimParams, Simulation
 

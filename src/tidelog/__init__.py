@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from tidelog.errors import TidelogError
+from tidelog.version import __version__
 
-__all__ = ["AsyncClient", "Client", "TidelogError"]
-__version__ = "0.1.0"
+__all__ = ["AsyncClient", "Client", "TidelogError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

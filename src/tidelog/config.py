@@ -189,3 +189,10 @@ def _parse(key: str, type_name: Any, raw: Any) -> Any:
     except ValueError:
         raise InvalidConfig(f"{key}: cannot parse {raw!r} as {type_name}", key=key) from None
     return text
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidConfig(f"address {text!r} is not HOST:PORT", key="address")
+    return host, int(port)

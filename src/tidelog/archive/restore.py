@@ -1,8 +1,8 @@
 """`tidelog restore --archive URL --topic T --to-offset N | --to-time ISO8601 --data DIR`:
 a topic rebuilt from its archive, up to a point, into a new node's data directory.
 
-The directory is made the ordinary way -- a real node (`tidelog serve`) starts on it and creates
-the topic with its archived configs (without remote.storage.enable: the restored node does not
+The directory is made the ordinary way -- a real node (`tidelog serve`, started by the CLI's
+create_topic) starts on it and creates the topic with its archived configs (without remote.storage.enable: the restored node does not
 write into the archive it came from) and partition count -- and stops; then each partition's log
 is rebuilt from the archived batches, exactly as the leader wrote them (offsets, epochs,
 producer ids), from the archive's start up to the point: offsets below N, or records stamped at
@@ -12,13 +12,8 @@ it, so the restored log is exactly the original's prefix. A node started on DIR 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import os
-import signal
-import subprocess
-import sys
-import time
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +23,12 @@ from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
 from tidelog.archive.verify import manifest_keys
 from tidelog.config import TopicConfig
-from tidelog.errors import (
-    ArchiveError,
-    InvalidRequest,
-    RestorePointOutside,
-    TidelogError,
-    TopicAlreadyExists,
-)
+from tidelog.errors import ArchiveError, InvalidRequest, RestorePointOutside
 from tidelog.record.batch import BatchHeader, Record, decode_records, read_header, rebuild_batch
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.log import SegmentedLog
+
+log = logging.getLogger(__name__)
 
 # Topic settings that belong to the archived cluster, not to the restored copy.
 NOT_RESTORED = (
@@ -141,11 +132,17 @@ def _iso(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat()
 
 
+# Makes data_dir a node's directory holding the topic (partitions, configs), as a real node
+# would: `tidelog restore` starts one (cli/archive.py).
+CreateTopic = Callable[[Path, str, int, dict[str, str]], None]
+
+
 def restore_topic(
     store: ArchiveStore,
     topic: str,
     point: RestorePoint,
     data_dir: Path,
+    create_topic: CreateTopic,
     allow_outside: bool = False,
 ) -> list[RestoredPartition]:
     if data_dir.exists() and any(data_dir.iterdir()):
@@ -156,10 +153,10 @@ def restore_topic(
     except RestorePointOutside as exc:
         if not allow_outside:
             raise
-        print(f"warning: {exc.message} (restoring anyway: --allow-outside)", file=sys.stderr)
+        log.warning("%s (restoring anyway: --allow-outside)", exc.message)
     partitions = max(max(m.partitions for m in manifests), max(m.partition for m in manifests) + 1)
     configs = {k: v for k, v in manifests[0].configs.items() if k not in NOT_RESTORED}
-    create_topic_offline(data_dir, topic, partitions, configs)
+    create_topic(data_dir, topic, partitions, configs)
     config = TopicConfig.from_mapping(configs)
     by_partition = {m.partition: m for m in manifests}
     done = []
@@ -246,65 +243,3 @@ def _cut_records(header: BatchHeader, records: list[Record]) -> tuple[BatchHeade
     cut = header._replace(last_offset_delta=records[-1].offset - header.base_offset)
     data = rebuild_batch(cut, records)
     return read_header(data), data
-
-
-def create_topic_offline(
-    data_dir: Path, topic: str, partitions: int, configs: dict[str, str]
-) -> None:
-    """A real node makes the directory and the topic, then stops."""
-    from tidelog.cli.cluster import free_ports
-    from tidelog.client.sync_client import Client
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    port, peer_port = free_ports(2)
-    log_path = data_dir.parent / f".{data_dir.name}.restore.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidelog",
-                "serve",
-                "--data",
-                str(data_dir),
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--peers",
-                f"1=127.0.0.1:{port}/{peer_port}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise ArchiveError(
-                    f"the node restore started exited ({proc.returncode}): "
-                    + log_path.read_text(errors="replace")[-2000:]
-                )
-            try:
-                with Client(f"127.0.0.1:{port}") as client:
-                    with contextlib.suppress(TopicAlreadyExists):  # an earlier try made it
-                        client.create_topic(
-                            topic, partitions=partitions, replication_factor=1, configs=configs
-                        )
-                    client.wait_for_leaders(topic)
-                break
-            except (OSError, TidelogError) as exc:
-                # Not listening yet, or not ready (a retriable error): again, until the deadline.
-                retriable = not isinstance(exc, TidelogError) or exc.retriable
-                if not retriable or time.monotonic() > deadline:
-                    raise ArchiveError(
-                        f"the node restore started could not create {topic}: {exc}"
-                    ) from exc
-                time.sleep(0.2)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    log_path.unlink(missing_ok=True)

@@ -6,16 +6,14 @@ epochs never decreasing), and that one cluster owns it all."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tidelog.archive.manifest import CLUSTER_KEY, Manifest, check_object, holds_until
 from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
 from tidelog.errors import ArchiveError, ArchiveObjectMissing
-
-if TYPE_CHECKING:
-    from tidelog.protocol.api import ArchiveResponse
 
 
 @dataclass
@@ -122,18 +120,22 @@ def verify_partition(store: ArchiveStore, manifest: Manifest, cluster_id: str) -
 
 
 def compare_with_cluster(
-    report: VerifyReport, recorded: ArchiveResponse, topic: str | None = None
+    report: VerifyReport,
+    archive_id: str,
+    extents: Sequence[Mapping[str, Any]],
+    topic: str | None = None,
 ) -> list[str]:
-    """What the store lacks of what the cluster's metadata log records it holds: each named
-    ArchiveLost (the store's identity, a partition's manifest, the end of its range)."""
+    """What the store lacks of what the cluster's metadata log records it holds (its archive id
+    and per-partition extents, as `archive describe` shows them): each named ArchiveLost (the
+    store's identity, a partition's manifest, the end of its range)."""
     problems: list[str] = []
-    if recorded.archive_id and report.archive_id != recorded.archive_id:
+    if archive_id and report.archive_id != archive_id:
         problems.append(
             f"ArchiveLost: the store's archive id is {report.archive_id or '(none)'}, the "
-            f"cluster recorded {recorded.archive_id}: this is not the store it archived to"
+            f"cluster recorded {archive_id}: this is not the store it archived to"
         )
     held = {(p.topic, p.topic_id, p.partition): p for p in report.partitions}
-    for extent in recorded.extents:
+    for extent in extents:
         if topic is not None and extent["topic"] != topic:
             continue
         start, end = int(extent["start_offset"]), int(extent["end_offset"])

@@ -97,7 +97,7 @@ def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
 
 
 def cmd_principals(args: argparse.Namespace) -> int:
-    from tidelog.cli.main import run_loop
+    from tidelog.cli.args import run_loop
 
     async def run() -> int:
         async with client_of(args) as client:
@@ -127,12 +127,12 @@ def cmd_principals(args: argparse.Namespace) -> int:
 
 
 def cmd_quotas(args: argparse.Namespace) -> int:
-    from tidelog.cli.main import _parse_kv, run_loop
+    from tidelog.cli.args import parse_kv, run_loop
 
     async def run() -> int:
         async with client_of(args) as client:
             if args.quotas_command == "set":
-                limits = check_limits(_parse_kv(args.limits, "quotas set"))
+                limits = check_limits(parse_kv(args.limits, "quotas set"))
                 print(json.dumps(await client.set_quota(args.principal, limits)))
             elif args.quotas_command == "remove":
                 await client.remove_quota(args.principal)
@@ -176,7 +176,7 @@ def describe_acl(acl: dict[str, Any]) -> str:
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
-    from tidelog.cli.main import run_loop
+    from tidelog.cli.args import run_loop
 
     async def run() -> int:
         async with client_of(args) as client:

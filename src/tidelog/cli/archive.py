@@ -4,14 +4,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from tidelog.archive.restore import RestorePoint, restore_topic
 from tidelog.archive.store import open_store
 from tidelog.archive.verify import compare_with_cluster, verify_archive
+from tidelog.cli.cluster import free_ports
 from tidelog.cli.connect import add_connection_options, client_of
+from tidelog.client.sync_client import Client
+from tidelog.errors import ArchiveError, TidelogError, TopicAlreadyExists
 from tidelog.protocol import api
 
 
@@ -83,13 +92,16 @@ def cmd_archive_verify(args: argparse.Namespace) -> int:
     store.check()
     report = verify_archive(store, args.topic)
     if args.bootstrap:
-        from tidelog.cli.main import run_loop
+        from tidelog.cli.args import run_loop
 
         async def recorded() -> api.ArchiveResponse:
             async with client_of(args) as client:
                 return await client.archive()
 
-        report.problems.extend(compare_with_cluster(report, run_loop(recorded()), args.topic))
+        answer = run_loop(recorded())
+        report.problems.extend(
+            compare_with_cluster(report, answer.archive_id, answer.extents, args.topic)
+        )
     if args.json:
         print(
             json.dumps(
@@ -118,7 +130,7 @@ def cmd_archive_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_archive_describe(args: argparse.Namespace) -> int:
-    from tidelog.cli.main import run_loop
+    from tidelog.cli.args import run_loop
 
     async def run() -> int:
         async with client_of(args) as client:
@@ -129,7 +141,7 @@ def cmd_archive_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_archive_accept_loss(args: argparse.Namespace) -> int:
-    from tidelog.cli.main import run_loop
+    from tidelog.cli.args import run_loop
 
     async def run() -> int:
         async with client_of(args) as client:
@@ -167,10 +179,71 @@ def cmd_restore(args: argparse.Namespace) -> int:
     point = RestorePoint.parse(args.to_offset, args.to_time)
     store = open_store(args.archive, args.archive_endpoint)
     store.check()
-    restored = restore_topic(store, args.topic, point, args.data, args.allow_outside)
+    restored = restore_topic(
+        store, args.topic, point, args.data, create_topic_offline, args.allow_outside
+    )
     print(f"restored {args.topic} ({point.describe()}) into {args.data}:")
     for p in restored:
         line = f"  partition {p.partition}: offsets [{p.start_offset}, {p.end_offset}), {p.records} records"
         print(line + (f" ({p.note})" if p.note else ""))
     print(f"serve it with: tidelog serve --data {args.data} --listen 127.0.0.1:7100")
     return 0
+
+
+def create_topic_offline(
+    data_dir: Path, topic: str, partitions: int, configs: dict[str, str]
+) -> None:
+    """A real node makes the directory and the topic, then stops (restore_topic's create_topic)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port, peer_port = free_ports(2)
+    log_path = data_dir.parent / f".{data_dir.name}.restore.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tidelog",
+                "serve",
+                "--data",
+                str(data_dir),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--peers",
+                f"1=127.0.0.1:{port}/{peer_port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise ArchiveError(
+                    f"the node restore started exited ({proc.returncode}): "
+                    + log_path.read_text(errors="replace")[-2000:]
+                )
+            try:
+                with Client(f"127.0.0.1:{port}") as client:
+                    with contextlib.suppress(TopicAlreadyExists):  # an earlier try made it
+                        client.create_topic(
+                            topic, partitions=partitions, replication_factor=1, configs=configs
+                        )
+                    client.wait_for_leaders(topic)
+                break
+            except (OSError, TidelogError) as exc:
+                # Not listening yet, or not ready (a retriable error): again, until the deadline.
+                retriable = not isinstance(exc, TidelogError) or exc.retriable
+                if not retriable or time.monotonic() > deadline:
+                    raise ArchiveError(
+                        f"the node restore started could not create {topic}: {exc}"
+                    ) from exc
+                time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    log_path.unlink(missing_ok=True)

@@ -331,7 +331,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     ports = [args.base_port + i for i in range(args.nodes)]
     base = args.kafka_base_port
     if args.kafka_listen:
-        from tidelog.node.config import parse_address
+        from tidelog.config import parse_address
 
         base = parse_address(args.kafka_listen)[1]
     kafka_ports = [base + i for i in range(args.nodes)] if base else None

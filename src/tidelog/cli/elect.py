@@ -16,6 +16,7 @@ import asyncio
 import time
 from typing import Any
 
+from tidelog.cli.args import parse_partition
 from tidelog.cli.connect import client_of
 from tidelog.cli.reassign import add_reassign_command
 from tidelog.client.async_client import AsyncClient
@@ -45,13 +46,6 @@ def add_partitions_command(sub: Any, with_bootstrap: Any) -> None:
     )
     elect.set_defaults(func=cmd_elect)
     add_reassign_command(psub, with_bootstrap)
-
-
-def parse_partition(text: str) -> tuple[str, int]:
-    topic, sep, part = text.rpartition("/")
-    if not sep or not topic or not part.isdigit():
-        raise InvalidRequest(f"expected TOPIC/PARTITION (e.g. events/0), got {text!r}")
-    return topic, int(part)
 
 
 def cmd_elect(args: argparse.Namespace) -> int:

@@ -12,11 +12,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from tidelog import __version__
+from tidelog.cli.args import parse_kv, run_loop
 from tidelog.cli.connect import add_connection_options, add_tls_options, client_of
 from tidelog.cli.progress import Progress
 from tidelog.cli.tables import add_watch_option, show, table_lines
@@ -28,9 +28,9 @@ from tidelog.logs import FORMATS
 from tidelog.logs import configure as configure_logs
 from tidelog.node.failstop import EXIT_CODE as FAIL_STOP_EXIT_CODE
 from tidelog.record.batch import Record
+from tidelog.version import __version__
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7100"
-T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -364,7 +364,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # archive) is its own: 0600 files in 0700 directories.
     os.umask(0o077)
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
-    values.update(_parse_kv(args.set, "--set"))
+    values.update(parse_kv(args.set, "--set"))
     for key, value in (
         ("data", args.data),
         ("listen", args.listen),
@@ -416,31 +416,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "uvloop") -> T:
-    """asyncio.run, on uvloop's loop unless asyncio's is asked for (or uvloop is missing)."""
-    if event_loop not in ("uvloop", "asyncio"):
-        raise TidelogError(f"event_loop must be asyncio or uvloop, not {event_loop!r}")
-    if event_loop == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            logging.getLogger(__name__).warning("uvloop is not installed; using asyncio's loop")
-        else:
-            return uvloop.run(main)
-    return asyncio.run(main)
-
-
 # -- topics -------------------------------------------------------------------------------------
-
-
-def _parse_kv(items: list[str], flag: str = "--config") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise TidelogError(f"{flag} expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
@@ -450,7 +426,7 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
                 args.name,
                 args.partitions,
                 args.replication_factor,
-                _parse_kv(args.config),
+                parse_kv(args.config),
                 args.kind,
             )
             chosen = " (the default: min(3, nodes))" if args.replication_factor == -1 else ""
@@ -518,7 +494,7 @@ def cmd_topics_alter(args: argparse.Namespace) -> int:
             raise TidelogError("topics alter needs --config KEY=VALUE or --delete-config KEY")
         async with client_of(args) as client:
             resp = await client.alter_topic(
-                args.name, _parse_kv(args.config), list(args.delete_config)
+                args.name, parse_kv(args.config), list(args.delete_config)
             )
             configs = " ".join(f"{k}={v}" for k, v in sorted(resp.configs.items()))
             print(f"altered topic {resp.name}: configs {configs or '(defaults)'}")

@@ -52,7 +52,7 @@ def parse_replicas(text: str) -> list[int]:
 
 
 def cmd_reassign(args: argparse.Namespace) -> int:
-    from tidelog.cli.elect import parse_partition
+    from tidelog.cli.args import parse_partition
 
     topic, partition = parse_partition(args.partition)
     replicas = parse_replicas(args.replicas)

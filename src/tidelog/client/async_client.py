@@ -31,6 +31,7 @@ from tidelog.client.coalescing import Coalescer
 from tidelog.client.connection import NodeConnection
 from tidelog.client.results import ProduceResult as ProduceResult
 from tidelog.cluster_status import node_status
+from tidelog.config import parse_address
 from tidelog.errors import (
     CorruptRecord,
     DuplicateSequence,
@@ -45,7 +46,6 @@ from tidelog.errors import (
     UnknownNode,
     UnknownTopicOrPartition,
 )
-from tidelog.node.config import parse_address
 from tidelog.principals import new_token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey

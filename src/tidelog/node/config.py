@@ -31,20 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.acls import ANONYMOUS
-from tidelog.config import InvalidConfig, TopicConfig
+from tidelog.config import InvalidConfig, TopicConfig, parse_address
 from tidelog.node.access import Authorization
 from tidelog.principals import PRINCIPAL_NAME
 from tidelog.tls import TlsFiles
 
 MiB = 1024 * 1024
 SECRET_ENV = "TIDELOG_CLUSTER_SECRET"
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidConfig(f"address {text!r} is not HOST:PORT", key="address")
-    return host, int(port)
 
 
 def parse_peer_entries(text: str) -> tuple[dict[int, tuple[str, int]], dict[int, int]]:

@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tidelog import __version__
 from tidelog.acls import PRINCIPAL_NAME, Acl, Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
@@ -86,6 +85,7 @@ from tidelog.protocol.api import ApiKey
 from tidelog.protocol.replication_codec import decode_message, encode_message
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import validate_produced
+from tidelog.replication.clock import MonotonicClock
 from tidelog.replication.directories import decode_directories
 from tidelog.replication.liveness import Heartbeat, Liveness
 from tidelog.replication.low_watermark import ArchiveFact
@@ -110,12 +110,12 @@ from tidelog.replication.metadata import (
     validate_reassign,
     validate_remove_node,
 )
-from tidelog.replication.replica import MonotonicClock
 from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
 from tidelog.storage.quorum_journal import QuorumJournal
 from tidelog.storage.segment import BytesSlice
+from tidelog.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from tidelog import __version__
 from tidelog.node.core import disk_usage
 from tidelog.node.turns import Turns
 from tidelog.storage.descriptors import SEGMENT_FILES
+from tidelog.version import __version__
 
 if TYPE_CHECKING:
     from tidelog.node.core import NodeCore

@@ -27,6 +27,7 @@ from tidelog.node.metrics import Counters, Histogram
 from tidelog.node.state_machine import Machine, StateMachineDriver
 from tidelog.node.status import CachedLowWatermark, FlushFigures, PartitionStatus
 from tidelog.record.validation import BatchRules
+from tidelog.replication.clock import TickSource
 from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.liveness import LivenessView
 from tidelog.replication.low_watermark import LowWatermark
@@ -37,7 +38,6 @@ from tidelog.replication.replica import (
     Replica,
     ReplicaConfig,
     Role,
-    TickSource,
 )
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.compaction import (

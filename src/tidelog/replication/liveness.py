@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from tidelog.replication.replica import TickSource
+    from tidelog.replication.clock import TickSource
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import ValidatedBatches
+from tidelog.replication.clock import Clock, TickSource
 from tidelog.replication.directories import (
     NO_DIRECTORY,
     decode_directories,
@@ -132,42 +133,6 @@ class Role(enum.Enum):
     PROSPECTIVE = "prospective"  # running a pre-vote
     CANDIDATE = "candidate"
     LEADER = "leader"
-
-
-class TickSource(Protocol):
-    """What a replica reads the time from, in ticks."""
-
-    @property
-    def ticks(self) -> int: ...
-
-
-class Clock:
-    """Ticks that someone advances: a replica made without a clock has its own, which tick()
-    advances (the simulator); tests share one among replicas."""
-
-    __slots__ = ("ticks",)
-
-    def __init__(self, ticks: int = 0) -> None:
-        self.ticks = ticks
-
-
-class MonotonicClock:
-    """A node's clock: ticks of tick_s since it started, read from the monotonic clock, so that
-    a replica stamping a message it handles reads the time it is, however long the node's loop
-    has slept (it sleeps until the next deadline when nothing is due)."""
-
-    def __init__(self, tick_s: float, now: Callable[[], float]) -> None:
-        self._tick_s = tick_s
-        self._now = now
-        self._start = now()
-
-    @property
-    def ticks(self) -> int:
-        return int((self._now() - self._start) / self._tick_s)
-
-    def time_of(self, ticks: int) -> float:
-        """When (on the monotonic clock) the given tick begins."""
-        return self._start + ticks * self._tick_s
 
 
 @dataclass(frozen=True)
