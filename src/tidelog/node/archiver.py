@@ -34,6 +34,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -62,11 +63,12 @@ from tidelog.errors import (
     TidelogError,
 )
 from tidelog.logs import event
+from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.metrics import Counters
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.low_watermark import ArchiveFact, human_bytes
 
 if TYPE_CHECKING:
-    from tidelog.node.core import NodeCore
     from tidelog.node.partition import PartitionHost
 
 log = logging.getLogger(__name__)
@@ -136,8 +138,19 @@ class ArchiveState:
 
 
 class Archiver:
-    def __init__(self, node: NodeCore, url: str, endpoint: str = "") -> None:
-        self.node = node
+    def __init__(
+        self,
+        metadata: MetadataLog,
+        hosts: dict[str, PartitionHost],
+        counters: Counters,
+        cluster_id: Callable[[], str],
+        url: str,
+        endpoint: str = "",
+    ) -> None:
+        self.metadata = metadata
+        self.hosts = hosts  # the node's replica groups (shared)
+        self.counters = counters
+        self.cluster_id = cluster_id  # the node's, once its data directory is read
         self.url = url
         self.store: ArchiveStore = open_store(url, endpoint)
         self.states: dict[str, ArchiveState] = {}
@@ -311,8 +324,8 @@ class Archiver:
             if state.manifest is manifest:
                 state.manifest = None
             raise
-        self.node.counters.inc("tidelog_archive_reads_total")
-        self.node.counters.inc("tidelog_archive_read_bytes_total", len(data))
+        self.counters.inc("tidelog_archive_reads_total")
+        self.counters.inc("tidelog_archive_read_bytes_total", len(data))
         self._read_ahead(host, manifest, next_offset, max_bytes)
         return data
 
@@ -373,7 +386,7 @@ class Archiver:
             await asyncio.sleep(ARCHIVE_TICK_S)
             if not await self._check_cluster():
                 continue
-            for host in list(self.node.hosts.values()):
+            for host in list(self.hosts.values()):
                 if host.closed or not host.config.remote_storage_enable:
                     continue
                 state = self.state(host)
@@ -404,8 +417,8 @@ class Archiver:
             and time.monotonic() - self._cluster_checked_at < CLUSTER_RECHECK_S
         ):
             return True
-        cluster_id = self.node.identity.cluster_id
-        recorded = self.node.metadata.archive_id
+        cluster_id = self.cluster_id()
+        recorded = self.metadata.state.archive_id
         try:
             self.archive_id = await asyncio.to_thread(
                 claim_archive, self.store, cluster_id, recorded
@@ -459,7 +472,7 @@ class Archiver:
     def recorded_extent(self, host: PartitionHost) -> dict[str, Any] | None:
         """What the metadata log records of host's archive (None: nothing, or another
         incarnation of its topic's)."""
-        extent = self.node.metadata.archive_extents.get(host.group)
+        extent = self.metadata.state.archive_extents.get(host.group)
         if extent is None or extent.get("topic_id") != host.topic_id:
             return None
         return extent
@@ -537,13 +550,7 @@ class Archiver:
         self._report(command, f"{host.group} archived [{start}, {end})")
 
     def _report(self, command: dict[str, object], what: str) -> None:
-        core = self.node
-        if core.metadata_host.replica.is_leader:
-            core.propose_in_background(f"archive {what}", dict(command))
-            return
-        leader = core.metadata_host.replica.leader_id
-        if leader >= 0:
-            core.send_to_peer(leader, ApiKey.ARCHIVE_REPORT, dict(command), None)
+        self.metadata.report(f"archive {what}", ApiKey.ARCHIVE_REPORT, dict(command))
 
     def on_report_message(self, header: dict[str, object], sender: int) -> None:
         """A partition leader (an authenticated peer) reports its archive; recorded if we lead
@@ -551,7 +558,7 @@ class Archiver:
         kind = header.get("type")
         if kind not in ("archive_extent", "archive_claimed"):
             return
-        if not self.node.metadata_host.replica.is_leader:
+        if not self.metadata.is_leader:
             return
         command = {k: header[k] for k in REPORT_FIELDS if k in header}
         types = {"name": str, "archive_id": str}
@@ -564,18 +571,18 @@ class Archiver:
                 return
             command[field] = value
         key = f"archive report {kind} {header.get('name', '')}/{header.get('partition', '')}"
-        self.node.propose_in_background(key, command)
+        self.metadata.propose_in_background(key, command)
 
     async def accept_loss(self) -> tuple[str, list[dict[str, object]]]:
         """The store's present contents are the truth from now on (the metadata leader, for
         an operator): every recorded extent is compared with its manifest, what the store
         lost is recorded, and the store's identity is recorded (a new cluster.json if none)."""
-        cluster_id = self.node.identity.cluster_id
+        cluster_id = self.cluster_id()
         archive_id = await asyncio.to_thread(claim_archive, self.store, cluster_id, "")
         lost: list[dict[str, object]] = []
-        for key, extent in sorted(self.node.metadata.archive_extents.items()):
+        for key, extent in sorted(self.metadata.state.archive_extents.items()):
             topic, _, partition_text = key.rpartition("/")
-            meta = self.node.metadata.topics.get(topic)
+            meta = self.metadata.state.topics.get(topic)
             if meta is None or meta.topic_id != extent["topic_id"]:
                 continue
             partition = int(partition_text)
@@ -596,7 +603,7 @@ class Archiver:
                     "now_end": held,
                 }
             )
-        await self.node.propose_metadata(
+        await self.metadata.propose(
             {"type": "archive_loss_accepted", "archive_id": archive_id, "lost": lost}, 30.0
         )
         for entry in lost:
@@ -651,7 +658,7 @@ class Archiver:
         for key in orphans:
             await asyncio.to_thread(self.store.delete, key)
         if orphans:
-            self.node.counters.inc("tidelog_archive_orphans_deleted_total", len(orphans))
+            self.counters.inc("tidelog_archive_orphans_deleted_total", len(orphans))
             log.info("%s: %d orphaned archive objects deleted", host.group, len(orphans))
 
     async def _load(self, host: PartitionHost, state: ArchiveState) -> None:
@@ -687,11 +694,11 @@ class Archiver:
         return data
 
     def _new_manifest(self, host: PartitionHost) -> Manifest:
-        meta = self.node.metadata.topics.get(host.topic)
+        meta = self.metadata.state.topics.get(host.topic)
         extent = self.recorded_extent(host)
         lost = extent.get("lost", []) if extent is not None else []
         return Manifest(
-            cluster_id=self.node.identity.cluster_id,
+            cluster_id=self.cluster_id(),
             topic=host.topic,
             topic_id=host.topic_id,
             partition=host.partition,
@@ -701,10 +708,10 @@ class Archiver:
         )
 
     def _check_owner(self, manifest: Manifest) -> None:
-        if manifest.cluster_id != self.node.identity.cluster_id:
+        if manifest.cluster_id != self.cluster_id():
             raise ArchiveClusterMismatch(
                 f"{self.url}: {manifest.topic}/{manifest.partition} belongs to cluster "
-                f"{manifest.cluster_id}, this is {self.node.identity.cluster_id}",
+                f"{manifest.cluster_id}, this is {self.cluster_id()}",
                 url=self.url,
             )
 
@@ -742,7 +749,7 @@ class Archiver:
         manifest = state.manifest
         assert manifest is not None
         epoch = host.replica.epoch
-        node_id = self.node.node_id
+        node_id = self.metadata.node_id
         prefix = partition_prefix(host.topic, host.topic_id, host.partition)
 
         def upload() -> ArchivedSegment:
@@ -807,8 +814,8 @@ class Archiver:
         state.loaded_at = time.monotonic()
         state.uploaded_objects += 1
         state.uploaded_bytes += seg.size
-        self.node.counters.inc("tidelog_archive_uploaded_bytes_total", seg.size)
-        self.node.counters.inc("tidelog_archive_uploaded_objects_total")
+        self.counters.inc("tidelog_archive_uploaded_bytes_total", seg.size)
+        self.counters.inc("tidelog_archive_uploaded_objects_total")
         host.low_watermark_cache = None
         return True
 
@@ -835,7 +842,7 @@ class Archiver:
             await asyncio.to_thread(self.store.delete, part.key)
             with self._parts_lock:
                 self._parts.pop(part.key, None)
-        self.node.counters.inc("tidelog_archive_deleted_objects_total", len(gone))
+        self.counters.inc("tidelog_archive_deleted_objects_total", len(gone))
         log.info(
             "%s: archive start %d -> %d (%d objects deleted)",
             host.group,
@@ -866,7 +873,7 @@ class Archiver:
                     break
                 total -= seg.size
                 keep = max(keep, seg.end_offset)
-        for cursor in self.node.metadata.cursors.values():
+        for cursor in self.metadata.state.cursors.values():
             if cursor.topic == host.topic and cursor.live and config.cursors_hold:
                 position = cursor.positions.get(host.partition)
                 if position is not None:

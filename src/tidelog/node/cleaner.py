@@ -12,18 +12,22 @@ import collections
 import heapq
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tidelog.errors import TidelogError
 from tidelog.logs import event
+from tidelog.node.archiver import Archiver
+from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.partition import PartitionHost
 from tidelog.node.status import CachedLowWatermark
 from tidelog.node.turns import Turns
 from tidelog.protocol.api import ApiKey
-from tidelog.replication.low_watermark import CursorFact, LowWatermark, LowWatermarkFacts
-
-if TYPE_CHECKING:
-    from tidelog.node.core import NodeCore
-    from tidelog.node.partition import PartitionHost
+from tidelog.replication.low_watermark import (
+    ArchiveFact,
+    CursorFact,
+    LowWatermark,
+    LowWatermarkFacts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +42,12 @@ def wall_ms() -> int:
 
 
 class Cleaner:
-    def __init__(self, node: NodeCore) -> None:
-        self.node = node
+    def __init__(
+        self, metadata: MetadataLog, hosts: dict[str, PartitionHost], archiver: Archiver | None
+    ) -> None:
+        self.metadata = metadata
+        self.hosts = hosts  # the node's replica groups (shared): a removed one is not cleaned
+        self.archiver = archiver
         self._due: list[tuple[float, int, PartitionHost]] = []  # (due time, seq, replica)
         self._seq = 0
         self._invalidating: set[str] = set()
@@ -77,13 +85,11 @@ class Cleaner:
         while True:
             await asyncio.sleep(CLEANER_TICK_S)
             self._scrub()
-            self.node.topics.check_moves()
-            self.node.registry.check()
             now = time.monotonic()
             turns = Turns()
             while self._due and self._due[0][0] <= now:
                 _, _, host = heapq.heappop(self._due)
-                if host.closed or self.node.hosts.get(host.group) is not host:
+                if host.closed or self.hosts.get(host.group) is not host:
                     continue  # removed: no more passes
                 self._seq += 1
                 interval = host.config.retention_check_interval_ms / 1000
@@ -123,7 +129,7 @@ class Cleaner:
                 c.backup,
                 c.invalidated,
             )
-            for c in self.node.metadata.cursors.values()
+            for c in self.metadata.state.cursors.values()
             if c.topic == host.topic and host.partition in c.positions
         )
         return LowWatermarkFacts(
@@ -135,8 +141,24 @@ class Cleaner:
             cursors=cursors,
             snapshot_offset=host.snapshot_offset(),
             state_machine=host.state_machine is not None,
-            archive=self.node.archive_fact(host),
+            archive=self.archive_fact(host),
         )
+
+    def archive_fact(self, host: PartitionHost) -> ArchiveFact | None:
+        """The archive's hold on host's LWM; a topic archived on a node with no --archive
+        holds everything (nothing unarchived is deleted)."""
+        if not host.config.remote_storage_enable:
+            return None
+        if self.archiver is None:
+            start = host.log.log_start_offset
+            return ArchiveFact(
+                name="(none)",
+                archived_end=start,
+                start_offset=-1,
+                detail=f"remote.storage.enable, but node {self.metadata.node_id} has no --archive",
+                error="ArchiveError",
+            )
+        return self.archiver.fact(host)
 
     def low_watermark(self, host: PartitionHost) -> LowWatermark:
         """Decided now, from the facts as they are."""
@@ -161,7 +183,7 @@ class Cleaner:
         """What changes when an LWM's facts do (but time): the log's bounds, the replicas'
         leadership, the metadata (cursors, configs), the archive's hold."""
         slog, replica = host.log, host.replica
-        archiver = self.node.archiver
+        archiver = self.archiver
         archive = archiver.facts_key(host) if archiver is not None else ()
         return (
             slog.log_start_offset,
@@ -170,7 +192,7 @@ class Cleaner:
             slog.segment_count,
             replica.epoch,
             replica.leader_id,
-            self.node.metadata.applied_offset,
+            self.metadata.state.applied_offset,
             *archive,
         )
 
@@ -227,20 +249,19 @@ class Cleaner:
             group=group,
             reason=reason,
         )
-        node = self.node
+        metadata = self.metadata
         header: dict[str, Any] = {"op": "invalidate", "name": name, "reason": reason}
-        if node.metadata_host.replica.is_leader:
-            task = asyncio.get_running_loop().create_task(self._propose_invalidation(name, reason))
-            node.track(task)
+        if metadata.is_leader:
+            metadata.background.start(self._propose_invalidation(name, reason))
         else:
-            leader = node.metadata_host.replica.leader_id
+            leader = metadata.leader_id
             if leader >= 0:
-                node.send_to_peer(leader, ApiKey.CURSOR, header, None)
+                metadata.send_to_peer(leader, ApiKey.CURSOR, header, None)
             self._invalidating.discard(name)  # retried on the next pass until it is committed
 
     async def _propose_invalidation(self, name: str, reason: str) -> None:
         try:
-            await self.node.propose_metadata(
+            await self.metadata.propose(
                 {"type": "invalidate_cursor", "name": name, "reason": reason, "at_ms": wall_ms()},
                 30.0,
             )
@@ -253,7 +274,7 @@ class Cleaner:
         """A partition leader elsewhere (an authenticated peer) asks the metadata leader (us)
         to invalidate a cursor."""
         name, reason = str(header.get("name", "")), str(header.get("reason", ""))
-        cursor = self.node.metadata.cursors.get(name)
-        if cursor is None or not cursor.live or not self.node.metadata_host.replica.is_leader:
+        cursor = self.metadata.state.cursors.get(name)
+        if cursor is None or not cursor.live or not self.metadata.is_leader:
             return
         self.invalidate(name, reason, f"(reported by node {sender})")

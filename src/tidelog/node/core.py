@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import functools
 import heapq
-import json
 import logging
 import random
 import shutil
@@ -60,11 +59,13 @@ from tidelog.logs import event
 from tidelog.node.access import Access, Listener, Operation, Principal
 from tidelog.node.archiver import Archiver
 from tidelog.node.asking import NodeAsker
+from tidelog.node.background import BackgroundTasks
 from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
 from tidelog.node.login_guard import LoginGuard
+from tidelog.node.metadata_log import MetadataLog, PeerSender
 from tidelog.node.metrics import Counters, Histograms, RequestMetrics
 from tidelog.node.partition import PartitionHost
 from tidelog.node.quotas import (
@@ -83,15 +84,14 @@ from tidelog.principals import check, check_hash, check_name, hash_secret, token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.replication_codec import decode_message, encode_message
-from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import validate_produced
 from tidelog.replication.clock import MonotonicClock
 from tidelog.replication.directories import decode_directories
 from tidelog.replication.liveness import Heartbeat, Liveness
-from tidelog.replication.low_watermark import ArchiveFact
 from tidelog.replication.messages import Message
 from tidelog.replication.metadata import (
     CURSOR_NAME,
+    METADATA_GROUP,
     METADATA_TOPIC,
     MetadataState,
     NodeEntry,
@@ -125,11 +125,9 @@ STORAGE_FULL_LOG_EVERY_S = 10.0  # a refused produce is logged at most this ofte
 AUTHENTICATE_WAIT_S = 5.0  # how long a token check waits for a metadata leader to decide
 
 
-METADATA_GROUP = f"{METADATA_TOPIC}/0"
 PEER_DIRECTORIES_FILE = "peer-directories"
 REQUEST_TIMEOUT_MS_MAX = 300_000
 
-PeerSender = Callable[[int, ApiKey, dict[str, Any], Any], None]
 Result = Any  # an api response, (response, payload), an awaitable of either, or None
 Handler = Callable[[Any, bytes], Result]
 # What a request does, to which resource (and for principals' tokens, whose): for Access.
@@ -180,6 +178,9 @@ def principal_scope(req: api.PrincipalsRequest) -> tuple[Operation, Resource, st
     return Operation.PRINCIPAL, Resource.cluster(), "" if req.op == "list" else req.name
 
 
+CHECKS_EVERY_S = 0.1
+
+
 class NodeCore:
     def __init__(
         self,
@@ -201,10 +202,12 @@ class NodeCore:
         self.histograms = Histograms()
         self._request_metrics: dict[tuple[str, int | str], RequestMetrics] = {}
         self.quotas = Quotas(self._quota_limits)
-        self.asker = NodeAsker(self)  # requests to other nodes' client listeners
+        # Requests to other nodes' client listeners.
+        self.asker = NodeAsker(lambda: self.registry.nodes(), config.tls_dialing)
         self._acls_seen: tuple[object, int] | None = None
         self._acl_list: list[Acl] = []
         self.hosts: dict[str, PartitionHost] = {}
+        self.background = BackgroundTasks()
         # Time as deadlines (_tick_loop): the node's clock, the replicas due at each tick, and
         # those an event made dirty.
         self.clock = MonotonicClock(config.tick_ms / 1000, time.monotonic)
@@ -227,22 +230,43 @@ class NodeCore:
         # forgets it) and kept current as its replicas learn leaders: a 10,000-partition
         # topic's entry is 10,000 leaders, and a failover changes thousands.
         self._metadata_cache: dict[str, dict[str, Any]] = {}
-        self.topics = TopicReplicas(self)
-        self.registry = NodeRegistry(self)
         # The metadata log's first voters: --peers, or for a node that joined a running cluster
         # what its metadata leader said (the Node sets it before start).
         self.initial_voters = config.voters
         self.on_nodes_changed: Callable[[], None] = lambda: None  # the peer channel follows
         self.metadata_machine = MetadataMachine(
-            self.topics.on_topic_changed,
-            self.topics.on_reset,
+            lambda name: self.topics.on_topic_changed(name),
+            lambda state: self.topics.on_reset(state),
             lambda: self.on_nodes_changed(),
             lambda name: self.on_principal_changed(name),
         )
-        self.cleaner = Cleaner(self)
-        self.archiver = (
-            Archiver(self, config.archive, config.archive_endpoint) if config.archive else None
+        self.metadata_log = MetadataLog(
+            config.node_id, self.hosts, self.metadata_machine, send_to_peer, self.background
         )
+        self.topics = TopicReplicas(
+            self.metadata_log,
+            self.hosts,
+            lambda: self.config,
+            self.open_host,
+            self.forget_metadata_answer,
+            self.counters,
+        )
+        self.registry = NodeRegistry(
+            self.metadata_log, lambda: self.config, lambda: self.on_nodes_changed()
+        )
+        self.archiver = (
+            Archiver(
+                self.metadata_log,
+                self.hosts,
+                self.counters,
+                lambda: self.identity.cluster_id,
+                config.archive,
+                config.archive_endpoint,
+            )
+            if config.archive
+            else None
+        )
+        self.cleaner = Cleaner(self.metadata_log, self.hosts, self.archiver)
         self.peer_port = -1  # set by the node once its peer channel listens
         self.kafka_address = ""  # HOST:PORT its Kafka listener advertises, once it listens
         self._flusher: Flusher | None = None
@@ -259,9 +283,6 @@ class NodeCore:
         self.peer_directories: dict[int, str] = {}
         self._initial_directories: dict[int, str] = {}  # from the cluster's format (durable)
         self.peer_current_directories: dict[int, str] = {}  # as their last handshake said
-        self._background: set[asyncio.Task[Any]] = set()
-        self._metadata_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._background_proposals: set[str] = set()
         self._lost_read_logged: dict[str, float] = {}
         self._storage_bytes = 0
         self._storage_checked = 0.0
@@ -323,6 +344,7 @@ class NodeCore:
         self._tasks.append(loop.create_task(self._liveness_loop()))
         self._tasks.append(loop.create_task(self._checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
+        self._tasks.append(loop.create_task(self._checks_loop()))
         if self.archiver is not None:
             self._tasks.append(loop.create_task(self.archiver.run()))
         # The partitions the metadata gives this node open in a task that takes turns (the
@@ -331,8 +353,9 @@ class NodeCore:
 
     def halt(self) -> None:
         """Stop at once after a fail-stop: no more ticks, flushes or checkpoints."""
-        for task in [*self._tasks, *self._background]:
+        for task in self._tasks:
             task.cancel()
+        self.background.cancel_all()
         for host in self.hosts.values():
             host.driver.stopped = True
         if self._flusher is not None:
@@ -341,8 +364,7 @@ class NodeCore:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in list(self._background):
-            task.cancel()
+        self.background.cancel_all()
         for host in list(self.hosts.values()):
             try:
                 await host.close()
@@ -502,14 +524,21 @@ class NodeCore:
                     log.error("%s: checkpoint failed: %s", host.group, exc)
                 await turns.take()
 
+    async def _checks_loop(self) -> None:
+        """Often: moves this node has walked to their target are reported, and the registry
+        walks the metadata log's group towards its voters (a lost report is made again)."""
+        while True:
+            await asyncio.sleep(CHECKS_EVERY_S)
+            self.topics.check_moves()
+            self.registry.check()
+
     def stored_bytes(self) -> int:
         """Bytes of every replica's segments on this node (storage.max.bytes counts these)."""
         return sum(h.log.size_bytes for h in self.hosts.values())
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task alive until it finishes (and cancel it on stop)."""
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.background.track(task)
 
     @property
     def flusher(self) -> Flusher:
@@ -661,81 +690,26 @@ class NodeCore:
     def _on_high_watermark(self, host: PartitionHost) -> None:
         self._to_checkpoint[host.group] = host
         if host.group == METADATA_GROUP:
-            self._release_metadata_waiters()
+            self.metadata_log.release_waiters()
 
     # -- metadata -------------------------------------------------------------------------------
 
     @property
     def metadata(self) -> MetadataState:
-        return self.metadata_machine.state
+        return self.metadata_log.state
 
     @property
     def metadata_host(self) -> PartitionHost:
-        return self.hosts[METADATA_GROUP]
+        return self.metadata_log.host
 
     def metadata_behind(self) -> str:
-        """Why this node's metadata may lack committed commands ("" if it is current: it
-        leads the metadata log, or follows a leader it has heard and applied what it heard)."""
-        replica = self.metadata_host.replica
-        if replica.is_leader:
-            return ""
-        if replica.is_observer:
-            return "it is rejoining the cluster after losing its disk"
-        if replica.leader_id < 0:
-            return "it has heard from no metadata leader (an election, or one still running)"
-        applied, known = self.metadata.applied_offset, replica.leader_high_watermark
-        if applied < known:
-            return f"it has applied the metadata log to {applied} of {known}"
-        return ""
+        return self.metadata_log.behind()
 
     def require_started(self) -> None:
-        """Listeners are bound (and a port chosen) before the metadata log is open: a request
-        in between is told to come again, as one to a node that is not the leader is."""
-        if METADATA_GROUP not in self.hosts:
-            raise NotLeader(f"node {self.node_id} is starting", leader_hint=-1)
-
-    def _release_metadata_waiters(self) -> None:
-        applied = self.metadata.applied_offset
-        keep: list[tuple[int, asyncio.Future[None]]] = []
-        for offset, future in self._metadata_waiters:
-            if offset < applied:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                keep.append((offset, future))
-        self._metadata_waiters = keep
+        self.metadata_log.require_started()
 
     async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
-        host = self.metadata_host
-        if not host.replica.is_leader:
-            raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
-        batch = build_batch([ProducerRecord(None, json.dumps(command).encode())])
-        info = host.replica.propose(batch)
-        host.process_ready()
-        await host.wait_for_ack(info.last_offset, api.ACKS_ALL, timeout_s)
-        if self.metadata.applied_offset <= info.last_offset:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._metadata_waiters.append((info.last_offset, future))
-            await asyncio.wait_for(future, timeout_s)
-        return info.last_offset
-
-    def propose_in_background(self, key: str, command: dict[str, Any]) -> None:
-        """Propose a command a periodic check found due, one at a time per key: a failure is
-        logged and the next check proposes it again (if it is still due)."""
-        if key in self._background_proposals:
-            return
-        self._background_proposals.add(key)
-
-        async def propose() -> None:
-            try:
-                await self.propose_metadata(command, 30.0)
-                log.info("metadata: %s", key)
-            except TidelogError as exc:
-                log.warning("metadata: %s failed, to be proposed again: %s", key, exc)
-            finally:
-                self._background_proposals.discard(key)
-
-        self.track(asyncio.get_running_loop().create_task(propose()))
+        return await self.metadata_log.propose(command, timeout_s)
 
     # -- the client entry -----------------------------------------------------------------------
 
@@ -1080,22 +1054,6 @@ class NodeCore:
         if self.archiver is None or not host.config.remote_storage_enable:
             return host.log.log_start_offset
         return self.archiver.log_start_offset(host)
-
-    def archive_fact(self, host: PartitionHost) -> ArchiveFact | None:
-        """The archive's hold on host's LWM; a topic archived on a node with no --archive
-        holds everything (nothing unarchived is deleted)."""
-        if not host.config.remote_storage_enable:
-            return None
-        if self.archiver is None:
-            start = host.log.log_start_offset
-            return ArchiveFact(
-                name="(none)",
-                archived_end=start,
-                start_offset=-1,
-                detail=f"remote.storage.enable, but node {self.node_id} has no --archive",
-                error="ArchiveError",
-            )
-        return self.archiver.fact(host)
 
     def _list_offsets(self, req: api.ListOffsetsRequest, payload: bytes) -> api.ListOffsetsResponse:
         host = self._host(req.topic, req.partition)

@@ -298,7 +298,7 @@ class NodeCollector:
             rs = st.replica
             start.add_metric(labels, self.core.log_start_offset(host))
             local_start.add_metric(labels, rs.log_start_offset)
-            archived = self.core.archive_fact(host)
+            archived = self.core.cleaner.archive_fact(host)
             if archived is not None:
                 known = self.core.archiver.state(host).archived_end if self.core.archiver else None
                 archive_end.add_metric(labels, -1 if known is None else known)

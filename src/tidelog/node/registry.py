@@ -20,14 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tidelog.errors import TidelogError
+from tidelog.node.config import NodeConfig
+from tidelog.node.metadata_log import MetadataLog
 from tidelog.replication.metadata import NodeEntry, plan_drain, topic_command
 
 if TYPE_CHECKING:
     from tidelog.client.async_client import ClusterInfo
-    from tidelog.node.core import NodeCore
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,15 @@ def node_entries(info: ClusterInfo) -> dict[int, NodeEntry]:
 
 
 class NodeRegistry:
-    def __init__(self, core: NodeCore) -> None:
-        self.core = core
+    def __init__(
+        self,
+        metadata: MetadataLog,
+        config: Callable[[], NodeConfig],
+        nodes_changed: Callable[[], None],
+    ) -> None:
+        self.metadata = metadata
+        self.config = config  # the node's, as it is now (its listen port is known once bound)
+        self.nodes_changed = nodes_changed  # the peer channel follows
         # Nodes other nodes told us of that our metadata does not hold yet: a node that was
         # down while nodes were added must let them in to hear from them at all.
         self.learned: dict[int, NodeEntry] = {}
@@ -54,10 +63,10 @@ class NodeRegistry:
     def nodes(self) -> dict[int, NodeEntry]:
         """Every node of the cluster (draining ones too): the registry, or before the first
         change of nodes the ones this node was started with."""
-        state = self.core.metadata
+        state = self.metadata.state
         if state.nodes:
             return dict(state.nodes)
-        config = self.core.config
+        config = self.config()
         peers = config.peers or {config.node_id: config.listen}
         return {
             n: NodeEntry(n, host, port, config.peer_ports.get(n, 0))
@@ -68,56 +77,57 @@ class NodeRegistry:
         """Who the peer channel dials and its handshake lets in: the cluster's nodes, and those
         learnt from other nodes while our metadata log is behind (never a removed one)."""
         nodes = self.nodes()
-        removed = self.core.metadata.removed_nodes
+        removed = self.metadata.state.removed_nodes
         learned = {n: e for n, e in self.learned.items() if n not in removed and n not in nodes}
         return {**learned, **nodes}
 
     def placeable(self) -> list[int]:
         """Nodes new replicas may be placed on: not draining, and voters of the metadata log (a
         node added but not yet caught up, or not yet started, is not one)."""
-        voters = set(self.core.metadata_host.replica.voters)
+        voters = set(self.metadata.host.replica.voters)
         return sorted(n for n, e in self.nodes().items() if not e.draining and n in voters)
 
     async def ensure_registered(self) -> None:
         """Before the first change of nodes: the nodes this cluster started with go into the
         metadata log (a no-op there if another leader registered them first)."""
-        if self.core.metadata.nodes:
+        if self.metadata.state.nodes:
             return
         nodes = [e.to_wire() for e in self.nodes().values()]
-        await self.core.propose_metadata({"type": "register_nodes", "nodes": nodes}, 30.0)
+        await self.metadata.propose({"type": "register_nodes", "nodes": nodes}, 30.0)
 
     def metadata_target(self) -> tuple[int, ...] | None:
         """The voters the metadata log's group should have: every registered node but the
         draining ones that hold no replica any more. While such a node is still a member, no
         new one joins: a learner that is not caught up (or not even started) would hold the
         removal back (members are added before any is removed)."""
-        state = self.core.metadata
+        state = self.metadata.state
         if not state.nodes:
             return None
-        members = set(self.core.metadata_host.replica.history.current.members)
+        replica = self.metadata.host.replica
+        members = set(replica.history.current.members)
         leaving = {n for n, e in state.nodes.items() if e.draining and not state.hosted_on(n)}
         if leaving & members:
-            voters = set(self.core.metadata_host.replica.voters)
+            voters = set(replica.voters)
             target = sorted(n for n in state.nodes if n in voters and n not in leaving)
         else:
             target = sorted(n for n in state.nodes if n not in leaving)
         return tuple(target) or None
 
     def check(self) -> None:
-        """Often (the cleaner's tick): the metadata log's group walks towards its target; its
+        """Often (the node's checks): the metadata log's group walks towards its target; its
         leader moves replicas off draining nodes and removes those that are done."""
-        core = self.core
-        replica = core.metadata_host.replica
+        metadata = self.metadata
+        replica = metadata.host.replica
         self._discover_if_leaderless(replica.leader_id >= 0)
-        if core.metadata.applied_offset < replica.high_watermark:
+        if metadata.state.applied_offset < replica.high_watermark:
             return  # a new leader acts on the registry once it has applied what is committed
         target = self.metadata_target()
         if target is None:
             return
-        core.metadata_host.driver.set_target(target)
+        metadata.host.driver.set_target(target)
         if not replica.is_leader:
             return
-        state = core.metadata
+        state = metadata.state
         draining = [e for e in state.nodes.values() if e.draining]
         placeable = self.placeable() if draining else []
         for entry in draining:
@@ -130,14 +140,14 @@ class NodeRegistry:
                         replicas=replicas,
                         throttle_bytes=entry.drain_throttle_bytes,
                     )
-                    core.propose_in_background(
+                    metadata.propose_in_background(
                         f"{meta.name}/{partition} moves off node {entry.node_id}", command
                     )
                 continue
             committed = replica.committed_membership
             if entry.node_id not in committed.members and committed == replica.history.current:
                 command = {"type": "remove_node", "node_id": entry.node_id}
-                core.propose_in_background(f"node {entry.node_id} removed", command)
+                metadata.propose_in_background(f"node {entry.node_id} removed", command)
 
     def _discover_if_leaderless(self, has_leader: bool) -> None:
         now = time.monotonic()
@@ -153,21 +163,21 @@ class NodeRegistry:
         ):
             return
         self._discovering = True
-        self.core.track(asyncio.get_running_loop().create_task(self._discover()))
+        self.metadata.background.start(self._discover())
 
     async def _discover(self) -> None:
         """Ask the nodes we know of (their client listeners) which nodes the cluster has."""
         from tidelog.client.async_client import AsyncClient
 
-        core = self.core
+        config = self.config()
         try:
             known = self.peer_nodes()
             for node_id, entry in known.items():
-                if node_id == core.node_id:
+                if node_id == config.node_id:
                     continue
                 try:
                     async with AsyncClient(
-                        [f"{entry.host}:{entry.port}"], retries=1, tls=core.config.tls
+                        [f"{entry.host}:{entry.port}"], retries=1, tls=config.tls
                     ) as client:
                         info = await asyncio.wait_for(client.describe_cluster(), 2.0)
                 except (TidelogError, OSError, TimeoutError):
@@ -185,7 +195,7 @@ class NodeRegistry:
                         sorted(new),
                     )
                     self.learned.update(new)
-                    core.on_nodes_changed()
+                    self.nodes_changed()
                     return
         finally:
             self._discovering = False

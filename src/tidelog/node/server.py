@@ -26,13 +26,13 @@ from tidelog.node.access import Principal
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.cluster_id import agree_cluster_id
 from tidelog.node.config import NodeConfig
-from tidelog.node.core import METADATA_GROUP, NodeCore
+from tidelog.node.core import NodeCore
 from tidelog.node.join import join_cluster, load_joined
 from tidelog.node.listeners.base import ConnectionLimits, Listener
 from tidelog.node.listeners.client import client_listener
 from tidelog.node.listeners.peer import PeerChannel, PeerListener
 from tidelog.node.partition import PartitionHost
-from tidelog.replication.metadata import MetadataState
+from tidelog.replication.metadata import METADATA_GROUP, MetadataState
 from tidelog.scram import seed_decoys
 from tidelog.storage.descriptors import SEGMENT_FILES, capacity_for
 from tidelog.storage.identity import load_or_format, read_identity

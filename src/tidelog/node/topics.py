@@ -25,18 +25,20 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tidelog.node.state_machine import TableMachine
+from tidelog.config import TopicConfig
+from tidelog.node.config import NodeConfig
+from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.metrics import Counters
+from tidelog.node.partition import PartitionHost
+from tidelog.node.state_machine import Machine, TableMachine
 from tidelog.node.turns import Turns
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import METADATA_TOPIC, MetadataState, TopicMeta, topic_command
 from tidelog.storage.durable import fsync_dir, write_file
-
-if TYPE_CHECKING:
-    from tidelog.node.core import NodeCore
-    from tidelog.node.partition import PartitionHost
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,26 @@ def read_topic_id(directory: Path) -> int | None:
         return None
 
 
+# Opens a replica of (topic, partition, initial voters, config, state machine, topic id).
+OpenReplica = Callable[[str, int, tuple[int, ...], TopicConfig, Machine | None, int], PartitionHost]
+
+
 class TopicReplicas:
-    def __init__(self, core: NodeCore) -> None:
-        self.core = core
+    def __init__(
+        self,
+        metadata: MetadataLog,
+        hosts: dict[str, PartitionHost],
+        config: Callable[[], NodeConfig],
+        open_replica: OpenReplica,
+        topic_changed: Callable[[str], None],
+        counters: Counters,
+    ) -> None:
+        self.metadata = metadata
+        self.hosts = hosts  # the node's replica groups (shared): opened and removed here
+        self.config = config
+        self.open_replica = open_replica
+        self.topic_changed = topic_changed  # what the node cached about the topic is stale
+        self.counters = counters
         self._moving: set[str] = set()  # groups hosted here whose partition is being moved
         # Topics being reconciled (a task each, taking turns), and those changed again meanwhile
         self._reconciling: set[str] = set()
@@ -70,7 +89,7 @@ class TopicReplicas:
     def on_reset(self, state: MetadataState) -> None:
         """A metadata snapshot was installed: every topic it holds, and every one it no longer
         holds, may have changed."""
-        names = set(state.topics) | {h.topic for h in self.core.hosts.values()}
+        names = set(state.topics) | {h.topic for h in self.hosts.values()}
         for name in sorted(names - {METADATA_TOPIC}):
             self.reconcile(name)
 
@@ -80,14 +99,13 @@ class TopicReplicas:
         """Make this node's replicas of the topic match the metadata, in a task that takes
         turns with the rest of the loop: opening thousands of partitions must not stop the node
         from answering (node/turns.py). A change while it runs makes it run again."""
-        self.core.forget_metadata_answer(name)
+        self.topic_changed(name)
         if name in self._reconciling:
             self._again.add(name)
             return
         self._reconciling.add(name)
         self._settled.clear()
-        task = asyncio.get_running_loop().create_task(self._reconcile(name))
-        self.core.track(task)
+        self.metadata.background.start(self._reconcile(name))
 
     async def settled(self) -> None:
         """Until every topic change seen so far has been applied to this node's replicas (a
@@ -113,45 +131,46 @@ class TopicReplicas:
             gc.freeze()
 
     async def _reconcile_once(self, name: str) -> None:
-        core = self.core
-        meta = core.metadata.topics.get(name)
-        for old in [h for h in core.hosts.values() if h.topic == name]:
+        node_config = self.config()
+        node_id = node_config.node_id
+        meta = self.metadata.state.topics.get(name)
+        for old in [h for h in self.hosts.values() if h.topic == name]:
             if (
                 meta is None
                 or old.topic_id != meta.topic_id
                 or old.partition >= meta.partitions
-                or core.node_id not in meta.hosts(old.partition)
+                or node_id not in meta.hosts(old.partition)
             ):
                 moved = meta is not None and meta.topic_id == old.topic_id
                 self.remove(old, "it moved off this node" if moved else "its topic was deleted")
         if meta is None:
             return
-        config = core.config.topic_defaults.with_overrides(meta.configs)
+        config = node_config.topic_defaults.with_overrides(meta.configs)
         turns = Turns()
         for partition, replicas in enumerate(meta.assignments):
             await turns.take()
-            if core.metadata.topics.get(name) is not meta:
+            if self.metadata.state.topics.get(name) is not meta:
                 self._again.add(name)  # changed while this pass took its turns: again
                 return
-            if core.node_id not in meta.hosts(partition):
+            if node_id not in meta.hosts(partition):
                 continue
-            host = core.hosts.get(f"{name}/{partition}")
+            host = self.hosts.get(f"{name}/{partition}")
             if host is not None:
                 host.reconfigure(config)
             else:
-                directory = core.config.data_dir / f"{name}-{partition}"
+                directory = node_config.data_dir / f"{name}-{partition}"
                 if not self.claim_directory(directory, meta.topic_id):
                     continue
                 machine = TableMachine() if meta.kind == "table" else None
                 initial = tuple(sorted(meta.initial[partition]))
-                host = core.open_host(name, partition, initial, config, machine, meta.topic_id)
+                host = self.open_replica(name, partition, initial, config, machine, meta.topic_id)
                 if (
-                    meta.initial[partition][0] == core.node_id
+                    meta.initial[partition][0] == node_id
                     and host.replica.epoch == 0
                     and host.replica.leader_id < 0
                 ):
                     host.replica.campaign()  # a new partition's preferred leader stands at once
-            throttle = meta.throttles.get(partition, 0) * core.config.tick_ms // 1000
+            throttle = meta.throttles.get(partition, 0) * node_config.tick_ms // 1000
             host.driver.set_target(tuple(replicas), max(throttle, 1) if throttle else 0)
             host.process_ready()
             if partition in meta.retiring:
@@ -164,10 +183,9 @@ class TopicReplicas:
     def check_moves(self) -> None:
         """Report every move whose group this node leads and has walked to its target (often:
         a lost report is repeated on the next pass, until the metadata says done)."""
-        core = self.core
         for group in list(self._moving):
-            host = core.hosts.get(group)
-            meta = core.metadata.topics.get(host.topic) if host is not None else None
+            host = self.hosts.get(group)
+            meta = self.metadata.state.topics.get(host.topic) if host is not None else None
             if host is None or meta is None or host.partition not in meta.retiring:
                 self._moving.discard(group)
                 continue
@@ -187,19 +205,13 @@ class TopicReplicas:
         )
 
     def _report_moved(self, meta: TopicMeta, partition: int, replicas: list[int]) -> None:
-        core = self.core
         command = topic_command(meta, "reassignment_done", partition=partition, replicas=replicas)
-        if core.metadata_host.replica.is_leader:
-            core.propose_in_background(f"{meta.name}/{partition} moved", command)
-            return
-        leader = core.metadata_host.replica.leader_id
-        if leader >= 0:
-            core.send_to_peer(leader, ApiKey.REASSIGNMENT, command, None)
+        self.metadata.report(f"{meta.name}/{partition} moved", ApiKey.REASSIGNMENT, command)
 
     def on_moved_message(self, header: dict[str, Any], sender: int) -> None:
         """A partition leader (an authenticated peer) reports a move done; we record it if we
         lead the metadata log and it is the move the metadata still wants."""
-        meta = self.core.metadata.topics.get(str(header.get("name")))
+        meta = self.metadata.state.topics.get(str(header.get("name")))
         partition = int(header.get("partition", -1))
         replicas = [int(r) for r in header.get("replicas", [])]
         if (
@@ -207,7 +219,7 @@ class TopicReplicas:
             or meta.topic_id != int(header.get("topic_id", -1))
             or partition not in meta.retiring
             or meta.assignments[partition] != replicas
-            or not self.core.metadata_host.replica.is_leader
+            or not self.metadata.is_leader
         ):
             return
         log.info("%s/%d: node %d reports the move done", meta.name, partition, sender)
@@ -239,12 +251,11 @@ class TopicReplicas:
         """Stop serving the replica now and move its directory out of the way at once (a new
         incarnation may claim the name next); close it and delete the files in the
         background."""
-        core = self.core
-        core.hosts.pop(host.group, None)
-        core.forget_metadata_answer(host.topic)
+        self.hosts.pop(host.group, None)
+        self.topic_changed(host.topic)
         host.driver.stopped = True
         gc.unfreeze()  # what the removed replica held is collected again (frozen next pass)
-        core.counters.inc("tidelog_replicas_removed_total")
+        self.counters.inc("tidelog_replicas_removed_total")
         log.info("%s: replica removed (%s)", host.group, why)
         gone = self._move_away(host.directory, host.topic_id)
 
@@ -253,7 +264,7 @@ class TopicReplicas:
             if gone is not None:
                 await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, gone, True)
 
-        core.track(asyncio.get_running_loop().create_task(abandon_and_delete()))
+        self.metadata.background.start(abandon_and_delete())
 
     def _move_away(self, directory: Path, topic_id: int) -> Path | None:
         """Rename, durably, so that no restart opens it again."""
@@ -274,9 +285,8 @@ class TopicReplicas:
     def sweep(self) -> None:
         """Directories of deleted topics, left by a crash or by a delete applied while this node
         was down: only those whose topic the metadata has seen created and no longer holds."""
-        core = self.core
-        state = core.metadata
-        for path in sorted(core.config.data_dir.iterdir()):
+        state = self.metadata.state
+        for path in sorted(self.config().data_dir.iterdir()):
             if path.name.endswith(DELETED_SUFFIX) and path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
                 continue

@@ -30,6 +30,7 @@ from tidelog.errors import (
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule; matched with fullmatch
 NODE_ID_MAX = 2**31 - 1
 METADATA_TOPIC = "__metadata"
+METADATA_GROUP = f"{METADATA_TOPIC}/0"  # its one replica group
 PARTITIONS_MAX = 10_000
 
 

@@ -1,0 +1,163 @@
+"""The project's own tidy check (as TigerBeetle's tidy.zig): the layer map of
+docs/architecture.md, no import circles, and a ratchet on long functions. Every import counts,
+inside functions and under TYPE_CHECKING too: an import hidden there is still a dependency a
+reader must follow."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# Lowest first: a module may import its own layer and those below, never one above. A module
+# belongs to the longest prefix that names it.
+LAYERS: list[tuple[str, ...]] = [
+    ("tidelog.errors", "tidelog.version"),
+    ("tidelog.logs", "tidelog.config", "tidelog.acls", "tidelog.tls", "tidelog.scram"),
+    ("tidelog.principals",),
+    ("tidelog.record",),
+    ("tidelog.storage",),
+    ("tidelog.replication", "tidelog.archive"),
+    ("tidelog.protocol",),
+    ("tidelog.cluster_status",),
+    ("tidelog.client",),
+    ("tidelog.node",),
+    ("tidelog.kafka",),
+    # The process that assembles a node and its listeners (Kafka's among them).
+    ("tidelog.node.server", "tidelog.node.listeners.http"),
+    ("tidelog.spark", "tidelog.cli", "tidelog.testing", "tidelog.devcerts", "tidelog.console"),
+    ("tidelog", "tidelog.__main__"),
+]
+
+# Functions longer than this many lines, and how many may be (a ratchet: lower it as they are
+# split, never raise it). Declarative code belongs in tables.
+FUNCTION_LINES_MAX = 80
+LONG_FUNCTIONS_MAX = 15
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in SRC.rglob("*.py")}
+EXTENSIONS = {module_name(p) for p in SRC.rglob("*.pyi")}  # C extensions (record._codec)
+
+
+def imported(name: str, path: Path) -> Iterator[tuple[str, int]]:
+    """(module, line) for every tidelog module the file imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tidelog"):
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if not module.startswith("tidelog"):
+                continue
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                if sub in MODULES:
+                    yield sub, node.lineno
+                elif sub not in EXTENSIONS:
+                    yield module, node.lineno
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in MODULES.items():
+        graph[name] = {m: line for m, line in imported(name, path) if m in MODULES and m != name}
+    return graph
+
+
+def layer_of(module: str) -> int:
+    best, best_len = -1, -1
+    for rank, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = rank, len(prefix)
+    return best
+
+
+def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in MODULES if layer_of(m) < 0] == []
+
+
+def test_nothing_imports_a_layer_above_its_own() -> None:
+    graph = import_graph()
+    upward = [
+        f"{m} (layer {layer_of(m)}) imports {d} (layer {layer_of(d)}) at line {line}"
+        for m, deps in sorted(graph.items())
+        for d, line in sorted(deps.items())
+        if layer_of(d) > layer_of(m)
+    ]
+    assert upward == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_long_functions_only_go_down() -> None:
+    long: list[str] = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > FUNCTION_LINES_MAX:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines})")
+    assert len(long) <= LONG_FUNCTIONS_MAX, "\n".join(sorted(long))
+
+
+def test_the_checks_see_what_they_check() -> None:
+    """The checks above must be able to fail: a circle and an upward import, as modules."""
+    graph = {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert layer_of("tidelog.node.core") > layer_of("tidelog.storage.log")
+    assert layer_of("tidelog.node.server") > layer_of("tidelog.kafka.broker")
+    edges = import_graph()
+    assert "tidelog.storage.segment" in edges["tidelog.storage.log"]
