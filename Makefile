@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+QUICK_STAMP := $(VENV)/.installed-quick
 JS_STAMP := tests/js/node_modules/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean java kcat cc chromium node sim-sweep fuzz
+.PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep fuzz
 
 setup: $(STAMP) $(JS_STAMP)
 
@@ -69,6 +70,21 @@ typecheck: setup
 
 unit: setup
 	$(BIN)/pytest -q --durations=12
+
+# The inner loop: every in-process test (record, codec, validation, protocol, storage,
+# replication with a few simulator seeds, the golden scenarios, the tidy check), in under a
+# minute. It installs only the `quick` extra (no Spark, Java, browser or node.js) unless the
+# full setup is there; a test it runs that starts a process or opens a socket fails.
+quick:
+	@test -f $(STAMP) || $(MAKE) --no-print-directory $(QUICK_STAMP)
+	TIDELOG_QUICK=1 $(BIN)/pytest -q -m "not process and not spark and not slow" \
+	  -p no:cacheprovider --durations=5
+
+$(QUICK_STAMP): pyproject.toml $(wildcard src/tidelog/record/*.c src/tidelog/record/*.h) | cc
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip==24.3.1
+	$(BIN)/python -m pip install --quiet -e '.[quick]'
+	@touch $(QUICK_STAMP)
 
 test: lint typecheck unit
 

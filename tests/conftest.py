@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,28 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# `make quick` (TIDELOG_QUICK=1): the in-process tier. A test it runs that starts a process or
+# opens a network socket fails, so that the tiers stay what pyproject.toml's markers say.
+QUICK = os.environ.get("TIDELOG_QUICK") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_stays_in_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not QUICK or request.node.get_closest_marker("process") is not None:
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process or opens a socket: mark it "
+            "@pytest.mark.process (tiers: pyproject.toml's markers)"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "bind", refuse)
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,8 @@ from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.tls import TlsFiles
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 ADMIN_TOKEN = "root:" + "r" * 40
 GUARDED = "guarded"  # nobody but the admin may touch it
 OPEN_TO_ALL = "open"  # alice may read it; bob (a certificate) may write it
@@ -835,6 +837,7 @@ def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
     assert "SaslAuthenticationFailedError" in caplog.text
 
 
+@pytest.mark.spark
 def test_spark_reads_and_writes_over_tls_with_a_token_as_its_acls_allow(
     secured: Secured, spark_session: Any
 ) -> None:

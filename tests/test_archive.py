@@ -46,6 +46,8 @@ from tidelog.errors import (
 )
 from tidelog.record.batch import ProducerRecord, build_batch, decode_records, read_header
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
 ARCHIVED = {
     "remote.storage.enable": "true",
@@ -851,6 +853,7 @@ def test_an_archive_too_far_behind_refuses_produce_or_releases_its_hold(tmp_path
     assert "offsets [0," not in verify.stdout  # it starts where the local log started
 
 
+@pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_the_spark_source_reads_archived_ranges_from_the_store(
     tmp_path: Path, spark_session: Any

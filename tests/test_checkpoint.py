@@ -39,6 +39,7 @@ def test_a_leftover_temp_file_does_not_matter(tmp_path: Path) -> None:
     assert read_checkpoint(path) == {"a": 2}
 
 
+@pytest.mark.process
 def test_a_short_write_never_swaps_in_a_torn_file(tmp_path: Path) -> None:
     """A file size limit makes the kernel write part of a buffer and report the short count
     (as a nearly full disk does): write_file, snapshots and compaction's cleaned segments must

@@ -12,7 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tidelog.cli.cluster import LocalCluster, free_ports
+
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 
 def tidelog(

@@ -23,6 +23,8 @@ import pytest
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 GOLDEN = Path(__file__).parent / "golden"
 LONG_TOPIC = "orders-from-the-web-shop-and-the-mobile-app"
 LONG_CURSOR = "nightly-backup-to-the-warehouse-in-the-other-region"

@@ -19,6 +19,8 @@ from tidelog.cluster_status import merge_status
 from tidelog.errors import NotEnoughReplicas, TidelogError
 from tidelog.record import ProducerRecord
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 KILLS = 5
 FREEZES = 5
 

@@ -23,6 +23,8 @@ from tidelog.replication.metadata import (
     validate_remove_node,
 )
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 
 def tidelog(*args: str, ok: bool = True) -> str:
     proc = subprocess.run(

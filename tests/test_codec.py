@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from array import array
 
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,7 +31,6 @@ from tidelog.record.columns import (
 )
 from tidelog.record.compression import CODEC_NAMES
 from tidelog.record.validation import SCAN_OK, _scan_records_py
-from tidelog.spark.arrow import columns_to_batch, records_to_batch
 
 maybe_bytes = st.none() | st.binary(max_size=200)
 header_st = st.tuples(st.text(max_size=12), maybe_bytes)
@@ -117,6 +115,7 @@ def rows_of(columns: RecordColumns) -> list[tuple]:
     return list(zip(offsets, timestamps, keys, values, headers, strict=True))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(batches_st(), st.data())
 def test_compiled_and_reference_decoders_agree(buf: bytes, data: st.DataObject) -> None:
@@ -151,28 +150,6 @@ def test_compiled_and_reference_encoders_agree(records: list[ProducerRecord], no
     assert compiled.encode_records(records, now) == encode_records_py(records, now)
 
 
-@settings(max_examples=150)
-@given(st.lists(st.tuples(maybe_bytes, maybe_bytes), min_size=1, max_size=40), st.data())
-def test_encode_rows_from_arrow_columns(rows: list[tuple], data: st.DataObject) -> None:
-    keys = pa.array([k for k, _ in rows], pa.binary())
-    values = pa.array([v for _, v in rows], pa.binary())
-    order = data.draw(st.permutations(range(len(rows))))
-    _, k_offsets, k_data = keys.buffers()
-    k_valid = keys.buffers()[0]
-    v_valid, v_offsets, v_data = values.buffers()
-    section = compiled.encode_rows(
-        array("q", order).tobytes(),
-        k_offsets,
-        k_data if k_data is not None else b"",
-        k_valid,
-        v_offsets,
-        v_data if v_data is not None else b"",
-        v_valid,
-    )
-    want = [ProducerRecord(rows[i][0], rows[i][1], (), 7) for i in order]
-    assert section == encode_records_py(want, 7)[0]
-
-
 def test_encoder_refuses_what_is_not_a_record() -> None:
     with pytest.raises(TypeError):
         compiled.encode_records([ProducerRecord("text", b"v")], 0)  # type: ignore[arg-type]
@@ -186,6 +163,7 @@ def test_encoder_refuses_what_is_not_a_record() -> None:
         )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(records_st, st.data())
 def test_mutated_sections_are_refused_alike(
@@ -236,19 +214,6 @@ def test_mutated_sections_are_refused_alike(
             header.last_offset_delta,
         )
         assert reference is None or strict[0] != SCAN_OK
-
-
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
-@given(batches_st(), st.booleans())
-def test_arrow_rows_match_the_record_path(buf: bytes, include_headers: bool) -> None:
-    """The Spark source's columnar batches hold exactly the rows the per-record path built."""
-    items = [item for _, item in batch_items(buf)]
-    records = [
-        r for pos, h in iter_headers(buf) if not h.is_control for r in decode_records(buf, pos)
-    ]
-    columnar = columns_to_batch(decode_columns(items, include_headers), "t", 3, include_headers)
-    columnar.validate(full=True)
-    assert columnar.equals(records_to_batch(records, "t", 3, include_headers))
 
 
 def test_empty_and_bounds() -> None:

@@ -18,6 +18,8 @@ from tidelog.errors import TidelogError
 from tidelog.record import ProducerRecord, iter_headers
 from tidelog.storage.log import SegmentedLog
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 KILLS = 12
 
 

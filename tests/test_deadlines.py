@@ -93,6 +93,7 @@ def test_a_campaign_asks_again_a_voter_that_comes_alive() -> None:
     assert clock.ticks - started <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [False, True])
 def test_simulator_seeds_both_ways(sparse: bool) -> None:
     """The same seeds with every replica acting every tick and acting only when due: both
@@ -102,6 +103,7 @@ def test_simulator_seeds_both_ways(sparse: bool) -> None:
         Simulation(params).run()
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_idle_partitions_cost_no_acts(tmp_path: Path) -> None:
     """300 idle partitions (RF 1) on one node: between two status reads 1.5 s apart, the
@@ -124,6 +126,7 @@ def test_idle_partitions_cost_no_acts(tmp_path: Path) -> None:
         assert [r.value for r in client.consume("idle", 123, "earliest")] == [b"x"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_partitions_past_the_node_limit_are_refused_and_nothing_is_created(tmp_path: Path) -> None:
     from tidelog.errors import PartitionLimitReached

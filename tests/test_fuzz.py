@@ -26,6 +26,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +43,8 @@ from tidelog.record.batch import (
     iter_headers,
 )
 from tidelog.storage.scrub import check_batch
+
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 FUZZ_SECONDS = float(os.environ.get("TIDELOG_FUZZ_SECONDS", "40"))
 KEYS = [int(k) for k in ApiKey]

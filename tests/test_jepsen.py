@@ -23,6 +23,8 @@ from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
 from tidelog.record import ProducerRecord
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 SOAK_SECONDS = float(os.environ.get("TIDELOG_SOAK_SECONDS", "30"))
 PARTITIONS = 3
 

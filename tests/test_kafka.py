@@ -35,6 +35,8 @@ from confluent_kafka.admin import (  # noqa: E402
     NewTopic,
 )
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 # -- the codec and the error map, without a node -------------------------------------------------
 
 

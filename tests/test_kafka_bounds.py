@@ -50,7 +50,15 @@ def test_every_served_request_version_passes_the_bounds_check_whole(
     @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.from_type(schema))
     def round_trip(body: Any) -> None:
-        assert parse_request(encode(api_key, version, body)).body == body
+        try:
+            parsed = parse_request(encode(api_key, version, body))
+        except InvalidRequest as exc:
+            # kio writes a timedelta of up to 2^63-1 ms, which its reader cannot hold
+            # (Python's timedelta ends at 999,999,999 days): refused by name, never a crash.
+            # Found by this test (OffsetCommit v4's retention_time); no client sends one.
+            assert "timedelta" in exc.message and "overflow" in exc.message, exc.message
+            return
+        assert parsed.body == body
 
     round_trip()
 

@@ -19,6 +19,8 @@ import pytest
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 PARTITIONS = 3
 

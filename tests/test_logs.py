@@ -15,6 +15,8 @@ from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import StorageFull
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
 
 

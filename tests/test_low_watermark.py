@@ -23,6 +23,8 @@ from tidelog.protocol.api import ApiKey
 from tidelog.record import ProducerRecord
 from tidelog.storage.faults import CRASH_EXIT_CODE
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
 
 

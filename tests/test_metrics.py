@@ -21,6 +21,8 @@ from tidelog.errors import InvalidConfig
 from tidelog.node.config import NodeConfig
 from tidelog.record import ProducerRecord
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
 
 

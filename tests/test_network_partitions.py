@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 SECONDS = float(os.environ.get("TIDELOG_PARTITION_SECONDS", "20"))
 LAB = Path(__file__).with_name("netlab.py")
 

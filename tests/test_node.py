@@ -35,6 +35,8 @@ from tidelog.protocol.framing import PREFIX, FrameDecoder, Kind, encode_prefix
 from tidelog.record import ProducerRecord, build_batch
 from tidelog.replication.driver import PartitionDriver
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 
 @contextlib.asynccontextmanager
 async def running_node(tmp_path: Path, **options: Any) -> AsyncIterator[tuple[Node, AsyncClient]]:

@@ -21,6 +21,8 @@ from tidelog.errors import CorruptRecord
 from tidelog.record import ProducerRecord, build_batch
 from tidelog.storage.log import SegmentedLog
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 POISON = {c.name: c for c in INVALID}
 
 

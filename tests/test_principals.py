@@ -18,6 +18,8 @@ from tidelog.errors import AuthenticationFailed, InvalidRequest, NotAuthorized
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 
 def run_loop_call(client: Client, request: api.PrincipalsRequest) -> None:
     """A request as any client could send it (not through add_principal, which hashes)."""

@@ -36,6 +36,8 @@ from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import FrameDecoder, encode_frame
 from tidelog.record import ProducerRecord, build_batch
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 
 class LossyProxy:
     """Forwards clients' connections to a node, and drops the node's answers to produce

@@ -100,6 +100,7 @@ def test_fuzz_frame_decoder(blob: bytes) -> None:
     st.sampled_from(sorted(api.REQUEST_TYPES.items())),
     st.dictionaries(st.text(max_size=12), json_values, max_size=6),
 )
+@pytest.mark.slow
 def test_fuzz_request_decoding(entry: tuple[api.ApiKey, type], header: dict) -> None:
     _, cls = entry
     try:

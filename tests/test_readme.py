@@ -16,6 +16,8 @@ import pytest
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCK = re.compile(r"(<!-- not run[^>]*-->\s*)?```python\n(.*?)```", re.S)
 # What a streaming snippet leaves running: let it process what is there, then stop it.
@@ -47,6 +49,7 @@ def run(code: str, cwd: Path, timeout_s: float) -> str:
     return done.stdout
 
 
+@pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_the_readme_python_and_spark_snippets_run_as_written(tmp_path: Path) -> None:
     with (

@@ -24,6 +24,8 @@ from tidelog.errors import (
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 
 def replicas_of(client: Client, topic: str, partition: int) -> dict[int, dict[str, object]]:
     rows = merge_status(client.status([topic]), topic)

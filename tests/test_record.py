@@ -184,6 +184,7 @@ def test_fuzz_batch_decoders_fail_only_with_named_errors(blob: bytes) -> None:
         pass
 
 
+@pytest.mark.slow
 @settings(max_examples=2000)
 @given(records_st, st.data())
 def test_fuzz_mutated_valid_batches(records: list[ProducerRecord], data: st.DataObject) -> None:

@@ -11,12 +11,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from test_cluster import leader_of, wait_converged
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 from tidelog.errors import NotLeader, TidelogError, UnknownTopicOrPartition
 from tidelog.record.batch import ProducerRecord
+
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 TIDELOG = [sys.executable, "-m", "tidelog"]
 

@@ -70,6 +70,7 @@ def test_golden_scenarios(script: Path) -> None:
         assert "VIOLATION" not in actual
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
 def test_simulator_seeds(first: int) -> None:
     for seed in range(first, min(first + CHUNK, SEEDS)):
@@ -85,6 +86,7 @@ FRESH_SEEDS = int(
 FRESH_START = int(os.environ.get("TIDELOG_SIM_FRESH_START") or draw_start())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", range(0, FRESH_SEEDS, CHUNK))
 def test_simulator_fresh_seeds(first: int) -> None:
     start = FRESH_START + first
@@ -127,10 +129,12 @@ def seeds_caught(fault: str, seeds: int, enough: int | None = None, first: int =
     return caught
 
 
+@pytest.mark.slow
 def test_the_simulator_catches_truncation_to_the_local_hw() -> None:
     assert seeds_caught(FAULT_TRUNCATE_TO_HW, 40), "the KIP-101 bug must not pass 40 seeds"
 
 
+@pytest.mark.slow
 def test_votes_from_replaced_disks_lose_acknowledged_records_and_are_caught() -> None:
     """The observer rule switched off: some of the first 300 seeds (a third of them replace a
     disk) lose or change a committed record, and the checkers say so (seed 213 is the first
@@ -146,6 +150,7 @@ def test_votes_from_replaced_disks_lose_acknowledged_records_and_are_caught() ->
     assert "VIOLATION" not in kept and "2@e2:m3" in kept
 
 
+@pytest.mark.slow
 def test_membership_changes_without_waiting_for_commit_are_caught() -> None:
     """The one-change-at-a-time rule switched off (a leader appends the next membership change
     before the previous one, and an entry of its own epoch, commit, and moves several voters at
@@ -160,6 +165,7 @@ def test_membership_changes_without_waiting_for_commit_are_caught() -> None:
     assert "VIOLATION" not in walked and "4@e1:<voters 2,3,4>" in walked
 
 
+@pytest.mark.slow
 def test_an_empty_log_that_forgets_its_epoch_is_caught() -> None:
     """The prefix-epoch rule switched off (a log holding no entry claims epoch -1 in elections,
     as before seeds 402349 and 300028): the vote checker, which judges each grant from the
@@ -182,6 +188,7 @@ def test_committing_an_old_epoch_by_counting_is_caught() -> None:
     assert "VIOLATION: offset 0 was committed" in run_script(script.read_text())
 
 
+@pytest.mark.slow
 def test_the_simulator_runs_the_production_driver_through_caps_invalidation_and_snapshots() -> None:
     """The node and the simulator drive a replica with one class, and the simulator's seeds
     reach what users depend on: segments rolled and deleted by retention, cursors holding and
@@ -204,6 +211,7 @@ def test_the_simulator_runs_the_production_driver_through_caps_invalidation_and_
     assert total.wipes > 0 and total.readmitted > 0, total
 
 
+@pytest.mark.slow
 def test_a_follower_discarding_past_its_own_snapshot_is_caught() -> None:
     """A state-machine follower that follows the leader's log start past its own newest
     snapshot cannot rebuild its table after a restart (seeds 6 and 91 found it)."""
@@ -484,6 +492,7 @@ print("log end", log.log_end_offset)
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("optimize", [False, True], ids=["plain", "python -O"])
 def test_a_follower_never_cuts_below_its_hw_even_under_python_O(optimize: bool) -> None:
     """Seed 300028 ended on an `assert` in the follower, which `python -O` strips: a follower

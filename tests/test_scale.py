@@ -17,6 +17,8 @@ from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 ELECTION_TIMEOUT_S = 0.8 + 0.4  # election_timeout_ms and election_jitter_ms, the defaults
 
 

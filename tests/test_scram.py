@@ -72,6 +72,7 @@ def test_malformed_scram_messages_are_refused_by_name() -> None:
             exchange.final(final)
 
 
+@pytest.mark.process
 def test_an_unknown_user_gets_the_same_salt_from_every_node_of_a_cluster() -> None:
     """A random decoy key per node gave an unknown user a different salt on each: two nodes
     told which users exist. The key comes from the cluster secret, which every node holds."""

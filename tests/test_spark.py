@@ -30,6 +30,8 @@ from tidelog.cluster_status import merge_status
 from tidelog.errors import TidelogError
 from tidelog.record import ProducerRecord
 
+pytestmark = [pytest.mark.process, pytest.mark.spark]  # tiers: pyproject.toml's markers
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 

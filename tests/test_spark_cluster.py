@@ -23,6 +23,8 @@ from tidelog.client.sync_client import Client
 from tidelog.record import ProducerRecord
 from tidelog.spark.standalone import connect_server, standalone_cluster
 
+pytestmark = [pytest.mark.process, pytest.mark.spark]  # tiers: pyproject.toml's markers
+
 HERE = Path(__file__).parent
 RECORDS = 2000  # 5 micro-batches of 400
 CRASH_AT = "spark-sink-commit:1"

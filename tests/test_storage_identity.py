@@ -11,10 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import wait_for
 from tidelog.cli.cluster import LocalCluster, free_ports
 from tidelog.client.sync_client import Client
 from tidelog.storage.identity import read_identity
+
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 
 def serve(data: Path, *args: str, wait_s: float = 20) -> subprocess.CompletedProcess[str]:

@@ -24,6 +24,8 @@ from tidelog.errors import AuthenticationFailed, InvalidConfig, TidelogError
 from tidelog.record import ProducerRecord
 from tidelog.tls import TlsFiles
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -182,6 +184,7 @@ def test_tls_settings_are_checked_by_name(certs: Path, tmp_path: Path) -> None:
     assert done.returncode != 0 and "tls.client.auth" in done.stderr
 
 
+@pytest.mark.spark
 def test_the_spark_source_and_sink_over_tls(
     cluster: LocalCluster, certs: Path, spark_session: Any
 ) -> None:

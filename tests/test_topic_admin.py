@@ -24,6 +24,8 @@ from tidelog.protocol.api import ApiKey
 from tidelog.replication.messages import VoteRequest
 from wire import replication_frame
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 
 def test_a_deleted_topic_takes_its_data_and_cursors_and_never_comes_back(tmp_path: Path) -> None:
     async def main() -> None:

@@ -47,6 +47,8 @@ from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
 from tidelog.storage.memory_log import MemoryLog
 from wire import Wire, peer_session, replication_frame
 
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
 SECRET = b"s3cret-for-tests"
 
 

@@ -124,6 +124,7 @@ def scan_both(
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
     st.booleans(),
 )
+@pytest.mark.slow
 def test_the_compiled_scan_and_the_reference_agree(
     records: list[ProducerRecord],
     flips: list[tuple[int, int]],
@@ -181,6 +182,7 @@ def test_the_scans_agree_on_edge_varints_and_utf8() -> None:
     st.lists(record_strategy, min_size=1, max_size=6),
     st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
 )
+@pytest.mark.slow
 def test_whatever_passes_validation_decodes(
     records: list[ProducerRecord], flips: list[tuple[int, int]]
 ) -> None:
