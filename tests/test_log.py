@@ -4,6 +4,8 @@ the segmented log does (segments, indexes, recovery)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -504,3 +506,31 @@ def test_a_replay_with_other_records_is_refused_not_acknowledged(make_log: LogFa
     assert read_all(log) == [(0, b"a")]
     log.append_as_leader(batch(b"b", sequence=1), epoch=1)
     assert read_all(log) == [(0, b"a"), (1, b"b")]
+
+
+@pytest.mark.process
+def test_the_hw_never_moves_back_even_under_python_O(tmp_path: Path) -> None:
+    """Issue 33: invariants were bare asserts, which `python -O` strips. A HW moved back is
+    refused under -O too, with the InvariantBroken the node's fail-stop path stops on."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tidelog.config import TopicConfig\n"
+        "from tidelog.invariant import InvariantBroken\n"
+        "from tidelog.record.batch import ProducerRecord, build_batch\n"
+        "from tidelog.storage.log import SegmentedLog\n"
+        "log = SegmentedLog(Path(sys.argv[1]), TopicConfig())\n"
+        "log.append_as_leader(build_batch([ProducerRecord(None, b'x')] * 3), 1)\n"
+        "log.set_high_watermark(3)\n"
+        "try:\n"
+        "    log.set_high_watermark(2)\n"
+        "except InvariantBroken as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-O", "-c", script, str(tmp_path / "t-0")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.startswith("refused: t-0: HW 3 -> 2"), out.stdout + out.stderr

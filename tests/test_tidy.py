@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # Lowest first: a module may import its own layer and those below, never one above. A module
 # belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
-    ("tidelog.errors", "tidelog.version"),
+    ("tidelog.errors", "tidelog.version", "tidelog.invariant"),
     ("tidelog.logs", "tidelog.config", "tidelog.acls", "tidelog.tls", "tidelog.scram"),
     ("tidelog.principals",),
     ("tidelog.record",),
@@ -151,6 +151,17 @@ def test_long_functions_only_go_down() -> None:
                 if lines > FUNCTION_LINES_MAX:
                     long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines})")
     assert len(long) <= LONG_FUNCTIONS_MAX, "\n".join(sorted(long))
+
+
+def test_invariants_are_not_bare_asserts() -> None:
+    """`python -O` strips assert statements; src/ states invariants with tidelog.invariant."""
+    bare = [
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assert)
+    ]
+    assert bare == []
 
 
 def test_the_checks_see_what_they_check() -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidelog.errors import AuthenticationFailed, InvalidRequest
+from tidelog.invariant import InvariantBroken
 
 MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 SCRAM_ITERATIONS = 8192  # Kafka's least is 4096
@@ -169,7 +170,8 @@ class ScramExchange:
         self.client_first_bare = bare
         self.gs2_header = f"{gs2},{authzid},"
         self.nonce = fields["r"] + base64.b64encode(os.urandom(18)).decode()
-        assert self.stored is not None
+        if self.stored is None:
+            raise InvariantBroken("self.stored is not None")
         self.server_first = (
             f"r={self.nonce},s={self.stored['salt']},i={int(self.stored['iterations'])}"
         )
@@ -178,7 +180,8 @@ class ScramExchange:
     def final(self, client_final: bytes) -> tuple[str, bytes]:
         """The user proved, and the server-final message that proves us to it."""
         name = MECHANISMS[self.mechanism]
-        assert self.stored is not None
+        if self.stored is None:
+            raise InvariantBroken("self.stored is not None")
         try:
             text = client_final.decode()
         except UnicodeDecodeError:

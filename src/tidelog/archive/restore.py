@@ -24,6 +24,7 @@ from tidelog.archive.store import ArchiveStore
 from tidelog.archive.verify import manifest_keys
 from tidelog.config import TopicConfig
 from tidelog.errors import ArchiveError, InvalidRequest, RestorePointOutside
+from tidelog.invariant import InvariantBroken
 from tidelog.record.batch import BatchHeader, Record, decode_records, read_header, rebuild_batch
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.log import SegmentedLog
@@ -54,7 +55,8 @@ class RestorePoint:
             if to_offset < 0:
                 raise InvalidRequest(f"--to-offset must be >= 0, not {to_offset}")
             return RestorePoint(to_offset=to_offset)
-        assert to_time is not None
+        if to_time is None:
+            raise InvariantBroken("to_time is not None")
         try:
             moment = datetime.datetime.fromisoformat(to_time)
         except ValueError:
@@ -66,7 +68,8 @@ class RestorePoint:
     def describe(self) -> str:
         if self.to_offset is not None:
             return f"offsets below {self.to_offset}"
-        assert self.to_time_ms is not None
+        if self.to_time_ms is None:
+            raise InvariantBroken("self.to_time_ms is not None")
         when = datetime.datetime.fromtimestamp(self.to_time_ms / 1000, datetime.UTC)
         return f"records stamped at or before {when.isoformat()}"
 
@@ -106,7 +109,8 @@ def check_point(manifests: list[Manifest], point: RestorePoint) -> str:
         before, after = point.to_offset <= first, point.to_offset > last
         extent = f"offsets [{first}, {last})"
     else:
-        assert point.to_time_ms is not None
+        if point.to_time_ms is None:
+            raise InvariantBroken("point.to_time_ms is not None")
         first = min(s[0].first_timestamp for s in segments)
         last = max(seg.max_timestamp for s in segments for seg in s)
         before, after = point.to_time_ms < first, point.to_time_ms > last

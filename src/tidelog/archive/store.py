@@ -38,6 +38,7 @@ from tidelog.errors import (
     ArchiveUnavailable,
     InvalidArchiveUrl,
 )
+from tidelog.invariant import InvariantBroken
 
 ObjectMissing = ArchiveObjectMissing
 
@@ -187,7 +188,8 @@ class FileStore:
                 raise VersionConflict(f"{key} changed (now {now}, expected {version})")
             self.put(key, data)
             written = self._version(key)
-            assert written is not None
+            if written is None:
+                raise InvariantBroken("written is not None")
             return written
 
     def _version(self, key: str) -> str | None:

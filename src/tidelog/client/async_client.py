@@ -46,6 +46,7 @@ from tidelog.errors import (
     UnknownNode,
     UnknownTopicOrPartition,
 )
+from tidelog.invariant import InvariantBroken
 from tidelog.principals import new_token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -315,7 +316,8 @@ class AsyncClient:
                 api.encode(api.AuthenticateRequest(token)),
                 timeout_s=self.request_timeout_s,
             )
-            assert frame is not None
+            if frame is None:
+                raise InvariantBroken("frame is not None")
             error = api.error_of(frame.header)
             if error is not None:
                 raise error
@@ -367,7 +369,8 @@ class AsyncClient:
                 last = exc
                 if attempt + 1 >= len(addresses):
                     await asyncio.sleep(self._backoff(attempt))
-        assert last is not None
+        if last is None:
+            raise InvariantBroken("last is not None")
         raise last
 
     # -- metadata -------------------------------------------------------------------------------
@@ -508,7 +511,8 @@ class AsyncClient:
                     raise
                 last = exc
             await asyncio.sleep(self._backoff(attempt))
-        assert last is not None
+        if last is None:
+            raise InvariantBroken("last is not None")
         raise last
 
     # -- admin ----------------------------------------------------------------------------------

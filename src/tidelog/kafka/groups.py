@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidelog.invariant import InvariantBroken
 from tidelog.kafka.errors import (
     ILLEGAL_GENERATION,
     INCONSISTENT_GROUP_PROTOCOL,
@@ -290,7 +291,8 @@ class GroupCoordinator:
         for member in group.members.values():
             member.assignment = b""
             member.last_seen = time.monotonic()
-            assert member.joining is not None
+            if member.joining is None:
+                raise InvariantBroken("member.joining is not None")
             member.joining.set_result(
                 {
                     "error_code": NONE,

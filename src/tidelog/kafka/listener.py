@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from tidelog.errors import AuthenticationFailed, InvalidRequest, NotAuthorized, TidelogError
+from tidelog.invariant import InvariantBroken
 from tidelog.kafka.broker import KafkaBroker
 from tidelog.kafka.codec import (
     API_VERSIONS,
@@ -82,7 +83,8 @@ class KafkaConnection(FrameConnection):
         return bool(self._slots)
 
     def on_frame(self, frame: Any) -> None:
-        assert isinstance(frame, bytes)
+        if not isinstance(frame, bytes):
+            raise InvariantBroken("isinstance(frame, bytes)")
         try:
             request = parse_request(frame)
         except UnsupportedVersion as exc:

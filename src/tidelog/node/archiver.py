@@ -62,6 +62,7 @@ from tidelog.errors import (
     StorageError,
     TidelogError,
 )
+from tidelog.invariant import InvariantBroken
 from tidelog.logs import event
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.metrics import Counters
@@ -722,7 +723,8 @@ class Archiver:
         rest of the closed segment the archive ends in, wholly below the HW; None if none."""
         slog = host.log
         manifest = state.manifest
-        assert manifest is not None
+        if manifest is None:
+            raise InvariantBroken("manifest is not None")
         next_offset = manifest.end_offset if manifest.segments else slog.log_start_offset
         next_offset = max(next_offset, slog.log_start_offset)
         segments = slog.segments
@@ -747,7 +749,8 @@ class Archiver:
             return False
         path, start, end, first_offset = found
         manifest = state.manifest
-        assert manifest is not None
+        if manifest is None:
+            raise InvariantBroken("manifest is not None")
         epoch = host.replica.epoch
         node_id = self.metadata.node_id
         prefix = partition_prefix(host.topic, host.topic_id, host.partition)

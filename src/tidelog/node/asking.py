@@ -11,6 +11,7 @@ from typing import Any
 
 from tidelog.client.connection import NodeConnection
 from tidelog.errors import TidelogError
+from tidelog.invariant import InvariantBroken
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import NodeEntry
@@ -36,7 +37,8 @@ class NodeAsker:
             conn = await NodeConnection.open((entry.host, entry.port), CONNECT_TIMEOUT_S, self.tls)
             self._connections[node] = conn
         frame = await conn.request(key, api.encode(request), timeout_s=timeout_s)
-        assert frame is not None
+        if frame is None:
+            raise InvariantBroken("frame is not None")
         error = api.error_of(frame.header)
         if error is not None:
             raise error

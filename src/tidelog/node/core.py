@@ -55,6 +55,7 @@ from tidelog.errors import (
     UnsupportedApi,
     from_wire,
 )
+from tidelog.invariant import InvariantBroken
 from tidelog.logs import event
 from tidelog.node.access import Access, Listener, Operation, Principal
 from tidelog.node.archiver import Archiver
@@ -542,7 +543,8 @@ class NodeCore:
 
     @property
     def flusher(self) -> Flusher:
-        assert self._flusher is not None, "the node is not started"
+        if self._flusher is None:
+            raise InvariantBroken("the node is not started")
         return self._flusher
 
     # -- replica groups -------------------------------------------------------------------------
@@ -662,7 +664,8 @@ class NodeCore:
             principal, Operation.REPLICATE, Resource.topic(str(header.get("group", "")))
         )
         sender = principal.peer_id
-        assert sender is not None
+        if sender is None:
+            raise InvariantBroken("sender is not None")
         self.liveness.heard_from(sender)
         if key == ApiKey.REPLICATION:
             group, message = decode_message(header, payload)

@@ -12,6 +12,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+from tidelog.invariant import invariant
+
 log = logging.getLogger(__name__)
 
 Job = Callable[[], None]
@@ -20,7 +22,7 @@ Done = Callable[[BaseException | None], None]
 
 class Flusher:
     def __init__(self, threads: int, loop: asyncio.AbstractEventLoop, name: str) -> None:
-        assert threads >= 1
+        invariant(threads >= 1, "threads >= 1")
         self._loop = loop
         self._jobs: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
         self._threads = [

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tidelog.config import TopicConfig
 from tidelog.errors import NotLeader, StorageFull, TidelogError, Timeout
+from tidelog.invariant import InvariantBroken
 from tidelog.logs import event
 from tidelog.node.config import NodeConfig
 from tidelog.node.flusher import Flusher
@@ -235,7 +236,8 @@ class PartitionHost:
 
     def _write_state_file(self) -> None:
         state, self._state_to_write = self._state_to_write, None
-        assert state is not None
+        if state is None:
+            raise InvariantBroken("state is not None")
         self._state_file_writes = 1
         path = self.directory / QUORUM_STATE_FILE
         data = dataclasses.asdict(state)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidelog.errors import InvalidConfig
+from tidelog.invariant import InvariantBroken
 from tidelog.node.access import Principal
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.cluster_id import agree_cluster_id
@@ -144,7 +145,8 @@ class Node:
         self.peer_address = await self.peer_listener.start(*config.peer_bind, mutual)
         self.core.peer_port = self.peer_address[1]
         if self.kafka is not None and self.kafka_listener is not None:
-            assert config.kafka_listen is not None
+            if config.kafka_listen is None:
+                raise InvariantBroken("config.kafka_listen is not None")
             bound = await self.kafka_listener.start(*config.kafka_listen, serving)
             host = bound[0] if bound[0] not in ("0.0.0.0", "::", "") else config.advertised[0]
             advertised = config.kafka_advertised or (host, bound[1])
@@ -159,7 +161,8 @@ class Node:
                 *self.peer_address,
             )
         if self.http is not None:
-            assert config.http_listen is not None
+            if config.http_listen is None:
+                raise InvariantBroken("config.http_listen is not None")
             plain = None if tls is None else tls.server_context("none")
             self.http_address = await self.http.start(*config.http_listen, plain)
         self.peer_channel = PeerChannel(self.core, config.cluster_secret)
@@ -269,7 +272,8 @@ class Node:
         }
 
     async def serve_forever(self) -> None:
-        assert self._stopped is not None, "the node is not started"
+        if self._stopped is None:
+            raise InvariantBroken("the node is not started")
         await self._stopped.wait()
 
     @property

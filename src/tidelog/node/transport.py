@@ -15,6 +15,7 @@ import os
 import socket
 from typing import Any, Protocol
 
+from tidelog.invariant import InvariantBroken
 from tidelog.protocol.framing import Kind, encode_prefix
 from tidelog.storage.segment import FileSlice
 
@@ -154,7 +155,8 @@ class FrameWriter:
                 data, payload = self._queue.popleft()
                 self.queued_bytes -= len(data) + (payload.size if payload is not None else 0)
                 if payload is not None and self._wants_sendfile(payload):
-                    assert isinstance(payload, FileSlice)
+                    if not isinstance(payload, FileSlice):
+                        raise InvariantBroken("isinstance(payload, FileSlice)")
                     self.transport.write(data)
                     await loop.sendfile(
                         self.transport,

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import crc32c as _crc32c
 
 from tidelog.errors import CorruptRecord, RecordTooLarge
+from tidelog.invariant import invariant
 from tidelog.record import compression as codecs
 from tidelog.record.varint import decode_varint, encode_varint
 
@@ -319,7 +320,10 @@ def batch_from_section(
 def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
     """A batch holding a subset of an existing batch's records at their original offsets
     (the compactor's job): same epoch, producer fields and last offset; no compression."""
-    assert records and all(header.base_offset <= r.offset <= header.last_offset for r in records)
+    invariant(
+        records and all(header.base_offset <= r.offset <= header.last_offset for r in records),
+        "records and all(header.base_offset <= r.offset <= header.last_offset for r in records)",
+    )
     base = records[0].offset
     base_ts = min(r.timestamp for r in records)
     body = bytearray()

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from tidelog.invariant import invariant
+
 if TYPE_CHECKING:
     from tidelog.replication.clock import TickSource
 
@@ -47,7 +49,7 @@ class Liveness:
         interval_ticks: int,
         timeout_ticks: int,
     ) -> None:
-        assert 0 < interval_ticks < timeout_ticks
+        invariant(0 < interval_ticks < timeout_ticks, "0 < interval_ticks < timeout_ticks")
         self.node_id = node_id
         self.own_incarnation = incarnation
         self.clock = clock

@@ -27,6 +27,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from tidelog.invariant import invariant
 from tidelog.record.batch import ProducerRecord, build_batch
 
 MEMBERSHIP_CONTROL_KEY = b"\x00\x00\x00\x06"  # Kafka's control record type 6 (KRaft voters)
@@ -40,7 +41,7 @@ class Membership:
     learners: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        assert not set(self.voters) & set(self.learners), "a learner is not a voter"
+        invariant(not set(self.voters) & set(self.learners), "a learner is not a voter")
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -87,7 +88,7 @@ class MembershipHistory:
     """The membership in effect at the log start and every change after it, oldest first."""
 
     def __init__(self, entries: list[Membership]) -> None:
-        assert entries, "a group always has a membership"
+        invariant(entries, "a group always has a membership")
         self.entries = sorted(entries, key=lambda m: m.offset)
 
     @property
@@ -106,7 +107,9 @@ class MembershipHistory:
         return [m for m in self.entries if m.offset >= offset]
 
     def append(self, membership: Membership) -> None:
-        assert membership.offset > self.current.offset
+        invariant(
+            membership.offset > self.current.offset, "membership.offset > self.current.offset"
+        )
         self.entries.append(membership)
 
     def truncate(self, log_end: int) -> bool:

@@ -26,6 +26,7 @@ from tidelog.errors import (
     UnknownNode,
     UnknownTopicOrPartition,
 )
+from tidelog.invariant import InvariantBroken
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule; matched with fullmatch
 NODE_ID_MAX = 2**31 - 1
@@ -228,7 +229,8 @@ class MetadataState:
         longer make sense (a race lost between proposal and commit, or a topic deleted and
         created again meanwhile: each names the incarnation it meant by its topic id) change
         nothing, on every node alike."""
-        assert offset >= self.applied_offset, (offset, self.applied_offset)
+        if not offset >= self.applied_offset:
+            raise InvariantBroken((offset, self.applied_offset))
         self.applied_offset = offset + 1
         kind = command.get("type")
         at_ms = int(command.get("at_ms", 0))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from tidelog.invariant import invariant
+
 
 def majority(voter_count: int) -> int:
     return voter_count // 2 + 1
@@ -11,7 +13,7 @@ def majority(voter_count: int) -> int:
 
 def quorum_offset(match_offsets: Sequence[int]) -> int:
     """The highest offset that a majority of replicas hold (exclusive end offsets)."""
-    assert match_offsets
+    invariant(match_offsets, "match_offsets")
     ordered = sorted(match_offsets, reverse=True)
     return ordered[majority(len(ordered)) - 1]
 

@@ -15,7 +15,7 @@ Driver API (etcd-raft's shape):
 No IO, no clock, no global randomness: the log is reached through a small interface, time is
 ticks, randomness comes from the injected random.Random. The simulator runs this exact class.
 
-Watermarks (asserted where they change):
+Watermarks (checked where they change, by invariants -O cannot strip: tidelog/invariant.py):
     log_start_offset <= high_watermark <= log_end_offset
     high_watermark never decreases while this replica leads an epoch
     a leader counts a replica toward the HW only for what that replica has made durable, and
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
+from tidelog.invariant import InvariantBroken, invariant
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.validation import ValidatedBatches
 from tidelog.replication.clock import Clock, TickSource
@@ -165,9 +166,12 @@ class ReplicaConfig:
     faults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        assert not set(self.voters) & set(self.learners), "a learner is not a voter"
-        assert self.fetch_retry_ticks > self.fetch_max_wait_ticks
-        assert self.faults <= FAULTS
+        invariant(not set(self.voters) & set(self.learners), "a learner is not a voter")
+        invariant(
+            self.fetch_retry_ticks > self.fetch_max_wait_ticks,
+            "self.fetch_retry_ticks > self.fetch_max_wait_ticks",
+        )
+        invariant(self.faults <= FAULTS, "self.faults <= FAULTS")
 
 
 @dataclass
@@ -309,7 +313,8 @@ class Replica:
 
     def elapse(self, ticks: int = 1) -> None:
         """Time passes on the replica's own clock, and nothing is done (act() does it)."""
-        assert self._own_clock is not None, "a shared clock is advanced by its owner"
+        if self._own_clock is None:
+            raise InvariantBroken("a shared clock is advanced by its owner")
         self._own_clock.ticks += ticks
 
     def tick(self) -> None:
@@ -748,7 +753,7 @@ class Replica:
         return self.leader_id if self.leader_id != NO_LEADER else None
 
     def _set_state(self, epoch: int, voted_for: int) -> None:
-        assert epoch >= self.epoch
+        invariant(epoch >= self.epoch, "epoch >= self.epoch")
         if (epoch, voted_for) != (self.epoch, self.voted_for):
             self.epoch = epoch
             self.voted_for = voted_for
@@ -1004,7 +1009,8 @@ class Replica:
         the group there one change at a time. None: no change wanted. True if it changed: the
         driver must then act (PartitionDriver.set_target), or an idle leader with no deadline
         never starts the walk."""
-        assert voters is None or voters, "a group needs a voter"
+        if not (voters is None or voters):
+            raise InvariantBroken("a group needs a voter")
         target = tuple(sorted(voters)) if voters is not None else None
         changed = (target, learner_bytes_per_tick) != (self.target, self.learner_bytes_per_tick)
         self.target = target
@@ -1032,7 +1038,8 @@ class Replica:
         if self.role is not Role.LEADER or not self._changing_membership():
             return  # no target, or there already
         current = self.history.current
-        assert self.target is not None
+        if self.target is None:
+            raise InvariantBroken("self.target is not None")
         lag = self.config.replica_lag_ticks
 
         def caught_up(n: int) -> bool:
@@ -1072,7 +1079,7 @@ class Replica:
             return
         proposal = Membership(self.log.log_end_offset, voters, learners)
         info = self.log.append_as_leader(proposal.control_batch(), self.epoch)
-        assert info.first_offset == proposal.offset
+        invariant(info.first_offset == proposal.offset, "info.first_offset == proposal.offset")
         self.history.append(proposal)
         self._persist_state()
         self._on_membership_changed()
@@ -1420,7 +1427,7 @@ class Replica:
 
     def _record_fetch(self, sender: int, p: Progress, req: FetchRequest) -> None:
         leo = self.log.log_end_offset
-        assert req.fetch_offset <= leo
+        invariant(req.fetch_offset <= leo, "req.fetch_offset <= leo")
         durable = (
             req.fetch_offset
             if req.durable_offset < 0
@@ -1481,7 +1488,8 @@ class Replica:
                 self._learner_budget -= records.size
         progress.known_hw = self.log.high_watermark
         if quiesce:
-            assert self.liveness is not None
+            if self.liveness is None:
+                raise InvariantBroken("self.liveness is not None")
             progress.quiesced = True
             progress.incarnation = self.liveness.incarnation(follower)
         self._send(
@@ -1615,7 +1623,8 @@ class Replica:
             self._follow_log_start(resp.log_start_offset)
             if resp.quiesce and self._may_quiesce_follower(sender, records is not None):
                 self.quiesced = True
-                assert self.liveness is not None
+                if self.liveness is None:
+                    raise InvariantBroken("self.liveness is not None")
                 self.quiesced_incarnation = self.liveness.incarnation(sender)
                 return  # no next fetch: the leader wakes us with news
             if (
@@ -1646,7 +1655,8 @@ class Replica:
     # -- snapshots (state-machine logs) ---------------------------------------------------------
 
     def _request_snapshot_chunk(self) -> None:
-        assert self.installing is not None and self.snapshots is not None
+        if not (self.installing is not None and self.snapshots is not None):
+            raise InvariantBroken("self.installing is not None and self.snapshots is not None")
         position = (
             self.snapshots.partial_snapshot_size(self.installing) if self.installing >= 0 else 0
         )

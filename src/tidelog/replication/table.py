@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from tidelog.errors import CorruptRecord
+from tidelog.invariant import InvariantBroken
 from tidelog.record.batch import Record
 
 _LEN = struct.Struct(">I")
@@ -20,7 +21,8 @@ class TableState:
 
     def apply(self, records: Iterable[Record]) -> None:
         for rec in records:
-            assert rec.offset >= self.applied_offset, (rec.offset, self.applied_offset)
+            if not rec.offset >= self.applied_offset:
+                raise InvariantBroken((rec.offset, self.applied_offset))
             if rec.key is not None:
                 if rec.value is None:
                     self.entries.pop(rec.key, None)

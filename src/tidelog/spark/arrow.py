@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidelog.errors import InvalidConfig
+from tidelog.invariant import InvariantBroken
 from tidelog.record.batch import Record
 from tidelog.record.columns import BinaryColumn, RecordColumns
 
@@ -146,7 +147,8 @@ def columns_to_batch(
         return pc.multiply_checked(millis, 1000).cast(pa.timestamp("us", tz="UTC"))
 
     def headers() -> pa.Array:
-        assert columns.headers is not None, "headers were not decoded"
+        if columns.headers is None:
+            raise InvariantBroken("headers were not decoded")
         h = columns.headers
         entries = int(memoryview(h.list_offsets).cast("i")[-1])
         struct = pa.StructArray.from_arrays(

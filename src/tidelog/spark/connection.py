@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar
 
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
+from tidelog.invariant import InvariantBroken
 from tidelog.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -60,5 +61,6 @@ def with_retries(what: str, call: Callable[[], T], attempts: int = 8, delay_s: f
             last = exc
             log.warning("%s failed (%s); retrying", what, exc)
             time.sleep(delay_s * (attempt + 1))
-    assert last is not None
+    if last is None:
+        raise InvariantBroken("last is not None")
     raise last

@@ -26,6 +26,7 @@ from tidelog.errors import (
     OffsetOutOfRange,
     Timeout,
 )
+from tidelog.invariant import InvariantBroken
 from tidelog.record.batch import read_header
 from tidelog.spark.arrow import columns_to_batch
 from tidelog.spark.connection import client_of
@@ -122,7 +123,8 @@ def read_archived(r: OffsetRange) -> Iterator[tuple[pa.RecordBatch | None, int]]
     """(Arrow batch or None, next offset) for the part of r the archive held when it was
     planned, read straight from the store (no node in the way), about fetch_max_bytes at a
     time, every batch CRC-checked: the same columns a fetch gives."""
-    assert r.archive is not None
+    if r.archive is None:
+        raise InvariantBroken("r.archive is not None")
     where = r.archive
     store = open_store(where.url, where.endpoint)
     key = f"{where.prefix}/manifest.json"

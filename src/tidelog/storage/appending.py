@@ -14,6 +14,7 @@ from tidelog.errors import (
     InvalidRequest,
     OutOfOrderSequence,
 )
+from tidelog.invariant import InvariantBroken
 from tidelog.record.batch import BatchHeader, decode_records, iter_headers, read_header, stamp
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.producer_state import ProducerState
@@ -58,7 +59,8 @@ def stamp_leader_batches(
         if not fresh:
             last = headers[-1][1]
             original = producers.is_duplicate(last)
-            assert original is not None
+            if original is None:
+                raise InvariantBroken("original is not None")
             raise DuplicateSequence(
                 f"producer {last.producer_id} already wrote sequence "
                 f"{last.base_sequence} (epoch {last.producer_epoch})",

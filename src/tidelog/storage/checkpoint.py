@@ -14,6 +14,7 @@ from typing import Any
 import crc32c as _crc32c
 
 from tidelog.errors import CorruptRecord
+from tidelog.invariant import invariant
 from tidelog.storage.durable import fsync_dir, write_file
 
 __all__ = ["fsync_dir", "read_checkpoint", "write_checkpoint"]
@@ -30,7 +31,7 @@ def write_checkpoint(path: Path, data: dict[str, Any]) -> None:
     crc = _crc32c.crc32c(body.encode())
     text = json.dumps({"version": 1, "crc": crc, "data": data}, sort_keys=True) + "\n"
     encoded = text.encode()
-    assert len(encoded) <= CHECKPOINT_BYTES_MAX
+    invariant(len(encoded) <= CHECKPOINT_BYTES_MAX, "len(encoded) <= CHECKPOINT_BYTES_MAX")
     with _locks_guard:
         lock = _write_locks.setdefault(path, threading.Lock())
     with lock:

@@ -18,6 +18,8 @@ import bisect
 from collections.abc import Callable
 from typing import NamedTuple
 
+from tidelog.invariant import invariant
+
 
 class EpochEntry(NamedTuple):
     epoch: int
@@ -33,7 +35,10 @@ class EpochHistory:
         self.entries: list[EpochEntry] = list(entries or [])
         self._on_change = on_change
         for a, b in zip(self.entries, self.entries[1:], strict=False):
-            assert a.epoch < b.epoch and a.start_offset <= b.start_offset
+            invariant(
+                a.epoch < b.epoch and a.start_offset <= b.start_offset,
+                "a.epoch < b.epoch and a.start_offset <= b.start_offset",
+            )
 
     @property
     def latest_epoch(self) -> int:
@@ -43,7 +48,10 @@ class EpochHistory:
         """Record that epoch begins at start_offset (called before its first batch is written)."""
         if epoch < 0 or epoch <= self.latest_epoch:
             return
-        assert not self.entries or start_offset >= self.entries[-1].start_offset
+        invariant(
+            not self.entries or start_offset >= self.entries[-1].start_offset,
+            "not self.entries or start_offset >= self.entries[-1].start_offset",
+        )
         # An earlier epoch that started at this very offset has no entries left: replace it.
         while self.entries and self.entries[-1].start_offset == start_offset:
             self.entries.pop()

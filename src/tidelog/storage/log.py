@@ -29,6 +29,7 @@ from tidelog.errors import (
     StorageError,
     StorageFull,
 )
+from tidelog.invariant import InvariantBroken, invariant
 from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_as_leader
@@ -232,6 +233,12 @@ class SegmentedLog:
             )
             self.high_watermark = self.log_end_offset
         self.high_watermark = max(self.high_watermark, self.log_start_offset)
+        # The order set_high_watermark and advance_log_start keep, checked again as read back.
+        if not self.log_start_offset <= self.high_watermark <= self.log_end_offset:
+            raise InvariantBroken(
+                f"{d.name}: recovered log start {self.log_start_offset}, HW "
+                f"{self.high_watermark}, end {self.log_end_offset} are out of order"
+            )
         self.durable_end_offset = self.log_end_offset
         self.recovery_point = self.log_end_offset
         self._load_producers(clean)
@@ -392,7 +399,7 @@ class SegmentedLog:
     def roll(self, base_offset: int | None = None) -> LogSegment:
         old = self.active
         base = old.next_offset if base_offset is None else base_offset
-        assert base >= old.next_offset
+        invariant(base >= old.next_offset, "base >= old.next_offset")
         if old.size_bytes == 0:
             return old
         try:
@@ -579,7 +586,10 @@ class SegmentedLog:
         if offset <= self.log_start_offset:
             return False
         self.log_start_offset = offset
-        assert self.log_start_offset <= self.high_watermark <= self.log_end_offset
+        invariant(
+            self.log_start_offset <= self.high_watermark <= self.log_end_offset,
+            "self.log_start_offset <= self.high_watermark <= self.log_end_offset",
+        )
         self.epochs.truncate_from_start(offset)
         self.write_state_checkpoint()
         crash_point("log-start-durable")
@@ -687,11 +697,13 @@ class SegmentedLog:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def set_high_watermark(self, hw: int) -> None:
-        assert self.log_start_offset <= hw <= self.log_end_offset, (
-            self.log_start_offset,
-            hw,
-            self.log_end_offset,
-        )
+        """Moves the HW forward: committed never becomes uncommitted (paired with the order
+        check after the checkpoint is read, in _open_files)."""
+        if not (self.high_watermark <= hw and self.log_start_offset <= hw <= self.log_end_offset):
+            raise InvariantBroken(
+                f"{self.directory.name}: HW {self.high_watermark} -> {hw} with the log at "
+                f"[{self.log_start_offset}, {self.log_end_offset})"
+            )
         self.high_watermark = hw
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tidelog.config import TopicConfig
 from tidelog.errors import InvalidRequest, OffsetOutOfRange
+from tidelog.invariant import invariant
 from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_as_leader
@@ -103,7 +104,10 @@ class MemoryLog:
         return out
 
     def set_high_watermark(self, hw: int) -> None:
-        assert self.log_start_offset <= hw <= self.log_end_offset
+        invariant(
+            self.high_watermark <= hw and self.log_start_offset <= hw <= self.log_end_offset,
+            "the HW moves forward, within the log",
+        )
         self.high_watermark = hw
 
     def append_as_leader(

@@ -16,6 +16,7 @@ import struct
 from pathlib import Path
 
 from tidelog.errors import CorruptRecord
+from tidelog.invariant import invariant
 from tidelog.storage.durable import write_all, write_file
 
 _OFFSET_ENTRY = struct.Struct(">II")
@@ -39,7 +40,10 @@ class OffsetIndex:
 
     def append(self, offset: int, position: int) -> None:
         if self.offsets:
-            assert offset > self.offsets[-1] and position > self.positions[-1]
+            invariant(
+                offset > self.offsets[-1] and position > self.positions[-1],
+                "offset > self.offsets[-1] and position > self.positions[-1]",
+            )
         self.offsets.append(offset)
         self.positions.append(position)
 

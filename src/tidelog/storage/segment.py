@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.errors import CorruptRecord, StorageError
+from tidelog.invariant import invariant
 from tidelog.record.batch import HEADER_SIZE, BatchHeader, read_header, validate
 from tidelog.storage.descriptors import SEGMENT_FILES, OwnedDescriptor
 from tidelog.storage.durable import translate_os_error, write_all
@@ -141,7 +142,10 @@ class LogSegment:
         now_ms: int,
     ) -> None:
         """Append whole, already validated batches; headers carry positions relative to data."""
-        assert headers and headers[0][1].base_offset >= self.next_offset
+        invariant(
+            headers and headers[0][1].base_offset >= self.next_offset,
+            "headers and headers[0][1].base_offset >= self.next_offset",
+        )
         start = self.size_bytes
         self._write_all(data, start)
         for rel, header in headers:

@@ -49,6 +49,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidelog.invariant import InvariantBroken
 from tidelog.record.batch import BatchHeader, decode_records, iter_headers
 from tidelog.replication.liveness import Heartbeat
 from tidelog.replication.membership import MEMBERSHIP_CONTROL_KEY
@@ -127,7 +128,8 @@ class Scenario(Simulation):
     # -- hooks into the simulator ---------------------------------------------------------------
 
     def send(self, src: int, dst: int, message: Message | Heartbeat, directory: str = "") -> None:
-        assert not isinstance(message, Heartbeat), "scripts run without liveness"
+        if isinstance(message, Heartbeat):
+            raise InvariantBroken("scripts run without liveness")
         self._check_vote(src, dst, message)
         self._announce(self.nodes[src])
         self.queue.append(Queued(src, dst, message, directory if self.directories else ""))
@@ -289,17 +291,20 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             int(opts.get("spares", 0)),
         )
         return sim, ["ok"]
-    assert sim is not None, "the first command must be `nodes`"
+    if sim is None:
+        raise InvariantBroken("the first command must be `nodes`")
     sim.out = []
     try:
         if cmd == "campaign":
             node = sim.nodes[int(plain[0])]
-            assert node.replica is not None
+            if node.replica is None:
+                raise InvariantBroken("node.replica is not None")
             node.replica.campaign(pre_vote=opts.get("prevote", "true") != "false")
             sim.process_ready(node)
         elif cmd == "stand":
             node = sim.nodes[int(plain[0])]
-            assert node.replica is not None
+            if node.replica is None:
+                raise InvariantBroken("node.replica is not None")
             node.replica.stand()
             sim.process_ready(node)
         elif cmd == "propose":
@@ -366,7 +371,8 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             sim.out.append(f"target voters {','.join(plain)}")
         elif cmd == "log-start":
             node = sim.nodes[int(plain[0])]
-            assert node.replica is not None and node.driver is not None
+            if not (node.replica is not None and node.driver is not None):
+                raise InvariantBroken("node.replica is not None and node.driver is not None")
             before = node.log.log_start_offset
             target = int(plain[1]) if len(plain) > 1 else node.log.high_watermark
             node.replica.advance_log_start(target)

@@ -59,6 +59,7 @@ from typing import Any
 
 from tidelog.config import TopicConfig
 from tidelog.errors import TidelogError
+from tidelog.invariant import InvariantBroken
 from tidelog.node.state_machine import StateMachineDriver, TableMachine
 from tidelog.record.batch import (
     BatchHeader,
@@ -495,7 +496,8 @@ class Simulation:
         node = self.nodes[node_id]
         if not node.alive:
             return
-        assert node.driver is not None
+        if node.driver is None:
+            raise InvariantBroken("node.driver is not None")
         node.driver.stopped = True
         self.stats.failed += len(node.driver.owed.fail_all())
         node.driver = None
@@ -560,13 +562,15 @@ class Simulation:
             self._start(node_id)
 
     def process_ready(self, node: SimNode) -> None:
-        assert node.driver is not None
+        if node.driver is None:
+            raise InvariantBroken("node.driver is not None")
         node.driver.process_ready()
 
     def after_ready(self, node: SimNode, ready: Ready) -> None:
         """The driver handled a Ready: count, and check the invariants."""
         replica = node.replica
-        assert replica is not None
+        if replica is None:
+            raise InvariantBroken("replica is not None")
         if ready.role_changed and replica.role is Role.LEADER:
             self.stats.elections += 1
             self._log(f"leader {node.node_id} epoch={replica.epoch} voters={replica.voters}")
@@ -611,9 +615,11 @@ class Simulation:
             if node.paused_until > self.now:
                 deferred.append((node.paused_until, seq, src, dst, directory, message))
                 continue
-            assert node.driver is not None
+            if node.driver is None:
+                raise InvariantBroken("node.driver is not None")
             if isinstance(message, Heartbeat):
-                assert node.liveness is not None
+                if node.liveness is None:
+                    raise InvariantBroken("node.liveness is not None")
                 node.liveness.on_heartbeat(src, message)
                 continue
             self.digest.update(
@@ -626,7 +632,8 @@ class Simulation:
     def deliver_message(self, src: int, node: SimNode, message: Message, directory: str) -> None:
         """Hand a message to a node's replica (what it asks of a voter is noted, so the vote
         checker can tell what each grant answered)."""
-        assert node.driver is not None
+        if node.driver is None:
+            raise InvariantBroken("node.driver is not None")
         if isinstance(message, VoteRequest):
             self.asked[(node.node_id, src, message.epoch, message.pre_vote)] = (
                 message.last_epoch,
@@ -675,7 +682,8 @@ class Simulation:
                 continue
             node.flush = None
             node.log.complete_flush(job)
-            assert node.driver is not None
+            if node.driver is None:
+                raise InvariantBroken("node.driver is not None")
             node.driver.flushed()
 
     # -- clients --------------------------------------------------------------------------------
@@ -919,7 +927,8 @@ class Simulation:
 
     def _check_node(self, node: SimNode, led: bool = False) -> None:
         replica = node.replica
-        assert replica is not None
+        if replica is None:
+            raise InvariantBroken("replica is not None")
         log = node.log
         hw = log.high_watermark
         if not log.log_start_offset <= hw <= log.log_end_offset:
@@ -1038,7 +1047,8 @@ class Simulation:
             )
         for node in self.members_now():
             table = node.table
-            assert table is not None
+            if table is None:
+                raise InvariantBroken("table is not None")
             if table.applied_offset != offset or table.entries != expected.entries:
                 self.fail(
                     f"node {node.node_id}'s table (applied to {table.applied_offset}, "
@@ -1172,7 +1182,8 @@ class Simulation:
         """The node's heartbeats to every other node, and its replica woken when a peer came
         alive, died or restarted (a node wakes the replicas it shares with that peer)."""
         liveness = node.liveness
-        assert liveness is not None and node.driver is not None
+        if not (liveness is not None and node.driver is not None):
+            raise InvariantBroken("liveness is not None and node.driver is not None")
         if liveness.heartbeat_due():
             heartbeat = liveness.heartbeat()
             for other in self.node_ids:
@@ -1184,7 +1195,8 @@ class Simulation:
     def members(self, leader: SimNode) -> list[SimNode]:
         """The group as its leader has it (nodes moved off it hold whatever they held)."""
         replica = leader.replica
-        assert replica is not None
+        if replica is None:
+            raise InvariantBroken("replica is not None")
         return [self.nodes[n] for n in sorted(replica.history.current.members)]
 
     def leading(self) -> list[SimNode]:
@@ -1203,7 +1215,8 @@ class Simulation:
         if owed and FAULT_ACKS_REGISTERED_LATE not in self.params.faults:
             return False
         replica = leader.replica
-        assert replica is not None
+        if replica is None:
+            raise InvariantBroken("replica is not None")
         if replica.committed_membership != replica.history.current:
             return False  # a membership change still under way
         if self.target is not None and (

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidelog.errors import InvalidRequest
+from tidelog.invariant import invariant
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.metrics import Counters
@@ -111,7 +112,7 @@ class ReceiveBudget:
 
     def release(self, size: int) -> None:
         self.used_bytes -= size
-        assert self.used_bytes >= 0
+        invariant(self.used_bytes >= 0, "self.used_bytes >= 0")
         self._serve()
 
     def forget(self, conn: FrameConnection) -> None:

@@ -32,6 +32,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from tidelog.cluster_status import merge_status, node_status
 from tidelog.errors import NotAuthorized, TidelogError
+from tidelog.invariant import InvariantBroken
 from tidelog.node.access import Listener as Origin
 from tidelog.node.access import Principal
 from tidelog.node.core import NodeCore
@@ -283,7 +284,8 @@ class HttpListener:
         bound = sock.getsockname()
         runner, gate = self._runner, HttpGate(self.core, tls)
         self.gate = gate
-        assert runner.server is not None
+        if runner.server is None:
+            raise InvariantBroken("runner.server is not None")
         handler = runner.server
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
@@ -350,7 +352,8 @@ class HttpListener:
     async def _own_status(self) -> dict[str, Any]:
         async def page(request: api.StatusRequest) -> dict[str, Any]:
             result = self.core.handle(Principal.anonymous("", Origin.HTTP), request, b"")
-            assert isinstance(result, api.StatusResponse)
+            if not isinstance(result, api.StatusResponse):
+                raise InvariantBroken("isinstance(result, api.StatusResponse)")
             await asyncio.sleep(0)  # a page at a time: the loop serves others in between
             return api.encode(result)
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidelog.errors import InvalidRequest, TidelogError
+from tidelog.invariant import InvariantBroken
 from tidelog.node.access import Principal
 from tidelog.node.config import BATCH_FRAME_MARGIN_BYTES
 from tidelog.node.core import NodeCore
@@ -116,7 +117,8 @@ class PeerConnection(FrameConnection):
         self.principal = Principal.peer(peer_id, self.address, directory)
         self.core.peer_directory_seen(peer_id, directory)
         self.decoder.frame_bytes_max = self.listener.limits.frame_bytes_max
-        assert isinstance(self.listener, PeerListener)
+        if not isinstance(self.listener, PeerListener):
+            raise InvariantBroken("isinstance(self.listener, PeerListener)")
         self.listener.bound(self)
         self.send(
             Kind.RESPONSE, frame.api, frame.correlation_id, api.encode(PeerAuthResponse(True))
@@ -165,11 +167,13 @@ class PeerListener(Listener):
             same = isinstance(other, PeerConnection) and other.peer_id == conn.peer_id
             if same and other is not conn:
                 other.drop("replaced")
-        assert conn.peer_id is not None
+        if conn.peer_id is None:
+            raise InvariantBroken("conn.peer_id is not None")
         self.on_bound(conn.peer_id)
 
     def expired(self, conn: FrameConnection, now: float) -> str:
-        assert isinstance(conn, PeerConnection)
+        if not isinstance(conn, PeerConnection):
+            raise InvariantBroken("isinstance(conn, PeerConnection)")
         if conn.peer_id is None and now - conn.opened_at > self.handshake_timeout_s:
             return "handshake timeout"
         return ""
@@ -284,7 +288,8 @@ class PeerLink:
             self.dropped_messages += 1
             self._ensure_connecting()
             return
-        assert self.writer is not None
+        if self.writer is None:
+            raise InvariantBroken("self.writer is not None")
         if self.writer.queued_bytes > PEER_QUEUE_BYTES_MAX:
             self.dropped_messages += 1
             return
@@ -314,7 +319,8 @@ class PeerLink:
         outbox, self._outbox, self._outbox_bytes = self._outbox, [], 0
         if not outbox or not self.connected:
             return
-        assert self.writer is not None
+        if self.writer is None:
+            raise InvariantBroken("self.writer is not None")
         self.sent_frames += 1
         if len(outbox) == 1:
             key, header, data = outbox[0]
@@ -432,7 +438,8 @@ class _Outbound(asyncio.Protocol):
         self.writer = FrameWriter(self.transport, self.link.zero_copy)
 
     async def handshake(self) -> None:
-        assert self.writer is not None
+        if self.writer is None:
+            raise InvariantBroken("self.writer is not None")
         link = self.link
         dialer = DialerHandshake(link.secret, link.node_id, link.peer_id, *link.identity)
         self.writer.write(Kind.REQUEST, ApiKey.PEER_HELLO, 1, api.encode(dialer.hello()))
