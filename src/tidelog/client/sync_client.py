@@ -1,4 +1,7 @@
-"""The blocking client: the asyncio client driven on a private event-loop thread."""
+"""The blocking client: the asyncio client driven on a private event-loop thread.
+
+Every public method of AsyncClient has one here, with the same name and parameters
+(tests/test_client_parity.py compares them), so that what the docs say of one holds of both."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from tidelog.client.async_client import (
+    CONSUME_FETCH_BYTES,
     AsyncClient,
     ClusterInfo,
     FetchResult,
@@ -18,6 +22,7 @@ from tidelog.client.async_client import (
 )
 from tidelog.client.producer import Producer, RecordMetadata
 from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
 from tidelog.record.batch import ProducerRecord, Record
 
 T = TypeVar("T")
@@ -62,9 +67,12 @@ class Client:
         replication_factor: int = -1,
         configs: dict[str, str] | None = None,
         kind: str = "stream",
+        wait_for_leaders: bool = True,
     ) -> TopicInfo:
         return self._run(
-            self._async.create_topic(name, partitions, replication_factor, configs, kind)
+            self._async.create_topic(
+                name, partitions, replication_factor, configs, kind, wait_for_leaders
+            )
         )
 
     def delete_topic(self, name: str, force: bool = False) -> api.DeleteTopicResponse:
@@ -78,8 +86,10 @@ class Client:
     ) -> api.AlterTopicResponse:
         return self._run(self._async.alter_topic(name, configs, delete_configs))
 
-    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
-        return self._run(self._async.add_partitions(name, partitions))
+    def add_partitions(
+        self, name: str, partitions: int, wait_for_leaders: bool = True
+    ) -> TopicInfo:
+        return self._run(self._async.add_partitions(name, partitions, wait_for_leaders))
 
     def reassign_partition(
         self,
@@ -138,6 +148,40 @@ class Client:
     def list_topics(self) -> list[TopicInfo]:
         return self._run(self._async.list_topics())
 
+    def nodes(self) -> dict[int, tuple[str, int]]:
+        return self._run(self._async.nodes())
+
+    def refresh_metadata(
+        self, topics: list[str] | None = None, at_metadata_leader: bool = False
+    ) -> None:
+        self._run(self._async.refresh_metadata(topics, at_metadata_leader))
+
+    def call(
+        self,
+        address: tuple[str, int],
+        key: ApiKey,
+        request: Any,
+        payload: bytes | bytearray = b"",
+        timeout_s: float | None = None,
+        expect_response: bool = True,
+    ) -> tuple[dict[str, Any], bytes]:
+        return self._run(
+            self._async.call(address, key, request, payload, timeout_s, expect_response)
+        )
+
+    def partition_for(self, topic: str, key: bytes | None) -> int:
+        return self._run(self._async.partition_for(topic, key))
+
+    def elect_leaders(
+        self,
+        node_id: int,
+        topic: str,
+        partition: int,
+        unclean: bool = False,
+        campaign: bool = True,
+    ) -> api.ElectLeadersResponse:
+        return self._run(self._async.elect_leaders(node_id, topic, partition, unclean, campaign))
+
     def status(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
         return self._run(self._async.status(topics))
 
@@ -152,9 +196,27 @@ class Client:
         return self._run(self._async.produce(topic, records, partition, acks, timeout_ms))
 
     def produce_batch(
-        self, topic: str, partition: int, batch: bytes, acks: int | str = "all"
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes,
+        acks: int | str = "all",
+        timeout_ms: int = 30_000,
+        producer_id: int = -1,
     ) -> ProduceResult | None:
-        return self._run(self._async.produce_batch(topic, partition, batch, acks))
+        return self._run(
+            self._async.produce_batch(topic, partition, batch, acks, timeout_ms, producer_id)
+        )
+
+    def produce_records(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[ProducerRecord],
+        acks: int | str = "all",
+        timeout_ms: int = 30_000,
+    ) -> ProduceResult | None:
+        return self._run(self._async.produce_records(topic, partition, records, acks, timeout_ms))
 
     def produce_pipelined(
         self,
@@ -165,8 +227,36 @@ class Client:
     ) -> dict[tuple[str, int], list[ProduceResult | None]]:
         return self._run(self._async.produce_pipelined(batches, acks, in_flight, timeout_ms))
 
-    def fetch(self, topic: str, partition: int, offset: int, **options: Any) -> FetchResult:
-        return self._run(self._async.fetch(topic, partition, offset, **options))
+    def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        max_wait_ms: int = 0,
+        min_bytes: int = 1,
+        replica_read: bool = False,
+        node_id: int | None = None,
+        include_control: bool = False,
+        cursor: str = "",
+        skip_invalid: bool = False,
+    ) -> FetchResult:
+        return self._run(
+            self._async.fetch(
+                topic,
+                partition,
+                offset,
+                max_bytes=max_bytes,
+                max_wait_ms=max_wait_ms,
+                min_bytes=min_bytes,
+                replica_read=replica_read,
+                node_id=node_id,
+                include_control=include_control,
+                cursor=cursor,
+                skip_invalid=skip_invalid,
+            )
+        )
 
     def fetch_ahead(
         self, topic: str, partition: int, offset: int, **options: Any
@@ -182,17 +272,75 @@ class Client:
         return self._run(self._async.list_offsets(topic, partition, spec, timestamp_ms))
 
     def consume(
-        self, topic: str, partition: int, start: int | str = "earliest", **options: Any
+        self,
+        topic: str,
+        partition: int,
+        start: int | str = "earliest",
+        *,
+        reset: str = "earliest",
+        follow: bool = False,
+        max_records: int | None = None,
+        max_wait_ms: int = 500,
+        replica_read: bool = False,
+        prefer_node: int | None = None,
+        cursor: str = "",
+        skip_invalid: bool = False,
+        max_bytes: int = CONSUME_FETCH_BYTES,
     ) -> Iterator[Record]:
         """Records in offset order (see AsyncClient.consume); one thread hop per fetch."""
-        batches = self._async.consume_batches(topic, partition, start, **options)
+        for records in self.consume_batches(
+            topic,
+            partition,
+            start,
+            reset=reset,
+            follow=follow,
+            max_records=max_records,
+            max_wait_ms=max_wait_ms,
+            replica_read=replica_read,
+            prefer_node=prefer_node,
+            cursor=cursor,
+            skip_invalid=skip_invalid,
+            max_bytes=max_bytes,
+        ):
+            yield from records
+
+    def consume_batches(
+        self,
+        topic: str,
+        partition: int,
+        start: int | str = "earliest",
+        *,
+        reset: str = "earliest",
+        follow: bool = False,
+        max_records: int | None = None,
+        max_wait_ms: int = 500,
+        replica_read: bool = False,
+        prefer_node: int | None = None,
+        cursor: str = "",
+        skip_invalid: bool = False,
+        max_bytes: int = CONSUME_FETCH_BYTES,
+    ) -> Iterator[list[Record]]:
+        """Each fetch's records (see AsyncClient.consume_batches)."""
+        batches = self._async.consume_batches(
+            topic,
+            partition,
+            start,
+            reset=reset,
+            follow=follow,
+            max_records=max_records,
+            max_wait_ms=max_wait_ms,
+            replica_read=replica_read,
+            prefer_node=prefer_node,
+            cursor=cursor,
+            skip_invalid=skip_invalid,
+            max_bytes=max_bytes,
+        )
         try:
             while True:
                 try:
-                    records = self._run(batches.__anext__())
+                    yield self._run(batches.__anext__())
                 except StopAsyncIteration:
                     return
-                yield from records
         finally:
             self._run(batches.aclose())
 
