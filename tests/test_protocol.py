@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from tidelog.errors import InvalidRequest, NotLeader, OffsetOutOfRange, from_wire
 from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import (
     PREFIX,
     Frame,
@@ -20,6 +22,7 @@ from tidelog.protocol.framing import (
     RemoteProtocolError,
     encode_frame,
 )
+from tidelog.protocol.peer_batch import PeerMessage, decode_peer_batch, encode_peer_batch
 from tidelog.protocol.replication_codec import decode_message, encode_message
 from tidelog.replication.messages import (
     BeginEpoch,
@@ -164,3 +167,31 @@ def test_bad_replication_messages_are_named_errors() -> None:
         decode_message({"group": "t/0", "type": "Nope"}, b"")
     with pytest.raises(InvalidRequest):
         decode_message({"group": "t/0", "type": "FetchRequest", "epoch": "x"}, b"")
+
+
+peer_message_st = st.tuples(
+    st.integers(min_value=0, max_value=ApiKey.PEER_BATCH - 1),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    st.binary(max_size=64),
+)
+
+
+@given(st.lists(peer_message_st, min_size=1, max_size=8))
+def test_a_peer_batch_decodes_to_the_messages_it_holds(messages: list[PeerMessage]) -> None:
+    header, payload = encode_peer_batch(messages)
+    assert decode_peer_batch(json.loads(json.dumps(header)), payload) == messages
+
+
+@given(st.lists(st.lists(st.integers(-5, 200) | st.none() | st.text(max_size=3), max_size=4)))
+def test_a_malformed_peer_batch_is_refused_by_name(index: list[Any]) -> None:
+    """Sizes past the payload, a batch inside a batch, a payload longer than its messages, and
+    entries of the wrong shape: InvalidRequest, nothing else."""
+    for payload in (b"", b"x" * 64):
+        try:
+            decode_peer_batch({"messages": index}, payload)
+        except InvalidRequest:
+            pass
+    with pytest.raises(InvalidRequest, match="batch entry"):
+        decode_peer_batch({"messages": [[ApiKey.PEER_BATCH, {}, 0]]}, b"")
+    with pytest.raises(InvalidRequest, match="longer"):
+        decode_peer_batch({"messages": [[101, {}, 1]]}, b"ab")

@@ -84,6 +84,7 @@ from tidelog.node.turns import Turns
 from tidelog.principals import check, check_hash, check_name, hash_secret, token_name
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
+from tidelog.protocol.peer_batch import decode_peer_batch
 from tidelog.protocol.replication_codec import decode_message, encode_message
 from tidelog.record.validation import validate_produced
 from tidelog.replication.clock import MonotonicClock
@@ -685,7 +686,7 @@ class NodeCore:
         elif key == ApiKey.LIVENESS:
             self._on_heartbeat(sender, header)
         elif key == ApiKey.PEER_BATCH:
-            for inner, inner_header, inner_payload in split_peer_batch(header, payload):
+            for inner, inner_header, inner_payload in decode_peer_batch(header, payload):
                 self.on_peer_message(principal, inner, inner_header, inner_payload)
         else:
             raise InvalidRequest(f"unknown one-way message api {key}")
@@ -1789,38 +1790,6 @@ class NodeCore:
         return api.ApiVersionsResponse(
             self.node_id, __version__, self.api_keys, self.peer_port, self.kafka_address
         )
-
-
-def split_peer_batch(
-    header: dict[str, Any], payload: bytes
-) -> list[tuple[int, dict[str, Any], bytes]]:
-    """The one-way messages of a PEER_BATCH frame (node/listeners/peer.py), each with its
-    slice of the payload. A malformed index is the peer's fault: InvalidRequest."""
-    index = header.get("messages")
-    if not isinstance(index, list):
-        raise InvalidRequest("a peer batch needs a list of messages")
-    out = []
-    position = 0
-    view = memoryview(payload)
-    for entry in index:
-        if not (
-            isinstance(entry, list)
-            and len(entry) == 3
-            and isinstance(entry[0], int)
-            and entry[0] != ApiKey.PEER_BATCH
-            and isinstance(entry[1], dict)
-            and isinstance(entry[2], int)
-            and 0 <= entry[2] <= len(payload) - position
-        ):
-            raise InvalidRequest(
-                "a peer batch entry must be [api, header, size] within the payload"
-            )
-        key, inner, size = entry
-        out.append((key, inner, bytes(view[position : position + size])))
-        position += size
-    if position != len(payload):
-        raise InvalidRequest("a peer batch's payload is longer than its messages")
-    return out
 
 
 def disk_usage(directory: Path) -> dict[str, int]:

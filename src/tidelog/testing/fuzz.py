@@ -98,7 +98,9 @@ class Targets:
 
     def peer(self, data: bytes) -> None:
         from tidelog.protocol import api
+        from tidelog.protocol.api import ApiKey
         from tidelog.protocol.framing import FrameDecoder
+        from tidelog.protocol.peer_batch import decode_peer_batch
         from tidelog.protocol.peer_handshake import ListenerHandshake, PeerAuth, PeerHello
         from tidelog.protocol.replication_codec import decode_message
 
@@ -110,6 +112,10 @@ class Targets:
                 handshake.hello(api.decode(PeerHello, frame.header))
             elif frame.api == 1:
                 handshake.auth(api.decode(PeerAuth, frame.header))
+            elif frame.api == ApiKey.PEER_BATCH:
+                for key, header, payload in decode_peer_batch(frame.header, bytes(frame.payload)):
+                    if key == ApiKey.REPLICATION:
+                        decode_message(header, payload)
             else:
                 decode_message(frame.header, bytes(frame.payload))
 

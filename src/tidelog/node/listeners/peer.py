@@ -49,6 +49,7 @@ from tidelog.node.transport import (
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
+from tidelog.protocol.peer_batch import PeerMessage, encode_peer_batch
 from tidelog.protocol.peer_handshake import (
     DialerHandshake,
     ListenerHandshake,
@@ -275,7 +276,7 @@ class PeerLink:
         self.dropped_messages = 0
         self.sent_messages = 0
         self.sent_frames = 0
-        self._outbox: list[tuple[int, dict[str, Any], bytes]] = []
+        self._outbox: list[PeerMessage] = []
         self._outbox_bytes = 0
         self._flush_scheduled = False
 
@@ -326,9 +327,8 @@ class PeerLink:
             key, header, data = outbox[0]
             self.writer.write(Kind.MESSAGE, key, 0, header, data or None)
             return
-        index = [[key, header, len(data)] for key, header, data in outbox]
-        payload = b"".join(data for _, _, data in outbox)
-        self.writer.write(Kind.MESSAGE, ApiKey.PEER_BATCH, 0, {"messages": index}, payload)
+        header, payload = encode_peer_batch(outbox)
+        self.writer.write(Kind.MESSAGE, ApiKey.PEER_BATCH, 0, header, payload)
 
     def connect(self) -> None:
         if not self.connected:
