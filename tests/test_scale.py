@@ -1,18 +1,16 @@
-"""Many partitions, real processes (issue 18): a node with thousands of partitions still answers
-at once, within a small open-files limit, and a cluster that loses the leader of hundreds of
+"""Many partitions, real processes (issue 18): a node with thousands of partitions serves them all
+within a small open-files limit (how fast: bench/scale.py), and a cluster that loses the leader of hundreds of
 quiesced partitions elects new leaders within the election timeout plus a second, losing
 nothing acknowledged."""
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import scrape, value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -22,50 +20,24 @@ pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 ELECTION_TIMEOUT_S = 0.8 + 0.4  # election_timeout_ms and election_jitter_ms, the defaults
 
 
-def produce_p50(client: Client, topic: str, partitions: int, count: int) -> float:
-    """One-record acks=all produces spread over the partitions, each written once before (a
-    partition's first write allocates its file's first block, whatever the partition count)."""
-    for i in range(count):
-        client.produce(topic, [b"warm"], partition=(i * 7) % partitions, acks="all")
-    took = []
-    for i in range(count):
-        started = time.perf_counter()
-        client.produce(topic, [b"v%d" % i], partition=(i * 7) % partitions, acks="all")
-        took.append(time.perf_counter() - started)
-    return statistics.median(took)
-
-
 @pytest.mark.timeout(420)
-def test_one_node_with_5000_partitions_answers_at_once_within_1024_descriptors(
+def test_one_node_with_5000_partitions_serves_them_within_1024_descriptors(
     tmp_path: Path,
 ) -> None:
+    """Functional: every partition led, listed, paged and readable under a 1,024-descriptor
+    limit. How fast (metadata p99, produce p50 against 10 partitions) is bench/scale.py's."""
     with (
-        LocalCluster(tmp_path, nodes=1, open_files_limit=1024, http=True) as cluster,
+        LocalCluster(tmp_path, nodes=1, open_files_limit=1024) as cluster,
         Client(cluster.bootstrap, request_timeout_ms=300_000) as client,
     ):
-        client.create_topic("few", partitions=10, replication_factor=1)
         client.create_topic("wide", partitions=5000, replication_factor=1)
         client.wait_for_leaders("wide", timeout_s=300)
         time.sleep(1.0)  # the topics' replicas settle (elected, quiet)
         # Every leader is in the metadata answer, also those of partitions that opened after
         # the answer was first built (created in turns; a single replica leads from the start).
         assert set(client.topic("wide", refresh=True).leaders) == {1}
-        for _ in range(100):
-            client.topic("wide", refresh=True)  # 5,000 partitions
-        # The node's own answer time (its request histogram): the round trip adds this
-        # process's decoding of a 5,000-partition answer, which no node can make faster.
-        families = scrape(cluster.http_url(1))
-        seconds = "tidelog_request_seconds"
-        answered = value(families, f"{seconds}_count", listener="client", request="metadata")
-        within = value(
-            families, f"{seconds}_bucket", listener="client", request="metadata", le="0.05"
-        )
-        assert answered >= 100 and within >= 0.99 * answered, (
-            f"{answered - within} of {answered} metadata answers took over 50 ms"
-        )
-        few = produce_p50(client, "few", 10, 60)
-        wide = produce_p50(client, "wide", 5000, 60)
-        assert wide <= 1.5 * few, f"produce p50 {wide * 1000:.2f} ms vs {few * 1000:.2f} ms"
+        for i in range(60):  # one record each to 60 partitions spread over the topic
+            client.produce("wide", [b"v%d" % i], partition=(i * 7) % 5000, acks="all")
         # The status of every partition, in pages (at once it would not fit one header)
         rows = merge_status(client.status(["wide"]), "wide")
         assert [r["partition"] for r in rows] == list(range(5000))
