@@ -16,8 +16,13 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tidelog.cli.access import add_access_commands
+from tidelog.cli.archive import add_archive_commands
 from tidelog.cli.args import parse_kv, run_loop
+from tidelog.cli.cluster import add_cluster_commands
 from tidelog.cli.connect import add_connection_options, add_tls_options, client_of
+from tidelog.cli.demo import add_demo_command
+from tidelog.cli.elect import add_partitions_command
 from tidelog.cli.progress import Progress
 from tidelog.cli.tables import add_watch_option, show, table_lines
 from tidelog.client.async_client import AsyncClient
@@ -60,18 +65,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tidelog {__version__}")
     sub = parser.add_subparsers(dest="command")
+    add_serve_command(sub)
+    add_cluster_commands(sub, with_bootstrap)
+    add_topic_commands(sub)
+    add_record_commands(sub)
+    add_cursor_commands(sub)
+    add_table_commands(sub)
+    add_status_commands(sub)
+    add_partitions_command(sub, with_bootstrap)
+    add_access_commands(sub, with_bootstrap)
+    add_dev_certs_command(sub)
+    add_archive_commands(sub, with_bootstrap)
+    add_demo_command(sub)
+    return parser
 
-    def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument(
-            "--bootstrap",
-            default=os.environ.get("TIDELOG_BOOTSTRAP", DEFAULT_BOOTSTRAP),
-            help="HOST:PORT[,HOST:PORT...] of any node (env TIDELOG_BOOTSTRAP)",
-        )
-        add_connection_options(p)
-        p.add_argument("--log-level", default="WARNING")
-        p.add_argument("--log-format", choices=FORMATS, default="text")
-        return p
 
+def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A command that talks to a cluster: where, how (TLS, a token), and its log output."""
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("TIDELOG_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+        help="HOST:PORT[,HOST:PORT...] of any node (env TIDELOG_BOOTSTRAP)",
+    )
+    add_connection_options(p)
+    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--log-format", choices=FORMATS, default="text")
+    return p
+
+
+def add_serve_command(sub: Any) -> None:
+    """`tidelog serve`: run a node."""
     serve = sub.add_parser("serve", help="run a node")
     serve.add_argument("--data", help="data directory")
     serve.add_argument("--listen", help="HOST:PORT for clients (default 127.0.0.1:7100)")
@@ -104,28 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT of the peer channel, where nodes replicate (default: the --listen host, "
         "a port of its own)",
     )
-    serve.add_argument("--node-id", type=int)
-    serve.add_argument(
-        "--peers",
-        help="ID=HOST:PORT[/PEER_PORT],... static cluster membership (client addresses; a "
-        "fixed peer-channel port after the slash)",
-    )
-    serve.add_argument(
-        "--join",
-        metavar="HOST:PORT[,HOST:PORT...]",
-        help="join a running cluster (after `tidelog cluster add-node`) through any of its "
-        "nodes, instead of --peers; needed at the first start only",
-    )
-    serve.add_argument(
-        "--cluster-id",
-        help="the cluster this node belongs to: a data directory formatted for another is "
-        "refused (default: the one in the data directory, or one derived from the secret)",
-    )
-    serve.add_argument(
-        "--cluster-secret-file",
-        help="file holding the secret every node proves it knows before it may replicate "
-        "(or env TIDELOG_CLUSTER_SECRET)",
-    )
+    add_membership_options(serve)
     serve.add_argument(
         "--set",
         action="append",
@@ -135,6 +137,26 @@ def build_parser() -> argparse.ArgumentParser:
         "queued.max.request.bytes, socket.request.max.bytes, connections.max.idle.ms, "
         "request.receive.timeout.ms, max.inflight.requests.per.connection, fd.reserve",
     )
+    add_access_options(serve)
+    serve.add_argument("--config", type=Path, help="TOML file with the same keys")
+    serve.add_argument(
+        "--event-loop",
+        choices=["uvloop", "asyncio"],
+        help="uvloop (default: fastest here) or asyncio (sends fetches with sendfile)",
+    )
+    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="json: one JSON object per line, with event names and fields for elections, "
+        "truncations, cursor invalidations, cleaner deletions and StorageFull",
+    )
+    serve.set_defaults(func=cmd_serve)
+
+
+def add_access_options(serve: argparse.ArgumentParser) -> None:
+    """Who may reach the node and do what: TLS, client certificates, ACLs, super users."""
     add_tls_options(serve, env=False)
     serve.add_argument(
         "--tls-client-auth",
@@ -165,26 +187,36 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="listen beyond loopback without TLS and ACLs: anyone who can connect may do anything",
     )
-    serve.add_argument("--config", type=Path, help="TOML file with the same keys")
+
+
+def add_membership_options(serve: argparse.ArgumentParser) -> None:
+    """Which node this is, which cluster it belongs to, and how it proves it."""
+    serve.add_argument("--node-id", type=int)
     serve.add_argument(
-        "--event-loop",
-        choices=["uvloop", "asyncio"],
-        help="uvloop (default: fastest here) or asyncio (sends fetches with sendfile)",
+        "--peers",
+        help="ID=HOST:PORT[/PEER_PORT],... static cluster membership (client addresses; a "
+        "fixed peer-channel port after the slash)",
     )
-    serve.add_argument("--log-level", default="INFO")
     serve.add_argument(
-        "--log-format",
-        choices=FORMATS,
-        default="text",
-        help="json: one JSON object per line, with event names and fields for elections, "
-        "truncations, cursor invalidations, cleaner deletions and StorageFull",
+        "--join",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="join a running cluster (after `tidelog cluster add-node`) through any of its "
+        "nodes, instead of --peers; needed at the first start only",
     )
-    serve.set_defaults(func=cmd_serve)
+    serve.add_argument(
+        "--cluster-id",
+        help="the cluster this node belongs to: a data directory formatted for another is "
+        "refused (default: the one in the data directory, or the one its peers agree on)",
+    )
+    serve.add_argument(
+        "--cluster-secret-file",
+        help="file holding the secret every node proves it knows before it may replicate "
+        "(or env TIDELOG_CLUSTER_SECRET)",
+    )
 
-    from tidelog.cli.cluster import add_cluster_commands
 
-    add_cluster_commands(sub, with_bootstrap)
-
+def add_topic_commands(sub: Any) -> None:
+    """`tidelog topics create|list|describe|delete|alter|add-partitions`."""
     topics = sub.add_parser("topics", help="create, list, describe, alter, grow and delete topics")
     tsub = topics.add_subparsers(dest="topics_command")
     create = with_bootstrap(tsub.add_parser("create", help="create a topic"))
@@ -226,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     grow.add_argument("--partitions", type=int, required=True, help="the new total")
     grow.set_defaults(func=cmd_topics_add_partitions)
 
+
+def add_record_commands(sub: Any) -> None:
+    """`tidelog produce` and `tidelog consume`."""
     produce = with_bootstrap(
         sub.add_parser("produce", help="produce lines from stdin (or --file), one record each")
     )
@@ -259,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     consume.set_defaults(func=cmd_consume)
 
+
+def add_cursor_commands(sub: Any) -> None:
+    """`tidelog cursors create|commit|list|describe|delete`."""
     cursors = sub.add_parser("cursors", help="durable consumer positions that hold the log")
     csub = cursors.add_subparsers(dest="cursors_command")
     ccreate = with_bootstrap(csub.add_parser("create", help="create a cursor"))
@@ -276,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
             add_watch_option(c)
         c.set_defaults(func=cmd_cursors)
 
+
+def add_table_commands(sub: Any) -> None:
+    """`tidelog table get|scan`."""
     table = sub.add_parser("table", help="read a table topic's committed state")
     tsub2 = table.add_subparsers(dest="table_command")
     tget = with_bootstrap(tsub2.add_parser("get", help="one key's committed value"))
@@ -287,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     tscan.add_argument("--json", action="store_true")
     tscan.set_defaults(func=cmd_table)
 
+
+def add_status_commands(sub: Any) -> None:
+    """`tidelog delete-records` and `tidelog status`."""
     delete = with_bootstrap(sub.add_parser("delete-records", help="move a partition's log start"))
     delete.add_argument("topic")
     delete.add_argument("--partition", type=int, required=True)
@@ -300,14 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_watch_option(status)
     status.set_defaults(func=cmd_status)
 
-    from tidelog.cli.elect import add_partitions_command
 
-    add_partitions_command(sub, with_bootstrap)
-
-    from tidelog.cli.access import add_access_commands
-
-    add_access_commands(sub, with_bootstrap)
-
+def add_dev_certs_command(sub: Any) -> None:
+    """`tidelog dev-certs`: a local CA and certificates to try TLS with."""
     certs = sub.add_parser(
         "dev-certs",
         help="make a local CA and node/client certificates to try TLS with (not for production)",
@@ -325,13 +364,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a client certificate with subject CN=NAME (repeatable; default: admin)",
     )
     certs.set_defaults(func=cmd_dev_certs)
-
-    from tidelog.cli.archive import add_archive_commands
-    from tidelog.cli.demo import add_demo_command
-
-    add_archive_commands(sub, with_bootstrap)
-    add_demo_command(sub)
-    return parser
 
 
 # -- serve --------------------------------------------------------------------------------------
