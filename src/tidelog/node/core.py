@@ -21,7 +21,6 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import functools
 import heapq
 import logging
 import random
@@ -78,9 +77,9 @@ from tidelog.node.quotas import (
     check_limits,
 )
 from tidelog.node.registry import NodeRegistry
+from tidelog.node.replica_groups import ReplicaGroups
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
-from tidelog.node.turns import Turns
 from tidelog.principals import check, check_hash, check_name, hash_secret, token_name
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -208,11 +207,18 @@ class NodeCore:
         self.asker = NodeAsker(lambda: self.registry.nodes(), config.tls_dialing)
         self._acls_seen: tuple[object, int] | None = None
         self._acl_list: list[Acl] = []
-        self.hosts: dict[str, PartitionHost] = {}
         self.background = BackgroundTasks()
-        # Time as deadlines (_tick_loop): the node's clock, the replicas due at each tick, and
-        # those an event made dirty.
+        self.fail_stop = FailStop(config.node_id)
+        # The replica groups and their clock, kept as deadlines (node/replica_groups.py).
         self.clock = MonotonicClock(config.tick_ms / 1000, time.monotonic)
+        self.groups = ReplicaGroups(
+            self.clock,
+            self.counters,
+            self.histograms,
+            self.fail_stop,
+            lambda: self.config.checkpoint_interval_ms / 1000,
+        )
+        self.hosts = self.groups.hosts  # shared with the helpers below
         # One heartbeat per pair of nodes tells quiesced replica groups who is alive
         # (replication/liveness.py); a new incarnation at every start.
         election_ticks = config.ticks(config.election_timeout_ms)
@@ -223,11 +229,6 @@ class NodeCore:
             max(1, election_ticks // 4),
             election_ticks,
         )
-        self._wake = asyncio.Event()  # set when a replica is dirtied: the tick loop wakes
-        self._deadlines: list[tuple[int, int, PartitionHost]] = []
-        self._deadline_seq = 0
-        self._dirty: dict[str, PartitionHost] = {}
-        self._to_checkpoint: dict[str, PartitionHost] = {}  # HW moved since the last round
         # Each topic's metadata entry, built when asked after the topic changed (topics.py
         # forgets it) and kept current as its replicas learn leaders: a 10,000-partition
         # topic's entry is 10,000 leaders, and a failover changes thousands.
@@ -274,7 +275,6 @@ class NodeCore:
         self._flusher: Flusher | None = None
         self.quorum_journal: QuorumJournal | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.fail_stop = FailStop(config.node_id)
         self._admin_hash: str | None = None  # of the admin token's secret, made at first use
         # A principal renewed or removed: the listeners end its sessions (node/server.py).
         self.on_principal_changed: Callable[[str], None] = lambda name: None
@@ -342,9 +342,9 @@ class NodeCore:
         if metadata.replica.epoch == 0 and self.node_id == min(self.initial_voters):
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout
             metadata.process_ready()
-        self._tasks.append(loop.create_task(self._tick_loop()))
+        self._tasks.append(loop.create_task(self.groups.tick_loop()))
         self._tasks.append(loop.create_task(self._liveness_loop()))
-        self._tasks.append(loop.create_task(self._checkpoint_loop()))
+        self._tasks.append(loop.create_task(self.groups.checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
         self._tasks.append(loop.create_task(self._checks_loop()))
         if self.archiver is not None:
@@ -358,8 +358,7 @@ class NodeCore:
         for task in self._tasks:
             task.cancel()
         self.background.cancel_all()
-        for host in self.hosts.values():
-            host.driver.stopped = True
+        self.groups.halt()
         if self._flusher is not None:
             self._flusher.shutdown()
 
@@ -367,97 +366,12 @@ class NodeCore:
         for task in self._tasks:
             task.cancel()
         self.background.cancel_all()
-        for host in list(self.hosts.values()):
-            try:
-                await host.close()
-            except TidelogError as exc:
-                log.error("%s: close failed: %s", host.group, exc)
+        await self.groups.close()
         if self._flusher is not None:
             self._flusher.shutdown()
         if self.quorum_journal is not None:
             self.quorum_journal.close()
         self.asker.close()
-
-    async def _tick_loop(self) -> None:
-        """The replicas' clock, kept as deadlines: the loop sleeps until the earliest replica
-        deadline, or until an event (a message, a write, a flush) makes a replica dirty, and
-        then acts, at a tick boundary, on the replicas that are due or dirty; the others cost
-        nothing. A round over many replicas takes turns with everything else the loop serves
-        (node/turns.py). How long rounds take, and how late the loop wakes, are measured."""
-        rounds = self.histograms.get("tidelog_tick_round_seconds")
-        late = self.histograms.get("tidelog_event_loop_lag_seconds")
-        acted = self.counters.key("tidelog_replica_acts_total")
-        clock = self.clock
-        while True:
-            now = clock.ticks
-            if self._dirty:
-                at: int | None = now + 1
-            elif self._deadlines:
-                at = max(self._deadlines[0][0], now + 1)
-            else:
-                at = None
-            self._wake.clear()
-            if at is None:
-                await self._wake.wait()  # nothing due until an event
-                continue
-            wake_at = clock.time_of(at)
-            delay = wake_at - time.monotonic()
-            if delay > 0:
-                if self._dirty:
-                    await asyncio.sleep(delay)
-                else:
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), delay)
-                        continue  # dirtied before the deadline: act at the next tick instead
-                    except TimeoutError:
-                        pass
-            late.observe(max(0.0, time.monotonic() - wake_at))
-            started = time.monotonic()
-            turns = Turns()
-            for host in self._due_hosts():
-                if self.fail_stop.failed is not None:
-                    return  # halted: a cancelled task runs on until its next await
-                try:
-                    host.tick()  # a host removed while the round yielded is stopped: a no-op
-                except Exception as exc:
-                    # One partition's failure must not stop the clock for the others, unless
-                    # it broke an invariant: then the node stops.
-                    self.fail_stop.check(exc, f"{host.group} tick")
-                    log.exception("%s: tick failed", host.group)
-                finally:
-                    self._schedule(host)
-                self.counters.add(acted)
-                if turns.due():  # checked, not awaited, per replica: ticks are small
-                    await turns.give()
-            rounds.observe(time.monotonic() - started)
-
-    def _due_hosts(self) -> list[PartitionHost]:
-        """The replicas that act this tick: those an event made dirty since they last acted,
-        and those whose deadline has come. Every other replica costs nothing this tick."""
-        now = self.clock.ticks
-        due = {g: h for g, h in self._dirty.items() if h.driver.dirty}
-        self._dirty = {}
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            at, _, host = heapq.heappop(heap)
-            if host.tick_at == at:  # else a later act rescheduled it: a stale entry
-                host.tick_at = None
-                due[host.group] = host
-        return [h for h in due.values() if not h.closed]
-
-    def _schedule(self, host: PartitionHost) -> None:
-        at = host.driver.next_deadline()
-        if at is None or host.closed:
-            host.tick_at = None
-        elif at != host.tick_at:  # (an equal one is in the heap already)
-            host.tick_at = at
-            self._deadline_seq += 1
-            heapq.heappush(self._deadlines, (at, self._deadline_seq, host))
-
-    def _dirtied(self, host: PartitionHost) -> None:
-        self._dirty[host.group] = host
-        if not self._wake.is_set():
-            self._wake.set()
 
     async def _liveness_loop(self) -> None:
         """Heartbeats to every peer, and the replicas woken when a peer's liveness changes."""
@@ -507,24 +421,7 @@ class NodeCore:
                 alive=alive,
                 incarnation=self.liveness.incarnation(peer),
             )
-        for host in self.hosts.values():
-            replica = host.replica
-            if replica.leader_id in peers or not peers.isdisjoint(replica.history.current.members):
-                host.driver.nudge()
-
-    async def _checkpoint_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.checkpoint_interval_ms / 1000)
-            turns = Turns()
-            changed, self._to_checkpoint = self._to_checkpoint, {}
-            for host in changed.values():  # only those whose HW moved since the last round
-                if host.closed:  # deleted or closed while this round gave its turn
-                    continue
-                try:
-                    host.checkpoint()
-                except (OSError, TidelogError) as exc:
-                    log.error("%s: checkpoint failed: %s", host.group, exc)
-                await turns.take()
+        self.groups.nudge_groups_with(peers)
 
     async def _checks_loop(self) -> None:
         """Often: moves this node has walked to their target are reported, and the registry
@@ -535,8 +432,7 @@ class NodeCore:
             self.registry.check()
 
     def stored_bytes(self) -> int:
-        """Bytes of every replica's segments on this node (storage.max.bytes counts these)."""
-        return sum(h.log.size_bytes for h in self.hosts.values())
+        return self.groups.stored_bytes()
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task alive until it finishes (and cancel it on stop)."""
@@ -583,8 +479,6 @@ class NodeCore:
             liveness=self.liveness if self.config.quiesce else None,
             journal=self.quorum_journal,
         )
-        host.driver.on_dirty = functools.partial(self._dirtied, host)
-        self._dirtied(host)
         self.cleaner.watch(host)
         if host.recovery.truncated_bytes or host.recovery.removed_segments:
             event(
@@ -597,7 +491,7 @@ class NodeCore:
                 truncated_bytes=host.recovery.truncated_bytes,
                 removed_segments=host.recovery.removed_segments,
             )
-        self.hosts[host.group] = host
+        self.groups.add(host)
         self._leader_known(host)  # a single replica led from its first step: no change to see
         self.cleaner.scrub_later(host)
         host.process_ready()
@@ -692,7 +586,7 @@ class NodeCore:
             raise InvalidRequest(f"unknown one-way message api {key}")
 
     def _on_high_watermark(self, host: PartitionHost) -> None:
-        self._to_checkpoint[host.group] = host
+        self.groups.high_watermark_moved(host)
         if host.group == METADATA_GROUP:
             self.metadata_log.release_waiters()
 

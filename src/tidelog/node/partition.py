@@ -212,7 +212,7 @@ class PartitionHost:
             )
 
     def tick(self) -> None:
-        """Do what the clock makes due (NodeCore._tick_loop; a host made without the node's
+        """Do what the clock makes due (ReplicaGroups.tick_loop; a host made without the node's
         clock, in a test, advances its own by one tick)."""
         self.driver.tick()
 
