@@ -26,7 +26,6 @@ import logging
 import random
 import shutil
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,22 +33,17 @@ from typing import Any
 from tidelog.acls import PRINCIPAL_NAME, Acl, Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
-    ArchiveError,
     ArchiveLost,
     AuthenticationFailed,
     CursorInvalidated,
     DuplicateSequence,
     InvalidRequest,
-    NodeAlreadyExists,
     NotAuthorized,
-    NotEnoughNodes,
     NotLeader,
     OffsetOutOfRange,
-    PartitionLimitReached,
     StorageFull,
     TidelogError,
     Timeout,
-    TopicAlreadyExists,
     UnknownTopicOrPartition,
     UnsupportedApi,
     from_wire,
@@ -67,6 +61,8 @@ from tidelog.node.flusher import Flusher
 from tidelog.node.login_guard import LoginGuard
 from tidelog.node.metadata_log import MetadataLog, PeerSender
 from tidelog.node.metrics import Counters, Histograms, RequestMetrics
+from tidelog.node.ops.cluster_admin import ClusterAdmin
+from tidelog.node.ops.topic_admin import TopicAdmin
 from tidelog.node.partition import PartitionHost
 from tidelog.node.quotas import (
     ADMIN_REQUEST_RATE,
@@ -95,21 +91,7 @@ from tidelog.replication.metadata import (
     METADATA_GROUP,
     METADATA_TOPIC,
     MetadataState,
-    NodeEntry,
-    TopicMeta,
     acl_key,
-    assign_replicas,
-    default_replication_factor,
-    node_conflict,
-    plan_drain,
-    topic_command,
-    validate_add_node,
-    validate_add_partitions,
-    validate_alter,
-    validate_create,
-    validate_delete,
-    validate_reassign,
-    validate_remove_node,
 )
 from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
@@ -257,6 +239,7 @@ class NodeCore:
         self.registry = NodeRegistry(
             self.metadata_log, lambda: self.config, lambda: self.on_nodes_changed()
         )
+        self.topic_admin = TopicAdmin(self.metadata_log, self.registry, lambda: self.config)
         self.archiver = (
             Archiver(
                 self.metadata_log,
@@ -289,21 +272,39 @@ class NodeCore:
         self._storage_bytes = 0
         self._storage_checked = 0.0
         self._storage_full_logged = -STORAGE_FULL_LOG_EVERY_S
+        self.cluster_admin = ClusterAdmin(
+            config.node_id,
+            self.metadata_log,
+            self.registry,
+            self.hosts,
+            self.archiver,
+            lambda: self.identity,
+            self.peer_current_directories,
+        )
         # request type -> (handler, what it does to which resource)
         self._handlers: dict[type[Any], tuple[Handler, Scope]] = {
             api.ProduceRequest: (self._produce, on_topic(Operation.WRITE, "topic")),
             api.FetchRequest: (self._fetch, on_topic(Operation.READ, "topic")),
             api.ListOffsetsRequest: (self._list_offsets, on_topic(Operation.READ, "topic")),
             api.MetadataRequest: (self._metadata, on_cluster(Operation.DESCRIBE)),
-            api.CreateTopicRequest: (self._create_topic, on_topic(Operation.CREATE, "name")),
-            api.DeleteTopicRequest: (self._delete_topic, on_topic(Operation.DELETE, "name")),
-            api.AlterTopicRequest: (self._alter_topic, on_topic(Operation.ALTER, "name")),
+            api.CreateTopicRequest: (
+                self.topic_admin.create_topic,
+                on_topic(Operation.CREATE, "name"),
+            ),
+            api.DeleteTopicRequest: (
+                self.topic_admin.delete_topic,
+                on_topic(Operation.DELETE, "name"),
+            ),
+            api.AlterTopicRequest: (
+                self.topic_admin.alter_topic,
+                on_topic(Operation.ALTER, "name"),
+            ),
             api.CreatePartitionsRequest: (
-                self._create_partitions,
+                self.topic_admin.create_partitions,
                 on_topic(Operation.ALTER, "name"),
             ),
             api.ReassignPartitionRequest: (
-                self._reassign_partition,
+                self.topic_admin.reassign_partition,
                 on_topic(Operation.ALTER, "topic"),
             ),
             api.StatusRequest: (self._status, on_cluster(Operation.DESCRIBE)),
@@ -311,15 +312,21 @@ class NodeCore:
             api.CursorRequest: (self._cursor, self._cursor_scope),
             api.DeleteRecordsRequest: (self._delete_records, on_topic(Operation.DELETE, "topic")),
             api.TableRequest: (self._table, on_topic(Operation.READ, "topic")),
-            api.ElectLeadersRequest: (self._elect_leaders, on_topic(Operation.ALTER, "topic")),
-            api.DescribeClusterRequest: (self._describe_cluster, on_cluster(Operation.DESCRIBE)),
-            api.AddNodeRequest: (self._add_node, on_cluster(Operation.ALTER)),
-            api.RemoveNodeRequest: (self._remove_node, on_cluster(Operation.ALTER)),
+            api.ElectLeadersRequest: (
+                self.cluster_admin.elect_leaders,
+                on_topic(Operation.ALTER, "topic"),
+            ),
+            api.DescribeClusterRequest: (
+                self.cluster_admin.describe_cluster,
+                on_cluster(Operation.DESCRIBE),
+            ),
+            api.AddNodeRequest: (self.cluster_admin.add_node, on_cluster(Operation.ALTER)),
+            api.RemoveNodeRequest: (self.cluster_admin.remove_node, on_cluster(Operation.ALTER)),
             api.PrincipalsRequest: (self._principals, principal_scope),
             api.AuthenticateRequest: (self._authenticate, on_cluster(Operation.CONNECT)),
             api.AclsRequest: (self._acls, on_cluster(Operation.GRANT)),
             api.QuotasRequest: (self._quotas, on_cluster(Operation.GRANT)),
-            api.ArchiveRequest: (self._archive, archive_scope),
+            api.ArchiveRequest: (self.cluster_admin.archive, archive_scope),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -990,7 +997,7 @@ class NodeCore:
 
     def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
         if req.leader_only:
-            self._require_metadata_leader()
+            self.metadata_log.require_leader()
         names = req.topics if req.topics is not None else sorted(self.metadata.topics)
         topics: list[dict[str, Any]] = []
         for name in names:
@@ -1033,229 +1040,7 @@ class NodeCore:
             return -1, -1
         return host.replica.leader_id, host.replica.epoch
 
-    async def _create_topic(
-        self, req: api.CreateTopicRequest, payload: bytes
-    ) -> api.CreateTopicResponse:
-        nodes = self.registry.placeable()
-        if req.replication_factor == -1:
-            # The cluster's default, as Kafka's default.replication.factor but sized to the
-            # cluster: a topic on three nodes keeps three copies unless asked otherwise.
-            req = dataclasses.replace(req, replication_factor=default_replication_factor(nodes))
-        config = self.config.topic_defaults.with_overrides(req.configs)
-        self.config.check_batch_fits(config.max_message_bytes)
-        validate_create(
-            self.metadata,
-            req.name,
-            req.partitions,
-            req.replication_factor,
-            req.configs,
-            req.kind,
-            nodes,
-        )
-        assignments = self._placement(req.name, req.partitions, req.replication_factor)
-        self._check_partition_limit(assignments)
-        command = {
-            "type": "create_topic",
-            "name": req.name,
-            "kind": req.kind,
-            "configs": dict(req.configs),
-            "assignments": assignments,
-        }
-        offset = await self.propose_metadata(command, 30.0)
-        meta = self.metadata.topics.get(req.name)
-        if meta is None or meta.created_offset != offset:
-            raise TopicAlreadyExists(f"topic {req.name!r} already exists", topic=req.name)
-        return api.CreateTopicResponse(
-            req.name, meta.partitions, meta.replication_factor, meta.assignments
-        )
-
-    def _placement(self, name: str, partitions: int, replication_factor: int) -> list[list[int]]:
-        """Where a topic's partitions live: round-robin from a node its name picks, so that
-        added partitions continue the pattern."""
-        nodes = self.registry.placeable()
-        if not nodes:
-            raise NotEnoughNodes("no node can take new replicas (every node is draining)")
-        start = zlib.crc32(name.encode()) % len(nodes)
-        return assign_replicas(nodes, partitions, replication_factor, start)
-
-    def _require_metadata_leader(self) -> None:
-        """Admin changes are checked against the metadata leader's state, not a follower's
-        (which may not have applied the latest commands yet)."""
-        host = self.metadata_host
-        if not host.replica.is_leader:
-            raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
-
-    async def _change_topic(self, meta: TopicMeta, kind: str, **fields: Any) -> TopicMeta | None:
-        """Propose a change to this incarnation of a topic; the topic after it is applied (None:
-        the name no longer holds this incarnation)."""
-        await self.propose_metadata(topic_command(meta, kind, **fields), 30.0)
-        now = self.metadata.topics.get(meta.name)
-        return now if now is not None and now.topic_id == meta.topic_id else None
-
-    async def _delete_topic(
-        self, req: api.DeleteTopicRequest, payload: bytes
-    ) -> api.DeleteTopicResponse:
-        """Every replica of the topic deletes its data; its cursors are deleted with it."""
-        self._require_metadata_leader()
-        meta = validate_delete(self.metadata, req.name, req.force)
-        cursors = sorted(c.name for c in self.metadata.cursors.values() if c.topic == req.name)
-        if await self._change_topic(meta, "delete_topic") is not None:
-            raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
-        log.warning("topic %s deleted (with cursors %s)", req.name, cursors or "none")
-        return api.DeleteTopicResponse(req.name, meta.topic_id, cursors)
-
-    async def _alter_topic(
-        self, req: api.AlterTopicRequest, payload: bytes
-    ) -> api.AlterTopicResponse:
-        """New config overrides, applied live by every replica (the cleaner at its next pass)."""
-        self._require_metadata_leader()
-        meta, configs = validate_alter(
-            self.metadata, req.name, dict(req.configs), list(req.delete_configs)
-        )
-        config = self.config.topic_defaults.with_overrides(configs)
-        self.config.check_batch_fits(config.max_message_bytes)
-        now = await self._change_topic(meta, "alter_topic", configs=configs)
-        if now is None:
-            raise UnknownTopicOrPartition(f"topic {req.name!r} was deleted meanwhile")
-        return api.AlterTopicResponse(req.name, dict(now.configs))
-
-    def _check_partition_limit(self, new: list[list[int]]) -> None:
-        """max.partitions.per.node: refused before the metadata log is asked, naming the node."""
-        limit = self.config.max_partitions_per_node
-        counts: dict[int, int] = {}
-        for meta in self.metadata.topics.values():
-            for p in range(meta.partitions):
-                for n in meta.hosts(p):
-                    counts[n] = counts.get(n, 0) + 1
-        adding: dict[int, int] = {}
-        for replicas in new:
-            for n in replicas:
-                adding[n] = adding.get(n, 0) + 1
-        for n, more in sorted(adding.items()):
-            if counts.get(n, 0) + more > limit:
-                raise PartitionLimitReached(
-                    f"node {n} holds {counts.get(n, 0)} partition replicas; {more} more would "
-                    f"pass max.partitions.per.node ({limit})",
-                    node_id=n,
-                    limit=limit,
-                )
-
-    async def _create_partitions(
-        self, req: api.CreatePartitionsRequest, payload: bytes
-    ) -> api.CreatePartitionsResponse:
-        """More partitions for a stream, placed as creation places them."""
-        self._require_metadata_leader()
-        meta = validate_add_partitions(self.metadata, req.name, req.partitions)
-        placed = self._placement(req.name, req.partitions, meta.replication_factor)
-        self._check_partition_limit(placed[meta.partitions :])
-        now = await self._change_topic(
-            meta, "add_partitions", assignments=placed[meta.partitions :]
-        )
-        if now is None or now.partitions != req.partitions:
-            raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
-        return api.CreatePartitionsResponse(req.name, now.partitions, now.assignments)
-
-    async def _reassign_partition(
-        self, req: api.ReassignPartitionRequest, payload: bytes
-    ) -> api.ReassignPartitionResponse:
-        """New replicas for a partition: its leader walks its group there (new replicas join
-        as learners and catch up, then voters change one at a time); the nodes it leaves keep
-        their copy until the leader reports the move done (node/topics.py)."""
-        self._require_metadata_leader()
-        if req.throttle_bytes < 0:
-            raise InvalidRequest(f"throttle must be >= 0 bytes/s, got {req.throttle_bytes}")
-        meta = validate_reassign(
-            self.metadata,
-            req.topic,
-            req.partition,
-            list(req.replicas),
-            self.registry.placeable(),
-        )
-        now: TopicMeta | None = meta
-        if meta.assignments[req.partition] != list(req.replicas) or req.partition in meta.retiring:
-            now = await self._change_topic(
-                meta,
-                "reassign_partition",
-                partition=req.partition,
-                replicas=list(req.replicas),
-                throttle_bytes=req.throttle_bytes,
-            )
-        if now is None:
-            raise UnknownTopicOrPartition(f"topic {req.topic!r} was deleted meanwhile")
-        log.info("%s/%d: reassigning to %s", req.topic, req.partition, list(req.replicas))
-        return api.ReassignPartitionResponse(
-            req.topic,
-            req.partition,
-            now.assignments[req.partition],
-            now.retiring.get(req.partition, []),
-        )
-
     # -- the cluster's nodes (node/registry.py) --------------------------------------------------
-
-    def _describe_cluster(
-        self, req: api.DescribeClusterRequest, payload: bytes
-    ) -> api.DescribeClusterResponse:
-        replica = self.metadata_host.replica
-        if req.leader_only and not replica.is_leader:
-            raise NotLeader("not the metadata leader", leader_hint=self.metadata_host.leader_hint)
-        current = replica.history.current
-        nodes = []
-        for n, entry in sorted(self.registry.nodes().items()):
-            role = "voter" if n in current.voters else "learner" if n in current.learners else ""
-            nodes.append({**entry.to_wire(), "metadata_role": role})
-        return api.DescribeClusterResponse(
-            self.identity.cluster_id,
-            self.node_id,
-            replica.leader_id,
-            nodes,
-            list(current.voters),
-            list(current.learners),
-            list(replica.history.entries[0].voters),
-            sorted(self.metadata.removed_nodes),
-        )
-
-    async def _add_node(self, req: api.AddNodeRequest, payload: bytes) -> api.NodeChangeResponse:
-        """Register a node; the metadata log's leader then adds it to the log's group as a
-        learner, and makes it a voter once it has caught up."""
-        self._require_metadata_leader()
-        entry = NodeEntry(req.node_id, req.host, req.port, req.peer_port)
-        await self.registry.ensure_registered()
-        if self.metadata.nodes.get(entry.node_id) == entry:
-            return api.NodeChangeResponse(entry.to_wire())  # asked again (a retry)
-        validate_add_node(self.metadata, entry)
-        await self.propose_metadata({"type": "add_node", "node": entry.to_wire()}, 30.0)
-        if self.metadata.nodes.get(entry.node_id) != entry:
-            raise NodeAlreadyExists(
-                node_conflict(self.metadata, entry) or "changed meanwhile", node_id=req.node_id
-            )
-        log.warning("cluster: node %d added at %s:%d", req.node_id, req.host, req.port)
-        return api.NodeChangeResponse(entry.to_wire())
-
-    async def _remove_node(
-        self, req: api.RemoveNodeRequest, payload: bytes
-    ) -> api.NodeChangeResponse:
-        """Mark a node draining: the metadata leader moves its replicas off, then takes it out
-        of the metadata log's voters, then out of the registry (node/registry.py)."""
-        self._require_metadata_leader()
-        if req.throttle_bytes < 0:
-            raise InvalidRequest(f"throttle must be >= 0 bytes/s, got {req.throttle_bytes}")
-        await self.registry.ensure_registered()
-        placeable = self.registry.placeable()
-        entry = validate_remove_node(self.metadata, req.node_id, placeable)
-        if not entry.draining or entry.drain_throttle_bytes != req.throttle_bytes:
-            command = {
-                "type": "drain_node",
-                "node_id": req.node_id,
-                "throttle_bytes": req.throttle_bytes,
-            }
-            await self.propose_metadata(command, 30.0)
-            log.warning("cluster: node %d is being removed", req.node_id)
-        now = self.metadata.nodes.get(req.node_id, entry)
-        if not now.draining:  # another drain took the nodes this one needed meanwhile
-            validate_remove_node(self.metadata, req.node_id, self.registry.placeable())
-            raise NotEnoughNodes(f"node {req.node_id}: try again", node_id=req.node_id)
-        moves = len(plan_drain(self.metadata, req.node_id, placeable))
-        return api.NodeChangeResponse(now.to_wire(), moves)
 
     def _status(self, req: api.StatusRequest, payload: bytes) -> api.StatusResponse:
         limit = req.limit or api.STATUS_PAGE_DEFAULT
@@ -1307,59 +1092,6 @@ class NodeCore:
             **self.describe_listeners(),
         }
         return api.StatusResponse(self.node_id, partitions, metadata, node, len(chosen) > limit)
-
-    async def _archive(self, req: api.ArchiveRequest, payload: bytes) -> api.ArchiveResponse:
-        """The archive as the metadata log records it; an operator's accepted loss."""
-        if req.op not in ("describe", "accept_loss"):
-            raise InvalidRequest(f"unknown archive op {req.op!r} (describe, accept_loss)")
-        accepted: list[dict[str, Any]] = []
-        if req.op == "accept_loss":
-            if self.archiver is None:
-                raise ArchiveError(f"node {self.node_id} archives nothing (no --archive)")
-            host = self.metadata_host
-            if not host.replica.is_leader:
-                raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
-            _, accepted = await self.archiver.accept_loss()
-        state = self.metadata
-        extents = []
-        for key, extent in sorted(state.archive_extents.items()):
-            topic, _, partition = key.rpartition("/")
-            extents.append({"topic": topic, "partition": int(partition), **extent})
-        return api.ArchiveResponse(state.archive_id, extents, accepted)
-
-    def _elect_leaders(
-        self, req: api.ElectLeadersRequest, payload: bytes
-    ) -> api.ElectLeadersResponse:
-        group = f"{req.topic}/{req.partition}"
-        host = self.hosts.get(group)
-        if host is None:
-            raise UnknownTopicOrPartition(
-                f"node {self.node_id} holds no replica of {group}",
-                topic=req.topic,
-                partition=req.partition,
-            )
-        admitted: list[int] = []
-        if req.unclean:
-            admitted = host.replica.admit_unclean(self.peer_current_directories)
-            if admitted:
-                log.warning(
-                    "%s: unclean election asked: directories of %s admitted without catching up",
-                    group,
-                    admitted,
-                )
-        if req.campaign:
-            host.replica.stand()
-        host.process_ready()
-        r = host.replica
-        return api.ElectLeadersResponse(
-            self.node_id,
-            r.role.value,
-            r.epoch,
-            r.leader_id,
-            host.log.log_end_offset,
-            host.log.high_watermark,
-            admitted,
-        )
 
     async def _principals(
         self, req: api.PrincipalsRequest, payload: bytes

@@ -88,6 +88,13 @@ class MetadataLog:
         if not self.opened:
             raise NotLeader(f"node {self.node_id} is starting", leader_hint=-1)
 
+    def require_leader(self) -> None:
+        """Admin changes are checked against the metadata leader's state, not a follower's
+        (which may not have applied the latest commands yet)."""
+        host = self.host
+        if not host.replica.is_leader:
+            raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
+
     def release_waiters(self) -> None:
         """The metadata log's HW moved: proposals this node has now applied are answered."""
         applied = self.state.applied_offset
