@@ -156,7 +156,7 @@ def test_a_refused_admin_token_takes_as_long_as_any_other(tmp_path: Path) -> Non
             async def refused(token: str) -> float:
                 # (A fresh login guard each time: its answer delays would grow with the
                 # failures before, and this measures the check, not the guard.)
-                node.core.login_guard = LoginGuard()
+                node.core.security.login_guard = LoginGuard()
                 started = time.monotonic()
                 async with AsyncClient(address, token=token, retries=1) as client:
                     with pytest.raises(AuthenticationFailed):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import heapq
 import logging
@@ -30,11 +29,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tidelog.acls import PRINCIPAL_NAME, Acl, Resource
+from tidelog.acls import Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
     ArchiveLost,
-    AuthenticationFailed,
     CursorInvalidated,
     DuplicateSequence,
     InvalidRequest,
@@ -43,7 +41,6 @@ from tidelog.errors import (
     OffsetOutOfRange,
     StorageFull,
     TidelogError,
-    Timeout,
     UnknownTopicOrPartition,
     UnsupportedApi,
     from_wire,
@@ -62,6 +59,7 @@ from tidelog.node.login_guard import LoginGuard
 from tidelog.node.metadata_log import MetadataLog, PeerSender
 from tidelog.node.metrics import Counters, Histograms, RequestMetrics
 from tidelog.node.ops.cluster_admin import ClusterAdmin
+from tidelog.node.ops.security import Security
 from tidelog.node.ops.topic_admin import TopicAdmin
 from tidelog.node.partition import PartitionHost
 from tidelog.node.quotas import (
@@ -70,13 +68,11 @@ from tidelog.node.quotas import (
     DEFAULT_ENTITY,
     PRODUCER_BYTE_RATE,
     Quotas,
-    check_limits,
 )
 from tidelog.node.registry import NodeRegistry
 from tidelog.node.replica_groups import ReplicaGroups
 from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
 from tidelog.node.topics import TopicReplicas
-from tidelog.principals import check, check_hash, check_name, hash_secret, token_name
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.peer_batch import decode_peer_batch
@@ -91,9 +87,7 @@ from tidelog.replication.metadata import (
     METADATA_GROUP,
     METADATA_TOPIC,
     MetadataState,
-    acl_key,
 )
-from tidelog.scram import check_credentials
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
 from tidelog.storage.quorum_journal import QuorumJournal
@@ -103,9 +97,6 @@ from tidelog.version import __version__
 log = logging.getLogger(__name__)
 
 STORAGE_FULL_LOG_EVERY_S = 10.0  # a refused produce is logged at most this often
-
-
-AUTHENTICATE_WAIT_S = 5.0  # how long a token check waits for a metadata leader to decide
 
 
 PEER_DIRECTORIES_FILE = "peer-directories"
@@ -178,7 +169,7 @@ class NodeCore:
         self.access = Access(
             config.authorization,
             config.all_super_users,
-            self._parsed_acls,
+            lambda: self.security.parsed_acls(),
             lambda name: name in self.metadata.principals,
         )
         self.counters = Counters()
@@ -187,8 +178,6 @@ class NodeCore:
         self.quotas = Quotas(self._quota_limits)
         # Requests to other nodes' client listeners.
         self.asker = NodeAsker(lambda: self.registry.nodes(), config.tls_dialing)
-        self._acls_seen: tuple[object, int] | None = None
-        self._acl_list: list[Acl] = []
         self.background = BackgroundTasks()
         self.fail_stop = FailStop(config.node_id)
         # The replica groups and their clock, kept as deadlines (node/replica_groups.py).
@@ -258,10 +247,8 @@ class NodeCore:
         self._flusher: Flusher | None = None
         self.quorum_journal: QuorumJournal | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._admin_hash: str | None = None  # of the admin token's secret, made at first use
         # A principal renewed or removed: the listeners end its sessions (node/server.py).
         self.on_principal_changed: Callable[[str], None] = lambda name: None
-        self.login_guard = LoginGuard()
         self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
         # Each peer's data directory as first seen on the peer channel (durable): a replica
         # group that never recorded a voter's directory still knows the one it first had.
@@ -272,6 +259,14 @@ class NodeCore:
         self._storage_bytes = 0
         self._storage_checked = 0.0
         self._storage_full_logged = -STORAGE_FULL_LOG_EVERY_S
+        self.security = Security(
+            config.node_id,
+            self.metadata_log,
+            self.access,
+            LoginGuard(),
+            self.asker,
+            lambda: self.config,
+        )
         self.cluster_admin = ClusterAdmin(
             config.node_id,
             self.metadata_log,
@@ -322,10 +317,10 @@ class NodeCore:
             ),
             api.AddNodeRequest: (self.cluster_admin.add_node, on_cluster(Operation.ALTER)),
             api.RemoveNodeRequest: (self.cluster_admin.remove_node, on_cluster(Operation.ALTER)),
-            api.PrincipalsRequest: (self._principals, principal_scope),
-            api.AuthenticateRequest: (self._authenticate, on_cluster(Operation.CONNECT)),
-            api.AclsRequest: (self._acls, on_cluster(Operation.GRANT)),
-            api.QuotasRequest: (self._quotas, on_cluster(Operation.GRANT)),
+            api.PrincipalsRequest: (self.security.principals, principal_scope),
+            api.AuthenticateRequest: (self.security.authenticate, on_cluster(Operation.CONNECT)),
+            api.AclsRequest: (self.security.acls, on_cluster(Operation.GRANT)),
+            api.QuotasRequest: (self.security.quotas, on_cluster(Operation.GRANT)),
             api.ArchiveRequest: (self.cluster_admin.archive, archive_scope),
         }
 
@@ -440,6 +435,11 @@ class NodeCore:
 
     def stored_bytes(self) -> int:
         return self.groups.stored_bytes()
+
+    @property
+    def login_guard(self) -> LoginGuard:
+        """Failed logins, per address and name, on every listener (node/login_guard.py)."""
+        return self.security.login_guard
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task alive until it finishes (and cancel it on stop)."""
@@ -646,7 +646,7 @@ class NodeCore:
     def handle(self, principal: Principal, request: Any, payload: bytes) -> Result:
         handler = self.authorize(principal, request)
         if isinstance(request, api.AuthenticateRequest) and not request.forwarded:
-            return self._guarded_authenticate(principal.address, request, payload)
+            return self.security.guarded_authenticate(principal.address, request, payload)
         if isinstance(request, api.CursorRequest):
             request = self._cursor_as(principal, request)
         quota = QUOTA_CHARGES.get(type(request))
@@ -1092,155 +1092,6 @@ class NodeCore:
             **self.describe_listeners(),
         }
         return api.StatusResponse(self.node_id, partitions, metadata, node, len(chosen) > limit)
-
-    async def _principals(
-        self, req: api.PrincipalsRequest, payload: bytes
-    ) -> api.PrincipalsResponse:
-        if req.op == "list":
-            known = self.metadata.principals
-            return api.PrincipalsResponse(
-                [{"name": n, "created_ms": known[n]["created_ms"]} for n in sorted(known)]
-            )
-        name = check_name(req.name)
-        if req.op == "add":
-            encoded = check_hash(req.hash)
-            command: dict[str, Any] = {
-                "type": "put_principal",
-                "name": name,
-                "hash": encoded,
-                "scram": check_credentials(req.scram),
-            }
-        elif req.op == "remove":
-            if name not in self.metadata.principals:
-                raise InvalidRequest(f"no principal {name!r}")
-            command = {"type": "remove_principal", "name": name}
-            acls = sum(1 for a in self.metadata.acls.values() if a.get("principal") == name)
-        else:
-            raise InvalidRequest(f"unknown principals op {req.op!r}")
-        command["at_ms"] = wall_ms()
-        await self.propose_metadata(command, 30.0)
-        found = self.metadata.principals.get(name)
-        return api.PrincipalsResponse(
-            [] if found is None else [{"name": name, "created_ms": found["created_ms"]}],
-            acls_removed=acls if req.op == "remove" else 0,
-        )
-
-    def _parsed_acls(self) -> list[Acl]:
-        """The metadata's ACLs as Access reads them: parsed again only after they change."""
-        state = self.metadata
-        seen = self._acls_seen
-        if seen is None or seen[0] is not state or seen[1] != state.acls_changed:
-            self._acl_list = [Acl.from_wire(a) for a in state.acls.values()]
-            self._acls_seen = (state, state.acls_changed)
-        return self._acl_list
-
-    async def _acls(self, req: api.AclsRequest, payload: bytes) -> api.AclsResponse:
-        if req.op == "list":
-            found = [a for a in self._parsed_acls() if req.principal in ("", a.principal)]
-            listed = sorted((a.to_wire() for a in found), key=acl_key)
-            return api.AclsResponse(listed)
-        if req.op not in ("add", "remove"):
-            raise InvalidRequest(f"unknown acl op {req.op!r}")
-        acl = Acl.from_wire(req.acl)
-        if req.op == "remove" and acl_key(acl.to_wire()) not in self.metadata.acls:
-            raise InvalidRequest(f"no such ACL: {acl}")
-        command = {"type": f"{'put' if req.op == 'add' else 'remove'}_acl", "acl": acl.to_wire()}
-        await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
-        return api.AclsResponse([acl.to_wire()])
-
-    async def _quotas(self, req: api.QuotasRequest, payload: bytes) -> api.QuotasResponse:
-        known = self.metadata.quotas
-        if req.op == "list":
-            return api.QuotasResponse([{"principal": p, "limits": known[p]} for p in sorted(known)])
-        if not PRINCIPAL_NAME.fullmatch(req.principal):
-            raise InvalidRequest(f"invalid principal {req.principal!r} for a quota")
-        if req.op == "set":
-            command: dict[str, Any] = {
-                "type": "put_quota",
-                "name": req.principal,
-                "limits": check_limits(req.limits),
-            }
-        elif req.op == "remove":
-            if req.principal not in known:
-                raise InvalidRequest(f"no quota for {req.principal!r}")
-            command = {"type": "remove_quota", "name": req.principal}
-        else:
-            raise InvalidRequest(f"unknown quotas op {req.op!r}")
-        await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
-        limits = self.metadata.quotas.get(req.principal, {})
-        return api.QuotasResponse([{"principal": req.principal, "limits": limits}])
-
-    async def _authenticate(
-        self, req: api.AuthenticateRequest, payload: bytes
-    ) -> api.AuthenticateResponse:
-        """Checks a token; the listener makes the connection that principal on success."""
-        name, secret = token_name(req.token)
-        admin = self.config.admin_token
-        if admin is not None and name == admin[0]:
-            # The bootstrap super user (--admin-token-file): decided by the node's own file,
-            # through the same Argon2id check as any token, so that the time an answer takes
-            # does not say which name is the super user (0.3 ms against 125 ms, before).
-            if self._admin_hash is None:
-                self._admin_hash = await hash_secret(admin[1])
-            if await check(self._admin_hash, secret):
-                return api.AuthenticateResponse(name)
-            self.access.denied += 1
-            raise AuthenticationFailed(f"the token of {name!r} is not valid", principal=name)
-        deadline = time.monotonic() + AUTHENTICATE_WAIT_S
-        while True:
-            host = self.metadata_host
-            if host.replica.is_leader:
-                # A new leader's state may miss what it has not yet committed in its term.
-                with contextlib.suppress(TidelogError, TimeoutError):
-                    await host.wait_for_ack(host.log.log_end_offset - 1, api.ACKS_ALL, 2.0)
-                if await self._token_holds(name, secret):
-                    return api.AuthenticateResponse(name)
-                break
-            if await self._token_holds(name, secret):
-                return api.AuthenticateResponse(name)
-            if req.forwarded:
-                # Asked by a node that took us for the metadata leader: we are not (anymore).
-                raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
-            # A follower's metadata may lag (a principal just added, a node just restarted):
-            # what it cannot confirm, the metadata leader decides.
-            decided = await self._authenticate_at_metadata_leader(req)
-            if decided is not None:
-                return decided
-            if time.monotonic() > deadline:
-                raise Timeout(f"cannot check the token of {name!r} now: no metadata leader answers")
-            await asyncio.sleep(0.1)
-        self.access.denied += 1
-        raise AuthenticationFailed(f"the token of {name!r} is not valid", principal=name)
-
-    async def _guarded_authenticate(
-        self, address: str, req: api.AuthenticateRequest, payload: bytes
-    ) -> api.AuthenticateResponse:
-        """A token check as the login guard allows it (node/login_guard.py): a failure is answered
-        late, later for each one from its address, and suspects take turns for the hash."""
-        name = req.token.partition(":")[0][:200]
-        host = address.rsplit(":", 1)[0]  # (the connection's "HOST:PORT": every port alike)
-        async with self.login_guard.attempt(host, name):
-            return await self._authenticate(req, payload)
-
-    async def _token_holds(self, name: str, secret: str) -> bool:
-        entry = self.metadata.principals.get(name)
-        return await check(entry["hash"] if entry is not None else None, secret)
-
-    async def _authenticate_at_metadata_leader(
-        self, req: api.AuthenticateRequest
-    ) -> api.AuthenticateResponse | None:
-        host = self.metadata_host
-        leader = host.leader_hint
-        if host.replica.is_leader or leader is None or leader == self.node_id:
-            return None
-        forwarded = api.AuthenticateRequest(req.token, forwarded=True)
-        try:
-            header = await self.asker.ask(leader, ApiKey.AUTHENTICATE, forwarded, 10.0)
-        except AuthenticationFailed:
-            raise
-        except TidelogError:
-            return None  # unreachable, or it could not decide either: ask again
-        return api.decode(api.AuthenticateResponse, header)
 
     async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
         if req.op in ("list", "describe"):
