@@ -18,8 +18,6 @@ gives it (the peer channel's outbound links).
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
 import heapq
 import logging
 import random
@@ -32,26 +30,16 @@ from typing import Any
 from tidelog.acls import Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
-    ArchiveLost,
-    CursorInvalidated,
-    DuplicateSequence,
     InvalidRequest,
-    NotAuthorized,
-    NotLeader,
-    OffsetOutOfRange,
-    StorageFull,
-    TidelogError,
-    UnknownTopicOrPartition,
     UnsupportedApi,
-    from_wire,
 )
 from tidelog.invariant import InvariantBroken
 from tidelog.logs import event
-from tidelog.node.access import Access, Listener, Operation, Principal
+from tidelog.node.access import Access, Operation, Principal
 from tidelog.node.archiver import Archiver
 from tidelog.node.asking import NodeAsker
 from tidelog.node.background import BackgroundTasks
-from tidelog.node.cleaner import Cleaner, wall_ms
+from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
@@ -59,9 +47,14 @@ from tidelog.node.login_guard import LoginGuard
 from tidelog.node.metadata_log import MetadataLog, PeerSender
 from tidelog.node.metrics import Counters, Histograms, RequestMetrics
 from tidelog.node.ops.cluster_admin import ClusterAdmin
+from tidelog.node.ops.cursors import CursorOps
+from tidelog.node.ops.data import DataOps
+from tidelog.node.ops.metadata_answer import MetadataAnswers
 from tidelog.node.ops.security import Security
 from tidelog.node.ops.topic_admin import TopicAdmin
 from tidelog.node.partition import PartitionHost
+from tidelog.node.peer_directories import PeerDirectories
+from tidelog.node.peer_liveness import PeerLiveness
 from tidelog.node.quotas import (
     ADMIN_REQUEST_RATE,
     CONSUMER_BYTE_RATE,
@@ -71,36 +64,26 @@ from tidelog.node.quotas import (
 )
 from tidelog.node.registry import NodeRegistry
 from tidelog.node.replica_groups import ReplicaGroups
-from tidelog.node.state_machine import Machine, MetadataMachine, TableMachine
+from tidelog.node.state_machine import Machine, MetadataMachine
 from tidelog.node.topics import TopicReplicas
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.peer_batch import decode_peer_batch
 from tidelog.protocol.replication_codec import decode_message, encode_message
-from tidelog.record.validation import validate_produced
 from tidelog.replication.clock import MonotonicClock
-from tidelog.replication.directories import decode_directories
-from tidelog.replication.liveness import Heartbeat, Liveness
+from tidelog.replication.liveness import Liveness
 from tidelog.replication.messages import Message
 from tidelog.replication.metadata import (
-    CURSOR_NAME,
     METADATA_GROUP,
     METADATA_TOPIC,
     MetadataState,
 )
-from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.identity import DirectoryIdentity
 from tidelog.storage.quorum_journal import QuorumJournal
-from tidelog.storage.segment import BytesSlice
 from tidelog.version import __version__
 
 log = logging.getLogger(__name__)
 
-STORAGE_FULL_LOG_EVERY_S = 10.0  # a refused produce is logged at most this often
-
-
-PEER_DIRECTORIES_FILE = "peer-directories"
-REQUEST_TIMEOUT_MS_MAX = 300_000
 
 Result = Any  # an api response, (response, payload), an awaitable of either, or None
 Handler = Callable[[Any, bytes], Result]
@@ -200,10 +183,6 @@ class NodeCore:
             max(1, election_ticks // 4),
             election_ticks,
         )
-        # Each topic's metadata entry, built when asked after the topic changed (topics.py
-        # forgets it) and kept current as its replicas learn leaders: a 10,000-partition
-        # topic's entry is 10,000 leaders, and a failover changes thousands.
-        self._metadata_cache: dict[str, dict[str, Any]] = {}
         # The metadata log's first voters: --peers, or for a node that joined a running cluster
         # what its metadata leader said (the Node sets it before start).
         self.initial_voters = config.voters
@@ -222,11 +201,22 @@ class NodeCore:
             self.hosts,
             lambda: self.config,
             self.open_host,
-            self.forget_metadata_answer,
+            lambda topic: self.metadata_answers.forget(topic),
             self.counters,
         )
         self.registry = NodeRegistry(
             self.metadata_log, lambda: self.config, lambda: self.on_nodes_changed()
+        )
+        self.peer_liveness = PeerLiveness(
+            self.liveness,
+            self.clock,
+            lambda: self.registry.peer_nodes(),
+            send_to_peer,
+            self.groups,
+            self.counters,
+        )
+        self.metadata_answers = MetadataAnswers(
+            config.node_id, self.metadata_log, self.registry, self.hosts
         )
         self.topic_admin = TopicAdmin(self.metadata_log, self.registry, lambda: self.config)
         self.archiver = (
@@ -250,15 +240,19 @@ class NodeCore:
         # A principal renewed or removed: the listeners end its sessions (node/server.py).
         self.on_principal_changed: Callable[[str], None] = lambda name: None
         self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
-        # Each peer's data directory as first seen on the peer channel (durable): a replica
-        # group that never recorded a voter's directory still knows the one it first had.
-        self.peer_directories: dict[int, str] = {}
-        self._initial_directories: dict[int, str] = {}  # from the cluster's format (durable)
-        self.peer_current_directories: dict[int, str] = {}  # as their last handshake said
-        self._lost_read_logged: dict[str, float] = {}
-        self._storage_bytes = 0
-        self._storage_checked = 0.0
-        self._storage_full_logged = -STORAGE_FULL_LOG_EVERY_S
+        # Each peer's data directory, first seen and current (node/peer_directories.py).
+        self.directories = PeerDirectories(lambda: self.config.data_dir, self.counters)
+        self.data = DataOps(
+            config.node_id,
+            self.metadata_log,
+            self.hosts,
+            self.cleaner,
+            self.archiver,
+            self.counters,
+            self.stored_bytes,
+            lambda: self.config,
+        )
+        self.cursor_ops = CursorOps(self.metadata_log, self.access, self.data.check_cursor)
         self.security = Security(
             config.node_id,
             self.metadata_log,
@@ -274,14 +268,17 @@ class NodeCore:
             self.hosts,
             self.archiver,
             lambda: self.identity,
-            self.peer_current_directories,
+            self.directories.current,
         )
         # request type -> (handler, what it does to which resource)
         self._handlers: dict[type[Any], tuple[Handler, Scope]] = {
-            api.ProduceRequest: (self._produce, on_topic(Operation.WRITE, "topic")),
-            api.FetchRequest: (self._fetch, on_topic(Operation.READ, "topic")),
-            api.ListOffsetsRequest: (self._list_offsets, on_topic(Operation.READ, "topic")),
-            api.MetadataRequest: (self._metadata, on_cluster(Operation.DESCRIBE)),
+            api.ProduceRequest: (self.data.produce, on_topic(Operation.WRITE, "topic")),
+            api.FetchRequest: (self.data.fetch, on_topic(Operation.READ, "topic")),
+            api.ListOffsetsRequest: (self.data.list_offsets, on_topic(Operation.READ, "topic")),
+            api.MetadataRequest: (
+                self.metadata_answers.metadata_request,
+                on_cluster(Operation.DESCRIBE),
+            ),
             api.CreateTopicRequest: (
                 self.topic_admin.create_topic,
                 on_topic(Operation.CREATE, "name"),
@@ -304,9 +301,12 @@ class NodeCore:
             ),
             api.StatusRequest: (self._status, on_cluster(Operation.DESCRIBE)),
             api.ApiVersionsRequest: (self._api_versions, on_cluster(Operation.CONNECT)),
-            api.CursorRequest: (self._cursor, self._cursor_scope),
-            api.DeleteRecordsRequest: (self._delete_records, on_topic(Operation.DELETE, "topic")),
-            api.TableRequest: (self._table, on_topic(Operation.READ, "topic")),
+            api.CursorRequest: (self.cursor_ops.cursor, self.cursor_ops.scope),
+            api.DeleteRecordsRequest: (
+                self.data.delete_records,
+                on_topic(Operation.DELETE, "topic"),
+            ),
+            api.TableRequest: (self.data.table, on_topic(Operation.READ, "topic")),
             api.ElectLeadersRequest: (
                 self.cluster_admin.elect_leaders,
                 on_topic(Operation.ALTER, "topic"),
@@ -345,7 +345,7 @@ class NodeCore:
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout
             metadata.process_ready()
         self._tasks.append(loop.create_task(self.groups.tick_loop()))
-        self._tasks.append(loop.create_task(self._liveness_loop()))
+        self._tasks.append(loop.create_task(self.peer_liveness.run()))
         self._tasks.append(loop.create_task(self.groups.checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
         self._tasks.append(loop.create_task(self._checks_loop()))
@@ -375,55 +375,8 @@ class NodeCore:
             self.quorum_journal.close()
         self.asker.close()
 
-    async def _liveness_loop(self) -> None:
-        """Heartbeats to every peer, and the replicas woken when a peer's liveness changes."""
-        liveness = self.liveness
-        while True:
-            if liveness.heartbeat_due():
-                heartbeat = liveness.heartbeat()
-                header = {"node": heartbeat.node, "incarnation": heartbeat.incarnation}
-                for peer in self.registry.peer_nodes():
-                    if peer != self.node_id:
-                        self.send_to_peer(peer, ApiKey.LIVENESS, header, None)
-            self._liveness_changed()
-            delay = self.clock.time_of(liveness.next_deadline()) - time.monotonic()
-            await asyncio.sleep(max(delay, 0.001))
-            # Let what the sockets hold be read first: a loop that woke late must not take a
-            # peer for dead whose heartbeat waits unread.
-            await asyncio.sleep(0)
-
-    def _on_heartbeat(self, sender: int, header: dict[str, Any]) -> None:
-        node, incarnation = header.get("node"), header.get("incarnation")
-        if not isinstance(node, int) or not isinstance(incarnation, int):
-            raise InvalidRequest("a liveness heartbeat needs integer node and incarnation")
-        self.liveness.on_heartbeat(sender, Heartbeat(node, incarnation))
-        self._liveness_changed()
-
     def peer_connection_lost(self, peer: int) -> None:
-        """Our link to a peer closed (its kernel closed the socket: the process exited or is
-        restarting; a partition closes nothing and waits for the liveness timeout)."""
-        self.liveness.lost(peer)
-        self._liveness_changed()
-
-    def _liveness_changed(self) -> None:
-        """Wake the replicas that share a group with a peer that came alive, died or
-        restarted (a quiesced group learns of it only so)."""
-        peers = self.liveness.changed()
-        if not peers:
-            return
-        self.counters.inc("tidelog_peer_liveness_changes_total", len(peers))
-        for peer in sorted(peers):
-            alive = self.liveness.is_alive(peer)
-            event(
-                log,
-                logging.INFO if alive else logging.WARNING,
-                "peer_liveness",
-                f"peer liveness: node {peer} is {'alive' if alive else 'not answering'}",
-                node=peer,
-                alive=alive,
-                incarnation=self.liveness.incarnation(peer),
-            )
-        self.groups.nudge_groups_with(peers)
+        self.peer_liveness.connection_lost(peer)
 
     async def _checks_loop(self) -> None:
         """Often: moves this node has walked to their target are reported, and the registry
@@ -435,6 +388,10 @@ class NodeCore:
 
     def stored_bytes(self) -> int:
         return self.groups.stored_bytes()
+
+    def log_start_offset(self, host: PartitionHost) -> int:
+        """The partition's earliest readable offset (the archive's start, if it holds more)."""
+        return self.data.log_start_offset(host)
 
     @property
     def login_guard(self) -> LoginGuard:
@@ -479,10 +436,10 @@ class NodeCore:
             counters=self.counters,
             fsync_seconds=self.histograms.get("tidelog_fsync_seconds"),
             directory_id=self.identity.directory_id,
-            known_directories=self.peer_directories,
+            known_directories=self.directories.first,
             topic_id=topic_id,
             clock=self.clock,
-            on_leader_known=self._leader_known,
+            on_leader_known=self.metadata_answers.leader_known,
             liveness=self.liveness if self.config.quiesce else None,
             journal=self.quorum_journal,
         )
@@ -499,56 +456,16 @@ class NodeCore:
                 removed_segments=host.recovery.removed_segments,
             )
         self.groups.add(host)
-        self._leader_known(host)  # a single replica led from its first step: no change to see
+        self.metadata_answers.leader_known(
+            host
+        )  # a single replica led from its first step: no change to see
         self.cleaner.scrub_later(host)
         host.process_ready()
         return host
 
-    def load_peer_directories(self) -> None:
-        """What this node knows of its peers' directories: the initial ones it was formatted
-        with, then the first seen on the peer channel."""
-        self._initial_directories = decode_directories(self.identity.initial_directories)
-        stored = read_checkpoint(self.config.data_dir / PEER_DIRECTORIES_FILE) or {}
-        self.peer_directories.update(self._initial_directories)
-        self.peer_directories.update({int(k): str(v) for k, v in stored.items()})
-
-    def peer_directory_seen(self, node: int, directory: str) -> None:
-        """A peer proved itself with this data directory. The first one is recorded (durably,
-        before any of its messages is read); another one later means it lost its disk."""
-        if not directory:
-            return
-        self.peer_current_directories[node] = directory
-        first = self.peer_directories.get(node)
-        if first is None:
-            self.peer_directories[node] = directory
-            write_checkpoint(
-                self.config.data_dir / PEER_DIRECTORIES_FILE,
-                {
-                    str(n): d
-                    for n, d in self.peer_directories.items()
-                    if n not in self._initial_directories
-                },
-            )
-        elif first != directory:
-            self.counters.inc("tidelog_peer_directory_changes_total")
-            log.warning(
-                "node %d came back with another data directory (%s, first seen %s): it "
-                "rejoins each partition as an observer until it holds what is committed",
-                node,
-                directory,
-                first,
-            )
-
     def replaced_peers(self) -> list[int]:
-        """Peers that came back with a data directory the cluster's metadata log has not
-        admitted (yet): replaced disks, catching up as observers."""
         admitted = self.metadata_host.replica.directories if METADATA_GROUP in self.hosts else {}
-        out = []
-        for node, current in sorted(self.peer_current_directories.items()):
-            known = admitted.get(node) or self.peer_directories.get(node)
-            if known is not None and known != current:
-                out.append(node)
-        return out
+        return self.directories.replaced(admitted)
 
     def _send_replication(self, to: int, group: str, message: Message) -> None:
         header, records = encode_message(group, message)
@@ -585,7 +502,7 @@ class NodeCore:
             if self.archiver is not None:
                 self.archiver.on_report_message(header, sender)
         elif key == ApiKey.LIVENESS:
-            self._on_heartbeat(sender, header)
+            self.peer_liveness.on_heartbeat(sender, header)
         elif key == ApiKey.PEER_BATCH:
             for inner, inner_header, inner_payload in decode_peer_batch(header, payload):
                 self.on_peer_message(principal, inner, inner_header, inner_payload)
@@ -648,7 +565,7 @@ class NodeCore:
         if isinstance(request, api.AuthenticateRequest) and not request.forwarded:
             return self.security.guarded_authenticate(principal.address, request, payload)
         if isinstance(request, api.CursorRequest):
-            request = self._cursor_as(principal, request)
+            request = self.cursor_ops.as_principal(principal, request)
         quota = QUOTA_CHARGES.get(type(request))
         if quota == PRODUCER_BYTE_RATE:
             self.quotas.charge(principal.name, quota, len(payload))
@@ -662,36 +579,6 @@ class NodeCore:
         ):
             return self._charged_fetch(principal.name, result)
         return result
-
-    def _cursor_as(self, principal: Principal, req: api.CursorRequest) -> api.CursorRequest:
-        """What a cursor request may do beyond its topic's read permission (checked already):
-        a cursor is its creator's; changing another's (commit, so rewind; delete; invalidate)
-        needs read on the group of its name (Kafka's group ACL) or cluster admin, and a list
-        shows positions only on topics one may read (describe already needs that)."""
-        if req.op == "list":
-            return dataclasses.replace(req, owner=principal.name)
-        if req.op == "create":
-            return dataclasses.replace(req, owner=principal.name)
-        cursor = self.metadata.cursors.get(req.name)
-        if cursor is None or not self.access.enforced or cursor.owner in ("", principal.name):
-            return req
-        group = cursor.name.split(":", 1)[0]  # a Kafka group's cursors: GROUP:TOPIC
-        if req.op == "describe" or any(
-            self.access.allows(principal, Operation.GROUP, Resource.group(name))
-            for name in {cursor.name, group}
-        ):
-            return req
-        if self.access.is_cluster_admin(principal):
-            return req
-        self.access.denied += 1
-        raise NotAuthorized(
-            f"{principal.name} may not {req.op} cursor {cursor.name!r}: {cursor.owner} created "
-            f"it (grant read on group {group!r} to share it)",
-            principal=principal.name,
-            operation=Operation.GROUP.value,
-            resource="group",
-            resource_name=group,
-        )
 
     async def _charged_fetch(self, principal: str, pending: Awaitable[Any]) -> Any:
         result = await pending
@@ -718,327 +605,11 @@ class NodeCore:
         self.access.authorize(principal, *scope(request))
         return handler
 
-    def _cursor_scope(self, req: api.CursorRequest) -> tuple[Operation, Resource, str]:
-        """Cursors are read on their topic: to create, commit, describe, delete or invalidate
-        one needs read on the topic it follows (as a Kafka group's offsets need read)."""
-        if req.op == "list":
-            return Operation.DESCRIBE, Resource.cluster(), ""
-        topic = req.topic if req.op == "create" else self.metadata.cursor(req.name).topic
-        return Operation.READ, Resource.topic(topic), ""
-
     @property
     def api_keys(self) -> list[int]:
         return sorted(int(k) for k, t in api.REQUEST_TYPES.items() if t in self._handlers)
 
     # -- operations -----------------------------------------------------------------------------
-
-    def _host(self, topic: str, partition: int) -> PartitionHost:
-        host = self.hosts.get(f"{topic}/{partition}")
-        if host is not None and topic != METADATA_TOPIC:
-            return host
-        meta = self.metadata.topic(topic)
-        if not 0 <= partition < meta.partitions:
-            raise UnknownTopicOrPartition(
-                f"topic {topic!r} has partitions 0..{meta.partitions - 1}, not {partition}",
-                topic=topic,
-                partition=partition,
-            )
-        raise NotLeader(
-            f"node {self.node_id} holds no replica of {topic}/{partition}",
-            leader_hint=meta.assignments[partition][0],
-        )
-
-    def _leader(self, topic: str, partition: int) -> PartitionHost:
-        host = self._host(topic, partition)
-        if not host.replica.is_leader:
-            raise NotLeader(
-                f"node {self.node_id} is not the leader of {host.group}",
-                leader_hint=host.leader_hint,
-            )
-        return host
-
-    @staticmethod
-    def _timeout_s(timeout_ms: int) -> float:
-        if not 0 <= timeout_ms <= REQUEST_TIMEOUT_MS_MAX:
-            raise InvalidRequest(f"timeout_ms must be in [0, {REQUEST_TIMEOUT_MS_MAX}]")
-        return timeout_ms / 1000
-
-    def _produce(self, req: api.ProduceRequest, payload: bytes) -> Awaitable[Any] | None:
-        if req.acks not in (api.ACKS_NONE, api.ACKS_LEADER, api.ACKS_ALL):
-            raise InvalidRequest(f"acks must be 0, 1 or -1 (all), got {req.acks}")
-        timeout_s = self._timeout_s(req.timeout_ms)
-        host = self._leader(req.topic, req.partition)
-        if req.acks == api.ACKS_ALL:
-            host.replica.check_min_insync(host.config.min_insync_replicas)
-        if host.flush_error is not None and host.log.needs_flush:
-            raise host.flush_error
-        self._check_storage_space()
-        if self.archiver is not None:
-            self.archiver.check_produce(host)
-        try:
-            batches = validate_produced(payload, host.batch_rules, wall_ms())
-        except TidelogError as exc:
-            self.counters.inc("tidelog_batches_refused_total", rule=str(exc.details.get("rule")))
-            raise
-        # Appended before any await: pipelined requests on a connection keep their order.
-        try:
-            info = host.replica.propose(batches)
-        except DuplicateSequence as exc:
-            # A replay of batches already in the log: answer as for the original, once the
-            # original is as durable as acks asks (a retry must not learn of success sooner).
-            return self._acknowledge(
-                host,
-                req,
-                int(exc.details["base_offset"]),
-                int(exc.details["last_offset"]),
-                timeout_s,
-                duplicate=True,
-            )
-        self._storage_bytes += len(payload)  # between recounts, count what we wrote
-        try:
-            host.process_ready()
-            return self._acknowledge(host, req, info.first_offset, info.last_offset, timeout_s)
-        except TidelogError as exc:  # the batch is in the log already: its fate is unknown
-            raise from_wire({**exc.to_wire(), "appended": True}) from exc
-
-    def _acknowledge(
-        self,
-        host: PartitionHost,
-        req: api.ProduceRequest,
-        base: int,
-        last: int,
-        timeout_s: float,
-        duplicate: bool = False,
-    ) -> Awaitable[Any] | None:
-        if req.acks == api.ACKS_NONE:
-            return None
-        # Registered now, before anything else runs: a leadership lost from here on fails it.
-        pending = host.wait_for_ack(last, req.acks, timeout_s)
-
-        async def acknowledged() -> api.ProduceResponse:
-            try:
-                await pending
-            except TidelogError as exc:
-                # The batch is in this replica's log already: whether it survives is unknown.
-                # (A copy: the same error object may be raised to other requests.)
-                raise from_wire({**exc.to_wire(), "appended": True}) from exc
-            return api.ProduceResponse(
-                base, last, host.log.high_watermark, host.log.log_start_offset, duplicate
-            )
-
-        return acknowledged()
-
-    def _check_storage_space(self) -> None:
-        """storage.max.bytes: refuse writes (not reads, commits or cleaning) when it is passed,
-        as etcd's NOSPACE alarm does; writes resume by themselves once cleaning frees space."""
-        limit = self.config.storage_max_bytes
-        if limit < 0:
-            return
-        now = time.monotonic()
-        if now - self._storage_checked > 0.05:
-            self._storage_bytes = self.stored_bytes()
-            self._storage_checked = now
-        if self._storage_bytes >= limit:
-            if now - self._storage_full_logged > STORAGE_FULL_LOG_EVERY_S:
-                self._storage_full_logged = now
-                event(
-                    log,
-                    logging.WARNING,
-                    "storage_full",
-                    f"node {self.node_id}: produce refused: {self._storage_bytes} bytes stored, "
-                    f"storage.max.bytes is {limit}",
-                    stored_bytes=self._storage_bytes,
-                    limit_bytes=limit,
-                )
-            raise StorageFull(
-                f"node {self.node_id} stores {self._storage_bytes} bytes, storage.max.bytes is {limit}",
-                stored_bytes=self._storage_bytes,
-                limit_bytes=limit,
-            )
-
-    def _check_cursor(self, name: str, topic: str, partition: int) -> None:
-        cursor = self.metadata.cursor(name)
-        if not cursor.live:
-            host = self.hosts.get(f"{topic}/{partition}")
-            raise CursorInvalidated(
-                f"cursor {name!r} was invalidated: {cursor.invalidated}",
-                log_start=host.log.log_start_offset if host is not None else 0,
-                reason=cursor.invalidated,
-                cursor=name,
-            )
-
-    async def _fetch(self, req: api.FetchRequest, payload: bytes) -> Any:
-        if req.max_bytes < 1 or req.min_bytes < 0:
-            raise InvalidRequest("max_bytes must be >= 1 and min_bytes >= 0")
-        if req.cursor:
-            self._check_cursor(req.cursor, req.topic, req.partition)
-        wait_s = self._timeout_s(req.max_wait_ms)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            host = self._host(req.topic, req.partition)
-            replica = host.replica
-            if not replica.is_leader and not req.replica_read:
-                raise NotLeader(
-                    f"node {self.node_id} is not the leader of {host.group}",
-                    leader_hint=host.leader_hint,
-                )
-            hlog = host.log
-            hw = hlog.high_watermark
-            limit = (
-                hlog.log_end_offset
-                if replica.is_leader
-                else max(hlog.log_end_offset, replica.leader_high_watermark)
-            )
-            if (
-                req.offset < hlog.log_start_offset
-                and self.archiver is not None
-                and host.config.remote_storage_enable
-            ):
-                # Below the local log start: the archive serves it, on any replica.
-                max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
-                archived = await self.archiver.read(host, req.offset, max_bytes)
-                if archived:
-                    return self._fetch_answer(host, hw), BytesSlice(archived, req.offset)
-            if req.offset < hlog.log_start_offset or req.offset > limit:
-                start = self.log_start_offset(host)
-                self._refuse_lost_range(host, req.offset, start, hw)
-                raise OffsetOutOfRange(
-                    f"offset {req.offset} is outside [{start}, {limit}] of {host.group}",
-                    log_start=start,
-                    high_watermark=hw,
-                )
-            # A client chooses max_bytes; the node bounds what one answer may hold in memory.
-            max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
-            records = hlog.read(req.offset, max_bytes, hw) if req.offset < hw else None
-            remaining = deadline - loop.time()
-            if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
-                return self._fetch_answer(host, hw), records
-            await host.wait_for_change(remaining)
-
-    def _refuse_lost_range(self, host: PartitionHost, offset: int, start: int, hw: int) -> None:
-        """A read of what the archive's store lost is refused by name (ArchiveLost), never
-        passed off as retention's doing."""
-        if self.archiver is None or not host.config.remote_storage_enable:
-            return
-        lost = self.archiver.lost_range(host, offset)
-        if lost is None:
-            return
-        if self._lost_read_logged.get(host.group, -1e9) < time.monotonic() - 10:
-            self._lost_read_logged[host.group] = time.monotonic()
-            log.warning(
-                "%s: a reader asked for offset %d, in [%d, %d), which the archive %s lost",
-                host.group,
-                offset,
-                *lost,
-                self.archiver.url,
-            )
-        raise ArchiveLost(
-            f"offset {offset} of {host.group} is in [{lost[0]}, {lost[1]}), which the archive "
-            f"{self.archiver.url} lost; the log now starts at {start}",
-            log_start=start,
-            high_watermark=hw,
-            lost_start=lost[0],
-            lost_end=lost[1],
-        )
-
-    def _fetch_answer(self, host: PartitionHost, hw: int) -> api.FetchResponse:
-        return api.FetchResponse(
-            hw,
-            self.log_start_offset(host),
-            host.log.log_end_offset,
-            host.replica.epoch,
-            self.node_id,
-            host.replica.is_leader,
-            host.log.log_start_offset,
-        )
-
-    def log_start_offset(self, host: PartitionHost) -> int:
-        """The whole log's first offset: the archive's when it holds what is below the local
-        log start, else the local log start."""
-        if self.archiver is None or not host.config.remote_storage_enable:
-            return host.log.log_start_offset
-        return self.archiver.log_start_offset(host)
-
-    def _list_offsets(self, req: api.ListOffsetsRequest, payload: bytes) -> api.ListOffsetsResponse:
-        host = self._host(req.topic, req.partition)
-        if not host.replica.is_leader and not req.replica_read:
-            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
-        hlog = host.log
-        hw = hlog.high_watermark
-        start = self.log_start_offset(host)
-        if req.spec == "earliest":
-            offset = start
-        elif req.spec == "earliest-local":
-            offset = hlog.log_start_offset
-        elif req.spec == "latest":
-            offset = hw
-        elif req.spec == "timestamp":
-            found = hlog.offset_for_timestamp(req.timestamp_ms)
-            offset = hw if found is None or found >= hw else found
-        else:
-            raise InvalidRequest(
-                f"spec must be earliest, earliest-local, latest or timestamp, not {req.spec!r}"
-            )
-        return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
-
-    def forget_metadata_answer(self, topic: str) -> None:
-        """The topic changed (or was deleted), or a replica of it left this node: its cached
-        answer is built again when next asked."""
-        self._metadata_cache.pop(topic, None)
-
-    def _leader_known(self, host: PartitionHost) -> None:
-        entry = self._metadata_cache.get(host.topic)
-        if entry is not None and host.partition < len(entry["leaders"]):
-            # In place. An answer still waiting in its connection (behind an earlier request's)
-            # goes out with the newer leader: leaders are hints, and a newer one is better.
-            entry["leaders"][host.partition] = host.replica.leader_id
-            entry["leader_epochs"][host.partition] = host.replica.epoch
-
-    def _metadata(self, req: api.MetadataRequest, payload: bytes) -> api.MetadataResponse:
-        if req.leader_only:
-            self.metadata_log.require_leader()
-        names = req.topics if req.topics is not None else sorted(self.metadata.topics)
-        topics: list[dict[str, Any]] = []
-        for name in names:
-            meta = self.metadata.topics.get(name)
-            if meta is None:
-                behind = self.metadata_behind()
-                if behind:
-                    # It may exist: this node does not know all that is committed. Retriable,
-                    # and the client asks another node (a node back from a lost disk said
-                    # "unknown topic" for one that existed while it caught up).
-                    raise NotLeader(
-                        f"node {self.node_id} does not know topic {name!r} yet: {behind}",
-                        leader_hint=self.metadata_host.leader_hint,
-                    )
-                topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
-                continue
-            entry = self._metadata_cache.get(name)
-            if entry is None:
-                entry = meta.to_wire()
-                del entry["initial_assignments"]  # the metadata log's own business
-                # Two lists of numbers, not a dict per partition: a 10,000-partition answer is
-                # a third of the bytes and a quarter of the time to encode and decode.
-                known = [self._known_leader(name, p) for p in range(meta.partitions)]
-                entry["leaders"] = [leader for leader, _ in known]
-                entry["leader_epochs"] = [epoch for _, epoch in known]
-                self._metadata_cache[name] = entry
-            topics.append(entry)
-        nodes = [
-            {"node_id": n, "host": e.host, "port": e.port}
-            for n, e in sorted(self.registry.nodes().items())
-        ]
-        return api.MetadataResponse(
-            self.node_id, self.metadata_host.replica.leader_id, nodes, topics
-        )
-
-    def _known_leader(self, topic: str, partition: int) -> tuple[int, int]:
-        """(leader, epoch) as this node's replica knows them; (-1, -1) without one."""
-        host = self.hosts.get(f"{topic}/{partition}")
-        if host is None:
-            return -1, -1
-        return host.replica.leader_id, host.replica.epoch
 
     # -- the cluster's nodes (node/registry.py) --------------------------------------------------
 
@@ -1067,7 +638,7 @@ class NodeCore:
         for _, host in chosen[:limit]:
             lwm = self.cleaner.cached_low_watermark(host)
             archive = self.archiver.status(host) if self.archiver is not None else None
-            start = self.log_start_offset(host)
+            start = self.data.log_start_offset(host)
             partitions.append(host.status(lwm, start, archive).to_wire())
         mh = self.metadata_host
         metadata = {
@@ -1092,176 +663,6 @@ class NodeCore:
             **self.describe_listeners(),
         }
         return api.StatusResponse(self.node_id, partitions, metadata, node, len(chosen) > limit)
-
-    async def _cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
-        if req.op in ("list", "describe"):
-            names = [req.name] if req.op == "describe" else sorted(self.metadata.cursors)
-            listed = [self.metadata.cursor(n).to_wire() for n in names]
-            if req.op == "list" and self.access.enforced:
-                # Names are open (as Kafka's group names are to DESCRIBE); positions follow
-                # read on the topic, as describe's do.
-                asking = Principal(req.owner, Listener.CLIENT)
-                for wire in listed:
-                    topic = Resource.topic(str(wire["topic"]))
-                    if not self.access.allows(asking, Operation.READ, topic):
-                        wire["positions"] = {}
-                        wire["positions_hidden"] = True
-            return api.CursorResponse(listed)
-        if not CURSOR_NAME.fullmatch(req.name):
-            raise InvalidRequest(f"invalid cursor name {req.name!r}")
-        if req.op == "create":
-            return await self._create_cursor(req)
-        cursor = self.metadata.cursor(req.name)
-        if req.op == "commit":
-            self._check_cursor(req.name, cursor.topic, 0)
-            meta = self.metadata.topic(cursor.topic)
-            positions = {int(p): o for p, o in req.positions.items()}
-            for p, offset in positions.items():
-                if not 0 <= p < meta.partitions or offset < 0:
-                    raise InvalidRequest(
-                        f"cursor {req.name!r}: no partition {p} or bad offset {offset}"
-                    )
-            command: dict[str, Any] = {
-                "type": "commit_cursor",
-                "name": req.name,
-                "positions": positions,
-            }
-        elif req.op == "delete":
-            command = {"type": "delete_cursor", "name": req.name}
-        elif req.op == "invalidate":
-            command = {
-                "type": "invalidate_cursor",
-                "name": req.name,
-                "reason": req.reason or "by request",
-            }
-        else:
-            raise InvalidRequest(f"unknown cursor op {req.op!r}")
-        command["at_ms"] = wall_ms()
-        await self.propose_metadata(command, 30.0)
-        if req.op == "commit" and not self.metadata.cursor(req.name).live:
-            self._check_cursor(req.name, cursor.topic, 0)  # invalidated meanwhile
-        found = self.metadata.cursors.get(req.name)
-        return api.CursorResponse([found.to_wire()] if found is not None else [])
-
-    async def _create_cursor(self, req: api.CursorRequest) -> api.CursorResponse:
-        existing = self.metadata.cursors.get(req.name)
-        if existing is not None:
-            if req.if_not_exists and existing.topic == req.topic:
-                return api.CursorResponse([existing.to_wire()])
-            raise InvalidRequest(f"cursor {req.name!r} already exists (on topic {existing.topic})")
-        meta = self.metadata.topic(req.topic)
-        positions = {int(p): o for p, o in req.positions.items()}
-        partitions = set(range(meta.partitions))
-        covered = (
-            bool(positions) and set(positions) <= partitions
-            if req.partial
-            else set(positions) == partitions
-        )
-        if not covered or any(o < 0 for o in positions.values()):
-            raise InvalidRequest(
-                f"a cursor on {req.topic!r} needs a position for "
-                + ("some of" if req.partial else "each of")
-                + f" its {meta.partitions} partitions (and none other)"
-            )
-        command = {
-            "type": "create_cursor",
-            "name": req.name,
-            "topic": req.topic,
-            "positions": positions,
-            "backup": req.backup,
-            "owner": req.owner,
-            "at_ms": wall_ms(),
-        }
-        await self.propose_metadata(command, 30.0)
-        return api.CursorResponse([self.metadata.cursor(req.name).to_wire()])
-
-    async def _delete_records(
-        self, req: api.DeleteRecordsRequest, payload: bytes
-    ) -> api.DeleteRecordsResponse:
-        """Kafka's DeleteRecords: move the log start forward (never past the HW). A live cursor
-        that still needs the range stops it, unless force, which invalidates that cursor."""
-        host = self._leader(req.topic, req.partition)
-        hw = host.log.high_watermark
-        target = hw if req.before_offset == -1 else req.before_offset
-        if not 0 <= target <= hw:
-            raise OffsetOutOfRange(
-                f"delete-records before {target}: must be in [0, HW {hw}] (-1 means the HW)",
-                log_start=host.log.log_start_offset,
-                high_watermark=hw,
-            )
-        in_the_way = [
-            c
-            for c in self.metadata.cursors.values()
-            if c.live
-            and c.topic == req.topic
-            and c.positions.get(req.partition, target) < target
-            and host.config.cursors_hold
-        ]
-        if in_the_way and not req.force:
-            names = ", ".join(f"{c.name} at {c.positions[req.partition]}" for c in in_the_way)
-            raise InvalidRequest(
-                f"live cursors still need offsets below {target}: {names}; "
-                "use --force to invalidate them",
-                cursors=[c.name for c in in_the_way],
-            )
-        for cursor in in_the_way:
-            reason = f"delete-records --force before offset {target} on {host.group}"
-            event(
-                log,
-                logging.WARNING,
-                "cursor_invalidated",
-                f"cursor {cursor.name} invalidated: {reason}",
-                cursor=cursor.name,
-                reason=reason,
-            )
-            await self.propose_metadata(
-                {
-                    "type": "invalidate_cursor",
-                    "name": cursor.name,
-                    "reason": reason,
-                    "at_ms": wall_ms(),
-                },
-                30.0,
-            )
-        host = self._leader(req.topic, req.partition)
-        host.replica.advance_log_start(target)
-        host.process_ready()
-        self.cleaner.delete_below_log_start(host)
-        log.info(
-            "%s: delete-records moved the log start to %d", host.group, host.log.log_start_offset
-        )
-        return api.DeleteRecordsResponse(host.log.log_start_offset, [c.name for c in in_the_way])
-
-    def _table(self, req: api.TableRequest, payload: bytes) -> api.TableResponse:
-        """A table topic's committed state: get one key or scan, from the applied state machine."""
-        host = self._host(req.topic, req.partition)
-        if not host.replica.is_leader and not req.replica_read:
-            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
-        machine = host.state_machine.machine if host.state_machine is not None else None
-        if not isinstance(machine, TableMachine):
-            raise InvalidRequest(
-                f"topic {req.topic!r} is not a table (create it with --kind table)"
-            )
-        try:
-            key = base64.b64decode(req.key, validate=True)
-            after = base64.b64decode(req.after, validate=True) if req.after else None
-        except ValueError as exc:
-            raise InvalidRequest(f"table keys travel base64-encoded: {exc}") from exc
-        state = machine.state
-        if req.op == "get":
-            value = state.get(key)
-            entries = [[req.key, base64.b64encode(value).decode()]] if value is not None else []
-        elif req.op == "scan":
-            limit = max(1, min(req.limit, 100_000))
-            entries = [
-                [base64.b64encode(k).decode(), base64.b64encode(v).decode()]
-                for k, v in state.scan(after, limit)
-            ]
-        else:
-            raise InvalidRequest(f"table op must be get or scan, not {req.op!r}")
-        return api.TableResponse(
-            entries, bool(entries), state.applied_offset, host.log.high_watermark
-        )
 
     def _api_versions(self, req: api.ApiVersionsRequest, payload: bytes) -> api.ApiVersionsResponse:
         return api.ApiVersionsResponse(

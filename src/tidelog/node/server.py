@@ -205,7 +205,7 @@ class Node:
             agreed = await agree_cluster_id(config)
         self.identity = load_or_format(data, self.node_id, config.cluster_id, agreed)
         self.core.identity = self.identity
-        self.core.load_peer_directories()
+        self.core.directories.load(self.identity.initial_directories)
         if self.identity.formatted:
             log.info(
                 "node %d: formatted %s (cluster %s, directory %s)",

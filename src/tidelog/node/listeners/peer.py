@@ -116,7 +116,7 @@ class PeerConnection(FrameConnection):
         self.peer_id = peer_id
         directory = self.handshake.dialer_directory
         self.principal = Principal.peer(peer_id, self.address, directory)
-        self.core.peer_directory_seen(peer_id, directory)
+        self.core.directories.seen(peer_id, directory)
         self.decoder.frame_bytes_max = self.listener.limits.frame_bytes_max
         if not isinstance(self.listener, PeerListener):
             raise InvariantBroken("isinstance(self.listener, PeerListener)")

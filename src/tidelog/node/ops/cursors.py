@@ -1,0 +1,165 @@
+"""Cursors (durable consumer positions that hold the log, as Kafka's committed offsets do):
+create, commit, list, describe and delete through the metadata log, each as its principal may
+(positions follow DESCRIBE on the cursor; changing another's needs its READ or cluster admin)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tidelog.acls import Resource
+from tidelog.errors import (
+    InvalidRequest,
+    NotAuthorized,
+)
+from tidelog.node.access import Access, Listener, Operation, Principal
+from tidelog.node.cleaner import wall_ms
+from tidelog.node.metadata_log import MetadataLog
+from tidelog.protocol import api
+from tidelog.replication.metadata import (
+    CURSOR_NAME,
+    MetadataState,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CursorOps:
+    def __init__(
+        self,
+        metadata_log: MetadataLog,
+        access: Access,
+        check_cursor: Callable[[str, str, int], None],
+    ) -> None:
+        self.metadata_log = metadata_log
+        self.access = access
+        self._check_cursor = check_cursor  # a position a cursor may take (DataOps.check_cursor)
+
+    @property
+    def metadata(self) -> MetadataState:
+        return self.metadata_log.state
+
+    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
+        return await self.metadata_log.propose(command, timeout_s)
+
+    def as_principal(self, principal: Principal, req: api.CursorRequest) -> api.CursorRequest:
+        """What a cursor request may do beyond its topic's read permission (checked already):
+        a cursor is its creator's; changing another's (commit, so rewind; delete; invalidate)
+        needs read on the group of its name (Kafka's group ACL) or cluster admin, and a list
+        shows positions only on topics one may read (describe already needs that)."""
+        if req.op == "list":
+            return dataclasses.replace(req, owner=principal.name)
+        if req.op == "create":
+            return dataclasses.replace(req, owner=principal.name)
+        cursor = self.metadata.cursors.get(req.name)
+        if cursor is None or not self.access.enforced or cursor.owner in ("", principal.name):
+            return req
+        group = cursor.name.split(":", 1)[0]  # a Kafka group's cursors: GROUP:TOPIC
+        if req.op == "describe" or any(
+            self.access.allows(principal, Operation.GROUP, Resource.group(name))
+            for name in {cursor.name, group}
+        ):
+            return req
+        if self.access.is_cluster_admin(principal):
+            return req
+        self.access.denied += 1
+        raise NotAuthorized(
+            f"{principal.name} may not {req.op} cursor {cursor.name!r}: {cursor.owner} created "
+            f"it (grant read on group {group!r} to share it)",
+            principal=principal.name,
+            operation=Operation.GROUP.value,
+            resource="group",
+            resource_name=group,
+        )
+
+    def scope(self, req: api.CursorRequest) -> tuple[Operation, Resource, str]:
+        """Cursors are read on their topic: to create, commit, describe, delete or invalidate
+        one needs read on the topic it follows (as a Kafka group's offsets need read)."""
+        if req.op == "list":
+            return Operation.DESCRIBE, Resource.cluster(), ""
+        topic = req.topic if req.op == "create" else self.metadata.cursor(req.name).topic
+        return Operation.READ, Resource.topic(topic), ""
+
+    async def cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
+        if req.op in ("list", "describe"):
+            names = [req.name] if req.op == "describe" else sorted(self.metadata.cursors)
+            listed = [self.metadata.cursor(n).to_wire() for n in names]
+            if req.op == "list" and self.access.enforced:
+                # Names are open (as Kafka's group names are to DESCRIBE); positions follow
+                # read on the topic, as describe's do.
+                asking = Principal(req.owner, Listener.CLIENT)
+                for wire in listed:
+                    topic = Resource.topic(str(wire["topic"]))
+                    if not self.access.allows(asking, Operation.READ, topic):
+                        wire["positions"] = {}
+                        wire["positions_hidden"] = True
+            return api.CursorResponse(listed)
+        if not CURSOR_NAME.fullmatch(req.name):
+            raise InvalidRequest(f"invalid cursor name {req.name!r}")
+        if req.op == "create":
+            return await self.create_cursor(req)
+        cursor = self.metadata.cursor(req.name)
+        if req.op == "commit":
+            self._check_cursor(req.name, cursor.topic, 0)
+            meta = self.metadata.topic(cursor.topic)
+            positions = {int(p): o for p, o in req.positions.items()}
+            for p, offset in positions.items():
+                if not 0 <= p < meta.partitions or offset < 0:
+                    raise InvalidRequest(
+                        f"cursor {req.name!r}: no partition {p} or bad offset {offset}"
+                    )
+            command: dict[str, Any] = {
+                "type": "commit_cursor",
+                "name": req.name,
+                "positions": positions,
+            }
+        elif req.op == "delete":
+            command = {"type": "delete_cursor", "name": req.name}
+        elif req.op == "invalidate":
+            command = {
+                "type": "invalidate_cursor",
+                "name": req.name,
+                "reason": req.reason or "by request",
+            }
+        else:
+            raise InvalidRequest(f"unknown cursor op {req.op!r}")
+        command["at_ms"] = wall_ms()
+        await self.propose_metadata(command, 30.0)
+        if req.op == "commit" and not self.metadata.cursor(req.name).live:
+            self._check_cursor(req.name, cursor.topic, 0)  # invalidated meanwhile
+        found = self.metadata.cursors.get(req.name)
+        return api.CursorResponse([found.to_wire()] if found is not None else [])
+
+    async def create_cursor(self, req: api.CursorRequest) -> api.CursorResponse:
+        existing = self.metadata.cursors.get(req.name)
+        if existing is not None:
+            if req.if_not_exists and existing.topic == req.topic:
+                return api.CursorResponse([existing.to_wire()])
+            raise InvalidRequest(f"cursor {req.name!r} already exists (on topic {existing.topic})")
+        meta = self.metadata.topic(req.topic)
+        positions = {int(p): o for p, o in req.positions.items()}
+        partitions = set(range(meta.partitions))
+        covered = (
+            bool(positions) and set(positions) <= partitions
+            if req.partial
+            else set(positions) == partitions
+        )
+        if not covered or any(o < 0 for o in positions.values()):
+            raise InvalidRequest(
+                f"a cursor on {req.topic!r} needs a position for "
+                + ("some of" if req.partial else "each of")
+                + f" its {meta.partitions} partitions (and none other)"
+            )
+        command = {
+            "type": "create_cursor",
+            "name": req.name,
+            "topic": req.topic,
+            "positions": positions,
+            "backup": req.backup,
+            "owner": req.owner,
+            "at_ms": wall_ms(),
+        }
+        await self.propose_metadata(command, 30.0)
+        return api.CursorResponse([self.metadata.cursor(req.name).to_wire()])

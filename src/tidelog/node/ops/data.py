@@ -1,0 +1,420 @@
+"""Records in and out of the partitions this node hosts: produce (acknowledged by the acks
+registry once the HW passes it), fetch (below the HW, or from the archive below the local log
+start), list offsets, delete records, and table reads."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tidelog.errors import (
+    ArchiveLost,
+    CursorInvalidated,
+    DuplicateSequence,
+    InvalidRequest,
+    NotLeader,
+    OffsetOutOfRange,
+    StorageFull,
+    TidelogError,
+    UnknownTopicOrPartition,
+    from_wire,
+)
+from tidelog.logs import event
+from tidelog.node.archiver import Archiver
+from tidelog.node.cleaner import Cleaner, wall_ms
+from tidelog.node.config import NodeConfig
+from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.metrics import Counters
+from tidelog.node.partition import PartitionHost
+from tidelog.node.state_machine import TableMachine
+from tidelog.protocol import api
+from tidelog.record.validation import validate_produced
+from tidelog.replication.metadata import (
+    METADATA_TOPIC,
+    MetadataState,
+)
+from tidelog.storage.segment import BytesSlice
+
+log = logging.getLogger(__name__)
+
+STORAGE_FULL_LOG_EVERY_S = 10.0  # a refused produce is logged at most this often
+REQUEST_TIMEOUT_MS_MAX = 300_000
+
+
+class DataOps:
+    def __init__(
+        self,
+        node_id: int,
+        metadata_log: MetadataLog,
+        hosts: dict[str, PartitionHost],
+        cleaner: Cleaner,
+        archiver: Archiver | None,
+        counters: Counters,
+        stored_bytes: Callable[[], int],
+        config: Callable[[], NodeConfig],
+    ) -> None:
+        self.node_id = node_id
+        self.metadata_log = metadata_log
+        self.hosts = hosts  # the node's replica groups (shared)
+        self.cleaner = cleaner
+        self.archiver = archiver
+        self.counters = counters
+        self.stored_bytes = stored_bytes  # every replica's segments on this node
+        self._config = config
+        self._lost_read_logged: dict[str, float] = {}
+        self._storage_bytes = 0
+        self._storage_checked = 0.0
+        self._storage_full_logged = -STORAGE_FULL_LOG_EVERY_S
+
+    @property
+    def config(self) -> NodeConfig:
+        return self._config()
+
+    @property
+    def metadata(self) -> MetadataState:
+        return self.metadata_log.state
+
+    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
+        return await self.metadata_log.propose(command, timeout_s)
+
+    def host(self, topic: str, partition: int) -> PartitionHost:
+        host = self.hosts.get(f"{topic}/{partition}")
+        if host is not None and topic != METADATA_TOPIC:
+            return host
+        meta = self.metadata.topic(topic)
+        if not 0 <= partition < meta.partitions:
+            raise UnknownTopicOrPartition(
+                f"topic {topic!r} has partitions 0..{meta.partitions - 1}, not {partition}",
+                topic=topic,
+                partition=partition,
+            )
+        raise NotLeader(
+            f"node {self.node_id} holds no replica of {topic}/{partition}",
+            leader_hint=meta.assignments[partition][0],
+        )
+
+    def leader(self, topic: str, partition: int) -> PartitionHost:
+        host = self.host(topic, partition)
+        if not host.replica.is_leader:
+            raise NotLeader(
+                f"node {self.node_id} is not the leader of {host.group}",
+                leader_hint=host.leader_hint,
+            )
+        return host
+
+    @staticmethod
+    def timeout_s(timeout_ms: int) -> float:
+        if not 0 <= timeout_ms <= REQUEST_TIMEOUT_MS_MAX:
+            raise InvalidRequest(f"timeout_ms must be in [0, {REQUEST_TIMEOUT_MS_MAX}]")
+        return timeout_ms / 1000
+
+    def produce(self, req: api.ProduceRequest, payload: bytes) -> Awaitable[Any] | None:
+        if req.acks not in (api.ACKS_NONE, api.ACKS_LEADER, api.ACKS_ALL):
+            raise InvalidRequest(f"acks must be 0, 1 or -1 (all), got {req.acks}")
+        timeout_s = self.timeout_s(req.timeout_ms)
+        host = self.leader(req.topic, req.partition)
+        if req.acks == api.ACKS_ALL:
+            host.replica.check_min_insync(host.config.min_insync_replicas)
+        if host.flush_error is not None and host.log.needs_flush:
+            raise host.flush_error
+        self.check_storage_space()
+        if self.archiver is not None:
+            self.archiver.check_produce(host)
+        try:
+            batches = validate_produced(payload, host.batch_rules, wall_ms())
+        except TidelogError as exc:
+            self.counters.inc("tidelog_batches_refused_total", rule=str(exc.details.get("rule")))
+            raise
+        # Appended before any await: pipelined requests on a connection keep their order.
+        try:
+            info = host.replica.propose(batches)
+        except DuplicateSequence as exc:
+            # A replay of batches already in the log: answer as for the original, once the
+            # original is as durable as acks asks (a retry must not learn of success sooner).
+            return self.acknowledge(
+                host,
+                req,
+                int(exc.details["base_offset"]),
+                int(exc.details["last_offset"]),
+                timeout_s,
+                duplicate=True,
+            )
+        self._storage_bytes += len(payload)  # between recounts, count what we wrote
+        try:
+            host.process_ready()
+            return self.acknowledge(host, req, info.first_offset, info.last_offset, timeout_s)
+        except TidelogError as exc:  # the batch is in the log already: its fate is unknown
+            raise from_wire({**exc.to_wire(), "appended": True}) from exc
+
+    def acknowledge(
+        self,
+        host: PartitionHost,
+        req: api.ProduceRequest,
+        base: int,
+        last: int,
+        timeout_s: float,
+        duplicate: bool = False,
+    ) -> Awaitable[Any] | None:
+        if req.acks == api.ACKS_NONE:
+            return None
+        # Registered now, before anything else runs: a leadership lost from here on fails it.
+        pending = host.wait_for_ack(last, req.acks, timeout_s)
+
+        async def acknowledged() -> api.ProduceResponse:
+            try:
+                await pending
+            except TidelogError as exc:
+                # The batch is in this replica's log already: whether it survives is unknown.
+                # (A copy: the same error object may be raised to other requests.)
+                raise from_wire({**exc.to_wire(), "appended": True}) from exc
+            return api.ProduceResponse(
+                base, last, host.log.high_watermark, host.log.log_start_offset, duplicate
+            )
+
+        return acknowledged()
+
+    def check_storage_space(self) -> None:
+        """storage.max.bytes: refuse writes (not reads, commits or cleaning) when it is passed,
+        as etcd's NOSPACE alarm does; writes resume by themselves once cleaning frees space."""
+        limit = self.config.storage_max_bytes
+        if limit < 0:
+            return
+        now = time.monotonic()
+        if now - self._storage_checked > 0.05:
+            self._storage_bytes = self.stored_bytes()
+            self._storage_checked = now
+        if self._storage_bytes >= limit:
+            if now - self._storage_full_logged > STORAGE_FULL_LOG_EVERY_S:
+                self._storage_full_logged = now
+                event(
+                    log,
+                    logging.WARNING,
+                    "storage_full",
+                    f"node {self.node_id}: produce refused: {self._storage_bytes} bytes stored, "
+                    f"storage.max.bytes is {limit}",
+                    stored_bytes=self._storage_bytes,
+                    limit_bytes=limit,
+                )
+            raise StorageFull(
+                f"node {self.node_id} stores {self._storage_bytes} bytes, storage.max.bytes is {limit}",
+                stored_bytes=self._storage_bytes,
+                limit_bytes=limit,
+            )
+
+    def check_cursor(self, name: str, topic: str, partition: int) -> None:
+        cursor = self.metadata.cursor(name)
+        if not cursor.live:
+            host = self.hosts.get(f"{topic}/{partition}")
+            raise CursorInvalidated(
+                f"cursor {name!r} was invalidated: {cursor.invalidated}",
+                log_start=host.log.log_start_offset if host is not None else 0,
+                reason=cursor.invalidated,
+                cursor=name,
+            )
+
+    async def fetch(self, req: api.FetchRequest, payload: bytes) -> Any:
+        if req.max_bytes < 1 or req.min_bytes < 0:
+            raise InvalidRequest("max_bytes must be >= 1 and min_bytes >= 0")
+        if req.cursor:
+            self.check_cursor(req.cursor, req.topic, req.partition)
+        wait_s = self.timeout_s(req.max_wait_ms)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            host = self.host(req.topic, req.partition)
+            replica = host.replica
+            if not replica.is_leader and not req.replica_read:
+                raise NotLeader(
+                    f"node {self.node_id} is not the leader of {host.group}",
+                    leader_hint=host.leader_hint,
+                )
+            hlog = host.log
+            hw = hlog.high_watermark
+            limit = (
+                hlog.log_end_offset
+                if replica.is_leader
+                else max(hlog.log_end_offset, replica.leader_high_watermark)
+            )
+            if (
+                req.offset < hlog.log_start_offset
+                and self.archiver is not None
+                and host.config.remote_storage_enable
+            ):
+                # Below the local log start: the archive serves it, on any replica.
+                max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
+                archived = await self.archiver.read(host, req.offset, max_bytes)
+                if archived:
+                    return self.fetch_answer(host, hw), BytesSlice(archived, req.offset)
+            if req.offset < hlog.log_start_offset or req.offset > limit:
+                start = self.log_start_offset(host)
+                self.refuse_lost_range(host, req.offset, start, hw)
+                raise OffsetOutOfRange(
+                    f"offset {req.offset} is outside [{start}, {limit}] of {host.group}",
+                    log_start=start,
+                    high_watermark=hw,
+                )
+            # A client chooses max_bytes; the node bounds what one answer may hold in memory.
+            max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
+            records = hlog.read(req.offset, max_bytes, hw) if req.offset < hw else None
+            remaining = deadline - loop.time()
+            if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
+                return self.fetch_answer(host, hw), records
+            await host.wait_for_change(remaining)
+
+    def refuse_lost_range(self, host: PartitionHost, offset: int, start: int, hw: int) -> None:
+        """A read of what the archive's store lost is refused by name (ArchiveLost), never
+        passed off as retention's doing."""
+        if self.archiver is None or not host.config.remote_storage_enable:
+            return
+        lost = self.archiver.lost_range(host, offset)
+        if lost is None:
+            return
+        if self._lost_read_logged.get(host.group, -1e9) < time.monotonic() - 10:
+            self._lost_read_logged[host.group] = time.monotonic()
+            log.warning(
+                "%s: a reader asked for offset %d, in [%d, %d), which the archive %s lost",
+                host.group,
+                offset,
+                *lost,
+                self.archiver.url,
+            )
+        raise ArchiveLost(
+            f"offset {offset} of {host.group} is in [{lost[0]}, {lost[1]}), which the archive "
+            f"{self.archiver.url} lost; the log now starts at {start}",
+            log_start=start,
+            high_watermark=hw,
+            lost_start=lost[0],
+            lost_end=lost[1],
+        )
+
+    def fetch_answer(self, host: PartitionHost, hw: int) -> api.FetchResponse:
+        return api.FetchResponse(
+            hw,
+            self.log_start_offset(host),
+            host.log.log_end_offset,
+            host.replica.epoch,
+            self.node_id,
+            host.replica.is_leader,
+            host.log.log_start_offset,
+        )
+
+    def log_start_offset(self, host: PartitionHost) -> int:
+        """The whole log's first offset: the archive's when it holds what is below the local
+        log start, else the local log start."""
+        if self.archiver is None or not host.config.remote_storage_enable:
+            return host.log.log_start_offset
+        return self.archiver.log_start_offset(host)
+
+    def list_offsets(self, req: api.ListOffsetsRequest, payload: bytes) -> api.ListOffsetsResponse:
+        host = self.host(req.topic, req.partition)
+        if not host.replica.is_leader and not req.replica_read:
+            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
+        hlog = host.log
+        hw = hlog.high_watermark
+        start = self.log_start_offset(host)
+        if req.spec == "earliest":
+            offset = start
+        elif req.spec == "earliest-local":
+            offset = hlog.log_start_offset
+        elif req.spec == "latest":
+            offset = hw
+        elif req.spec == "timestamp":
+            found = hlog.offset_for_timestamp(req.timestamp_ms)
+            offset = hw if found is None or found >= hw else found
+        else:
+            raise InvalidRequest(
+                f"spec must be earliest, earliest-local, latest or timestamp, not {req.spec!r}"
+            )
+        return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
+
+    async def delete_records(
+        self, req: api.DeleteRecordsRequest, payload: bytes
+    ) -> api.DeleteRecordsResponse:
+        """Kafka's DeleteRecords: move the log start forward (never past the HW). A live cursor
+        that still needs the range stops it, unless force, which invalidates that cursor."""
+        host = self.leader(req.topic, req.partition)
+        hw = host.log.high_watermark
+        target = hw if req.before_offset == -1 else req.before_offset
+        if not 0 <= target <= hw:
+            raise OffsetOutOfRange(
+                f"delete-records before {target}: must be in [0, HW {hw}] (-1 means the HW)",
+                log_start=host.log.log_start_offset,
+                high_watermark=hw,
+            )
+        in_the_way = [
+            c
+            for c in self.metadata.cursors.values()
+            if c.live
+            and c.topic == req.topic
+            and c.positions.get(req.partition, target) < target
+            and host.config.cursors_hold
+        ]
+        if in_the_way and not req.force:
+            names = ", ".join(f"{c.name} at {c.positions[req.partition]}" for c in in_the_way)
+            raise InvalidRequest(
+                f"live cursors still need offsets below {target}: {names}; "
+                "use --force to invalidate them",
+                cursors=[c.name for c in in_the_way],
+            )
+        for cursor in in_the_way:
+            reason = f"delete-records --force before offset {target} on {host.group}"
+            event(
+                log,
+                logging.WARNING,
+                "cursor_invalidated",
+                f"cursor {cursor.name} invalidated: {reason}",
+                cursor=cursor.name,
+                reason=reason,
+            )
+            await self.propose_metadata(
+                {
+                    "type": "invalidate_cursor",
+                    "name": cursor.name,
+                    "reason": reason,
+                    "at_ms": wall_ms(),
+                },
+                30.0,
+            )
+        host = self.leader(req.topic, req.partition)
+        host.replica.advance_log_start(target)
+        host.process_ready()
+        self.cleaner.delete_below_log_start(host)
+        log.info(
+            "%s: delete-records moved the log start to %d", host.group, host.log.log_start_offset
+        )
+        return api.DeleteRecordsResponse(host.log.log_start_offset, [c.name for c in in_the_way])
+
+    def table(self, req: api.TableRequest, payload: bytes) -> api.TableResponse:
+        """A table topic's committed state: get one key or scan, from the applied state machine."""
+        host = self.host(req.topic, req.partition)
+        if not host.replica.is_leader and not req.replica_read:
+            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
+        machine = host.state_machine.machine if host.state_machine is not None else None
+        if not isinstance(machine, TableMachine):
+            raise InvalidRequest(
+                f"topic {req.topic!r} is not a table (create it with --kind table)"
+            )
+        try:
+            key = base64.b64decode(req.key, validate=True)
+            after = base64.b64decode(req.after, validate=True) if req.after else None
+        except ValueError as exc:
+            raise InvalidRequest(f"table keys travel base64-encoded: {exc}") from exc
+        state = machine.state
+        if req.op == "get":
+            value = state.get(key)
+            entries = [[req.key, base64.b64encode(value).decode()]] if value is not None else []
+        elif req.op == "scan":
+            limit = max(1, min(req.limit, 100_000))
+            entries = [
+                [base64.b64encode(k).decode(), base64.b64encode(v).decode()]
+                for k, v in state.scan(after, limit)
+            ]
+        else:
+            raise InvalidRequest(f"table op must be get or scan, not {req.op!r}")
+        return api.TableResponse(
+            entries, bool(entries), state.applied_offset, host.log.high_watermark
+        )
