@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
 # Functions longer than this many lines, and how many may be (a ratchet: lower it as they are
 # split, never raise it). Declarative code belongs in tables.
 FUNCTION_LINES_MAX = 80
-LONG_FUNCTIONS_MAX = 14
+LONG_FUNCTIONS_MAX = 13
 
 
 def module_name(path: Path) -> str:

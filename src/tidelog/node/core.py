@@ -183,9 +183,25 @@ class NodeCore:
             max(1, election_ticks // 4),
             election_ticks,
         )
+        self._make_metadata_helpers(send_to_peer)
+        self.peer_port = -1  # set by the node once its peer channel listens
+        self.kafka_address = ""  # HOST:PORT its Kafka listener advertises, once it listens
+        self._flusher: Flusher | None = None
+        self.quorum_journal: QuorumJournal | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        # A principal renewed or removed: the listeners end its sessions (node/server.py).
+        self.on_principal_changed: Callable[[str], None] = lambda name: None
+        self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
+        # Each peer's data directory, first seen and current (node/peer_directories.py).
+        self.directories = PeerDirectories(lambda: self.config.data_dir, self.counters)
+        self._make_request_handlers()
+        self._handlers = self._handler_table()
+
+    def _make_metadata_helpers(self, send_to_peer: PeerSender) -> None:
+        """The metadata log's side of the node, and the helpers that act on what it says."""
         # The metadata log's first voters: --peers, or for a node that joined a running cluster
         # what its metadata leader said (the Node sets it before start).
-        self.initial_voters = config.voters
+        self.initial_voters = self.config.voters
         self.on_nodes_changed: Callable[[], None] = lambda: None  # the peer channel follows
         self.metadata_machine = MetadataMachine(
             lambda name: self.topics.on_topic_changed(name),
@@ -194,7 +210,7 @@ class NodeCore:
             lambda name: self.on_principal_changed(name),
         )
         self.metadata_log = MetadataLog(
-            config.node_id, self.hosts, self.metadata_machine, send_to_peer, self.background
+            self.config.node_id, self.hosts, self.metadata_machine, send_to_peer, self.background
         )
         self.topics = TopicReplicas(
             self.metadata_log,
@@ -216,7 +232,7 @@ class NodeCore:
             self.counters,
         )
         self.metadata_answers = MetadataAnswers(
-            config.node_id, self.metadata_log, self.registry, self.hosts
+            self.config.node_id, self.metadata_log, self.registry, self.hosts
         )
         self.topic_admin = TopicAdmin(self.metadata_log, self.registry, lambda: self.config)
         self.archiver = (
@@ -225,25 +241,18 @@ class NodeCore:
                 self.hosts,
                 self.counters,
                 lambda: self.identity.cluster_id,
-                config.archive,
-                config.archive_endpoint,
+                self.config.archive,
+                self.config.archive_endpoint,
             )
-            if config.archive
+            if self.config.archive
             else None
         )
         self.cleaner = Cleaner(self.metadata_log, self.hosts, self.archiver)
-        self.peer_port = -1  # set by the node once its peer channel listens
-        self.kafka_address = ""  # HOST:PORT its Kafka listener advertises, once it listens
-        self._flusher: Flusher | None = None
-        self.quorum_journal: QuorumJournal | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        # A principal renewed or removed: the listeners end its sessions (node/server.py).
-        self.on_principal_changed: Callable[[str], None] = lambda name: None
-        self.identity = DirectoryIdentity("", config.node_id, "")  # the Node sets it at start
-        # Each peer's data directory, first seen and current (node/peer_directories.py).
-        self.directories = PeerDirectories(lambda: self.config.data_dir, self.counters)
+
+    def _make_request_handlers(self) -> None:
+        """The request handlers by concern (node/ops/), each given what it uses."""
         self.data = DataOps(
-            config.node_id,
+            self.node_id,
             self.metadata_log,
             self.hosts,
             self.cleaner,
@@ -254,7 +263,7 @@ class NodeCore:
         )
         self.cursor_ops = CursorOps(self.metadata_log, self.access, self.data.check_cursor)
         self.security = Security(
-            config.node_id,
+            self.node_id,
             self.metadata_log,
             self.access,
             LoginGuard(),
@@ -262,7 +271,7 @@ class NodeCore:
             lambda: self.config,
         )
         self.cluster_admin = ClusterAdmin(
-            config.node_id,
+            self.node_id,
             self.metadata_log,
             self.registry,
             self.hosts,
@@ -270,8 +279,10 @@ class NodeCore:
             lambda: self.identity,
             self.directories.current,
         )
-        # request type -> (handler, what it does to which resource)
-        self._handlers: dict[type[Any], tuple[Handler, Scope]] = {
+
+    def _handler_table(self) -> dict[type[Any], tuple[Handler, Scope]]:
+        """Request type -> (its handler, what it does to which resource: for Access)."""
+        return {
             api.ProduceRequest: (self.data.produce, on_topic(Operation.WRITE, "topic")),
             api.FetchRequest: (self.data.fetch, on_topic(Operation.READ, "topic")),
             api.ListOffsetsRequest: (self.data.list_offsets, on_topic(Operation.READ, "topic")),
