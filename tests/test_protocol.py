@@ -24,6 +24,7 @@ from tidelog.protocol.framing import (
 )
 from tidelog.protocol.peer_batch import PeerMessage, decode_peer_batch, encode_peer_batch
 from tidelog.protocol.replication_codec import decode_message, encode_message
+from tidelog.record.slices import BytesSlice
 from tidelog.replication.messages import (
     BeginEpoch,
     FetchRequest,
@@ -33,7 +34,6 @@ from tidelog.replication.messages import (
     VoteRequest,
     VoteResponse,
 )
-from tidelog.storage.segment import BytesSlice
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tidelog.replication.replica import FAULT_QUIESCE_WITHOUT_LIVENESS
+from tidelog.replication.faults import FAULT_QUIESCE_WITHOUT_LIVENESS
 from tidelog.testing.sim import (
     ELECTION_TIMEOUT_TICKS,
     LIVENESS_INTERVAL_TICKS,

@@ -15,8 +15,7 @@ import pytest
 from tidelog.node.state_machine import StateMachineDriver
 from tidelog.replication import driver as driver_module
 from tidelog.replication.driver import PartitionDriver
-from tidelog.replication.low_watermark import LowWatermark, LowWatermarkFacts
-from tidelog.replication.replica import (
+from tidelog.replication.faults import (
     FAULT_ACKS_REGISTERED_LATE,
     FAULT_DISCARD_PAST_SNAPSHOT,
     FAULT_EMPTY_LOG_FORGETS_EPOCH,
@@ -24,6 +23,7 @@ from tidelog.replication.replica import (
     FAULT_TRUNCATE_TO_HW,
     FAULT_UNCOMMITTED_CHANGES,
 )
+from tidelog.replication.low_watermark import LowWatermark, LowWatermarkFacts
 from tidelog.testing.scenario import run_script
 from tidelog.testing.sim import SimParams, Simulation, SimulationFailure, Stats, run_seed
 from tidelog.testing.sweep import draw_start

@@ -7,6 +7,7 @@ from typing import Any
 
 from tidelog.errors import InvalidRequest
 from tidelog.protocol.api import decode, field_names
+from tidelog.record.slices import BytesSlice
 from tidelog.replication.messages import (
     BeginEpoch,
     EpochNotice,
@@ -21,7 +22,6 @@ from tidelog.replication.messages import (
     VoteRequest,
     VoteResponse,
 )
-from tidelog.storage.segment import BytesSlice
 
 _TYPES: dict[str, type[Any]] = {
     cls.__name__: cls

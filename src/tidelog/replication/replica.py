@@ -33,6 +33,7 @@ from typing import Protocol
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.invariant import InvariantBroken, invariant
 from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.record.slices import BytesSlice
 from tidelog.record.validation import ValidatedBatches
 from tidelog.replication.clock import Clock, TickSource
 from tidelog.replication.directories import (
@@ -40,6 +41,16 @@ from tidelog.replication.directories import (
     decode_directories,
     directories_digest,
     encode_directories,
+)
+from tidelog.replication.faults import (
+    FAULT_COMMIT_OLD_EPOCH,
+    FAULT_DISCARD_PAST_SNAPSHOT,
+    FAULT_EMPTY_LOG_FORGETS_EPOCH,
+    FAULT_IGNORE_DIRECTORIES,
+    FAULT_QUIESCE_WITHOUT_LIVENESS,
+    FAULT_TRUNCATE_TO_HW,
+    FAULT_UNCOMMITTED_CHANGES,
+    FAULTS,
 )
 from tidelog.replication.liveness import LivenessView
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
@@ -70,40 +81,13 @@ from tidelog.replication.messages import (
     VoteResponse,
     claimed_sender,
 )
+from tidelog.replication.progress import Progress
 from tidelog.replication.quorum import isr_offset, majority, quorum_offset
 from tidelog.replication.status import ReplicaStatus, ReplicaView
 
 NO_LEADER = -1
 NO_VOTE = -1
 LEADER_CHANGE_CONTROL_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: version 0, type 2
-
-# Deliberately broken rules, used only by tests to prove the simulator's checkers can fail.
-FAULT_COMMIT_OLD_EPOCH = "commit-old-epoch-by-counting"
-FAULT_TRUNCATE_TO_HW = "truncate-to-local-hw-on-follow"
-FAULT_IGNORE_DIRECTORIES = "votes-from-replaced-disks"  # before KIP-853: any directory counts
-FAULT_DISCARD_PAST_SNAPSHOT = "follow-log-start-past-own-snapshot"
-# Membership changes without waiting for the previous one (and the leader's own epoch) to commit.
-FAULT_UNCOMMITTED_CHANGES = "membership-changes-without-waiting"
-# Not the core's: the simulator's producers wait from their first run, released by any HW
-# (before replication/acks.py: the hw.policy=isr loss).
-FAULT_ACKS_REGISTERED_LATE = "acks-registered-late"
-# Quiesced followers trust their leader for good: no liveness heartbeat tells them it died.
-FAULT_QUIESCE_WITHOUT_LIVENESS = "quiesce-without-liveness"
-# A log that holds no entry (its start moved to its end, or it started over at a leader's log
-# start) claims epoch -1 in elections, as before prefix epochs (simulator seeds 402349, 300028).
-FAULT_EMPTY_LOG_FORGETS_EPOCH = "empty-log-forgets-its-epoch"
-FAULTS = frozenset(
-    {
-        FAULT_ACKS_REGISTERED_LATE,
-        FAULT_COMMIT_OLD_EPOCH,
-        FAULT_TRUNCATE_TO_HW,
-        FAULT_IGNORE_DIRECTORIES,
-        FAULT_DISCARD_PAST_SNAPSHOT,
-        FAULT_UNCOMMITTED_CHANGES,
-        FAULT_QUIESCE_WITHOUT_LIVENESS,
-        FAULT_EMPTY_LOG_FORGETS_EPOCH,
-    }
-)
 
 
 class CommittedPrefixBroken(AssertionError):
@@ -114,19 +98,6 @@ class RandomSource(Protocol):
     """The only randomness the core uses: injected (a seeded random.Random in practice)."""
 
     def randint(self, a: int, b: int) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotChunk:
-    data: bytes
-    first_offset: int  # the chunk's position in the snapshot file
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    def read(self) -> bytes:
-        return self.data
 
 
 class Role(enum.Enum):
@@ -172,25 +143,6 @@ class ReplicaConfig:
             "self.fetch_retry_ticks > self.fetch_max_wait_ticks",
         )
         invariant(self.faults <= FAULTS, "self.faults <= FAULTS")
-
-
-@dataclass
-class Progress:
-    """The leader's view of one follower."""
-
-    match_offset: int = 0  # durable on the follower (counts toward the HW)
-    fetch_offset: int = 0  # where the follower reads next (what it still needs from us)
-    last_fetch_tick: int = 0
-    last_caught_up_tick: int = -(10**12)
-    leo_at_last_fetch: int = 0
-    known_hw: int = -1
-    pending: FetchRequest | None = None
-    pending_deadline: int = 0
-    begin_sent_tick: int = 0
-    # Told to stop fetching while nothing happens (see Replica's quiescence): counted as heard
-    # from while the node's liveness says it lives in the same incarnation.
-    quiesced: bool = False
-    incarnation: int = -1
 
 
 @dataclass
@@ -1694,7 +1646,7 @@ class Replica:
         answer(
             snapshot_offset=offset,
             size=size,
-            records=SnapshotChunk(chunk, req.position),
+            records=BytesSlice(chunk, req.position),
             memberships=encode_memberships([self.history.at(offset)]),
             snapshot_epoch=self.log.epochs.epoch_at(offset - 1),
         )

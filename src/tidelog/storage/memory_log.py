@@ -13,12 +13,13 @@ from tidelog.config import TopicConfig
 from tidelog.errors import InvalidRequest, OffsetOutOfRange
 from tidelog.invariant import invariant
 from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.record.slices import BytesSlice
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_as_leader
 from tidelog.storage.epoch_history import EpochHistory
 from tidelog.storage.log import AppendInfo
 from tidelog.storage.producer_state import ProducerState
-from tidelog.storage.segment import BytesSlice, retention_timestamp
+from tidelog.storage.segment import retention_timestamp
 
 
 @dataclass(frozen=True)

@@ -54,21 +54,6 @@ class FileSlice:
         return data
 
 
-@dataclass(frozen=True, slots=True)
-class BytesSlice:
-    """Batches held in memory (the in-memory log, or records that arrived over the wire)."""
-
-    data: bytes
-    first_offset: int
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    def read(self) -> bytes:
-        return self.data
-
-
 def retention_timestamp(max_timestamp: int, last_append_ms: int) -> int:
     """A segment's age for retention.ms and delete.retention.ms: its newest record timestamp,
     but never later than when it was last written, so a record stamped in the future cannot

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from tidelog.replication.replica import FAULTS
+from tidelog.replication.faults import FAULTS
 from tidelog.testing.sim import SimulationFailure, run_seed
 from tidelog.testing.sweep import draw_start, sweep
 

@@ -70,12 +70,12 @@ from tidelog.record.batch import (
 )
 from tidelog.replication.acks import ANY_EPOCH
 from tidelog.replication.driver import PartitionDriver
+from tidelog.replication.faults import FAULT_ACKS_REGISTERED_LATE
 from tidelog.replication.liveness import Heartbeat, Liveness
 from tidelog.replication.low_watermark import CursorFact, LowWatermarkFacts
 from tidelog.replication.membership import decode_memberships
 from tidelog.replication.messages import Message, VoteRequest, VoteResponse
 from tidelog.replication.replica import (
-    FAULT_ACKS_REGISTERED_LATE,
     QuorumState,
     Ready,
     Replica,

@@ -32,12 +32,12 @@ from tidelog.node.metrics import Counters
 from tidelog.node.partition import PartitionHost
 from tidelog.node.state_machine import TableMachine
 from tidelog.protocol import api
+from tidelog.record.slices import BytesSlice
 from tidelog.record.validation import validate_produced
 from tidelog.replication.metadata import (
     METADATA_TOPIC,
     MetadataState,
 )
-from tidelog.storage.segment import BytesSlice
 
 log = logging.getLogger(__name__)
 
