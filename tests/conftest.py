@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 settings.register_profile(
     "ci",
-    max_examples=300,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
