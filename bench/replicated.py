@@ -29,8 +29,8 @@ from common import (
 )
 from tidelog.cli.args import run_loop
 from tidelog.cli.cluster import LocalCluster
-from tidelog.cli.main import merge_status
 from tidelog.client.async_client import AsyncClient
+from tidelog.cluster_status import merge_status
 from tidelog.errors import TidelogError
 
 
