@@ -17,11 +17,11 @@ from tidelog.errors import (
 )
 from tidelog.node.archiver import Archiver
 from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.ops.base import MetadataOps
 from tidelog.node.partition import PartitionHost
 from tidelog.node.registry import NodeRegistry
 from tidelog.protocol import api
 from tidelog.replication.metadata import (
-    MetadataState,
     NodeEntry,
     node_conflict,
     plan_drain,
@@ -33,7 +33,7 @@ from tidelog.storage.identity import DirectoryIdentity
 log = logging.getLogger(__name__)
 
 
-class ClusterAdmin:
+class ClusterAdmin(MetadataOps):
     def __init__(
         self,
         node_id: int,
@@ -55,17 +55,6 @@ class ClusterAdmin:
     @property
     def identity(self) -> DirectoryIdentity:
         return self._identity()
-
-    @property
-    def metadata(self) -> MetadataState:
-        return self.metadata_log.state
-
-    @property
-    def metadata_host(self) -> PartitionHost:
-        return self.metadata_log.host
-
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
-        return await self.metadata_log.propose(command, timeout_s)
 
     def describe_cluster(
         self, req: api.DescribeClusterRequest, payload: bytes

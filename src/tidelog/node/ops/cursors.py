@@ -17,16 +17,16 @@ from tidelog.errors import (
 from tidelog.node.access import Access, Listener, Operation, Principal
 from tidelog.node.cleaner import wall_ms
 from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.ops.base import MetadataOps
 from tidelog.protocol import api
 from tidelog.replication.metadata import (
     CURSOR_NAME,
-    MetadataState,
 )
 
 log = logging.getLogger(__name__)
 
 
-class CursorOps:
+class CursorOps(MetadataOps):
     def __init__(
         self,
         metadata_log: MetadataLog,
@@ -36,13 +36,6 @@ class CursorOps:
         self.metadata_log = metadata_log
         self.access = access
         self._check_cursor = check_cursor  # a position a cursor may take (DataOps.check_cursor)
-
-    @property
-    def metadata(self) -> MetadataState:
-        return self.metadata_log.state
-
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
-        return await self.metadata_log.propose(command, timeout_s)
 
     def as_principal(self, principal: Principal, req: api.CursorRequest) -> api.CursorRequest:
         """What a cursor request may do beyond its topic's read permission (checked already):

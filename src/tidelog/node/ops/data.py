@@ -29,6 +29,7 @@ from tidelog.node.cleaner import Cleaner, wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.metrics import Counters
+from tidelog.node.ops.base import ConfiguredOps
 from tidelog.node.partition import PartitionHost
 from tidelog.node.state_machine import TableMachine
 from tidelog.protocol import api
@@ -36,7 +37,6 @@ from tidelog.record.slices import BytesSlice
 from tidelog.record.validation import validate_produced
 from tidelog.replication.metadata import (
     METADATA_TOPIC,
-    MetadataState,
 )
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ STORAGE_FULL_LOG_EVERY_S = 10.0  # a refused produce is logged at most this ofte
 REQUEST_TIMEOUT_MS_MAX = 300_000
 
 
-class DataOps:
+class DataOps(ConfiguredOps):
     def __init__(
         self,
         node_id: int,
@@ -69,17 +69,6 @@ class DataOps:
         self._storage_bytes = 0
         self._storage_checked = 0.0
         self._storage_full_logged = -STORAGE_FULL_LOG_EVERY_S
-
-    @property
-    def config(self) -> NodeConfig:
-        return self._config()
-
-    @property
-    def metadata(self) -> MetadataState:
-        return self.metadata_log.state
-
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
-        return await self.metadata_log.propose(command, timeout_s)
 
     def host(self, topic: str, partition: int) -> PartitionHost:
         host = self.hosts.get(f"{topic}/{partition}")

@@ -12,17 +12,15 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
 )
 from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.ops.base import MetadataOps
 from tidelog.node.partition import PartitionHost
 from tidelog.node.registry import NodeRegistry
 from tidelog.protocol import api
-from tidelog.replication.metadata import (
-    MetadataState,
-)
 
 log = logging.getLogger(__name__)
 
 
-class MetadataAnswers:
+class MetadataAnswers(MetadataOps):
     def __init__(
         self,
         node_id: int,
@@ -35,14 +33,6 @@ class MetadataAnswers:
         self.registry = registry
         self.hosts = hosts  # the node's replica groups (shared)
         self._metadata_cache: dict[str, dict[str, Any]] = {}  # by topic
-
-    @property
-    def metadata(self) -> MetadataState:
-        return self.metadata_log.state
-
-    @property
-    def metadata_host(self) -> PartitionHost:
-        return self.metadata_log.host
 
     def metadata_behind(self) -> str:
         return self.metadata_log.behind()

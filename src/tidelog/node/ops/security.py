@@ -25,7 +25,7 @@ from tidelog.node.cleaner import wall_ms
 from tidelog.node.config import NodeConfig
 from tidelog.node.login_guard import LoginGuard
 from tidelog.node.metadata_log import MetadataLog
-from tidelog.node.partition import PartitionHost
+from tidelog.node.ops.base import ConfiguredOps
 from tidelog.node.quotas import (
     check_limits,
 )
@@ -33,7 +33,6 @@ from tidelog.principals import check, check_hash, check_name, hash_secret, token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import (
-    MetadataState,
     acl_key,
 )
 from tidelog.scram import check_credentials
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 AUTHENTICATE_WAIT_S = 5.0  # how long a token check waits for a metadata leader to decide
 
 
-class Security:
+class Security(ConfiguredOps):
     def __init__(
         self,
         node_id: int,
@@ -62,21 +61,6 @@ class Security:
         self._acls_seen: tuple[object, int] | None = None
         self._acl_list: list[Acl] = []
         self._admin_hash: str | None = None  # of the admin token's secret, made at first use
-
-    @property
-    def config(self) -> NodeConfig:
-        return self._config()
-
-    @property
-    def metadata(self) -> MetadataState:
-        return self.metadata_log.state
-
-    @property
-    def metadata_host(self) -> PartitionHost:
-        return self.metadata_log.host
-
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
-        return await self.metadata_log.propose(command, timeout_s)
 
     async def principals(
         self, req: api.PrincipalsRequest, payload: bytes

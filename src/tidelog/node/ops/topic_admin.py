@@ -19,10 +19,10 @@ from tidelog.errors import (
 )
 from tidelog.node.config import NodeConfig
 from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.ops.base import ConfiguredOps
 from tidelog.node.registry import NodeRegistry
 from tidelog.protocol import api
 from tidelog.replication.metadata import (
-    MetadataState,
     TopicMeta,
     assign_replicas,
     default_replication_factor,
@@ -37,7 +37,7 @@ from tidelog.replication.metadata import (
 log = logging.getLogger(__name__)
 
 
-class TopicAdmin:
+class TopicAdmin(ConfiguredOps):
     def __init__(
         self,
         metadata_log: MetadataLog,
@@ -47,17 +47,6 @@ class TopicAdmin:
         self.metadata_log = metadata_log
         self.registry = registry
         self._config = config
-
-    @property
-    def config(self) -> NodeConfig:
-        return self._config()
-
-    @property
-    def metadata(self) -> MetadataState:
-        return self.metadata_log.state
-
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
-        return await self.metadata_log.propose(command, timeout_s)
 
     async def create_topic(
         self, req: api.CreateTopicRequest, payload: bytes
