@@ -44,7 +44,7 @@ from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
 from tidelog.node.login_guard import LoginGuard
-from tidelog.node.metadata_log import MetadataLog, PeerSender
+from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.metrics import Counters, Histograms, RequestMetrics
 from tidelog.node.ops.cluster_admin import ClusterAdmin
 from tidelog.node.ops.cursors import CursorOps
@@ -66,6 +66,7 @@ from tidelog.node.registry import NodeRegistry
 from tidelog.node.replica_groups import ReplicaGroups
 from tidelog.node.state_machine import Machine, MetadataMachine
 from tidelog.node.topics import TopicReplicas
+from tidelog.node.transport import PeerSender
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.peer_batch import decode_peer_batch

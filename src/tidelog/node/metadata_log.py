@@ -12,22 +12,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from tidelog.errors import NotLeader, TidelogError
 from tidelog.node.background import BackgroundTasks
 from tidelog.node.partition import PartitionHost
 from tidelog.node.state_machine import MetadataMachine
+from tidelog.node.transport import PeerSender
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.replication.metadata import METADATA_GROUP, MetadataState
 
 log = logging.getLogger(__name__)
-
-# How a node reaches another over the peer channel: (node, api key, header, payload).
-PeerSender = Callable[[int, ApiKey, dict[str, Any], Any], None]
 
 
 class MetadataLog:

@@ -13,9 +13,9 @@ from typing import Any
 
 from tidelog.errors import InvalidRequest
 from tidelog.logs import event
-from tidelog.node.metadata_log import PeerSender
 from tidelog.node.metrics import Counters
 from tidelog.node.replica_groups import ReplicaGroups
+from tidelog.node.transport import PeerSender
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.clock import MonotonicClock
 from tidelog.replication.liveness import Heartbeat, Liveness

@@ -13,13 +13,18 @@ import collections
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from tidelog.invariant import InvariantBroken
+from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Kind, encode_prefix
 from tidelog.storage.segment import FileSlice
 
 log = logging.getLogger(__name__)
+
+# How a node reaches another over the peer channel: (node, api key, header, payload).
+PeerSender = Callable[[int, ApiKey, dict[str, Any], Any], None]
 
 ZERO_COPY_BYTES_MIN = 64 * 1024  # below this a copy is cheaper than sendfile's bookkeeping
 WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024

@@ -72,11 +72,11 @@ def proof(
     listener: int,
     nonce_d: str,
     nonce_l: str,
-    dialer_ids: str = "",
+    ids: str = "",  # the prover's own ids, bound into its proof ("" adds nothing)
 ) -> str:
     fields = [role, str(dialer), str(listener), nonce_d, nonce_l]
-    if dialer_ids:
-        fields.append(dialer_ids)
+    if ids:
+        fields.append(ids)
     message = b"|".join([PROTOCOL, *(f.encode() for f in fields)])
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 

@@ -34,9 +34,6 @@ class MetadataAnswers(MetadataOps):
         self.hosts = hosts  # the node's replica groups (shared)
         self._metadata_cache: dict[str, dict[str, Any]] = {}  # by topic
 
-    def metadata_behind(self) -> str:
-        return self.metadata_log.behind()
-
     def forget(self, topic: str) -> None:
         """The topic changed (or was deleted), or a replica of it left this node: its cached
         answer is built again when next asked."""
@@ -58,7 +55,7 @@ class MetadataAnswers(MetadataOps):
         for name in names:
             meta = self.metadata.topics.get(name)
             if meta is None:
-                behind = self.metadata_behind()
+                behind = self.metadata_log.behind()
                 if behind:
                     # It may exist: this node does not know all that is committed. Retriable,
                     # and the client asks another node (a node back from a lost disk said
