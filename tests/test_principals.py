@@ -23,7 +23,7 @@ pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 def run_loop_call(client: Client, request: api.PrincipalsRequest) -> None:
     """A request as any client could send it (not through add_principal, which hashes)."""
-    client._run(client._async._to_metadata_leader(ApiKey.PRINCIPALS, request))
+    client._run(client._async._router.to_metadata_leader(ApiKey.PRINCIPALS, request))
 
 
 def files_contain(directory: Path, needle: bytes) -> bool:

@@ -471,7 +471,7 @@ def test_concurrent_sends_to_one_partition_are_coalesced(tmp_path: Path) -> None
             assert sorted(offsets) == list(range(200))
             log = values_at(node, "t/0")
             assert all(log[r.base_offset] == v for r, v in zip(results, values, strict=True))  # type: ignore[union-attr]
-            coalescer = next(iter(client._coalescers.values()))
+            coalescer = next(iter(client._writer.coalescers.values()))
             assert coalescer.submits == 200 and coalescer.requests < 20
             proxy.drop_produce_answers = 1  # the answer to the next batch is lost
             more = [b"s%03d" % i for i in range(100)]

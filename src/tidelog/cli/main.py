@@ -643,84 +643,107 @@ def _text_field(name: str, value: bytes | None) -> dict[str, Any]:
 def cmd_consume(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with client_of(args) as client:
-            info = await client.topic(args.topic)
-            partitions = (
-                [args.partition] if args.partition is not None else list(range(info.partitions))
-            )
-            starts: dict[int, int | str] = dict.fromkeys(partitions, args.start)
-            positions: dict[int, int] = {}
-            if args.cursor:
-                cursor = await client.create_cursor(
-                    args.cursor, args.topic, args.start, if_not_exists=True
-                )
-                starts = {p: int(cursor["positions"][str(p)]) for p in partitions}
-                positions = {p: int(o) for p, o in starts.items()}
-            remaining = [args.max_records]
+            starts = await _consume_starts(client, args)
+            positions = {p: int(start) for p, start in starts.items()} if args.cursor else {}
             out: asyncio.Queue[tuple[int, Record | TidelogError] | None] = asyncio.Queue(10_000)
-
-            async def pump(p: int) -> None:
-                try:
-                    async for rec in client.consume(
-                        args.topic,
-                        p,
-                        starts[p],
-                        reset=args.reset,
-                        follow=args.follow,
-                        replica_read=args.replica_read,
-                        prefer_node=args.node,
-                        cursor=args.cursor or "",
-                        skip_invalid=args.skip_invalid,
-                    ):
-                        await out.put((p, rec))
-                except TidelogError as exc:
-                    await out.put((p, exc))
-                finally:
-                    await out.put(None)
-
-            committed = dict(positions)
-
-            async def commit() -> None:
-                if args.cursor and positions != committed:
-                    await client.commit_cursor(args.cursor, positions)
-                    committed.update(positions)
-
-            tasks = [asyncio.create_task(pump(p)) for p in partitions]
-            live = len(tasks)
-            failed = 0
-            loop = asyncio.get_running_loop()
-            last_commit = loop.time()
+            tasks = [
+                asyncio.create_task(_read_partition(client, args, p, start, out))
+                for p, start in starts.items()
+            ]
             try:
-                while live:
-                    item = await out.get()
-                    if item is None:
-                        live -= 1
-                        continue
-                    p, rec = item
-                    if isinstance(rec, TidelogError):
-                        print(f"error: partition {p}: {rec}", file=sys.stderr)
-                        failed = 1
-                        continue
-                    sys.stdout.write(format_record(rec, p, args.format) + "\n")
-                    positions[p] = rec.offset + 1
-                    if args.cursor and loop.time() - last_commit > 0.5:
-                        sys.stdout.flush()
-                        await commit()
-                        last_commit = loop.time()
-                    if remaining[0] is not None:
-                        remaining[0] -= 1
-                        if remaining[0] <= 0:
-                            break
-                sys.stdout.flush()
-                await commit()
+                return await _print_records(client, args, out, len(tasks), positions)
             finally:
                 for task in tasks:
                     task.cancel()
                 for task in tasks:
                     with contextlib.suppress(asyncio.CancelledError, TidelogError):
                         await task
-            return failed
 
     return asyncio.run(run())
+
+
+async def _consume_starts(client: AsyncClient, args: argparse.Namespace) -> dict[int, int | str]:
+    """Where each partition's read starts: --from, or with --cursor the cursor's positions (the
+    cursor is created at --from if it does not exist)."""
+    info = await client.topic(args.topic)
+    partitions = [args.partition] if args.partition is not None else list(range(info.partitions))
+    if not args.cursor:
+        return dict.fromkeys(partitions, args.start)
+    cursor = await client.create_cursor(args.cursor, args.topic, args.start, if_not_exists=True)
+    return {p: int(cursor["positions"][str(p)]) for p in partitions}
+
+
+async def _read_partition(
+    client: AsyncClient,
+    args: argparse.Namespace,
+    partition: int,
+    start: int | str,
+    out: asyncio.Queue[tuple[int, Record | TidelogError] | None],
+) -> None:
+    """One partition's records into out, then its error if the read failed, then None."""
+    try:
+        async for rec in client.consume(
+            args.topic,
+            partition,
+            start,
+            reset=args.reset,
+            follow=args.follow,
+            replica_read=args.replica_read,
+            prefer_node=args.node,
+            cursor=args.cursor or "",
+            skip_invalid=args.skip_invalid,
+        ):
+            await out.put((partition, rec))
+    except TidelogError as exc:
+        await out.put((partition, exc))
+    finally:
+        await out.put(None)
+
+
+async def _print_records(
+    client: AsyncClient,
+    args: argparse.Namespace,
+    out: asyncio.Queue[tuple[int, Record | TidelogError] | None],
+    live: int,
+    positions: dict[int, int],
+) -> int:
+    """Print the records of `live` partition reads as they come, until every read ended or
+    --max records are printed; with --cursor, commit what was printed every half second and at
+    the end. Returns the exit status: 1 if a partition's read failed."""
+    committed = dict(positions)
+
+    async def commit() -> None:
+        if args.cursor and positions != committed:
+            await client.commit_cursor(args.cursor, positions)
+            committed.update(positions)
+
+    remaining: int | None = args.max_records
+    failed = 0
+    loop = asyncio.get_running_loop()
+    last_commit = loop.time()
+    while live:
+        item = await out.get()
+        if item is None:
+            live -= 1
+            continue
+        p, rec = item
+        if isinstance(rec, TidelogError):
+            print(f"error: partition {p}: {rec}", file=sys.stderr)
+            failed = 1
+            continue
+        sys.stdout.write(format_record(rec, p, args.format) + "\n")
+        positions[p] = rec.offset + 1
+        if args.cursor and loop.time() - last_commit > 0.5:
+            sys.stdout.flush()
+            await commit()
+            last_commit = loop.time()
+        if remaining is not None:
+            remaining -= 1
+            if remaining <= 0:
+                break
+    sys.stdout.flush()
+    await commit()
+    return failed
 
 
 def cmd_cursors(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
-from tidelog.client.async_client import AsyncClient, parse_acks
+from tidelog.client.async_client import AsyncClient
+from tidelog.client.produce import parse_acks
 from tidelog.errors import InvalidRequest, TidelogError
 from tidelog.record.batch import ProducerRecord
 

@@ -1,7 +1,9 @@
 """The blocking client: the asyncio client driven on a private event-loop thread.
 
 Every public method of AsyncClient has one here, with the same name and parameters
-(tests/test_client_parity.py compares them), so that what the docs say of one holds of both."""
+(tests/test_client_parity.py compares them), so that what the docs say of one holds of both.
+Reads build their options (consume.FetchOptions, ConsumeOptions) once, as AsyncClient's do,
+and hand them to its reading role."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from tidelog.client.async_client import (
-    CONSUME_FETCH_BYTES,
     AsyncClient,
     ClusterInfo,
     FetchResult,
@@ -20,6 +21,7 @@ from tidelog.client.async_client import (
     ProduceResult,
     TopicInfo,
 )
+from tidelog.client.consume import CONSUME_FETCH_BYTES, ConsumeOptions, FetchOptions
 from tidelog.client.producer import Producer, RecordMetadata
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -242,28 +244,24 @@ class Client:
         cursor: str = "",
         skip_invalid: bool = False,
     ) -> FetchResult:
-        return self._run(
-            self._async.fetch(
-                topic,
-                partition,
-                offset,
-                max_bytes=max_bytes,
-                max_wait_ms=max_wait_ms,
-                min_bytes=min_bytes,
-                replica_read=replica_read,
-                node_id=node_id,
-                include_control=include_control,
-                cursor=cursor,
-                skip_invalid=skip_invalid,
-            )
+        options = FetchOptions(
+            max_bytes=max_bytes,
+            max_wait_ms=max_wait_ms,
+            min_bytes=min_bytes,
+            replica_read=replica_read,
+            node_id=node_id,
+            include_control=include_control,
+            cursor=cursor,
+            skip_invalid=skip_invalid,
         )
+        return self._run(self._async._reader.fetch(topic, partition, offset, options))
 
     def fetch_ahead(
         self, topic: str, partition: int, offset: int, **options: Any
     ) -> Future[FetchResult]:
         """fetch() started on the client's thread without waiting: the caller decodes one
         answer while the next is on its way (the Spark source's read-ahead)."""
-        coro = self._async.fetch(topic, partition, offset, **options)
+        coro = self._async._reader.fetch(topic, partition, offset, FetchOptions(**options))
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def list_offsets(
@@ -288,10 +286,7 @@ class Client:
         max_bytes: int = CONSUME_FETCH_BYTES,
     ) -> Iterator[Record]:
         """Records in offset order (see AsyncClient.consume); one thread hop per fetch."""
-        for records in self.consume_batches(
-            topic,
-            partition,
-            start,
+        options = ConsumeOptions(
             reset=reset,
             follow=follow,
             max_records=max_records,
@@ -301,7 +296,8 @@ class Client:
             cursor=cursor,
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
-        ):
+        )
+        for records in self._consume_batches(topic, partition, start, options):
             yield from records
 
     def consume_batches(
@@ -321,10 +317,7 @@ class Client:
         max_bytes: int = CONSUME_FETCH_BYTES,
     ) -> Iterator[list[Record]]:
         """Each fetch's records (see AsyncClient.consume_batches)."""
-        batches = self._async.consume_batches(
-            topic,
-            partition,
-            start,
+        options = ConsumeOptions(
             reset=reset,
             follow=follow,
             max_records=max_records,
@@ -335,6 +328,12 @@ class Client:
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
         )
+        yield from self._consume_batches(topic, partition, start, options)
+
+    def _consume_batches(
+        self, topic: str, partition: int, start: int | str, options: ConsumeOptions
+    ) -> Iterator[list[Record]]:
+        batches = self._async._reader.consume_batches(topic, partition, start, options)
         try:
             while True:
                 try:

@@ -1,0 +1,274 @@
+"""Reading a partition: one fetch, the offsets of its ends, and consuming it in offset order
+with the next fetch in flight while the caller reads the last one.
+
+`FetchOptions` and `ConsumeOptions` are the keywords of AsyncClient.fetch and .consume (and of
+the blocking Client's), built once by the public method that takes them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from tidelog.client.fetched import FetchResult
+from tidelog.client.routing import Router
+from tidelog.errors import (
+    InvalidRequest,
+    NetworkError,
+    NotLeader,
+    OffsetOutOfRange,
+    UnknownTopicOrPartition,
+)
+from tidelog.protocol import api
+from tidelog.protocol.api import ApiKey
+from tidelog.record.batch import Record, iter_headers
+
+# The client logs under one name, the one it had before it was split into modules (log filters
+# and the text format show it).
+log = logging.getLogger("tidelog.client.async_client")
+
+CONSUME_FETCH_BYTES = 1024 * 1024  # per fetch of consume(): Kafka's max.partition.fetch.bytes
+RESETS = ("earliest", "latest", "none")
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    """How one fetch reads (AsyncClient.fetch's keywords, with their defaults)."""
+
+    max_bytes: int = 1024 * 1024
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+    replica_read: bool = False
+    node_id: int | None = None
+    include_control: bool = False
+    cursor: str = ""
+    skip_invalid: bool = False
+
+
+@dataclass(frozen=True)
+class ConsumeOptions:
+    """How a consume reads (AsyncClient.consume's keywords, with their defaults)."""
+
+    reset: str = "earliest"
+    follow: bool = False
+    max_records: int | None = None
+    max_wait_ms: int = 500
+    replica_read: bool = False
+    prefer_node: int | None = None
+    cursor: str = ""
+    skip_invalid: bool = False
+    max_bytes: int = CONSUME_FETCH_BYTES
+
+    def fetch_options(self, node_id: int | None) -> FetchOptions:
+        """Each of its fetches (only a consume that follows waits for records to come)."""
+        return FetchOptions(
+            max_bytes=self.max_bytes,
+            max_wait_ms=self.max_wait_ms if self.follow else 0,
+            replica_read=self.replica_read,
+            node_id=node_id,
+            cursor=self.cursor,
+            skip_invalid=self.skip_invalid,
+        )
+
+
+@dataclass
+class _Span:
+    """Where a consume is: the next offset, where it stops (the HW when it began, None when it
+    follows) and how many records it may still hand over (None: no limit)."""
+
+    offset: int
+    end: int | None
+    budget: int | None
+
+    def more(self) -> bool:
+        return (self.budget is None or self.budget > 0) and (
+            self.end is None or self.offset < self.end
+        )
+
+    def wants_after(self, at: int, carried: int) -> bool:
+        """Is a fetch at `at` wanted once a fetch carrying `carried` records is read?"""
+        return (
+            at > self.offset
+            and (self.end is None or at < self.end)
+            and (self.budget is None or self.budget > carried)
+        )
+
+    def take(self, records: list[Record]) -> list[Record]:
+        """The records it hands over, counted against its budget."""
+        if self.end is not None:
+            records = [r for r in records if r.offset < self.end]
+        if self.budget is not None:
+            records = records[: self.budget]
+            self.budget -= len(records)
+        return records
+
+
+# A fetch sent ahead, and the offset it reads from.
+_Ahead = tuple[int, asyncio.Task[FetchResult]]
+
+
+class Reader:
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def fetch(
+        self, topic: str, partition: int, offset: int, options: FetchOptions
+    ) -> FetchResult:
+        request = api.FetchRequest(
+            topic,
+            partition,
+            offset,
+            options.max_bytes,
+            options.max_wait_ms,
+            options.min_bytes,
+            options.replica_read,
+            options.cursor,
+        )
+        router = self._router
+        timeout = options.max_wait_ms / 1000 + router.settings.request_timeout_s
+        if options.node_id is not None:
+            node_id = options.node_id
+            address = router.node_address(node_id) or (await router.nodes())[node_id]
+            header, payload = await router.call(address, ApiKey.FETCH, request, timeout_s=timeout)
+        else:
+            header, payload = await router.to_leader(
+                topic, partition, ApiKey.FETCH, request, timeout_s=timeout
+            )
+        resp = api.decode(api.FetchResponse, header)
+        # Headers and CRCs are checked here, once; records are decoded when first asked for.
+        batches = tuple(iter_headers(payload))
+        next_offset = max([offset, *(batch.next_offset for _, batch in batches)])
+        return FetchResult(
+            partition,
+            resp.high_watermark,
+            resp.log_start_offset,
+            resp.log_end_offset,
+            next_offset,
+            resp.node_id,
+            payload,
+            offset,
+            options.include_control,
+            options.skip_invalid,
+            f"{topic}/{partition}",
+            batches,
+        )
+
+    async def list_offsets(
+        self, topic: str, partition: int, spec: str = "latest", timestamp_ms: int = -1
+    ) -> int:
+        request = api.ListOffsetsRequest(topic, partition, spec, timestamp_ms)
+        header, _ = await self._router.to_leader(topic, partition, ApiKey.LIST_OFFSETS, request)
+        return api.decode(api.ListOffsetsResponse, header).offset
+
+    async def resolve_start(self, topic: str, partition: int, start: int | str) -> int:
+        if isinstance(start, int):
+            return start
+        if start in ("earliest", "latest"):
+            return await self.list_offsets(topic, partition, start)
+        if start.lstrip("-").isdigit():
+            return int(start)
+        raise InvalidRequest(f"start must be earliest, latest or an offset, not {start!r}")
+
+    async def consume_batches(
+        self, topic: str, partition: int, start: int | str, options: ConsumeOptions
+    ) -> AsyncGenerator[list[Record], None]:
+        if options.reset not in RESETS:
+            raise InvalidRequest(f"reset must be earliest, latest or none, got {options.reset!r}")
+        span = await self._opening_span(topic, partition, start, options)
+
+        async def fetch_at(at: int) -> FetchResult:
+            return await self._fetch_preferred(topic, partition, at, options)
+
+        # The next fetch is sent before this one's records are handed over, as Kafka's consumer
+        # pipelines fetches: the node and the network work while the caller does.
+        ahead: _Ahead | None = None
+        try:
+            while span.more():
+                pending, ahead = ahead, None
+                try:
+                    if pending is not None and pending[0] == span.offset:
+                        result = await pending[1]
+                    else:
+                        _forget(pending)
+                        result = await fetch_at(span.offset)
+                except OffsetOutOfRange as exc:
+                    span.offset = _reset_offset(topic, partition, span.offset, exc, options.reset)
+                    continue
+                at = max(span.offset, result.next_offset)
+                if span.wants_after(at, sum(h.records_count for _, h in result.batches or ())):
+                    ahead = (at, asyncio.create_task(fetch_at(at)))
+                    await asyncio.sleep(0)  # let it send its request before we decode
+                records = span.take(result.records)
+                span.offset = at
+                if records:
+                    yield records
+        finally:
+            if ahead is not None:  # stopped early: the fetch sent ahead ends here, not later
+                ahead[1].cancel()
+                await asyncio.wait([ahead[1]])
+                _forget(ahead)
+
+    async def _opening_span(
+        self, topic: str, partition: int, start: int | str, options: ConsumeOptions
+    ) -> _Span:
+        offset = await self.resolve_start(topic, partition, start)
+        # Without follow, stop at the end as it is now; a busy partition would never end.
+        end = None if options.follow else await self.list_offsets(topic, partition, "latest")
+        if end is not None and offset > end:
+            # Past the HW: the node would say so to a fetch, and so do we without one.
+            error = OffsetOutOfRange(
+                f"offset {offset} is past the high-water mark {end} of {topic}/{partition}",
+                log_start=await self.list_offsets(topic, partition, "earliest"),
+                high_watermark=end,
+            )
+            if options.reset == "none":
+                raise error
+            offset = error.log_start if options.reset == "earliest" else end
+            log.warning("%s; continuing at the %s offset %d", error.message, options.reset, offset)
+        return _Span(offset, end, options.max_records)
+
+    async def _fetch_preferred(
+        self, topic: str, partition: int, at: int, options: ConsumeOptions
+    ) -> FetchResult:
+        """From the preferred replica while it answers (with replica_read), else the leader."""
+        node = options.prefer_node if options.replica_read else None
+        try:
+            return await self.fetch(topic, partition, at, options.fetch_options(node))
+        except (NetworkError, NotLeader, UnknownTopicOrPartition):
+            if node is None:
+                raise
+            return await self.fetch(topic, partition, at, options.fetch_options(None))
+
+
+def _reset_offset(
+    topic: str, partition: int, offset: int, exc: OffsetOutOfRange, reset: str
+) -> int:
+    """Where a consume goes on after its offset fell out of range (raised with reset=none)."""
+    if reset == "none":
+        raise exc
+    new_offset = exc.log_start if reset == "earliest" else exc.high_watermark
+    skipped = (
+        f"skipping offsets {offset}..{new_offset - 1}, which retention or delete-records removed"
+        if new_offset > offset
+        else f"offset {offset} is past the end"
+    )
+    log.warning(
+        "%s/%d: offset %d is out of range (log start %d, HW %d): %s; continuing at the %s offset %d",
+        topic,
+        partition,
+        offset,
+        exc.log_start,
+        exc.high_watermark,
+        skipped,
+        reset,
+        new_offset,
+    )
+    return new_offset
+
+
+def _forget(pending: _Ahead | None) -> None:
+    """Drop a read-ahead fetch nobody will wait for, and whatever error it ends with."""
+    if pending is not None:
+        pending[1].cancel()
+        pending[1].add_done_callback(lambda t: t.cancelled() or t.exception())
