@@ -27,6 +27,7 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
 )
 from tidelog.invariant import InvariantBroken
+from tidelog.replication.metadata_commands import NodeEntry as NodeEntry
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule; matched with fullmatch
 NODE_ID_MAX = 2**31 - 1
@@ -100,45 +101,6 @@ class TopicMeta:
             initial=[[int(r) for r in a] for a in t.get("initial_assignments", [])],
             retiring={int(p): [int(r) for r in a] for p, a in t.get("reassigning", {}).items()},
             throttles={int(p): int(v) for p, v in t.get("throttles", {}).items()},
-        )
-
-
-@dataclass(frozen=True)
-class NodeEntry:
-    """A node of the cluster: where clients and peers reach it. draining: `cluster remove-node`
-    asked for it to go; its replicas move off, then it leaves the metadata log's voters, then
-    the registry."""
-
-    node_id: int
-    host: str
-    port: int
-    peer_port: int = 0  # 0: learnt from the client listener's ApiVersions answer
-    draining: bool = False
-    drain_throttle_bytes: int = 0  # catch-up bytes/s for the moves off a draining node
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.host, self.port
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id,
-            "host": self.host,
-            "port": self.port,
-            "peer_port": self.peer_port,
-            "draining": self.draining,
-            "drain_throttle_bytes": self.drain_throttle_bytes,
-        }
-
-    @staticmethod
-    def from_wire(data: dict[str, Any]) -> NodeEntry:
-        return NodeEntry(
-            int(data["node_id"]),
-            str(data["host"]),
-            int(data["port"]),
-            int(data.get("peer_port", 0)),
-            bool(data.get("draining", False)),
-            int(data.get("drain_throttle_bytes", 0)),
         )
 
 
