@@ -12,6 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tidelog.node.state_machine import MetadataMachine
+from tidelog.record.batch import Record
+from tidelog.replication.metadata import MetadataState
 from tidelog.replication.metadata_commands import (
     COMMANDS,
     AddNode,
@@ -179,8 +182,9 @@ SAMPLES: list[tuple[MetadataCommand, dict[str, Any]]] = [
 ]
 
 
-def test_every_kind_has_a_sample() -> None:
+def test_every_kind_has_a_sample_and_a_handler() -> None:
     assert {command.KIND for command, _ in SAMPLES} == set(COMMANDS)
+    assert set(MetadataState.HANDLERS) == set(COMMANDS)
 
 
 @pytest.mark.parametrize(("command", "record"), SAMPLES, ids=[c.KIND for c, _ in SAMPLES])
@@ -224,6 +228,25 @@ def test_records_older_versions_wrote_read_with_the_defaults_applying_gave_them(
 def test_a_record_that_is_no_command_is_a_named_error(record: object, why: str) -> None:
     with pytest.raises(MalformedCommand, match=why):
         decode_command(record)
+
+
+def test_a_committed_record_that_is_no_command_changes_nothing_on_every_node() -> None:
+    def records() -> list[Record]:
+        values = [
+            CreateTopic("t", "stream", {}, [[1]]).encode(),
+            {"type": "delete_topic", "name": "t"},  # no topic id: malformed
+            {"type": "rename_topic", "name": "t"},  # a kind this version does not know
+        ]
+        return [Record(i, 0, None, json.dumps(v).encode()) for i, v in enumerate(values)]
+
+    states = []
+    for _ in range(2):
+        machine = MetadataMachine(lambda name: None, lambda state: None)
+        machine.apply(records(), 3)
+        states.append(machine.state.to_snapshot())
+    assert states[0] == states[1]
+    assert [t["name"] for t in states[0]["topics"]] == ["t"]
+    assert states[0]["applied_offset"] == 3
 
 
 # -- every kind, any values ------------------------------------------------------------------
