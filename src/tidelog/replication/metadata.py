@@ -549,12 +549,6 @@ def acl_key(acl: dict[str, str]) -> str:
 CURSOR_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # matched with fullmatch
 
 
-def topic_command(meta: TopicMeta, kind: str, **fields: Any) -> dict[str, Any]:
-    """A command on this incarnation of a topic (it changes nothing if the name holds another
-    one by the time it is applied)."""
-    return {"type": kind, "name": meta.name, "topic_id": meta.topic_id, **fields}
-
-
 def node_conflict(state: MetadataState, entry: NodeEntry) -> str:
     """Why a node cannot be added ("" if it can): its id or an address already in use."""
     if entry.node_id in state.nodes:
