@@ -231,6 +231,12 @@ def test_the_metadata_log_records_what_the_store_holds_and_only_an_operator_shri
     from tidelog.errors import ArchiveLost
     from tidelog.node.archiver import claim_archive
     from tidelog.replication.metadata import MetadataState, TopicMeta
+    from tidelog.replication.metadata_commands import (
+        ArchiveClaimed,
+        ArchiveExtent,
+        ArchiveLoss,
+        ArchiveLossAccepted,
+    )
 
     state = MetadataState()
     state.topics["t"] = TopicMeta(
@@ -239,23 +245,13 @@ def test_the_metadata_log_records_what_the_store_holds_and_only_an_operator_shri
     tid = state.topics["t"].topic_id
 
     def extent(start: int, end: int, archive_id: str = "A", topic_id: int = tid) -> None:
-        state.apply(
-            state.applied_offset,
-            {
-                "type": "archive_extent",
-                "name": "t",
-                "partition": 0,
-                "topic_id": topic_id,
-                "archive_id": archive_id,
-                "start_offset": start,
-                "end_offset": end,
-            },
-        )
+        command = ArchiveExtent("t", topic_id, 0, archive_id, start, end)
+        state.apply(state.applied_offset, command)
 
     extent(0, 100)
     assert state.archive_extents == {}  # no identity recorded yet: another store's report
-    state.apply(state.applied_offset, {"type": "archive_claimed", "archive_id": "A"})
-    state.apply(state.applied_offset, {"type": "archive_claimed", "archive_id": "B"})
+    state.apply(state.applied_offset, ArchiveClaimed("A"))
+    state.apply(state.applied_offset, ArchiveClaimed("B"))
     assert state.archive_id == "A"  # the first claim stays
     extent(0, 100)
     extent(0, 50)  # a stale report (an older leader's) changes nothing
@@ -266,24 +262,8 @@ def test_the_metadata_log_records_what_the_store_holds_and_only_an_operator_shri
         state.archive_extents["t/0"]["end_offset"],
     ) == (0, 100)
     extent(20, 150)
-    state.apply(
-        state.applied_offset,
-        {
-            "type": "archive_loss_accepted",
-            "archive_id": "C",
-            "lost": [
-                {
-                    "name": "t",
-                    "partition": 0,
-                    "topic_id": tid,
-                    "start_offset": 20,
-                    "end_offset": 150,
-                    "now_start": -1,
-                    "now_end": -1,
-                }
-            ],
-        },
-    )
+    loss = ArchiveLoss("t", 0, tid, 20, 150, now_start=-1, now_end=-1)
+    state.apply(state.applied_offset, ArchiveLossAccepted("C", [loss]))
     assert state.archive_id == "C"
     assert state.archive_extents["t/0"] == {
         "topic_id": tid,

@@ -22,6 +22,15 @@ from tidelog.replication.metadata import (
     validate_add_node,
     validate_remove_node,
 )
+from tidelog.replication.metadata_commands import (
+    AddNode,
+    CreateTopic,
+    DrainNode,
+    ReassignmentDone,
+    ReassignPartition,
+    RegisterNodes,
+    RemoveNode,
+)
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
@@ -36,29 +45,21 @@ def tidelog(*args: str, ok: bool = True) -> str:
 
 def registered(*ids: int) -> MetadataState:
     state = MetadataState()
-    nodes = [NodeEntry(n, "127.0.0.1", 7100 + n).to_wire() for n in ids]
-    state.apply(0, {"type": "register_nodes", "nodes": nodes})
+    state.apply(0, RegisterNodes([NodeEntry(n, "127.0.0.1", 7100 + n) for n in ids]))
     return state
 
 
 def test_the_registry_adds_drains_and_removes_nodes_the_same_on_every_node() -> None:
     state = registered(1, 2, 3)
-    state.apply(1, {"type": "register_nodes", "nodes": []})  # a second registration: no-op
+    state.apply(1, RegisterNodes([]))  # a second registration: no-op
     assert sorted(state.nodes) == [1, 2, 3]
-    state.apply(2, {"type": "add_node", "node": NodeEntry(4, "h", 1).to_wire()})
-    state.apply(3, {"type": "add_node", "node": NodeEntry(5, "h", 1).to_wire()})  # address taken
+    state.apply(2, AddNode(NodeEntry(4, "h", 1)))
+    state.apply(3, AddNode(NodeEntry(5, "h", 1)))  # address taken
     assert sorted(state.nodes) == [1, 2, 3, 4]
-    state.apply(
-        4,
-        {
-            "type": "create_topic",
-            "name": "t",
-            "assignments": [[1, 2], [2, 3], [3, 4], [4, 1]],
-        },
-    )
-    state.apply(5, {"type": "drain_node", "node_id": 4, "throttle_bytes": 1000})
+    state.apply(4, CreateTopic("t", "stream", {}, [[1, 2], [2, 3], [3, 4], [4, 1]]))
+    state.apply(5, DrainNode(4, 1000))
     assert state.nodes[4].draining and state.nodes[4].drain_throttle_bytes == 1000
-    state.apply(6, {"type": "remove_node", "node_id": 4})
+    state.apply(6, RemoveNode(4))
     assert 4 in state.nodes, "a node that still holds replicas is not removed"
     moves = plan_drain(state, 4, [1, 2, 3])
     assert [(m.name, p) for m, p, _ in moves] == [("t", 2), ("t", 3)]
@@ -67,28 +68,10 @@ def test_the_registry_adds_drains_and_removes_nodes_the_same_on_every_node() -> 
     targets = [replicas[-1] for _, _, replicas in moves]
     assert len(set(targets)) == 2, "the moves spread over the least loaded nodes"
     for offset, (meta, p, replicas) in zip(range(7, 20, 2), moves, strict=False):
-        state.apply(
-            offset,
-            {
-                "type": "reassign_partition",
-                "name": "t",
-                "topic_id": meta.topic_id,
-                "partition": p,
-                "replicas": replicas,
-            },
-        )
-        state.apply(
-            offset + 1,
-            {
-                "type": "reassignment_done",
-                "name": "t",
-                "topic_id": meta.topic_id,
-                "partition": p,
-                "replicas": replicas,
-            },
-        )
+        state.apply(offset, ReassignPartition("t", meta.topic_id, p, replicas, 0))
+        state.apply(offset + 1, ReassignmentDone("t", meta.topic_id, p, replicas))
     assert state.hosted_on(4) == []
-    state.apply(30, {"type": "remove_node", "node_id": 4})
+    state.apply(30, RemoveNode(4))
     assert 4 not in state.nodes and state.removed_nodes == {4}
     again = MetadataState.from_snapshot(state.to_snapshot())
     assert again.nodes == state.nodes and again.removed_nodes == {4}
@@ -108,7 +91,7 @@ def test_bad_node_changes_are_refused_with_named_errors() -> None:
         validate_add_node(state, NodeEntry(7, "127.0.0.1", 9000, 9000))
     with pytest.raises(UnknownNode):
         validate_remove_node(state, 9, [1, 2, 3])
-    state.apply(1, {"type": "create_topic", "name": "t", "assignments": [[1, 2, 3]]})
+    state.apply(1, CreateTopic("t", "stream", {}, [[1, 2, 3]]))
     with pytest.raises(NotEnoughNodes, match="t/0 has replication factor 3"):
         validate_remove_node(state, 2, [1, 2, 3])
     assert validate_remove_node(registered(1, 2), 2, [1, 2]).node_id == 2
@@ -118,13 +101,13 @@ def test_bad_node_changes_are_refused_with_named_errors() -> None:
     # Two drains that each fit alone but not together: the second is refused, and a second
     # drain command that raced the first changes nothing where it is applied.
     state = registered(1, 2, 3, 4)
-    state.apply(1, {"type": "create_topic", "name": "t", "assignments": [[1, 2, 3]]})
+    state.apply(1, CreateTopic("t", "stream", {}, [[1, 2, 3]]))
     validate_remove_node(state, 2, [1, 2, 3, 4])
     validate_remove_node(state, 3, [1, 2, 3, 4])
-    state.apply(2, {"type": "drain_node", "node_id": 2})
+    state.apply(2, DrainNode(2, 0))
     with pytest.raises(NotEnoughNodes, match="only 2 node"):
         validate_remove_node(state, 3, [1, 3, 4])
-    state.apply(3, {"type": "drain_node", "node_id": 3})
+    state.apply(3, DrainNode(3, 0))
     assert state.nodes[2].draining and not state.nodes[3].draining
 
 

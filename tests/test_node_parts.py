@@ -25,6 +25,7 @@ from tidelog.node.registry import NodeRegistry
 from tidelog.node.state_machine import MetadataMachine
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import METADATA_GROUP, NodeEntry
+from tidelog.replication.metadata_commands import ReassignmentDone
 
 
 def fake_metadata_host(leader: bool, leader_id: int, voters: tuple[int, ...] = (1, 2, 3)) -> Any:
@@ -55,10 +56,11 @@ def test_the_metadata_log_refuses_before_it_opens_and_reports_to_its_leader() ->
     log.require_started()
     with pytest.raises(NotLeader):
         log.require_leader()
-    log.report("t/0 moved", ApiKey.REASSIGNMENT, {"type": "reassignment_done"})
-    assert sent == [(3, ApiKey.REASSIGNMENT, {"type": "reassignment_done"})]
+    done = ReassignmentDone("t", 7, 0, [1, 2])
+    log.report("t/0 moved", ApiKey.REASSIGNMENT, done)
+    assert sent == [(3, ApiKey.REASSIGNMENT, done.encode())]
     hosts[METADATA_GROUP] = fake_metadata_host(leader=False, leader_id=-1)
-    log.report("t/0 moved", ApiKey.REASSIGNMENT, {"type": "reassignment_done"})
+    log.report("t/0 moved", ApiKey.REASSIGNMENT, done)
     assert len(sent) == 1, "no leader known: dropped, the next check reports it again"
     assert "no metadata leader" in log.behind()
 

@@ -52,6 +52,7 @@ from tidelog.replication.metadata import (
     default_replication_factor,
     validate_alter,
 )
+from tidelog.replication.metadata_commands import GroupRecord
 
 log = logging.getLogger(__name__)
 
@@ -843,7 +844,7 @@ class KafkaBroker:
         return {"throttle_time_ms": 0, "coordinators": coordinators, **first}
 
     async def _keep_group(self, group_id: str, record: dict[str, Any] | None) -> None:
-        command = {"type": "group", "name": group_id, "record": record}
+        command = GroupRecord(group_id, record)
         try:
             await self.core.propose_metadata(command, ADMIN_TIMEOUT_S)
         except NotLeader as exc:

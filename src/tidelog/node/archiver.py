@@ -68,6 +68,14 @@ from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.metrics import Counters
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.low_watermark import ArchiveFact, human_bytes
+from tidelog.replication.metadata_commands import (
+    ArchiveClaimed,
+    ArchiveExtent,
+    ArchiveLoss,
+    ArchiveLossAccepted,
+    MetadataCommand,
+    decode_command,
+)
 
 if TYPE_CHECKING:
     from tidelog.node.partition import PartitionHost
@@ -453,7 +461,7 @@ class Archiver:
             await asyncio.sleep(BACKOFF_MIN_S)
             return False
         if not recorded:
-            self._report({"type": "archive_claimed", "archive_id": self.archive_id}, "claimed")
+            self._report(ArchiveClaimed(self.archive_id), "claimed")
         self.cluster_error = None
         self._cluster_checked_at = time.monotonic()
         return True
@@ -539,19 +547,13 @@ class Archiver:
         if now - state.reported_at < REPORT_EVERY_S:
             return
         state.reported_at = now
-        command = {
-            "type": "archive_extent",
-            "name": host.topic,
-            "topic_id": host.topic_id,
-            "partition": host.partition,
-            "archive_id": self.archive_id,
-            "start_offset": start,
-            "end_offset": end,
-        }
+        command = ArchiveExtent(
+            host.topic, host.topic_id, host.partition, self.archive_id, start, end
+        )
         self._report(command, f"{host.group} archived [{start}, {end})")
 
-    def _report(self, command: dict[str, object], what: str) -> None:
-        self.metadata.report(f"archive {what}", ApiKey.ARCHIVE_REPORT, dict(command))
+    def _report(self, command: MetadataCommand, what: str) -> None:
+        self.metadata.report(f"archive {what}", ApiKey.ARCHIVE_REPORT, command)
 
     def on_report_message(self, header: dict[str, object], sender: int) -> None:
         """A partition leader (an authenticated peer) reports its archive; recorded if we lead
@@ -572,7 +574,7 @@ class Archiver:
                 return
             command[field] = value
         key = f"archive report {kind} {header.get('name', '')}/{header.get('partition', '')}"
-        self.metadata.propose_in_background(key, command)
+        self.metadata.propose_in_background(key, decode_command(command))
 
     async def accept_loss(self) -> tuple[str, list[dict[str, object]]]:
         """The store's present contents are the truth from now on (the metadata leader, for
@@ -580,7 +582,7 @@ class Archiver:
         lost is recorded, and the store's identity is recorded (a new cluster.json if none)."""
         cluster_id = self.cluster_id()
         archive_id = await asyncio.to_thread(claim_archive, self.store, cluster_id, "")
-        lost: list[dict[str, object]] = []
+        lost: list[ArchiveLoss] = []
         for key, extent in sorted(self.metadata.state.archive_extents.items()):
             topic, _, partition_text = key.rpartition("/")
             meta = self.metadata.state.topics.get(topic)
@@ -594,32 +596,30 @@ class Archiver:
             if held >= end or end <= start:
                 continue
             lost.append(
-                {
-                    "name": topic,
-                    "partition": partition,
-                    "topic_id": meta.topic_id,
-                    "start_offset": max(start, held),
-                    "end_offset": end,
-                    "now_start": manifest.start_offset if manifest is not None else -1,
-                    "now_end": held,
-                }
+                ArchiveLoss(
+                    name=topic,
+                    partition=partition,
+                    topic_id=meta.topic_id,
+                    start_offset=max(start, held),
+                    end_offset=end,
+                    now_start=manifest.start_offset if manifest is not None else -1,
+                    now_end=held,
+                )
             )
-        await self.metadata.propose(
-            {"type": "archive_loss_accepted", "archive_id": archive_id, "lost": lost}, 30.0
-        )
-        for entry in lost:
+        await self.metadata.propose(ArchiveLossAccepted(archive_id, lost), 30.0)
+        for loss in lost:
             log.warning(
                 "%s/%s: the archive's loss of [%s, %s) accepted by an operator: uploads go on",
-                entry["name"],
-                entry["partition"],
-                entry["start_offset"],
-                entry["end_offset"],
+                loss.name,
+                loss.partition,
+                loss.start_offset,
+                loss.end_offset,
             )
         self._cluster_checked_at = -1e9
         for state in self.states.values():
             state.retry_at = 0.0
             state.backoff_s = BACKOFF_MIN_S
-        return archive_id, lost
+        return archive_id, [loss.to_wire() for loss in lost]
 
     async def _step(self, host: PartitionHost, state: ArchiveState) -> None:
         leader = host.replica.is_leader

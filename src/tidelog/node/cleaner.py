@@ -28,6 +28,7 @@ from tidelog.replication.low_watermark import (
     LowWatermark,
     LowWatermarkFacts,
 )
+from tidelog.replication.metadata_commands import InvalidateCursor
 
 log = logging.getLogger(__name__)
 
@@ -261,10 +262,7 @@ class Cleaner:
 
     async def _propose_invalidation(self, name: str, reason: str) -> None:
         try:
-            await self.metadata.propose(
-                {"type": "invalidate_cursor", "name": name, "reason": reason, "at_ms": wall_ms()},
-                30.0,
-            )
+            await self.metadata.propose(InvalidateCursor(name, reason, wall_ms()), 30.0)
         except TidelogError as exc:
             log.error("could not invalidate cursor %s: %s", name, exc)
         finally:

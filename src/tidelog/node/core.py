@@ -79,6 +79,7 @@ from tidelog.replication.metadata import (
     METADATA_TOPIC,
     MetadataState,
 )
+from tidelog.replication.metadata_commands import MetadataCommand
 from tidelog.storage.identity import DirectoryIdentity
 from tidelog.storage.quorum_journal import QuorumJournal
 from tidelog.version import __version__
@@ -542,7 +543,7 @@ class NodeCore:
     def require_started(self) -> None:
         self.metadata_log.require_started()
 
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
+    async def propose_metadata(self, command: MetadataCommand, timeout_s: float) -> int:
         return await self.metadata_log.propose(command, timeout_s)
 
     # -- the client entry -----------------------------------------------------------------------

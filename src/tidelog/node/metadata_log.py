@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 from tidelog.errors import NotLeader, TidelogError
 from tidelog.node.background import BackgroundTasks
@@ -23,6 +22,7 @@ from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.replication.metadata import METADATA_GROUP, MetadataState
+from tidelog.replication.metadata_commands import MetadataCommand
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +104,13 @@ class MetadataLog:
                 keep.append((offset, future))
         self._waiters = keep
 
-    async def propose(self, command: dict[str, Any], timeout_s: float) -> int:
+    async def propose(self, command: MetadataCommand, timeout_s: float) -> int:
         """Commit command (this node must lead the metadata log) and wait until this node has
         applied it; its offset."""
         host = self.host
         if not host.replica.is_leader:
             raise NotLeader("not the metadata leader", leader_hint=host.leader_hint)
-        batch = build_batch([ProducerRecord(None, json.dumps(command).encode())])
+        batch = build_batch([ProducerRecord(None, json.dumps(command.encode()).encode())])
         info = host.replica.propose(batch)
         host.process_ready()
         await host.wait_for_ack(info.last_offset, api.ACKS_ALL, timeout_s)
@@ -120,7 +120,7 @@ class MetadataLog:
             await asyncio.wait_for(future, timeout_s)
         return info.last_offset
 
-    def propose_in_background(self, key: str, command: dict[str, Any]) -> None:
+    def propose_in_background(self, key: str, command: MetadataCommand) -> None:
         """Propose a command a periodic check found due, one at a time per key: a failure is
         logged and the next check proposes it again (if it is still due)."""
         if key in self._background_proposals:
@@ -138,13 +138,14 @@ class MetadataLog:
 
         self.background.start(propose())
 
-    def report(self, key: str, api_key: ApiKey, command: dict[str, Any]) -> None:
+    def report(self, key: str, api_key: ApiKey, command: MetadataCommand) -> None:
         """A periodic check's finding: proposed here if this node leads the metadata log, sent
-        to its leader (who proposes it) otherwise; dropped while no leader is known (the next
-        check reports it again)."""
+        to its leader (who proposes it) otherwise, as the header of an api_key message (the
+        command's record); dropped while no leader is known (the next check reports it
+        again)."""
         if self.is_leader:
             self.propose_in_background(key, command)
             return
         leader = self.leader_id
         if leader >= 0:
-            self.send_to_peer(leader, api_key, command, None)
+            self.send_to_peer(leader, api_key, command.encode(), None)

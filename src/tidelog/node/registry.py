@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 from tidelog.errors import TidelogError
 from tidelog.node.config import NodeConfig
 from tidelog.node.metadata_log import MetadataLog
-from tidelog.replication.metadata import NodeEntry, plan_drain, topic_command
+from tidelog.replication.metadata import NodeEntry, plan_drain
+from tidelog.replication.metadata_commands import ReassignPartition, RegisterNodes, RemoveNode
 
 if TYPE_CHECKING:
     from tidelog.client.async_client import ClusterInfo
@@ -92,8 +93,7 @@ class NodeRegistry:
         metadata log (a no-op there if another leader registered them first)."""
         if self.metadata.state.nodes:
             return
-        nodes = [e.to_wire() for e in self.nodes().values()]
-        await self.metadata.propose({"type": "register_nodes", "nodes": nodes}, 30.0)
+        await self.metadata.propose(RegisterNodes(list(self.nodes().values())), 30.0)
 
     def metadata_target(self) -> tuple[int, ...] | None:
         """The voters the metadata log's group should have: every registered node but the
@@ -133,12 +133,8 @@ class NodeRegistry:
         for entry in draining:
             if entry.node_id in target:
                 for meta, partition, replicas in plan_drain(state, entry.node_id, placeable):
-                    command = topic_command(
-                        meta,
-                        "reassign_partition",
-                        partition=partition,
-                        replicas=replicas,
-                        throttle_bytes=entry.drain_throttle_bytes,
+                    command = ReassignPartition(
+                        meta.name, meta.topic_id, partition, replicas, entry.drain_throttle_bytes
                     )
                     metadata.propose_in_background(
                         f"{meta.name}/{partition} moves off node {entry.node_id}", command
@@ -146,8 +142,9 @@ class NodeRegistry:
                 continue
             committed = replica.committed_membership
             if entry.node_id not in committed.members and committed == replica.history.current:
-                command = {"type": "remove_node", "node_id": entry.node_id}
-                metadata.propose_in_background(f"node {entry.node_id} removed", command)
+                metadata.propose_in_background(
+                    f"node {entry.node_id} removed", RemoveNode(entry.node_id)
+                )
 
     def _discover_if_leaderless(self, has_leader: bool) -> None:
         now = time.monotonic()

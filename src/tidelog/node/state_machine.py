@@ -13,7 +13,13 @@ from typing import Protocol
 from tidelog.errors import CorruptRecord
 from tidelog.record.batch import Record, decode_records, iter_headers
 from tidelog.replication.log_interface import ReplicaLog
-from tidelog.replication.metadata import NODE_COMMANDS, MetadataState
+from tidelog.replication.metadata import MetadataState
+from tidelog.replication.metadata_commands import (
+    NODE_COMMANDS,
+    PutPrincipal,
+    RemovePrincipal,
+    decode_command,
+)
 from tidelog.replication.table import TableState
 from tidelog.storage.scrub import InvalidBatch
 from tidelog.storage.snapshot import SnapshotMeta
@@ -107,20 +113,18 @@ class MetadataMachine:
     def apply(self, records: list[Record], next_offset: int) -> None:
         for rec in records:
             try:
-                command = json.loads(rec.value or b"{}")
-                if not isinstance(command, dict):
-                    raise ValueError("not an object")
-            except ValueError as exc:
+                command = decode_command(json.loads(rec.value or b"{}"))
+            except ValueError as exc:  # not JSON, or a MalformedCommand
                 log.error("metadata offset %d: skipping unreadable command: %s", rec.offset, exc)
                 self.state.applied_offset = rec.offset + 1
                 continue
             changed = self.state.apply(rec.offset, command)
             if changed is not None:
                 self._on_topic(changed)
-            if command.get("type") in NODE_COMMANDS:
+            if command.KIND in NODE_COMMANDS:
                 self._on_nodes()
-            if command.get("type") in ("put_principal", "remove_principal"):
-                self._on_principal(str(command.get("name", "")))
+            if isinstance(command, PutPrincipal | RemovePrincipal):
+                self._on_principal(command.name)
         self.state.applied_offset = max(self.state.applied_offset, next_offset)
 
     def snapshot(self) -> bytes:

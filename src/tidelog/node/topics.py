@@ -37,7 +37,8 @@ from tidelog.node.partition import PartitionHost
 from tidelog.node.state_machine import Machine, TableMachine
 from tidelog.node.turns import Turns
 from tidelog.protocol.api import ApiKey
-from tidelog.replication.metadata import METADATA_TOPIC, MetadataState, TopicMeta, topic_command
+from tidelog.replication.metadata import METADATA_TOPIC, MetadataState, TopicMeta
+from tidelog.replication.metadata_commands import ReassignmentDone
 from tidelog.storage.durable import fsync_dir, write_file
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,7 @@ class TopicReplicas:
         )
 
     def _report_moved(self, meta: TopicMeta, partition: int, replicas: list[int]) -> None:
-        command = topic_command(meta, "reassignment_done", partition=partition, replicas=replicas)
+        command = ReassignmentDone(meta.name, meta.topic_id, partition, replicas)
         self.metadata.report(f"{meta.name}/{partition} moved", ApiKey.REASSIGNMENT, command)
 
     def on_moved_message(self, header: dict[str, Any], sender: int) -> None:

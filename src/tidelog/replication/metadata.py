@@ -1,8 +1,8 @@
 """Cluster metadata as a state machine applied from the committed metadata log.
 
 Every node applies the same committed commands in the same order, so every node can answer
-metadata. Commands are JSON objects; an invalid one is skipped on every node alike (it was
-validated before it was proposed, so that only happens across versions).
+metadata. The commands and their JSON form are replication/metadata_commands.py's; applying one
+is a handler per kind (MetadataState.HANDLERS).
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from tidelog.config import TopicConfig
 from tidelog.errors import (
@@ -27,6 +28,35 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
 )
 from tidelog.invariant import InvariantBroken
+from tidelog.replication.metadata_commands import (
+    AddNode,
+    AddPartitions,
+    AlterTopic,
+    ArchiveClaimed,
+    ArchiveExtent,
+    ArchiveLossAccepted,
+    CommitCursor,
+    CreateCursor,
+    CreateTopic,
+    DeleteCursor,
+    DeleteTopic,
+    DrainNode,
+    GroupRecord,
+    InvalidateCursor,
+    MetadataCommand,
+    PutAcl,
+    PutPrincipal,
+    PutQuota,
+    ReassignmentDone,
+    ReassignPartition,
+    RegisterNodes,
+    RemoveAcl,
+    RemoveNode,
+    RemovePrincipal,
+    RemoveQuota,
+    TopicCommand,
+)
+from tidelog.replication.metadata_commands import NodeEntry as NodeEntry
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule; matched with fullmatch
 NODE_ID_MAX = 2**31 - 1
@@ -100,45 +130,6 @@ class TopicMeta:
             initial=[[int(r) for r in a] for a in t.get("initial_assignments", [])],
             retiring={int(p): [int(r) for r in a] for p, a in t.get("reassigning", {}).items()},
             throttles={int(p): int(v) for p, v in t.get("throttles", {}).items()},
-        )
-
-
-@dataclass(frozen=True)
-class NodeEntry:
-    """A node of the cluster: where clients and peers reach it. draining: `cluster remove-node`
-    asked for it to go; its replicas move off, then it leaves the metadata log's voters, then
-    the registry."""
-
-    node_id: int
-    host: str
-    port: int
-    peer_port: int = 0  # 0: learnt from the client listener's ApiVersions answer
-    draining: bool = False
-    drain_throttle_bytes: int = 0  # catch-up bytes/s for the moves off a draining node
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.host, self.port
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id,
-            "host": self.host,
-            "port": self.port,
-            "peer_port": self.peer_port,
-            "draining": self.draining,
-            "drain_throttle_bytes": self.drain_throttle_bytes,
-        }
-
-    @staticmethod
-    def from_wire(data: dict[str, Any]) -> NodeEntry:
-        return NodeEntry(
-            int(data["node_id"]),
-            str(data["host"]),
-            int(data["port"]),
-            int(data.get("peer_port", 0)),
-            bool(data.get("draining", False)),
-            int(data.get("drain_throttle_bytes", 0)),
         )
 
 
@@ -223,7 +214,7 @@ class MetadataState:
             raise UnknownCursor(f"unknown cursor {name!r}", cursor=name)
         return cursor
 
-    def apply(self, offset: int, command: dict[str, Any]) -> str | None:
+    def apply(self, offset: int, command: MetadataCommand) -> str | None:
         """Apply one committed command; returns the name of the topic whose placement or
         configuration it changed (created, deleted, altered, grown), if any. Commands that no
         longer make sense (a race lost between proposal and commit, or a topic deleted and
@@ -232,180 +223,268 @@ class MetadataState:
         if not offset >= self.applied_offset:
             raise InvariantBroken((offset, self.applied_offset))
         self.applied_offset = offset + 1
-        kind = command.get("type")
-        at_ms = int(command.get("at_ms", 0))
-        name = str(command.get("name"))
-        if kind == "create_topic":
-            if name in self.topics:
-                return None  # a concurrent create lost the race; its proposer sees that
-            self.topics[name] = TopicMeta(
-                name=name,
-                kind=str(command.get("kind", "stream")),
-                configs={str(k): str(v) for k, v in dict(command.get("configs", {})).items()},
-                assignments=[[int(r) for r in a] for a in command.get("assignments", [])],
-                created_offset=offset,
-            )
-            return name
-        if kind in (
-            "delete_topic",
-            "alter_topic",
-            "add_partitions",
-            "reassign_partition",
-            "reassignment_done",
-        ):
-            meta = self.topics.get(name)
-            if meta is None or meta.topic_id != int(command.get("topic_id", -1)):
-                return None  # not the incarnation the command meant
-            if kind == "delete_topic":
-                del self.topics[name]
-                for key in [k for k in self.archive_extents if k.rpartition("/")[0] == name]:
-                    del self.archive_extents[key]
-                for cursor in [c for c in self.cursors.values() if c.topic == name]:
-                    del self.cursors[cursor.name]  # a cursor on a topic gone holds nothing
-            elif kind == "alter_topic":
-                configs = {str(k): str(v) for k, v in dict(command.get("configs", {})).items()}
-                self.topics[name] = dataclasses.replace(meta, configs=configs)
-            elif kind == "add_partitions":
-                added = [[int(r) for r in a] for a in command.get("assignments", [])]
-                self.topics[name] = dataclasses.replace(
-                    meta, assignments=meta.assignments + added, initial=meta.initial + added
-                )
-            else:
-                return self._move(meta, kind, command)
-            return name
-        if kind in NODE_COMMANDS:
-            self._change_nodes(kind, command)
-        elif kind in ARCHIVE_COMMANDS:
-            self._change_archive(kind, command)
-        elif kind == "create_cursor" and name not in self.cursors:
-            positions = {int(p): int(o) for p, o in dict(command.get("positions", {})).items()}
-            self.cursors[name] = Cursor(
-                name,
-                str(command.get("topic")),
-                positions,
-                bool(command.get("backup")),
-                at_ms,
-                at_ms,
-                owner=str(command.get("owner", "")),
-            )
-        elif kind == "commit_cursor" and name in self.cursors and self.cursors[name].live:
-            cursor = self.cursors[name]
-            for p, o in dict(command.get("positions", {})).items():
-                cursor.positions[int(p)] = int(o)
-            cursor.committed_ms = at_ms
-        elif kind == "delete_cursor":
-            self.cursors.pop(name, None)
-        elif kind == "invalidate_cursor" and name in self.cursors:
-            self.cursors[name].invalidated = str(command.get("reason", "invalidated"))
-        elif kind == "put_principal":
-            self.principals[name] = {
-                "hash": str(command.get("hash", "")),
-                "scram": dict(command.get("scram", {})),
-                "created_ms": at_ms,
-            }
-        elif kind == "remove_principal":
-            # Its ACLs go with it: a new principal of the same name would inherit them.
-            self.principals.pop(name, None)
-            gone = [key for key, acl in self.acls.items() if acl.get("principal") == name]
-            for key in gone:
-                del self.acls[key]
-            if gone:
-                self.acls_changed += 1
-        elif kind == "put_quota":
-            self.quotas[name] = {
-                str(k): float(v) for k, v in dict(command.get("limits", {})).items()
-            }
-        elif kind == "remove_quota":
-            self.quotas.pop(name, None)
-        elif kind in ("put_acl", "remove_acl"):
-            acl = {str(k): str(v) for k, v in dict(command.get("acl", {})).items()}
-            if kind == "put_acl":
-                self.acls[acl_key(acl)] = acl
-            else:
-                self.acls.pop(acl_key(acl), None)
-            self.acls_changed += 1
-        elif kind == "group":
-            record = command.get("record")
-            if isinstance(record, dict) and record.get("members"):
-                self.groups[name] = record
-            else:
-                self.groups.pop(name, None)  # an empty group keeps only its cursors
-        return None
+        return self.HANDLERS[command.KIND](self, offset, command)
 
-    def _change_nodes(self, kind: str, command: dict[str, Any]) -> None:
-        """Register, add, drain or remove a node. A command the registry no longer agrees with
-        (a race lost between proposal and commit) changes nothing, on every node alike."""
-        if kind == "register_nodes":
-            if not self.nodes:
-                for data in command.get("nodes", []):
-                    entry = NodeEntry.from_wire(data)
-                    self.nodes[entry.node_id] = entry
-            return
-        if kind == "add_node":
-            entry = NodeEntry.from_wire(dict(command.get("node", {})))
-            if self.nodes and not node_conflict(self, entry):
+    # -- topics ---------------------------------------------------------------------------------
+
+    def _create_topic(self, offset: int, command: CreateTopic) -> str | None:
+        if command.name in self.topics:
+            return None  # a concurrent create lost the race; its proposer sees that
+        self.topics[command.name] = TopicMeta(
+            name=command.name,
+            kind=command.kind,
+            configs=dict(command.configs),
+            assignments=[list(a) for a in command.assignments],
+            created_offset=offset,
+        )
+        return command.name
+
+    def _incarnation(self, command: TopicCommand) -> TopicMeta | None:
+        """The topic the command names, if the name still holds the incarnation it meant."""
+        meta = self.topics.get(command.name)
+        return meta if meta is not None and meta.topic_id == command.topic_id else None
+
+    def _delete_topic(self, offset: int, command: DeleteTopic) -> str | None:
+        meta = self._incarnation(command)
+        if meta is None:
+            return None
+        del self.topics[meta.name]
+        for key in [k for k in self.archive_extents if k.rpartition("/")[0] == meta.name]:
+            del self.archive_extents[key]
+        for cursor in [c for c in self.cursors.values() if c.topic == meta.name]:
+            del self.cursors[cursor.name]  # a cursor on a topic gone holds nothing
+        return meta.name
+
+    def _alter_topic(self, offset: int, command: AlterTopic) -> str | None:
+        meta = self._incarnation(command)
+        if meta is None:
+            return None
+        self.topics[meta.name] = dataclasses.replace(meta, configs=dict(command.configs))
+        return meta.name
+
+    def _add_partitions(self, offset: int, command: AddPartitions) -> str | None:
+        meta = self._incarnation(command)
+        if meta is None:
+            return None
+        added = [list(a) for a in command.assignments]
+        self.topics[meta.name] = dataclasses.replace(
+            meta, assignments=meta.assignments + added, initial=meta.initial + added
+        )
+        return meta.name
+
+    def _moving(self, command: ReassignPartition | ReassignmentDone) -> TopicMeta | None:
+        """The topic whose partition a move names, if it is the incarnation meant and the
+        move names a partition it has and some replicas."""
+        meta = self._incarnation(command)
+        if meta is None or not 0 <= command.partition < meta.partitions or not command.replicas:
+            return None
+        return meta
+
+    def _reassign_partition(self, offset: int, command: ReassignPartition) -> str | None:
+        """A partition's target replicas change; the nodes it leaves keep their copy until its
+        leader reports the move done."""
+        meta = self._moving(command)
+        if meta is None:
+            return None
+        partition, replicas = command.partition, list(command.replicas)
+        assignments = [list(a) for a in meta.assignments]
+        retiring = {p: list(r) for p, r in meta.retiring.items()}
+        throttles = dict(meta.throttles)
+        leaving = set(retiring.get(partition, [])) | set(assignments[partition])
+        leaving -= set(replicas)
+        assignments[partition] = replicas
+        if leaving:
+            retiring[partition] = sorted(leaving)
+            throttles[partition] = command.throttle_bytes
+        else:  # the same nodes (another preferred leader), or a move undone: no copy to drop
+            retiring.pop(partition, None)
+            throttles.pop(partition, None)
+        self.topics[meta.name] = dataclasses.replace(
+            meta, assignments=assignments, retiring=retiring, throttles=throttles
+        )
+        return meta.name
+
+    def _reassignment_done(self, offset: int, command: ReassignmentDone) -> str | None:
+        meta = self._moving(command)
+        if meta is None or meta.assignments[command.partition] != command.replicas:
+            return None  # done with a move since replaced by another
+        retiring = {p: list(r) for p, r in meta.retiring.items() if p != command.partition}
+        throttles = {p: t for p, t in meta.throttles.items() if p != command.partition}
+        self.topics[meta.name] = dataclasses.replace(meta, retiring=retiring, throttles=throttles)
+        return meta.name
+
+    # -- nodes: a command the registry no longer agrees with (a race lost between proposal and
+    # commit) changes nothing, on every node alike --------------------------------------------
+
+    def _register_nodes(self, offset: int, command: RegisterNodes) -> None:
+        if not self.nodes:
+            for entry in command.nodes:
                 self.nodes[entry.node_id] = entry
-            return
-        node = self.nodes.get(int(command.get("node_id", -1)))
+
+    def _add_node(self, offset: int, command: AddNode) -> None:
+        if self.nodes and not node_conflict(self, command.node):
+            self.nodes[command.node.node_id] = command.node
+
+    def _drain_node(self, offset: int, command: DrainNode) -> None:
+        node = self.nodes.get(command.node_id)
         if node is None:
             return
-        if kind == "drain_node":
-            staying = [n for n, e in self.nodes.items() if n != node.node_id and not e.draining]
-            if not node.draining and drain_shortfall(self, node.node_id, staying):
-                return  # another drain won the race for the nodes this one needs
-            throttle = int(command.get("throttle_bytes", 0))
-            self.nodes[node.node_id] = dataclasses.replace(
-                node, draining=True, drain_throttle_bytes=throttle
-            )
-        elif kind == "remove_node" and node.draining and not self.hosted_on(node.node_id):
+        staying = [n for n, e in self.nodes.items() if n != node.node_id and not e.draining]
+        if not node.draining and drain_shortfall(self, node.node_id, staying):
+            return  # another drain won the race for the nodes this one needs
+        self.nodes[node.node_id] = dataclasses.replace(
+            node, draining=True, drain_throttle_bytes=command.throttle_bytes
+        )
+
+    def _remove_node(self, offset: int, command: RemoveNode) -> None:
+        node = self.nodes.get(command.node_id)
+        if node is not None and node.draining and not self.hosted_on(node.node_id):
             del self.nodes[node.node_id]
             self.removed_nodes.add(node.node_id)
 
-    def _change_archive(self, kind: str, command: dict[str, Any]) -> None:
-        """The archive's identity and extents: an extent only grows (a leader's report older
-        than one applied changes nothing); only an operator's accepted loss shrinks one, and
-        records what was lost."""
-        archive_id = str(command.get("archive_id", ""))
-        if kind == "archive_claimed":
-            if not self.archive_id:
-                self.archive_id = archive_id
+    # -- cursors and groups ---------------------------------------------------------------------
+
+    def _create_cursor(self, offset: int, command: CreateCursor) -> None:
+        if command.name in self.cursors:
             return
-        if kind == "archive_loss_accepted":
-            self.archive_id = archive_id
-            for loss in command.get("lost", []):
-                key = f"{loss['name']}/{int(loss['partition'])}"
-                before = self.archive_extents.get(key, {})
-                lost = [list(r) for r in before.get("lost", [])]
-                start, end = int(loss["start_offset"]), int(loss["end_offset"])
-                if end > start:
-                    lost.append([start, end])
-                self.archive_extents[key] = {
-                    "topic_id": int(loss["topic_id"]),
-                    "start_offset": int(loss["now_start"]),
-                    "end_offset": int(loss["now_end"]),
-                    "lost": lost,
-                }
+        self.cursors[command.name] = Cursor(
+            command.name,
+            command.topic,
+            dict(command.positions),
+            command.backup,
+            command.at_ms,
+            command.at_ms,
+            owner=command.owner,
+        )
+
+    def _commit_cursor(self, offset: int, command: CommitCursor) -> None:
+        cursor = self.cursors.get(command.name)
+        if cursor is None or not cursor.live:
             return
-        # archive_extent: a partition leader's manifest as it wrote it
-        name, topic_id = str(command.get("name")), int(command.get("topic_id", -1))
-        meta = self.topics.get(name)
-        if meta is None or meta.topic_id != topic_id or archive_id != self.archive_id:
+        cursor.positions.update(command.positions)
+        cursor.committed_ms = command.at_ms
+
+    def _delete_cursor(self, offset: int, command: DeleteCursor) -> None:
+        self.cursors.pop(command.name, None)
+
+    def _invalidate_cursor(self, offset: int, command: InvalidateCursor) -> None:
+        cursor = self.cursors.get(command.name)
+        if cursor is not None:
+            cursor.invalidated = command.reason
+
+    def _group(self, offset: int, command: GroupRecord) -> None:
+        if command.record is not None and command.record.get("members"):
+            self.groups[command.name] = command.record
+        else:
+            self.groups.pop(command.name, None)  # an empty group keeps only its cursors
+
+    # -- security -------------------------------------------------------------------------------
+
+    def _put_principal(self, offset: int, command: PutPrincipal) -> None:
+        self.principals[command.name] = {
+            "hash": command.hash,
+            "scram": dict(command.scram),
+            "created_ms": command.at_ms,
+        }
+
+    def _remove_principal(self, offset: int, command: RemovePrincipal) -> None:
+        # Its ACLs go with it: a new principal of the same name would inherit them.
+        self.principals.pop(command.name, None)
+        gone = [key for key, acl in self.acls.items() if acl.get("principal") == command.name]
+        for key in gone:
+            del self.acls[key]
+        if gone:
+            self.acls_changed += 1
+
+    def _put_quota(self, offset: int, command: PutQuota) -> None:
+        self.quotas[command.name] = dict(command.limits)
+
+    def _remove_quota(self, offset: int, command: RemoveQuota) -> None:
+        self.quotas.pop(command.name, None)
+
+    def _put_acl(self, offset: int, command: PutAcl) -> None:
+        acl = dict(command.acl)
+        self.acls[acl_key(acl)] = acl
+        self.acls_changed += 1
+
+    def _remove_acl(self, offset: int, command: RemoveAcl) -> None:
+        self.acls.pop(acl_key(dict(command.acl)), None)
+        self.acls_changed += 1
+
+    # -- the archive: an extent only grows (a leader's report older than one applied changes
+    # nothing); only an operator's accepted loss shrinks one, and records what was lost -----
+
+    def _archive_claimed(self, offset: int, command: ArchiveClaimed) -> None:
+        if not self.archive_id:
+            self.archive_id = command.archive_id
+
+    def _archive_loss_accepted(self, offset: int, command: ArchiveLossAccepted) -> None:
+        self.archive_id = command.archive_id
+        for loss in command.lost:
+            key = f"{loss.name}/{loss.partition}"
+            before = self.archive_extents.get(key, {})
+            lost = [list(r) for r in before.get("lost", [])]
+            if loss.end_offset > loss.start_offset:
+                lost.append([loss.start_offset, loss.end_offset])
+            self.archive_extents[key] = {
+                "topic_id": loss.topic_id,
+                "start_offset": loss.now_start,
+                "end_offset": loss.now_end,
+                "lost": lost,
+            }
+
+    def _archive_extent(self, offset: int, command: ArchiveExtent) -> None:
+        """A partition leader's manifest as it wrote it."""
+        meta = self.topics.get(command.name)
+        if (
+            meta is None
+            or meta.topic_id != command.topic_id
+            or command.archive_id != self.archive_id
+        ):
             return
-        key = f"{name}/{int(command.get('partition', -1))}"
-        start, end = int(command.get("start_offset", -1)), int(command.get("end_offset", -1))
+        key = f"{command.name}/{command.partition}"
+        start, end = command.start_offset, command.end_offset
         old = self.archive_extents.get(key)
-        if old is not None and old["topic_id"] == topic_id:
+        if old is not None and old["topic_id"] == command.topic_id:
             if end < old["end_offset"] or start < old["start_offset"]:
                 return
             lost = old["lost"]
         else:
             lost = []
         self.archive_extents[key] = {
-            "topic_id": topic_id,
+            "topic_id": command.topic_id,
             "start_offset": start,
             "end_offset": end,
             "lost": lost,
         }
+
+    # Each kind's handler: (state, the command's offset, the command) -> the topic it changed.
+    HANDLERS: ClassVar[dict[str, Callable[[MetadataState, int, Any], str | None]]] = {
+        CreateTopic.KIND: _create_topic,
+        DeleteTopic.KIND: _delete_topic,
+        AlterTopic.KIND: _alter_topic,
+        AddPartitions.KIND: _add_partitions,
+        ReassignPartition.KIND: _reassign_partition,
+        ReassignmentDone.KIND: _reassignment_done,
+        RegisterNodes.KIND: _register_nodes,
+        AddNode.KIND: _add_node,
+        DrainNode.KIND: _drain_node,
+        RemoveNode.KIND: _remove_node,
+        CreateCursor.KIND: _create_cursor,
+        CommitCursor.KIND: _commit_cursor,
+        DeleteCursor.KIND: _delete_cursor,
+        InvalidateCursor.KIND: _invalidate_cursor,
+        GroupRecord.KIND: _group,
+        PutPrincipal.KIND: _put_principal,
+        RemovePrincipal.KIND: _remove_principal,
+        PutQuota.KIND: _put_quota,
+        RemoveQuota.KIND: _remove_quota,
+        PutAcl.KIND: _put_acl,
+        RemoveAcl.KIND: _remove_acl,
+        ArchiveClaimed.KIND: _archive_claimed,
+        ArchiveLossAccepted.KIND: _archive_loss_accepted,
+        ArchiveExtent.KIND: _archive_extent,
+    }
 
     def hosted_on(self, node_id: int) -> list[tuple[str, int]]:
         """The partitions that keep a replica on a node (assigned there, or moving off it)."""
@@ -415,36 +494,6 @@ class MetadataState:
             for p in range(meta.partitions)
             if node_id in meta.hosts(p)
         ]
-
-    def _move(self, meta: TopicMeta, kind: str, command: dict[str, Any]) -> str | None:
-        """A partition's target replicas change (the nodes it leaves keep their copy until its
-        leader reports the move done), or its move is done."""
-        partition = int(command.get("partition", -1))
-        replicas = [int(r) for r in command.get("replicas", [])]
-        if not 0 <= partition < meta.partitions or not replicas:
-            return None
-        assignments = [list(a) for a in meta.assignments]
-        retiring = {p: list(r) for p, r in meta.retiring.items()}
-        throttles = dict(meta.throttles)
-        if kind == "reassign_partition":
-            leaving = set(retiring.get(partition, [])) | set(assignments[partition])
-            leaving -= set(replicas)
-            assignments[partition] = replicas
-            if leaving:
-                retiring[partition] = sorted(leaving)
-                throttles[partition] = int(command.get("throttle_bytes", 0))
-            else:  # the same nodes (another preferred leader), or a move undone: no copy to drop
-                retiring.pop(partition, None)
-                throttles.pop(partition, None)
-        elif assignments[partition] == replicas:
-            retiring.pop(partition, None)
-            throttles.pop(partition, None)
-        else:
-            return None  # done with a move since replaced by another
-        self.topics[meta.name] = dataclasses.replace(
-            meta, assignments=assignments, retiring=retiring, throttles=throttles
-        )
-        return meta.name
 
     def to_snapshot(self) -> dict[str, Any]:
         return {
@@ -498,16 +547,6 @@ def acl_key(acl: dict[str, str]) -> str:
 
 
 CURSOR_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # matched with fullmatch
-
-
-def topic_command(meta: TopicMeta, kind: str, **fields: Any) -> dict[str, Any]:
-    """A command on this incarnation of a topic (it changes nothing if the name holds another
-    one by the time it is applied)."""
-    return {"type": kind, "name": meta.name, "topic_id": meta.topic_id, **fields}
-
-
-NODE_COMMANDS = frozenset({"register_nodes", "add_node", "drain_node", "remove_node"})
-ARCHIVE_COMMANDS = frozenset({"archive_claimed", "archive_extent", "archive_loss_accepted"})
 
 
 def node_conflict(state: MetadataState, entry: NodeEntry) -> str:

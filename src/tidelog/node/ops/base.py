@@ -4,12 +4,12 @@ it, and the node's config as it is now (its ports are known once its listeners a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from tidelog.node.config import NodeConfig
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.partition import PartitionHost
 from tidelog.replication.metadata import MetadataState
+from tidelog.replication.metadata_commands import MetadataCommand
 
 
 class MetadataOps:
@@ -23,7 +23,7 @@ class MetadataOps:
     def metadata_host(self) -> PartitionHost:
         return self.metadata_log.host
 
-    async def propose_metadata(self, command: dict[str, Any], timeout_s: float) -> int:
+    async def propose_metadata(self, command: MetadataCommand, timeout_s: float) -> int:
         return await self.metadata_log.propose(command, timeout_s)
 
 

@@ -28,6 +28,7 @@ from tidelog.replication.metadata import (
     validate_add_node,
     validate_remove_node,
 )
+from tidelog.replication.metadata_commands import AddNode, DrainNode
 from tidelog.storage.identity import DirectoryIdentity
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class ClusterAdmin(MetadataOps):
         if self.metadata.nodes.get(entry.node_id) == entry:
             return api.NodeChangeResponse(entry.to_wire())  # asked again (a retry)
         validate_add_node(self.metadata, entry)
-        await self.propose_metadata({"type": "add_node", "node": entry.to_wire()}, 30.0)
+        await self.propose_metadata(AddNode(entry), 30.0)
         if self.metadata.nodes.get(entry.node_id) != entry:
             raise NodeAlreadyExists(
                 node_conflict(self.metadata, entry) or "changed meanwhile", node_id=req.node_id
@@ -107,12 +108,7 @@ class ClusterAdmin(MetadataOps):
         placeable = self.registry.placeable()
         entry = validate_remove_node(self.metadata, req.node_id, placeable)
         if not entry.draining or entry.drain_throttle_bytes != req.throttle_bytes:
-            command = {
-                "type": "drain_node",
-                "node_id": req.node_id,
-                "throttle_bytes": req.throttle_bytes,
-            }
-            await self.propose_metadata(command, 30.0)
+            await self.propose_metadata(DrainNode(req.node_id, req.throttle_bytes), 30.0)
             log.warning("cluster: node %d is being removed", req.node_id)
         now = self.metadata.nodes.get(req.node_id, entry)
         if not now.draining:  # another drain took the nodes this one needed meanwhile

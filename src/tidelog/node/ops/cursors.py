@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from tidelog.acls import Resource
 from tidelog.errors import (
@@ -21,6 +20,13 @@ from tidelog.node.ops.base import MetadataOps
 from tidelog.protocol import api
 from tidelog.replication.metadata import (
     CURSOR_NAME,
+)
+from tidelog.replication.metadata_commands import (
+    CommitCursor,
+    CreateCursor,
+    DeleteCursor,
+    InvalidateCursor,
+    MetadataCommand,
 )
 
 log = logging.getLogger(__name__)
@@ -103,22 +109,13 @@ class CursorOps(MetadataOps):
                     raise InvalidRequest(
                         f"cursor {req.name!r}: no partition {p} or bad offset {offset}"
                     )
-            command: dict[str, Any] = {
-                "type": "commit_cursor",
-                "name": req.name,
-                "positions": positions,
-            }
+            command: MetadataCommand = CommitCursor(req.name, positions, wall_ms())
         elif req.op == "delete":
-            command = {"type": "delete_cursor", "name": req.name}
+            command = DeleteCursor(req.name, wall_ms())
         elif req.op == "invalidate":
-            command = {
-                "type": "invalidate_cursor",
-                "name": req.name,
-                "reason": req.reason or "by request",
-            }
+            command = InvalidateCursor(req.name, req.reason or "by request", wall_ms())
         else:
             raise InvalidRequest(f"unknown cursor op {req.op!r}")
-        command["at_ms"] = wall_ms()
         await self.propose_metadata(command, 30.0)
         if req.op == "commit" and not self.metadata.cursor(req.name).live:
             self._check_cursor(req.name, cursor.topic, 0)  # invalidated meanwhile
@@ -145,14 +142,6 @@ class CursorOps(MetadataOps):
                 + ("some of" if req.partial else "each of")
                 + f" its {meta.partitions} partitions (and none other)"
             )
-        command = {
-            "type": "create_cursor",
-            "name": req.name,
-            "topic": req.topic,
-            "positions": positions,
-            "backup": req.backup,
-            "owner": req.owner,
-            "at_ms": wall_ms(),
-        }
+        command = CreateCursor(req.name, req.topic, positions, req.backup, req.owner, wall_ms())
         await self.propose_metadata(command, 30.0)
         return api.CursorResponse([self.metadata.cursor(req.name).to_wire()])

@@ -38,6 +38,7 @@ from tidelog.record.validation import validate_produced
 from tidelog.replication.metadata import (
     METADATA_TOPIC,
 )
+from tidelog.replication.metadata_commands import InvalidateCursor
 
 log = logging.getLogger(__name__)
 
@@ -359,15 +360,7 @@ class DataOps(ConfiguredOps):
                 cursor=cursor.name,
                 reason=reason,
             )
-            await self.propose_metadata(
-                {
-                    "type": "invalidate_cursor",
-                    "name": cursor.name,
-                    "reason": reason,
-                    "at_ms": wall_ms(),
-                },
-                30.0,
-            )
+            await self.propose_metadata(InvalidateCursor(cursor.name, reason, wall_ms()), 30.0)
         host = self.leader(req.topic, req.partition)
         host.replica.advance_log_start(target)
         host.process_ready()

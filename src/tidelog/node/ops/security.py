@@ -9,7 +9,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from tidelog.acls import PRINCIPAL_NAME, Acl
 from tidelog.errors import (
@@ -34,6 +33,15 @@ from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import (
     acl_key,
+)
+from tidelog.replication.metadata_commands import (
+    MetadataCommand,
+    PutAcl,
+    PutPrincipal,
+    PutQuota,
+    RemoveAcl,
+    RemovePrincipal,
+    RemoveQuota,
 )
 from tidelog.scram import check_credentials
 
@@ -73,20 +81,15 @@ class Security(ConfiguredOps):
         name = check_name(req.name)
         if req.op == "add":
             encoded = check_hash(req.hash)
-            command: dict[str, Any] = {
-                "type": "put_principal",
-                "name": name,
-                "hash": encoded,
-                "scram": check_credentials(req.scram),
-            }
+            scram = check_credentials(req.scram)
+            command: MetadataCommand = PutPrincipal(name, encoded, scram, wall_ms())
         elif req.op == "remove":
             if name not in self.metadata.principals:
                 raise InvalidRequest(f"no principal {name!r}")
-            command = {"type": "remove_principal", "name": name}
+            command = RemovePrincipal(name, wall_ms())
             acls = sum(1 for a in self.metadata.acls.values() if a.get("principal") == name)
         else:
             raise InvalidRequest(f"unknown principals op {req.op!r}")
-        command["at_ms"] = wall_ms()
         await self.propose_metadata(command, 30.0)
         found = self.metadata.principals.get(name)
         return api.PrincipalsResponse(
@@ -113,8 +116,8 @@ class Security(ConfiguredOps):
         acl = Acl.from_wire(req.acl)
         if req.op == "remove" and acl_key(acl.to_wire()) not in self.metadata.acls:
             raise InvalidRequest(f"no such ACL: {acl}")
-        command = {"type": f"{'put' if req.op == 'add' else 'remove'}_acl", "acl": acl.to_wire()}
-        await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
+        change = PutAcl if req.op == "add" else RemoveAcl
+        await self.propose_metadata(change(acl.to_wire(), wall_ms()), 30.0)
         return api.AclsResponse([acl.to_wire()])
 
     async def quotas(self, req: api.QuotasRequest, payload: bytes) -> api.QuotasResponse:
@@ -124,18 +127,15 @@ class Security(ConfiguredOps):
         if not PRINCIPAL_NAME.fullmatch(req.principal):
             raise InvalidRequest(f"invalid principal {req.principal!r} for a quota")
         if req.op == "set":
-            command: dict[str, Any] = {
-                "type": "put_quota",
-                "name": req.principal,
-                "limits": check_limits(req.limits),
-            }
+            limits = check_limits(req.limits)
+            command: MetadataCommand = PutQuota(req.principal, limits, wall_ms())
         elif req.op == "remove":
             if req.principal not in known:
                 raise InvalidRequest(f"no quota for {req.principal!r}")
-            command = {"type": "remove_quota", "name": req.principal}
+            command = RemoveQuota(req.principal, wall_ms())
         else:
             raise InvalidRequest(f"unknown quotas op {req.op!r}")
-        await self.propose_metadata({**command, "at_ms": wall_ms()}, 30.0)
+        await self.propose_metadata(command, 30.0)
         limits = self.metadata.quotas.get(req.principal, {})
         return api.QuotasResponse([{"principal": req.principal, "limits": limits}])
 

@@ -8,7 +8,6 @@ import dataclasses
 import logging
 import zlib
 from collections.abc import Callable
-from typing import Any
 
 from tidelog.errors import (
     InvalidRequest,
@@ -26,12 +25,19 @@ from tidelog.replication.metadata import (
     TopicMeta,
     assign_replicas,
     default_replication_factor,
-    topic_command,
     validate_add_partitions,
     validate_alter,
     validate_create,
     validate_delete,
     validate_reassign,
+)
+from tidelog.replication.metadata_commands import (
+    AddPartitions,
+    AlterTopic,
+    CreateTopic,
+    DeleteTopic,
+    ReassignPartition,
+    TopicCommand,
 )
 
 log = logging.getLogger(__name__)
@@ -69,13 +75,7 @@ class TopicAdmin(ConfiguredOps):
         )
         assignments = self.placement(req.name, req.partitions, req.replication_factor)
         self.check_partition_limit(assignments)
-        command = {
-            "type": "create_topic",
-            "name": req.name,
-            "kind": req.kind,
-            "configs": dict(req.configs),
-            "assignments": assignments,
-        }
+        command = CreateTopic(req.name, req.kind, dict(req.configs), assignments)
         offset = await self.propose_metadata(command, 30.0)
         meta = self.metadata.topics.get(req.name)
         if meta is None or meta.created_offset != offset:
@@ -93,12 +93,12 @@ class TopicAdmin(ConfiguredOps):
         start = zlib.crc32(name.encode()) % len(nodes)
         return assign_replicas(nodes, partitions, replication_factor, start)
 
-    async def change_topic(self, meta: TopicMeta, kind: str, **fields: Any) -> TopicMeta | None:
-        """Propose a change to this incarnation of a topic; the topic after it is applied (None:
-        the name no longer holds this incarnation)."""
-        await self.propose_metadata(topic_command(meta, kind, **fields), 30.0)
-        now = self.metadata.topics.get(meta.name)
-        return now if now is not None and now.topic_id == meta.topic_id else None
+    async def change_topic(self, command: TopicCommand) -> TopicMeta | None:
+        """Propose a change to the incarnation of a topic the command names; the topic after it
+        is applied (None: the name no longer holds this incarnation)."""
+        await self.propose_metadata(command, 30.0)
+        now = self.metadata.topics.get(command.name)
+        return now if now is not None and now.topic_id == command.topic_id else None
 
     async def delete_topic(
         self, req: api.DeleteTopicRequest, payload: bytes
@@ -107,7 +107,7 @@ class TopicAdmin(ConfiguredOps):
         self.metadata_log.require_leader()
         meta = validate_delete(self.metadata, req.name, req.force)
         cursors = sorted(c.name for c in self.metadata.cursors.values() if c.topic == req.name)
-        if await self.change_topic(meta, "delete_topic") is not None:
+        if await self.change_topic(DeleteTopic(meta.name, meta.topic_id)) is not None:
             raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
         log.warning("topic %s deleted (with cursors %s)", req.name, cursors or "none")
         return api.DeleteTopicResponse(req.name, meta.topic_id, cursors)
@@ -122,7 +122,7 @@ class TopicAdmin(ConfiguredOps):
         )
         config = self.config.topic_defaults.with_overrides(configs)
         self.config.check_batch_fits(config.max_message_bytes)
-        now = await self.change_topic(meta, "alter_topic", configs=configs)
+        now = await self.change_topic(AlterTopic(meta.name, meta.topic_id, configs))
         if now is None:
             raise UnknownTopicOrPartition(f"topic {req.name!r} was deleted meanwhile")
         return api.AlterTopicResponse(req.name, dict(now.configs))
@@ -156,7 +156,8 @@ class TopicAdmin(ConfiguredOps):
         meta = validate_add_partitions(self.metadata, req.name, req.partitions)
         placed = self.placement(req.name, req.partitions, meta.replication_factor)
         self.check_partition_limit(placed[meta.partitions :])
-        now = await self.change_topic(meta, "add_partitions", assignments=placed[meta.partitions :])
+        added = placed[meta.partitions :]
+        now = await self.change_topic(AddPartitions(meta.name, meta.topic_id, added))
         if now is None or now.partitions != req.partitions:
             raise UnknownTopicOrPartition(f"topic {req.name!r} changed meanwhile; try again")
         return api.CreatePartitionsResponse(req.name, now.partitions, now.assignments)
@@ -180,11 +181,13 @@ class TopicAdmin(ConfiguredOps):
         now: TopicMeta | None = meta
         if meta.assignments[req.partition] != list(req.replicas) or req.partition in meta.retiring:
             now = await self.change_topic(
-                meta,
-                "reassign_partition",
-                partition=req.partition,
-                replicas=list(req.replicas),
-                throttle_bytes=req.throttle_bytes,
+                ReassignPartition(
+                    meta.name,
+                    meta.topic_id,
+                    req.partition,
+                    list(req.replicas),
+                    req.throttle_bytes,
+                )
             )
         if now is None:
             raise UnknownTopicOrPartition(f"topic {req.topic!r} was deleted meanwhile")
