@@ -26,6 +26,7 @@ import logging
 import os
 import ssl
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -337,88 +338,42 @@ def _read_secret_file(path: Path, key: str, what: str) -> bytes:
     return secret
 
 
-# Integer settings: the field, under its own name and under the name Kafka (or tidelog's docs)
-# gives it.
-_INT_SETTINGS = {
-    "tick_ms": "tick_ms",
-    "election_timeout_ms": "election_timeout_ms",
-    "election_jitter_ms": "election_jitter_ms",
-    "replica_fetch_wait_max_ms": "replica_fetch_wait_max_ms",
-    "replica_fetch_max_bytes": "replica_fetch_max_bytes",
-    "flush_threads": "flush_threads",
-    "checkpoint_interval_ms": "checkpoint_interval_ms",
-    "metadata_snapshot_entries": "metadata_snapshot_entries",
-    "storage_max_bytes": "storage_max_bytes",
-    "storage.max.bytes": "storage_max_bytes",
-    "max_partitions_per_node": "max_partitions_per_node",
-    "max.partitions.per.node": "max_partitions_per_node",
-    "peer_handshake_timeout_ms": "peer_handshake_timeout_ms",
-    "frame_bytes_max": "frame_bytes_max",
-    "socket.request.max.bytes": "frame_bytes_max",
-    "queued_max_request_bytes": "queued_max_request_bytes",
-    "queued.max.request.bytes": "queued_max_request_bytes",
-    "max_inflight_requests": "max_inflight_requests",
-    "max.inflight.requests.per.connection": "max_inflight_requests",
-    "max_connections": "max_connections",
-    "max.connections": "max_connections",
-    "max_connections_per_ip": "max_connections_per_ip",
-    "max.connections.per.ip": "max_connections_per_ip",
-    "idle_timeout_ms": "idle_timeout_ms",
-    "connections.max.idle.ms": "idle_timeout_ms",
-    "request_receive_timeout_ms": "request_receive_timeout_ms",
-    "request.receive.timeout.ms": "request_receive_timeout_ms",
-    "fd_reserve": "fd_reserve",
-    "fd.reserve": "fd_reserve",
-    "fetch_max_bytes": "fetch_max_bytes",
-    "fetch.max.bytes": "fetch_max_bytes",
-}
-NODE_SETTINGS = sorted(k for k in _INT_SETTINGS if "." in k)
-# Every key node_config_from reads (TOML, --set and serve's flags): any other is refused, so
-# that a misspelt setting is never silently left at its default.
-KNOWN_SETTINGS = frozenset(_INT_SETTINGS) | {
-    "data",
-    "data_dir",
-    "node_id",
-    "listen",
-    "peers",
-    "join",
-    "defaults",
-    "zero_copy",
-    "quiesce",
-    "peer_listen",
-    "kafka_listen",
-    "kafka_advertised",
-    "http_listen",
-    "archive",
-    "archive_endpoint",
-    "archive.endpoint",
-    "http_allowed_hosts",
-    "http.allowed.hosts",
-    "cluster_id",
-    "cluster_secret_file",
-    "event_loop",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-    "tls.ca",
-    "tls.cert",
-    "tls.key",
-    "tls_client_auth",
-    "tls.client.auth",
-    "authorization",
-    "super_users",
-    "super.users",
-    "admin_token_file",
-    "insecure",
-}
+# -- reading the settings: a table of NodeConfig fields, the names each is read under (its own,
+# then the name Kafka or tidelog's docs give it) and how its value is read ---------------------
+
+Values = Mapping[str, Any]
+# What fills some fields of a NodeConfig from the settings given (none when none is given).
+Reader = Callable[[Values], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A NodeConfig field read from one setting, under any of its names."""
+
+    field: str
+    names: tuple[str, ...]
+    read: Callable[[str, Any], Any]  # (the name it was given under, its value) -> the field
+    # every: each name given is read and the last wins, and 0 or false counts as given (numbers,
+    # flags); else only the first name whose value is not empty is read.
+    every: bool = False
+
+    def __call__(self, values: Values) -> dict[str, Any]:
+        read: dict[str, Any] = {}
+        for name in self.names:
+            if self.every and name in values:
+                read[self.field] = self.read(name, values[name])
+            elif not self.every and values.get(name):
+                return {self.field: self.read(name, values[name])}
+        return read
+
+
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
 
-def _flag(values: dict[str, Any], key: str) -> bool:
+def _flag(key: str, value: Any) -> bool:
     """A boolean setting: TOML's true/false, or --set's words for them (`insecure=false` is
     false; anything else is refused)."""
-    value = values[key]
     if isinstance(value, bool):
         return value
     word = str(value).strip().lower()
@@ -429,7 +384,157 @@ def _flag(values: dict[str, Any], key: str) -> bool:
     raise InvalidConfig(f"{key}: {value!r} is not true or false", key=key)
 
 
-def _check_known(values: dict[str, Any]) -> None:
+def _integer(key: str, value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidConfig(f"{key}: {value!r} is not an integer", key=key) from None
+
+
+def _text(key: str, value: Any) -> str:
+    return str(value)
+
+
+def _address(key: str, value: Any) -> tuple[str, int]:
+    return parse_address(str(value))
+
+
+def _addresses(key: str, value: Any) -> tuple[tuple[str, int], ...]:
+    """A list (TOML) or HOST:PORT,HOST:PORT (a flag)."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    return tuple(parse_address(str(a).strip()) for a in items if str(a).strip())
+
+
+def _host_names(key: str, value: Any) -> tuple[str, ...]:
+    hosts = [h for h in value.split(",") if h.strip()] if isinstance(value, str) else value
+    return tuple(str(h).strip().lower() for h in hosts)
+
+
+def _authorization(key: str, value: Any) -> Authorization:
+    try:
+        return Authorization(str(value))
+    except ValueError:
+        raise InvalidConfig(f"authorization must be none or acl, not {value!r}", key=key) from None
+
+
+def _principal_names(key: str, value: Any) -> frozenset[str]:
+    """A list (TOML) or NAME;NAME (";" separates them in Kafka's super.users)."""
+    names = [s for s in value.split(";") if s.strip()] if isinstance(value, str) else value
+    return frozenset(str(s).strip() for s in names)
+
+
+def _admin_token(key: str, value: Any) -> tuple[str, str]:
+    return read_admin_token(Path(str(value)))
+
+
+def _archive(values: Values) -> dict[str, Any]:
+    """The archive's URL and its store's endpoint, opened once so that a bad URL fails at
+    start, by name."""
+    if not values.get("archive"):
+        return {}
+    from tidelog.archive.store import open_store
+
+    url = str(values["archive"])
+    endpoint = str(values.get("archive_endpoint") or values.get("archive.endpoint") or "")
+    open_store(url, endpoint)
+    return {"archive": url, "archive_endpoint": endpoint}
+
+
+def _tls(values: Values) -> dict[str, Any]:
+    tls = TlsFiles.of(
+        *(values.get(f"tls_{k}") or values.get(f"tls.{k}") for k in ("ca", "cert", "key"))
+    )
+    return {} if tls is None else {"tls": tls}
+
+
+def _cluster_secret(values: Values) -> dict[str, Any]:
+    """From its file, else from the environment (checked as strictly)."""
+    secret_file = values.get("cluster_secret_file")
+    if secret_file:
+        return {"cluster_secret": read_secret(Path(str(secret_file)))}
+    if os.environ.get(SECRET_ENV):
+        check_cluster_secret(os.environ[SECRET_ENV].strip().encode(), SECRET_ENV)
+        return {"cluster_secret": os.environ[SECRET_ENV].encode()}
+    return {}
+
+
+def _int(field: str, *other_names: str) -> Setting:
+    return Setting(field, (field, *other_names), _integer, every=True)
+
+
+# In the order they are read: of several bad settings, the first here is the one named.
+_SETTINGS: tuple[Reader, ...] = (
+    _int("tick_ms"),
+    _int("election_timeout_ms"),
+    _int("election_jitter_ms"),
+    _int("replica_fetch_wait_max_ms"),
+    _int("replica_fetch_max_bytes"),
+    _int("flush_threads"),
+    _int("checkpoint_interval_ms"),
+    _int("metadata_snapshot_entries"),
+    _int("storage_max_bytes", "storage.max.bytes"),
+    _int("max_partitions_per_node", "max.partitions.per.node"),
+    _int("peer_handshake_timeout_ms"),
+    _int("frame_bytes_max", "socket.request.max.bytes"),
+    _int("queued_max_request_bytes", "queued.max.request.bytes"),
+    _int("max_inflight_requests", "max.inflight.requests.per.connection"),
+    _int("max_connections", "max.connections"),
+    _int("max_connections_per_ip", "max.connections.per.ip"),
+    _int("idle_timeout_ms", "connections.max.idle.ms"),
+    _int("request_receive_timeout_ms", "request.receive.timeout.ms"),
+    _int("fd_reserve", "fd.reserve"),
+    _int("fetch_max_bytes", "fetch.max.bytes"),
+    Setting("zero_copy", ("zero_copy",), _flag, every=True),
+    Setting("quiesce", ("quiesce",), _flag, every=True),
+    Setting("peer_listen", ("peer_listen",), _address),
+    Setting("kafka_listen", ("kafka_listen",), _address),
+    Setting("kafka_advertised", ("kafka_advertised",), _address),
+    Setting("http_listen", ("http_listen",), _address),
+    Setting("http_allowed_hosts", ("http_allowed_hosts", "http.allowed.hosts"), _host_names),
+    _archive,
+    Setting("join", ("join",), _addresses),
+    Setting("cluster_id", ("cluster_id",), _text),
+    _tls,
+    Setting("tls_client_auth", ("tls_client_auth", "tls.client.auth"), _text),
+    Setting("authorization", ("authorization",), _authorization),
+    Setting("super_users", ("super_users", "super.users"), _principal_names),
+    Setting("admin_token", ("admin_token_file",), _admin_token),
+    Setting("insecure", ("insecure",), _flag, every=True),
+    _cluster_secret,
+)
+_TABLE_NAMES = [name for s in _SETTINGS if isinstance(s, Setting) for name in s.names]
+NODE_SETTINGS = sorted(
+    name
+    for s in _SETTINGS
+    if isinstance(s, Setting) and s.read is _integer
+    for name in s.names
+    if "." in name
+)
+# Every key node_config_from reads (TOML, --set and serve's flags): any other is refused, so
+# that a misspelt setting is never silently left at its default. Besides the table's Settings:
+# node_config_from's own, and those _archive, _tls and _cluster_secret read.
+KNOWN_SETTINGS = frozenset(_TABLE_NAMES) | {
+    "data",
+    "data_dir",
+    "node_id",
+    "listen",
+    "peers",
+    "defaults",
+    "event_loop",
+    "archive",
+    "archive_endpoint",
+    "archive.endpoint",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "tls.ca",
+    "tls.cert",
+    "tls.key",
+    "cluster_secret_file",
+}
+
+
+def _check_known(values: Values) -> None:
     unknown = sorted(k for k in values if k not in KNOWN_SETTINGS)
     if unknown:
         key = unknown[0]
@@ -438,94 +543,36 @@ def _check_known(values: dict[str, Any]) -> None:
         raise InvalidConfig(f"unknown node setting {key!r}{hint}", key=key)
 
 
+def _peers(raw: Any) -> tuple[dict[int, tuple[str, int]], dict[int, int]]:
+    """A string (a flag's ID=HOST:PORT,...) or a table {ID = "HOST:PORT"} (TOML)."""
+    if isinstance(raw, str):
+        return parse_peer_entries(raw)
+    return parse_peer_entries(",".join(f"{k}={v}" for k, v in dict(raw).items()))
+
+
+def _listen(values: Values, node_id: int, peers: dict[int, tuple[str, int]]) -> tuple[str, int]:
+    """Given, else this node's address among the peers, else the default."""
+    if values.get("listen"):
+        return parse_address(str(values["listen"]))
+    return peers.get(node_id, ("127.0.0.1", 7100))
+
+
 def node_config_from(values: dict[str, Any]) -> NodeConfig:
     """Build a NodeConfig from merged TOML and CLI values (CLI wins, done by the caller)."""
     _check_known(values)
-    hosts = values.get("http_allowed_hosts") or values.get("http.allowed.hosts") or ()
-    if isinstance(hosts, str):
-        hosts = [h for h in hosts.split(",") if h.strip()]
-    allowed_hosts = tuple(str(h).strip().lower() for h in hosts)
     data = values.get("data") or values.get("data_dir")
     if not data:
         raise InvalidConfig("a data directory is required (--data)", key="data")
-    peers_raw = values.get("peers", {})
-    if isinstance(peers_raw, str):
-        peers, peer_ports = parse_peer_entries(peers_raw)
-    else:
-        entries = ",".join(f"{k}={v}" for k, v in dict(peers_raw).items())
-        peers, peer_ports = parse_peer_entries(entries)
+    peers, peer_ports = _peers(values.get("peers", {}))
     defaults = TopicConfig.from_mapping(dict(values.get("defaults", {})))
     kwargs: dict[str, Any] = {}
-    for key, name in _INT_SETTINGS.items():
-        if key in values:
-            try:
-                kwargs[name] = int(values[key])
-            except (TypeError, ValueError):
-                raise InvalidConfig(f"{key}: {values[key]!r} is not an integer", key=key) from None
-    for flag in ("zero_copy", "quiesce"):
-        if flag in values:
-            kwargs[flag] = _flag(values, flag)
-    for key in ("peer_listen", "kafka_listen", "kafka_advertised", "http_listen"):
-        if values.get(key):
-            kwargs[key] = parse_address(str(values[key]))
-    if allowed_hosts:
-        kwargs["http_allowed_hosts"] = allowed_hosts
-    if values.get("archive"):
-        from tidelog.archive.store import open_store
-
-        kwargs["archive"] = str(values["archive"])
-        endpoint = values.get("archive_endpoint") or values.get("archive.endpoint") or ""
-        kwargs["archive_endpoint"] = str(endpoint)
-        open_store(kwargs["archive"], kwargs["archive_endpoint"])  # a bad URL fails here, named
-    join = values.get("join")
-    if join:
-        items = join if isinstance(join, list) else str(join).split(",")
-        kwargs["join"] = tuple(parse_address(str(a).strip()) for a in items if str(a).strip())
-    if values.get("cluster_id"):
-        kwargs["cluster_id"] = str(values["cluster_id"])
-    tls = TlsFiles.of(
-        *(values.get(f"tls_{k}") or values.get(f"tls.{k}") for k in ("ca", "cert", "key"))
-    )
-    if tls is not None:
-        kwargs["tls"] = tls
-    client_auth = values.get("tls_client_auth") or values.get("tls.client.auth")
-    if client_auth:
-        kwargs["tls_client_auth"] = str(client_auth)
-    authorization = values.get("authorization")
-    if authorization:
-        try:
-            kwargs["authorization"] = Authorization(str(authorization))
-        except ValueError:
-            raise InvalidConfig(
-                f"authorization must be none or acl, not {authorization!r}", key="authorization"
-            ) from None
-    supers = values.get("super_users") or values.get("super.users") or []
-    if isinstance(supers, str):
-        supers = [s for s in supers.split(";") if s.strip()]  # Kafka's separator
-    kwargs["super_users"] = frozenset(str(s).strip() for s in supers)
-    admin_file = values.get("admin_token_file")
-    if admin_file:
-        kwargs["admin_token"] = read_admin_token(Path(str(admin_file)))
-    if "insecure" in values:
-        kwargs["insecure"] = _flag(values, "insecure")
-    secret_file = values.get("cluster_secret_file")
-    if secret_file:
-        kwargs["cluster_secret"] = read_secret(Path(str(secret_file)))
-    elif os.environ.get(SECRET_ENV):
-        check_cluster_secret(os.environ[SECRET_ENV].strip().encode(), SECRET_ENV)
-        kwargs["cluster_secret"] = os.environ[SECRET_ENV].encode()
+    for reader in _SETTINGS:
+        kwargs.update(reader(values))
     node_id = int(values.get("node_id", 1))
-    listen = values.get("listen")
-    if listen:
-        listen_addr = parse_address(str(listen))
-    elif node_id in peers:
-        listen_addr = peers[node_id]
-    else:
-        listen_addr = ("127.0.0.1", 7100)
     return NodeConfig(
         data_dir=Path(str(data)),
         node_id=node_id,
-        listen=listen_addr,
+        listen=_listen(values, node_id, peers),
         peers=peers,
         peer_ports=peer_ports,
         topic_defaults=defaults,

@@ -115,47 +115,9 @@ class PartitionHost:
         # opened), compaction or the state machine; reported in status, skipped by readers.
         self.invalid_batches: dict[int, InvalidBatch] = {}
         self.recovery = self.log.recovery
-        nc = self._node_config = node_config
-        replica_config = self._topic_rules(
-            ReplicaConfig(
-                node_id=nc.node_id,
-                voters=voters,
-                election_timeout_ticks=nc.ticks(nc.election_timeout_ms),
-                election_jitter_ticks=nc.ticks(nc.election_jitter_ms),
-                fetch_max_wait_ticks=nc.ticks(nc.replica_fetch_wait_max_ms),
-                fetch_retry_ticks=nc.ticks(nc.replica_fetch_wait_max_ms)
-                + nc.ticks(nc.election_timeout_ms) // 2,
-                check_quorum_ticks=nc.ticks(nc.election_timeout_ms) * 3 // 2,
-                fetch_max_bytes=nc.replica_fetch_max_bytes,
-                state_machine=machine is not None,
-                directory_id=directory_id,
-            ),
-            config,
-        )
-        seed = zlib.crc32(f"{nc.node_id}/{self.group}".encode())
-        self.state_machine: StateMachineDriver | None = None
-        if machine is not None:
-            self.state_machine = StateMachineDriver(
-                self.group,
-                self.log,
-                SnapshotStore(directory, config.snapshot_retain),
-                machine,
-                config.snapshot_entries,
-                seed,
-                on_invalid=self.report_invalid,
-            )
-        self.replica = Replica(
-            replica_config,
-            self.log,
-            self._load_quorum_state(),
-            random.Random(seed),
-            self.state_machine,
-            known_directories,
-            clock,
-            liveness,
-        )
-        self.driver: PartitionDriver[asyncio.Future[None]] = PartitionDriver(
-            self.replica, self.log, self, self.state_machine
+        self._node_config = node_config
+        self.state_machine, self.replica, self.driver = self._replication(
+            voters, machine, directory_id, known_directories, clock, liveness
         )
         if self.state_machine is not None:
             self.state_machine.catch_up()
@@ -178,6 +140,65 @@ class PartitionHost:
         self.scrubbed_to = self.log.log_start_offset
         self.scrub_end = self.log.log_end_offset
         self.scrubbing = False
+
+    def _replication(
+        self,
+        voters: tuple[int, ...],
+        machine: Machine | None,
+        directory_id: str,
+        known_directories: Mapping[int, str] | None,
+        clock: TickSource | None,
+        liveness: LivenessView | None,
+    ) -> tuple[StateMachineDriver | None, Replica, PartitionDriver[asyncio.Future[None]]]:
+        """The replication core over this host's log: the state machine (table topics and the
+        metadata log), the replica, and the driver that carries out the replica's outputs with
+        this host as its effects."""
+        replica_config = self._replica_config(voters, machine is not None, directory_id)
+        seed = zlib.crc32(f"{self._node_config.node_id}/{self.group}".encode())
+        state_machine: StateMachineDriver | None = None
+        if machine is not None:
+            state_machine = StateMachineDriver(
+                self.group,
+                self.log,
+                SnapshotStore(self.directory, self.config.snapshot_retain),
+                machine,
+                self.config.snapshot_entries,
+                seed,
+                on_invalid=self.report_invalid,
+            )
+        replica = Replica(
+            replica_config,
+            self.log,
+            self._load_quorum_state(),
+            random.Random(seed),
+            state_machine,
+            known_directories,
+            clock,
+            liveness,
+        )
+        return state_machine, replica, PartitionDriver(replica, self.log, self, state_machine)
+
+    def _replica_config(
+        self, voters: tuple[int, ...], state_machine: bool, directory_id: str
+    ) -> ReplicaConfig:
+        """The replica's timing in this node's ticks, and the topic's rules."""
+        nc = self._node_config
+        return self._topic_rules(
+            ReplicaConfig(
+                node_id=nc.node_id,
+                voters=voters,
+                election_timeout_ticks=nc.ticks(nc.election_timeout_ms),
+                election_jitter_ticks=nc.ticks(nc.election_jitter_ms),
+                fetch_max_wait_ticks=nc.ticks(nc.replica_fetch_wait_max_ms),
+                fetch_retry_ticks=nc.ticks(nc.replica_fetch_wait_max_ms)
+                + nc.ticks(nc.election_timeout_ms) // 2,
+                check_quorum_ticks=nc.ticks(nc.election_timeout_ms) * 3 // 2,
+                fetch_max_bytes=nc.replica_fetch_max_bytes,
+                state_machine=state_machine,
+                directory_id=directory_id,
+            ),
+            self.config,
+        )
 
     # -- the driver -----------------------------------------------------------------------------
 

@@ -279,26 +279,28 @@ def inflate(
         raise _refuse(CorruptRecord, "compression", exc.message, batch) from None
 
 
+class _MalformedVarint(Exception):
+    """A varint cut short by its field's end, or wider than its type: the scan stops there with
+    SCAN_VARINT (raised, so that the reads on the common path need no check)."""
+
+
 def _varint(
     data: bytes | bytearray | memoryview, p: int, end: int, max_bytes: int
 ) -> tuple[int, int]:
-    """Zig-zag varint of at most max_bytes (5: int32, 10: int64); (_BAD, p) when malformed."""
+    """Zig-zag varint of at most max_bytes (5: int32, 10: int64) at p: (value, next p)."""
     raw = 0
     top = 0x0F if max_bytes == 5 else 0x01  # what the last byte may hold: 32 or 64 bits
     for i in range(max_bytes):
         if p >= end:
-            return _BAD, p
+            raise _MalformedVarint
         b = data[p]
         p += 1
         if i == max_bytes - 1 and b > top:
-            return _BAD, p
+            raise _MalformedVarint
         raw |= (b & 0x7F) << (7 * i)
         if b < 0x80:
             return (raw >> 1) ^ -(raw & 1), p
-    return _BAD, p
-
-
-_BAD = -(1 << 70)
+    raise _MalformedVarint
 
 
 def _scan_records_py(
@@ -309,100 +311,101 @@ def _scan_records_py(
     last_offset_delta: int,
 ) -> ScanResult:
     """The reference scan (what _scan.c does, check for check, in the same order). Single-byte
-    varints, nearly all of them, are read inline: a call per field would triple the cost."""
+    varints, nearly all of them, are read inline: a call per field would triple the cost.
+    Headers, which most records have none of, are _scan_headers'."""
     data = bytes(data)
     end = len(data)
     p = 0
     min_ts = max_ts = 0
     previous = -1
-    for i in range(count):
-        if p < end and data[p] < 0x80:
-            b = data[p]
-            n, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
-            n, p = _varint(data, p, end, 5)
-            if n == _BAD:
-                return SCAN_VARINT, i, min_ts, max_ts
-        if n < 1 or n > end - p:
-            return SCAN_RECORD_LENGTH, i, min_ts, max_ts
-        stop = p + n
-        p += 1  # record attributes
-        if p < stop and data[p] < 0x80:
-            b = data[p]
-            delta, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
-            delta, p = _varint(data, p, stop, 10)
-            if delta == _BAD:
-                return SCAN_VARINT, i, min_ts, max_ts
-        ts = base_ts + delta
-        if not -(1 << 63) <= ts < (1 << 63):
-            return SCAN_TIMESTAMP, i, min_ts, max_ts
-        if i == 0 or ts < min_ts:
-            min_ts = ts
-        if i == 0 or ts > max_ts:
-            max_ts = ts
-        if p < stop and data[p] < 0x80:
-            b = data[p]
-            n, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
+    try:
+        for i in range(count):
+            if p < end and data[p] < 0x80:
+                b = data[p]
+                n, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                n, p = _varint(data, p, end, 5)
+            if n < 1 or n > end - p:
+                return SCAN_RECORD_LENGTH, i, min_ts, max_ts
+            stop = p + n
+            p += 1  # record attributes
+            if p < stop and data[p] < 0x80:
+                b = data[p]
+                delta, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                delta, p = _varint(data, p, stop, 10)
+            ts = base_ts + delta
+            if not -(1 << 63) <= ts < (1 << 63):
+                return SCAN_TIMESTAMP, i, min_ts, max_ts
+            if i == 0 or ts < min_ts:
+                min_ts = ts
+            if i == 0 or ts > max_ts:
+                max_ts = ts
+            if p < stop and data[p] < 0x80:
+                b = data[p]
+                n, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                n, p = _varint(data, p, stop, 5)
+            if n <= previous or n > last_offset_delta:
+                return SCAN_OFFSET_DELTA, i, min_ts, max_ts
+            previous = n
+            if p < stop and data[p] < 0x80:
+                b = data[p]
+                n, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                n, p = _varint(data, p, stop, 5)
+            if n == -1:
+                if require_keys:
+                    return SCAN_KEY_REQUIRED, i, min_ts, max_ts
+            elif n < 0 or n > stop - p:
+                return SCAN_KEY_LENGTH, i, min_ts, max_ts
+            else:
+                p += n
             n, p = _varint(data, p, stop, 5)
-            if n == _BAD:
-                return SCAN_VARINT, i, min_ts, max_ts
-        if n <= previous or n > last_offset_delta:
-            return SCAN_OFFSET_DELTA, i, min_ts, max_ts
-        previous = n
-        if p < stop and data[p] < 0x80:
-            b = data[p]
-            n, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
-            n, p = _varint(data, p, stop, 5)
-            if n == _BAD:
-                return SCAN_VARINT, i, min_ts, max_ts
-        if n == -1:
-            if require_keys:
-                return SCAN_KEY_REQUIRED, i, min_ts, max_ts
-        elif n < 0 or n > stop - p:
-            return SCAN_KEY_LENGTH, i, min_ts, max_ts
-        else:
-            p += n
-        n, p = _varint(data, p, stop, 5)
-        if n == _BAD:
-            return SCAN_VARINT, i, min_ts, max_ts
-        if n < -1 or n > stop - p:
-            return SCAN_VALUE_LENGTH, i, min_ts, max_ts
-        if n > 0:
-            p += n
-        if p < stop and data[p] == 0:
-            headers, p = 0, p + 1
-        else:
-            headers, p = _varint(data, p, stop, 5)
-            if headers == _BAD:
-                return SCAN_VARINT, i, min_ts, max_ts
-        if headers < 0 or headers > stop - p:
-            return SCAN_HEADER_COUNT, i, min_ts, max_ts
-        for _ in range(headers):
-            n, p = _varint(data, p, stop, 5)
-            if n == _BAD:
-                return SCAN_VARINT, i, min_ts, max_ts
-            if n < 0 or n > stop - p:
-                return SCAN_HEADER_KEY, i, min_ts, max_ts
-            try:
-                data[p : p + n].decode("utf-8")
-            except UnicodeDecodeError:
-                return SCAN_HEADER_KEY_UTF8, i, min_ts, max_ts
-            p += n
-            n, p = _varint(data, p, stop, 5)
-            if n == _BAD:
-                return SCAN_VARINT, i, min_ts, max_ts
             if n < -1 or n > stop - p:
-                return SCAN_HEADER_VALUE, i, min_ts, max_ts
+                return SCAN_VALUE_LENGTH, i, min_ts, max_ts
             if n > 0:
                 p += n
-        if p != stop:
-            return SCAN_RECORD_END, i, min_ts, max_ts
+            if p < stop and data[p] == 0:
+                p += 1  # no headers, as nearly always
+            else:
+                code, p = _scan_headers(data, p, stop)
+                if code != SCAN_OK:
+                    return code, i, min_ts, max_ts
+            if p != stop:
+                return SCAN_RECORD_END, i, min_ts, max_ts
+    except _MalformedVarint:
+        return SCAN_VARINT, i, min_ts, max_ts
     if p != end:
         return SCAN_TRAILING, count, min_ts, max_ts
     return SCAN_OK, count, min_ts, max_ts
+
+
+def _scan_headers(data: bytes, p: int, stop: int) -> tuple[int, int]:
+    """A record's headers from p (their count, then each key and value) to at most stop:
+    (SCAN_OK or the rule broken, where the scan got to)."""
+    if p < stop and data[p] < 0x80:
+        b = data[p]
+        headers, p = (b >> 1) ^ -(b & 1), p + 1
+    else:
+        headers, p = _varint(data, p, stop, 5)
+    if headers < 0 or headers > stop - p:
+        return SCAN_HEADER_COUNT, p
+    for _ in range(headers):
+        n, p = _varint(data, p, stop, 5)
+        if n < 0 or n > stop - p:
+            return SCAN_HEADER_KEY, p
+        try:
+            data[p : p + n].decode("utf-8")
+        except UnicodeDecodeError:
+            return SCAN_HEADER_KEY_UTF8, p
+        p += n
+        n, p = _varint(data, p, stop, 5)
+        if n < -1 or n > stop - p:
+            return SCAN_HEADER_VALUE, p
+        if n > 0:
+            p += n
+    return SCAN_OK, p
 
 
 def _compiled_scanner() -> Scanner | None:

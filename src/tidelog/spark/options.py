@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tidelog.errors import InvalidConfig
 from tidelog.tls import TlsFiles
@@ -114,93 +115,161 @@ class SourceOptions:
     @staticmethod
     def parse(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         opts, bootstrap = _lowered(options)
-        table = opts.get("table", "")
-        chosen = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k)]
-        if table:
-            if streaming:
-                raise InvalidConfig(
-                    "option 'table' reads a table topic's state in batch only", key="table"
-                )
-        elif len(chosen) != 1:
-            raise InvalidConfig(
-                "exactly one of the options 'subscribe', 'subscribePattern' and 'assign' is required",
-                key="subscribe",
-            )
-        pattern = opts.get("subscribepattern", "")
-        if pattern:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise InvalidConfig(
-                    f"option 'subscribePattern' is not a regex: {exc}", key="subscribePattern"
-                ) from None
-        assign: tuple[TopicPartition, ...] = ()
-        if opts.get("assign"):
-            try:
-                data = json.loads(opts["assign"])
-                assign = tuple((str(t), int(p)) for t, ps in data.items() for p in ps)
-            except (ValueError, AttributeError, TypeError):
-                raise InvalidConfig(
-                    "option 'assign' must be JSON like {\"topic\": [0, 1]}", key="assign"
-                ) from None
-        starting = opts.get("startingoffsets", "latest" if streaming else "earliest")
-        ending = opts.get("endingoffsets", "latest")
-        if streaming and "endingoffsets" in opts:
-            raise InvalidConfig(
-                "option 'endingOffsets' is for batch queries only", key="endingOffsets"
-            )
-        if not streaming and starting == "latest":
-            raise InvalidConfig(
-                "startingOffsets=latest is not allowed in a batch query", key="startingOffsets"
-            )
-        for key, value in (("startingOffsets", starting), ("endingOffsets", ending)):
-            if value not in ("earliest", "latest"):
-                parsed = parse_offsets_json(value, key)
-                if key == "endingOffsets" and EARLIEST in parsed.values():
-                    raise InvalidConfig("endingOffsets cannot be -2 (earliest)", key=key)
-        if ending == "earliest":
-            raise InvalidConfig("endingOffsets cannot be earliest", key="endingOffsets")
-        max_per_trigger = _int(opts, "maxoffsetspertrigger")
-        if max_per_trigger is not None and max_per_trigger < 1:
-            raise InvalidConfig(
-                "option 'maxOffsetsPerTrigger' must be positive", key="maxOffsetsPerTrigger"
-            )
-        min_partitions = _int(opts, "minpartitions")
-        if min_partitions is not None and min_partitions < 1:
-            raise InvalidConfig("option 'minPartitions' must be positive", key="minPartitions")
-        max_partitions = _int(opts, "maxpartitions")
-        if max_partitions is not None and max_partitions < 1:
-            raise InvalidConfig("option 'maxPartitions' must be positive", key="maxPartitions")
-        if min_partitions and max_partitions and min_partitions > max_partitions:
-            raise InvalidConfig(
-                f"option 'minPartitions' ({min_partitions}) is above 'maxPartitions' "
-                f"({max_partitions})",
-                key="maxPartitions",
-            )
         return SourceOptions(
             bootstrap=bootstrap,
-            subscribe=tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()),
-            subscribe_pattern=pattern,
-            assign=assign,
-            starting_offsets=starting,
-            starting_explicit="startingoffsets" in opts or "startingtimestamp" in opts,
-            ending_offsets=ending,
-            starting_timestamp=_int(opts, "startingtimestamp"),
-            fail_on_data_loss=_bool(opts, "failondataloss", True),
-            skip_invalid_batches=_bool(opts, "skipinvalidbatches", False),
-            max_offsets_per_trigger=max_per_trigger,
-            min_partitions=min_partitions,
-            max_partitions=max_partitions,
-            include_headers=_bool(opts, "includeheaders", False),
-            cursor=opts.get("cursor", ""),
-            cursor_backup=_bool(opts, "cursorbackup", False),
-            table=table,
-            fetch_max_bytes=_int(opts, "fetchmaxbytes") or FETCH_BYTES_DEFAULT,
-            tls=_tls(opts),
-            token=opts.get("token") or None,
-            archive_direct=_bool(opts, "archive.direct", True),
-            archive_endpoint=opts.get("archive.endpoint", ""),
+            **_topics(opts, streaming),
+            **_offset_range(opts, streaming),
+            **_read(opts, _SOURCE_OPTIONS),
         )
+
+
+def _topics(opts: Mapping[str, str], streaming: bool) -> dict[str, Any]:
+    """What the source reads: exactly one of subscribe, subscribePattern and assign, or a table
+    topic's state (batch only)."""
+    table = opts.get("table", "")
+    chosen = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k)]
+    if table:
+        if streaming:
+            raise InvalidConfig(
+                "option 'table' reads a table topic's state in batch only", key="table"
+            )
+    elif len(chosen) != 1:
+        raise InvalidConfig(
+            "exactly one of the options 'subscribe', 'subscribePattern' and 'assign' is required",
+            key="subscribe",
+        )
+    pattern = opts.get("subscribepattern", "")
+    if pattern:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InvalidConfig(
+                f"option 'subscribePattern' is not a regex: {exc}", key="subscribePattern"
+            ) from None
+    return {
+        "table": table,
+        "subscribe": tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()),
+        "subscribe_pattern": pattern,
+        "assign": _assignment(opts),
+    }
+
+
+def _assignment(opts: Mapping[str, str]) -> tuple[TopicPartition, ...]:
+    """The option assign: {"topic": [0, 1]}."""
+    if not opts.get("assign"):
+        return ()
+    try:
+        data = json.loads(opts["assign"])
+        return tuple((str(t), int(p)) for t, ps in data.items() for p in ps)
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidConfig(
+            "option 'assign' must be JSON like {\"topic\": [0, 1]}", key="assign"
+        ) from None
+
+
+def _offset_range(opts: Mapping[str, str], streaming: bool) -> dict[str, Any]:
+    """startingOffsets and endingOffsets (batch only): earliest, latest or per partition."""
+    starting = opts.get("startingoffsets", "latest" if streaming else "earliest")
+    ending = opts.get("endingoffsets", "latest")
+    if streaming and "endingoffsets" in opts:
+        raise InvalidConfig("option 'endingOffsets' is for batch queries only", key="endingOffsets")
+    if not streaming and starting == "latest":
+        raise InvalidConfig(
+            "startingOffsets=latest is not allowed in a batch query", key="startingOffsets"
+        )
+    for key, value in (("startingOffsets", starting), ("endingOffsets", ending)):
+        if value not in ("earliest", "latest"):
+            parsed = parse_offsets_json(value, key)
+            if key == "endingOffsets" and EARLIEST in parsed.values():
+                raise InvalidConfig("endingOffsets cannot be -2 (earliest)", key=key)
+    if ending == "earliest":
+        raise InvalidConfig("endingOffsets cannot be earliest", key="endingOffsets")
+    return {
+        "starting_offsets": starting,
+        "starting_explicit": "startingoffsets" in opts or "startingtimestamp" in opts,
+        "ending_offsets": ending,
+    }
+
+
+# A reader of one option: (the lowered options, the option's name as Spark spells it, its
+# default) -> the field's value. Spark's options are case-insensitive: the name is looked up
+# lowered.
+OptionReader = Callable[[Mapping[str, str], str, Any], Any]
+
+
+@dataclass(frozen=True)
+class _Option:
+    field: str  # of SourceOptions
+    name: str
+    read: OptionReader
+    default: Any = None
+
+
+def _read(opts: Mapping[str, str], table: tuple[_Option, ...]) -> dict[str, Any]:
+    """Each option of the table, in its order (of several bad options, the first is named)."""
+    return {o.field: o.read(opts, o.name, o.default) for o in table}
+
+
+def _flag(opts: Mapping[str, str], name: str, default: bool) -> bool:
+    return _bool(opts, name.lower(), default)
+
+
+def _integer(opts: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = _int(opts, name.lower())
+    return default if value is None else value
+
+
+def _size(opts: Mapping[str, str], name: str, default: int) -> int:
+    """A number of bytes: not given, or 0, is the default."""
+    return _int(opts, name.lower()) or default
+
+
+def _positive(opts: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = _integer(opts, name, default)
+    if value is not None and value < 1:
+        raise InvalidConfig(f"option {name!r} must be positive", key=name)
+    return value
+
+
+def _max_partitions(opts: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """Positive, and not below minPartitions (read, and checked, before it)."""
+    most = _positive(opts, name, default)
+    least = _int(opts, "minpartitions")
+    if least and most and least > most:
+        raise InvalidConfig(
+            f"option 'minPartitions' ({least}) is above 'maxPartitions' ({most})",
+            key="maxPartitions",
+        )
+    return most
+
+
+def _text(opts: Mapping[str, str], name: str, default: str | None) -> str | None:
+    """Not given, or empty, is the default."""
+    return opts.get(name.lower()) or default
+
+
+def _tls_files(opts: Mapping[str, str], name: str, default: None) -> TlsFiles | None:
+    """The options tls.ca, tls.cert and tls.key, together."""
+    return _tls(opts)
+
+
+# The source's options besides the topics and the offset range, with SourceOptions' defaults.
+_SOURCE_OPTIONS = (
+    _Option("max_offsets_per_trigger", "maxOffsetsPerTrigger", _positive),
+    _Option("min_partitions", "minPartitions", _positive),
+    _Option("max_partitions", "maxPartitions", _max_partitions),
+    _Option("starting_timestamp", "startingTimestamp", _integer),
+    _Option("fail_on_data_loss", "failOnDataLoss", _flag, True),
+    _Option("skip_invalid_batches", "skipInvalidBatches", _flag, False),
+    _Option("include_headers", "includeHeaders", _flag, False),
+    _Option("cursor", "cursor", _text, ""),
+    _Option("cursor_backup", "cursorBackup", _flag, False),
+    _Option("fetch_max_bytes", "fetchMaxBytes", _size, FETCH_BYTES_DEFAULT),
+    _Option("tls", "tls", _tls_files),
+    _Option("token", "token", _text),
+    _Option("archive_direct", "archive.direct", _flag, True),
+    _Option("archive_endpoint", "archive.endpoint", _text, ""),
+)
 
 
 @dataclass(frozen=True)

@@ -159,10 +159,40 @@ class SegmentedLog:
             raise translate_os_error(exc, f"opening log {self.directory}") from exc
 
     def _open_files(self) -> None:
+        """Recovery, in this order: finish or drop work a stop interrupted, read the partition
+        checkpoint, load the segments (checking those not known durable), then bring the log
+        start, epochs and high watermark into the recovered log, and the producers last."""
         d = self.directory
         clean_marker = d / CLEAN_SHUTDOWN
         clean = clean_marker.exists()
         report = RecoveryReport(clean_shutdown=clean)
+        self._finish_interrupted_work()
+        state = self._read_state_checkpoint()
+        self.log_start_offset = int(state.get("log_start_offset", 0))
+        self.high_watermark = int(state.get("high_watermark", 0))
+        self.recovery_point = int(state.get("recovery_point", 0))
+        self.cleaner_point = int(state.get("cleaner_point", 0))
+        self._load_segments(clean, report)
+        self._recover_epochs()
+        self._recover_high_watermark()
+        self.durable_end_offset = self.log_end_offset
+        self.recovery_point = self.log_end_offset
+        self._load_producers(clean)
+        clean_marker.unlink(missing_ok=True)
+        self.recovery = report
+        if report.truncated_bytes or report.removed_segments:
+            log.warning(
+                "%s: recovery truncated %d bytes, removed segments %s; log now [%d, %d)",
+                d.name,
+                report.truncated_bytes,
+                report.removed_segments,
+                self.log_start_offset,
+                self.log_end_offset,
+            )
+        self.write_state_checkpoint()
+
+    def _finish_interrupted_work(self) -> None:
+        d = self.directory
         for leftover in (
             list(d.glob("*.tmp")) + list(d.glob(f"*{DELETED_SUFFIX}")) + list(d.glob("*.cleaned"))
         ):
@@ -174,11 +204,12 @@ class SegmentedLog:
             for suffix in (".index", ".timeindex"):
                 target.with_suffix(suffix).unlink(missing_ok=True)
             log.warning("%s: finished swapping in compacted segment %s", d.name, target.name)
-        state = self._read_state_checkpoint()
-        self.log_start_offset = int(state.get("log_start_offset", 0))
-        self.high_watermark = int(state.get("high_watermark", 0))
-        self.recovery_point = int(state.get("recovery_point", 0))
-        self.cleaner_point = int(state.get("cleaner_point", 0))
+
+    def _load_segments(self, clean: bool, report: RecoveryReport) -> None:
+        """The segments, from the one that holds the log start to the first corrupt batch. The
+        tail is verified batch by batch, and after an unclean stop so is every segment that
+        reaches past the recovery point; the log start is then brought within them."""
+        d = self.directory
         bases = sorted(int(p.stem) for p in d.glob("*.log") if p.stem.isdigit())
         # Whole segments below the durable log start were being cleaned when we stopped.
         while len(bases) > 1 and bases[1] <= self.log_start_offset:
@@ -213,6 +244,9 @@ class SegmentedLog:
         self._bases = [s.base_offset for s in self.segments]
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+
+    def _recover_epochs(self) -> None:
+        """The epoch history, cut to the recovered log."""
         epochs = self._read_epoch_checkpoint()
         self.epochs = EpochHistory(epochs, on_change=self._write_epoch_checkpoint)
         self.epochs.truncate_from_start(self.log_start_offset)
@@ -224,10 +258,13 @@ class SegmentedLog:
             entries and entries[0].start_offset < self.log_start_offset
         )
         self.epochs.truncate_from_end(self.log_end_offset + (1 if legacy else 0))
+
+    def _recover_high_watermark(self) -> None:
+        """The checkpointed high watermark, within the recovered log."""
         if self.high_watermark > self.log_end_offset:
             log.warning(
                 "%s: checkpointed high watermark %d is past the recovered log end %d; clamping",
-                d.name,
+                self.directory.name,
                 self.high_watermark,
                 self.log_end_offset,
             )
@@ -236,24 +273,9 @@ class SegmentedLog:
         # The order set_high_watermark and advance_log_start keep, checked again as read back.
         if not self.log_start_offset <= self.high_watermark <= self.log_end_offset:
             raise InvariantBroken(
-                f"{d.name}: recovered log start {self.log_start_offset}, HW "
+                f"{self.directory.name}: recovered log start {self.log_start_offset}, HW "
                 f"{self.high_watermark}, end {self.log_end_offset} are out of order"
             )
-        self.durable_end_offset = self.log_end_offset
-        self.recovery_point = self.log_end_offset
-        self._load_producers(clean)
-        clean_marker.unlink(missing_ok=True)
-        self.recovery = report
-        if report.truncated_bytes or report.removed_segments:
-            log.warning(
-                "%s: recovery truncated %d bytes, removed segments %s; log now [%d, %d)",
-                d.name,
-                report.truncated_bytes,
-                report.removed_segments,
-                self.log_start_offset,
-                self.log_end_offset,
-            )
-        self.write_state_checkpoint()
 
     def _load_producers(self, clean: bool) -> None:
         """From the checkpoint written at a clean close, else from every batch header."""
