@@ -534,3 +534,21 @@ def test_the_hw_never_moves_back_even_under_python_O(tmp_path: Path) -> None:
         check=True,
     )
     assert out.stdout.startswith("refused: t-0: HW 3 -> 2"), out.stdout + out.stderr
+
+
+def test_recovery_names_the_segments_it_removed_below_the_log_start(tmp_path: Path) -> None:
+    """Stopped between moving the log start (durable) and deleting the segments below it: the
+    reopened log removes them and its report names the ones removed, not the one kept."""
+    log, _ = _fill(tmp_path)
+    bases = [seg.base_offset for seg in log.segments]
+    assert len(bases) >= 3
+    log.set_high_watermark(50)
+    log.advance_log_start(bases[2])
+    log.flush()
+    _crash(log)
+    again = SegmentedLog(tmp_path, SMALL)
+    assert again.recovery.removed_segments == [
+        f"{bases[0]:020d} (below log start)",
+        f"{bases[1]:020d} (below log start)",
+    ]
+    assert again.segments[0].base_offset == bases[2]

@@ -213,8 +213,9 @@ class SegmentedLog:
         bases = sorted(int(p.stem) for p in d.glob("*.log") if p.stem.isdigit())
         # Whole segments below the durable log start were being cleaned when we stopped.
         while len(bases) > 1 and bases[1] <= self.log_start_offset:
-            self._remove_files(bases.pop(0))
-            report.removed_segments.append(f"{bases[0]:020d} (below log start)")
+            removed = bases.pop(0)
+            self._remove_files(removed)
+            report.removed_segments.append(f"{removed:020d} (below log start)")
         now = self._clock_ms()
         for i, base in enumerate(bases):
             seg = LogSegment(
