@@ -33,21 +33,15 @@ from typing import Protocol
 from tidelog.errors import NotEnoughReplicas, NotLeader
 from tidelog.invariant import InvariantBroken, invariant
 from tidelog.record.batch import ProducerRecord, build_batch
-from tidelog.record.slices import BytesSlice
 from tidelog.record.validation import ValidatedBatches
+from tidelog.replication.admission import Admission
 from tidelog.replication.clock import Clock, TickSource
-from tidelog.replication.directories import (
-    NO_DIRECTORY,
-    decode_directories,
-    directories_digest,
-    encode_directories,
-)
+from tidelog.replication.directories import NO_DIRECTORY
 from tidelog.replication.faults import (
     FAULT_COMMIT_OLD_EPOCH,
     FAULT_DISCARD_PAST_SNAPSHOT,
     FAULT_EMPTY_LOG_FORGETS_EPOCH,
     FAULT_IGNORE_DIRECTORIES,
-    FAULT_QUIESCE_WITHOUT_LIVENESS,
     FAULT_TRUNCATE_TO_HW,
     FAULT_UNCOMMITTED_CHANGES,
     FAULTS,
@@ -65,7 +59,6 @@ from tidelog.replication.membership import (
 )
 from tidelog.replication.messages import (
     FETCH_FENCED,
-    FETCH_NO_SNAPSHOT,
     FETCH_NOT_LEADER,
     BeginEpoch,
     EpochNotice,
@@ -82,7 +75,15 @@ from tidelog.replication.messages import (
     claimed_sender,
 )
 from tidelog.replication.progress import Progress
+from tidelog.replication.quiescence import (
+    alive,
+    alive_as_quiesced,
+    first_to_stand,
+    follower_may_quiesce,
+    leader_may_quiesce,
+)
 from tidelog.replication.quorum import isr_offset, majority, quorum_offset
+from tidelog.replication.snapshot_transfer import SnapshotFetch, snapshot_answer, snapshot_refusal
 from tidelog.replication.status import ReplicaStatus, ReplicaView
 
 NO_LEADER = -1
@@ -200,8 +201,7 @@ class Replica:
         self._acted_at = self.clock.ticks
         self.log = log
         self.snapshots = snapshots
-        self.installing: int | None = None  # a snapshot being fetched (-1: offset not known yet)
-        self._chunk_asked = -1  # the position the outstanding snapshot request asked for
+        self.installing: SnapshotFetch | None = None  # a snapshot being fetched from the leader
         self.rng = rng
         self.node_id = config.node_id
         self.epoch = state.epoch
@@ -225,14 +225,14 @@ class Replica:
         self.forged_messages = 0  # dropped: they claimed to come from a node other than theirs
         self.leader_high_watermark = log.high_watermark  # as last heard from the leader
         self.leader_log_start = log.log_start_offset
-        # Admitted directories (durable, in the quorum state); the node's first-seen peer
-        # directories (from the peer handshake) stand in for voters this group never recorded.
-        self.directories = decode_directories(state.directories)
-        self._directories_encoded = encode_directories(self.directories)
-        self._directories_crc = directories_digest(self._directories_encoded)
-        self.known_directories: Mapping[int, str] = known_directories or {}
-        self.observers: dict[int, tuple[str, int]] = {}  # leader: node -> (directory, target)
-        self.replaced: dict[int, str] = {}  # voters seen with a directory not admitted here
+        # Admitted directories (durable, in the quorum state) and the leader's observers.
+        self.admission = Admission(
+            config.node_id,
+            config.directory_id,
+            state.directories,
+            known_directories or {},
+            self._persist_state,
+        )
         self.history = MembershipHistory(
             decode_memberships(state.memberships)
             or [Membership(INITIAL, config.voters, config.learners)]
@@ -287,7 +287,7 @@ class Replica:
             if self.quiesced:
                 if self._quiesced_leader_alive():
                     return  # nothing to do until the leader wakes us, or its node dies
-                self._unquiesce_follower(leader_dead=not self._liveness_alive(self.leader_id))
+                self._unquiesce_follower(leader_dead=not alive(self.liveness, self.leader_id))
             if self.now >= self.election_deadline and (self.is_observer or self.is_learner):
                 # A replaced disk or a learner catches up; it does not campaign.
                 self._reset_election_timer()
@@ -322,11 +322,25 @@ class Replica:
         if claimed is not None and claimed != sender:
             self.forged_messages += 1
             return
-        admitted = self._admitted(sender, directory)
-        if not admitted and not self._observer_may(sender, message):
+        admitted = FAULT_IGNORE_DIRECTORIES in self.config.faults or self.admission.admitted(
+            sender, directory
+        )
+        if not admitted and not self.admission.observer_may(sender, message, self._leading()):
+            if isinstance(message, VoteRequest):
+                self._send(
+                    sender,
+                    VoteResponse(
+                        self.epoch,
+                        self.node_id,
+                        False,
+                        message.pre_vote,
+                        self.leader_id,
+                        self.is_admitted,
+                    ),
+                )
             return
         if not admitted and isinstance(message, FetchRequest):
-            self._track_observer(sender, directory)
+            self.admission.track(sender, directory, self.log.log_end_offset, self.progress[sender])
         # A pre-vote never moves an epoch, except a refusal, which carries the voter's own.
         pre_vote = isinstance(message, VoteRequest) and message.pre_vote
         pre_vote |= isinstance(message, VoteResponse) and message.pre_vote and message.granted
@@ -402,123 +416,54 @@ class Replica:
         """All a learner may say: fetch from the leader, in the leader's own epoch."""
         return (
             isinstance(message, FetchRequest | FetchSnapshotRequest)
-            and self.role is Role.LEADER
-            and message.epoch == self.epoch
+            and message.epoch == self._leading()
         )
 
-    def _own_admitted(self) -> str | None:
-        return self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
+    def _leading(self) -> int | None:
+        """The epoch this replica leads, if it leads."""
+        return self.epoch if self.role is Role.LEADER else None
 
     @property
     def is_observer(self) -> bool:
-        """The leader admitted another directory for this replica: it lost its disk, and
-        catches up without voting until the leader admits this one."""
-        admitted = self._own_admitted()
-        return bool(self.config.directory_id) and admitted not in (None, self.config.directory_id)
+        """This replica lost its disk: it catches up without voting (admission.py)."""
+        return self.admission.is_observer
 
     @property
     def is_admitted(self) -> bool:
-        """A leader's map (or the cluster's format) names this replica's own directory. Only
-        a leader admits a new directory, after it caught up; so a replica that says so in its
-        vote requests can be believed by a voter whose map is older."""
-        return bool(self.config.directory_id) and self._own_admitted() == self.config.directory_id
+        return self.admission.is_admitted
 
-    def _admitted(self, node: int, directory: str) -> bool:
-        if not directory or FAULT_IGNORE_DIRECTORIES in self.config.faults:
-            return True
-        admitted = self.directories.get(node)
-        if admitted is None:
-            first_seen = self.known_directories.get(node)
-            if first_seen is None or first_seen == directory:
-                self.directories[node] = directory  # first sight: recorded before it counts
-                self._persist_state()
-                return True
-        elif admitted == directory:
-            return True
-        self.replaced[node] = directory
-        return False
+    @property
+    def directories(self) -> dict[int, str]:
+        """The voters' admitted data directories, as this replica knows them."""
+        return self.admission.directories
 
-    def _observer_may(self, sender: int, message: Message) -> bool:
-        """What a replica whose directory is not admitted may still do: fetch from the leader
-        (as an observer) in the leader's own epoch. Its votes and notices do not count, and a
-        vote it asks for is refused without moving our epoch."""
-        if isinstance(message, FetchRequest | FetchSnapshotRequest):
-            return self.role is Role.LEADER and message.epoch == self.epoch
-        if isinstance(message, VoteRequest | VoteResponse) and message.admitted:
-            # Admitted by a leader whose word has not reached us yet: take it now.
-            self.directories[sender] = self.replaced.pop(sender)
-            self._persist_state()
-            return True
-        if isinstance(message, VoteRequest):
-            self._send(
-                sender,
-                VoteResponse(
-                    self.epoch,
-                    self.node_id,
-                    False,
-                    message.pre_vote,
-                    self.leader_id,
-                    self.is_admitted,
-                ),
-            )
-            return False
-        if isinstance(message, BeginEpoch | FetchResponse | FetchSnapshotResponse):
-            # A leader's authority is its epoch, won from voters that admitted it: follow it,
-            # and take its word on which directories are admitted.
-            return message.leader == sender
-        return False
+    @property
+    def known_directories(self) -> Mapping[int, str]:
+        return self.admission.known
+
+    @property
+    def observers(self) -> dict[int, tuple[str, int]]:
+        """Leader: voters catching up under a directory not admitted yet -> (directory, the
+        offset they must hold durably to be admitted)."""
+        return self.admission.observers
+
+    @property
+    def replaced(self) -> dict[int, str]:
+        """Voters seen with a directory not admitted here."""
+        return self.admission.replaced
 
     def admit_unclean(self, presented: Mapping[int, str]) -> list[int]:
         """An operator accepted loss (an unclean election): the directories voters present now
-        (seen in this group, else on the peer channel) and this replica's own are admitted
-        without catching up. Returns the voters whose admitted directory changed."""
-        merged = {n: d for n, d in presented.items() if n in self.voters and d}
-        merged.update(self.replaced)
-        if self.config.directory_id:
-            merged[self.node_id] = self.config.directory_id
-        changed = sorted(n for n, d in merged.items() if self.directories.get(n) != d)
-        self.directories.update(merged)
-        self.replaced = {}
-        self.observers = {}
-        if changed:
-            self._persist_state()
-        return changed
+        and this replica's own are admitted without catching up. Returns the voters whose
+        admitted directory changed."""
+        return self.admission.admit_unclean(presented, self.voters)
 
     def _persist_state(self) -> None:
         """Every change of epoch, vote or admitted directories comes here: it is made durable
-        before any message leaves, and the map's wire form and CRC are kept for fetches."""
-        self._directories_encoded = encode_directories(self.directories)
-        self._directories_crc = directories_digest(self._directories_encoded)
+        before any message leaves."""
         self._ready.state = QuorumState(
-            self.epoch, self.voted_for, self._directories_encoded, self.history.encode()
+            self.epoch, self.voted_for, self.admission.encode(), self.history.encode()
         )
-
-    def _adopt_directories(self, encoded: str) -> None:
-        """The leader's admitted directories replace ours (it decides who is a replica)."""
-        theirs = {**self.directories, **decode_directories(encoded)}
-        if theirs != self.directories:
-            self.directories = theirs
-            self.replaced = {n: d for n, d in self.replaced.items() if theirs.get(n) != d}
-            self._persist_state()
-
-    def _track_observer(self, sender: int, directory: str) -> None:
-        """Leader: a voter with an unadmitted directory fetches. It must hold everything this
-        leader holds now (its log end, which holds everything ever committed) to be admitted."""
-        current = self.observers.get(sender)
-        if current is None or current[0] != directory:
-            self.observers[sender] = (directory, self.log.log_end_offset)
-            p = self.progress[sender]
-            p.match_offset = 0
-            p.last_caught_up_tick = -(10**12)
-
-    def _maybe_admit(self, sender: int, durable: int) -> None:
-        directory, target = self.observers[sender]
-        if durable >= target:
-            del self.observers[sender]
-            self.replaced.pop(sender, None)
-            self.directories[sender] = directory
-            self._persist_state()
-            self._wake_quiesced()  # the admitted map reaches followers in fetch answers
 
     def propose(self, batches: bytes | bytearray | memoryview | ValidatedBatches) -> AppendResult:
         """Append producer batches as leader (a producer's payload after validate_produced).
@@ -933,13 +878,7 @@ class Replica:
             r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now)
             for r in self._others() + list(self.learners)
         }
-        self.observers = {}
-        own = self.config.directory_id
-        if own and self.directories.get(self.node_id) != own:
-            # Elected by voters that admitted it: its own entry makes its map the one its
-            # followers hold, so the map stops riding in every fetch answer.
-            self.directories[self.node_id] = own
-            self._persist_state()
+        self.admission.lead()
         if self.log.log_end_offset > self.log.high_watermark:
             # Entries of earlier epochs may be uncommitted; only an entry of our own epoch on a
             # quorum commits them (Raft section 5.4.2), so write one now rather than waiting
@@ -1174,11 +1113,11 @@ class Replica:
         hw = self.log.high_watermark
         for r, p in self.progress.items():
             if p.quiesced:
-                if not self._follower_alive(r, p):
+                if not alive_as_quiesced(self.liveness, r, p.incarnation, self.config.faults):
                     # Its node died (check-quorum counts it by its fetches again) or restarted
                     # (it forgot whom it follows: tell it).
                     p.quiesced = False
-                    if self._liveness_alive(r):
+                    if alive(self.liveness, r):
                         self._wake_progress(r, p)
                 continue
             if p.pending is not None and (
@@ -1187,7 +1126,14 @@ class Replica:
                 # A parked fetch learns of a new HW here, at most a tick late, unless records
                 # carried it sooner: one answer per tick instead of one per commit. One that
                 # waited its whole time for nothing may quiesce its follower.
-                quiesce = self.now >= p.pending_deadline and self._may_quiesce(r, p.pending)
+                quiesce = self.now >= p.pending_deadline and leader_may_quiesce(
+                    self.liveness,
+                    r,
+                    p.pending,
+                    self.log,
+                    r in self.observers,
+                    self._changing_membership(),
+                )
                 self._answer_fetch(r, p.pending, quiesce=quiesce)
             elif self.now - p.last_fetch_tick >= retry and self.now - p.begin_sent_tick >= retry:
                 # A voter that is not fetching may have missed our election (or be running a
@@ -1212,50 +1158,11 @@ class Replica:
         self._maybe_advance_high_watermark()
         self._complete_pending_fetches()
 
-    # -- quiescence -----------------------------------------------------------------------------
-    #
-    # An idle group stops talking (CockroachDB's quiescence, in pull-based terms): a leader whose
-    # follower's parked fetch waited its whole time with nothing to say, the follower holding
-    # everything durably and knowing the HW, answers it with `quiesce`. The follower then sends
-    # no fetch and runs no election timer; the leader expects no fetch from it and counts it as
-    # heard from. What replaces both is the node's liveness (liveness.py): one heartbeat per
-    # pair of nodes. The leader wakes its followers (BeginEpoch, resent until they fetch) when
-    # it has news: an append, a moved log start, a membership walk, an admitted directory. A
-    # follower whose leader's node dies, or restarts, wakes by itself; a leader whose quiesced
-    # follower dies counts it by its fetches again, so check-quorum still works.
-
-    def _liveness_alive(self, node: int) -> bool:
-        return self.liveness is None or self.liveness.is_alive(node)
+    # -- quiescence (quiescence.py) --------------------------------------------------------------
 
     def _quiesced_leader_alive(self) -> bool:
-        if FAULT_QUIESCE_WITHOUT_LIVENESS in self.config.faults or self.liveness is None:
-            return True
-        return (
-            self.liveness.is_alive(self.leader_id)
-            and self.liveness.incarnation(self.leader_id) == self.quiesced_incarnation
-        )
-
-    def _follower_alive(self, r: int, p: Progress) -> bool:
-        if FAULT_QUIESCE_WITHOUT_LIVENESS in self.config.faults or self.liveness is None:
-            return True
-        return self.liveness.is_alive(r) and self.liveness.incarnation(r) == p.incarnation
-
-    def _may_quiesce(self, follower: int, req: FetchRequest) -> bool:
-        if (
-            self.liveness is None
-            or follower in self.observers
-            or self._changing_membership()
-            or not self.liveness.is_alive(follower)
-        ):
-            return False
-        leo = self.log.log_end_offset
-        durable = req.durable_offset if req.durable_offset >= 0 else req.fetch_offset
-        return (
-            req.fetch_offset == leo
-            and durable == leo
-            and req.high_watermark == leo
-            and self.log.high_watermark == leo
-            and self.log.effective_durable_end == leo
+        return alive_as_quiesced(
+            self.liveness, self.leader_id, self.quiesced_incarnation, self.config.faults
         )
 
     def _wake_progress(self, r: int, p: Progress) -> None:
@@ -1274,16 +1181,11 @@ class Replica:
         self.quiesced = False
         self.fetch_in_flight = False
         if leader_dead:
-            # The liveness waited out its timeout already, and every follower learns of it at
-            # about the same moment: if all stood at once their votes would split. One of the
-            # voters still alive, the same for all of them (a quiesced group's logs are equal)
-            # and rotating with the epoch so leadership spreads over the nodes, stands at once;
-            # the others only if it has not won after a jitter.
+            # One voter stands at once, the others after a jitter (their votes would split).
             self.last_leader_contact = -(10**12)
-            alive = [v for v in self.voters if v != self.leader_id and self._liveness_alive(v)]
+            first = first_to_stand(self.voters, self.leader_id, self.epoch, self.liveness)
             jitter = self.config.election_jitter_ticks
-            first = alive[self.epoch % len(alive)] if alive else self.node_id
-            wait = 0 if first == self.node_id else jitter // 2 + self.rng.randint(0, jitter)
+            wait = 0 if first in (None, self.node_id) else jitter // 2 + self.rng.randint(0, jitter)
             self.election_deadline = self.now + wait
         else:
             self.last_leader_contact = self.now
@@ -1385,8 +1287,8 @@ class Replica:
             if req.durable_offset < 0
             else min(req.durable_offset, req.fetch_offset)
         )
-        if sender in self.observers:
-            self._maybe_admit(sender, durable)
+        if sender in self.observers and self.admission.maybe_admit(sender, durable):
+            self._wake_quiesced()  # the admitted map reaches followers in fetch answers
         if sender in self.observers:
             # Held for (the log start waits for it), but not counted: no HW, no ISR.
             p.fetch_offset = req.fetch_offset
@@ -1411,15 +1313,9 @@ class Replica:
             self.log.high_watermark,
             self.log.log_start_offset,
             last_fetched_epoch=req.last_fetched_epoch,
-            directories=self._directories_for(req),
+            directories=self.admission.for_follower(req.directories_crc),
             **fields,  # type: ignore[arg-type]
         )
-
-    def _directories_for(self, req: FetchRequest) -> str:
-        """The admitted map, if the follower's differs (it sent the CRC of its own)."""
-        if not self.config.directory_id or self._directories_crc == req.directories_crc:
-            return ""
-        return self._directories_encoded
 
     def _answer_fetch(self, follower: int, req: FetchRequest, quiesce: bool = False) -> None:
         progress = self.progress[follower]
@@ -1454,7 +1350,7 @@ class Replica:
                 self.log.log_start_offset,
                 records=records,
                 last_fetched_epoch=req.last_fetched_epoch,
-                directories=self._directories_for(req),
+                directories=self.admission.for_follower(req.directories_crc),
                 memberships=self._memberships_for(req.fetch_offset, req.membership_digest),
                 quiesce=quiesce,
             ),
@@ -1526,7 +1422,7 @@ class Replica:
                 self.log.high_watermark,
                 self.config.fetch_max_bytes,
                 durable,
-                self._directories_crc,
+                self.admission.crc,
                 self.history.current.digest,
             ),
         )
@@ -1553,12 +1449,12 @@ class Replica:
         self.last_leader_contact = self.now
         self._reset_election_timer()
         if resp.directories:
-            self._adopt_directories(resp.directories)
+            self.admission.adopt(resp.directories)
         self.leader_high_watermark = resp.high_watermark
         self.leader_log_start = resp.log_start_offset
         if resp.snapshot_required and self.config.state_machine and self.snapshots is not None:
             # A state-machine log cannot skip what the leader discarded: take its snapshot.
-            self.installing = -1
+            self.installing = SnapshotFetch(self.snapshots)
         elif resp.snapshot_required:
             # A stream has no state to rebuild: start over at the leader's log start.
             self._start_over(resp.log_start_offset, resp.memberships, resp.log_start_epoch)
@@ -1573,7 +1469,9 @@ class Replica:
             self._adopt_memberships(resp.memberships, resp.fetch_offset)
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
-            if resp.quiesce and self._may_quiesce_follower(sender, records is not None):
+            if resp.quiesce and follower_may_quiesce(
+                self.liveness, sender, records is not None, self.log, self.installing is not None
+            ):
                 self.quiesced = True
                 if self.liveness is None:
                     raise InvariantBroken("self.liveness is not None")
@@ -1591,77 +1489,35 @@ class Replica:
                 return
         self._maybe_send_fetch()
 
-    def _may_quiesce_follower(self, leader: int, had_records: bool) -> bool:
-        """Only a follower that holds everything, durably, with the HW at its end, and that
-        can see its leader's node alive (else it keeps fetching, and the leader sees that)."""
-        leo = self.log.log_end_offset
-        return (
-            self.liveness is not None
-            and not had_records
-            and self.liveness.is_alive(leader)
-            and self.log.effective_durable_end == leo
-            and self.log.high_watermark == leo
-            and self.installing is None
-        )
-
     # -- snapshots (state-machine logs) ---------------------------------------------------------
 
     def _request_snapshot_chunk(self) -> None:
-        if not (self.installing is not None and self.snapshots is not None):
-            raise InvariantBroken("self.installing is not None and self.snapshots is not None")
-        position = (
-            self.snapshots.partial_snapshot_size(self.installing) if self.installing >= 0 else 0
-        )
+        if self.installing is None:
+            raise InvariantBroken("self.installing is not None")
+        request = self.installing.request(self.epoch, self.node_id, self.config.fetch_max_bytes)
         self.fetch_in_flight = True
         self.fetch_sent_tick = self.now
-        self._chunk_asked = position
-        self._send(
-            self.leader_id,
-            FetchSnapshotRequest(
-                self.epoch, self.node_id, self.installing, position, self.config.fetch_max_bytes
-            ),
-        )
+        self._send(self.leader_id, request)
 
     def _on_fetch_snapshot_request(self, sender: int, req: FetchSnapshotRequest) -> None:
-        def answer(**fields: object) -> None:
-            base: dict[str, object] = {"snapshot_offset": -1, "size": 0, "position": req.position}
-            base.update(fields)
-            self._send(sender, FetchSnapshotResponse(self.epoch, self.leader_id, **base))  # type: ignore[arg-type]
-
         if self.role is not Role.LEADER or req.epoch != self.epoch:
-            answer(error=FETCH_FENCED if req.epoch < self.epoch else FETCH_NOT_LEADER)
+            error = FETCH_FENCED if req.epoch < self.epoch else FETCH_NOT_LEADER
+            self._send(sender, snapshot_refusal(self.epoch, self.leader_id, req, error))
             return
         self.progress[sender].last_fetch_tick = self.now  # alive, and busy catching up
-        latest = self.snapshots.latest_snapshot() if self.snapshots is not None else None
-        if latest is None:
-            answer(error=FETCH_NO_SNAPSHOT)
-            return
-        offset, size = latest
-        if req.snapshot_offset != offset:
-            # Start (over) on the newest. The answer echoes the position asked for, as every
-            # answer does: that is how the follower tells it from a late or duplicated one.
-            answer(snapshot_offset=offset, size=size)
-            return
-        chunk = self.snapshots.read_snapshot_chunk(offset, req.position, req.max_bytes)  # type: ignore[union-attr]
-        answer(
-            snapshot_offset=offset,
-            size=size,
-            records=BytesSlice(chunk, req.position),
-            memberships=encode_memberships([self.history.at(offset)]),
-            snapshot_epoch=self.log.epochs.epoch_at(offset - 1),
+        answer = snapshot_answer(
+            self.epoch, self.leader_id, req, self.snapshots, self.log.epochs, self.history
         )
+        self._send(sender, answer)
 
     def _on_fetch_snapshot_response(self, sender: int, resp: FetchSnapshotResponse) -> None:
-        if resp.epoch < self.epoch or self.installing is None or self.snapshots is None:
+        if resp.epoch < self.epoch or self.installing is None:
             return
         if self.role is not Role.FOLLOWER or self.leader_id != sender:
             self._become_follower(resp.epoch, sender)
             return
-        if not self.fetch_in_flight or resp.position != self._chunk_asked:
-            # A late or duplicated answer: each one answered with a request of its own would
-            # keep one more request chain alive for good (simulator seed 655: the messages
-            # doubled every few dozen ticks).
-            return
+        if not self.fetch_in_flight or not self.installing.answers(resp):
+            return  # a late or duplicated answer
         self.fetch_in_flight = False
         if resp.error in (FETCH_NOT_LEADER, FETCH_FENCED):
             # It leads no more: no word from a leader, and the election timer runs on. (Taken
@@ -1672,24 +1528,12 @@ class Replica:
         self._reset_election_timer()
         if resp.error:
             return  # (no snapshot yet) asked again on the next tick
-        offset = resp.snapshot_offset
-        if self.installing != offset:
-            self.installing = offset
-        elif resp.records is not None and resp.records.size > 0:
-            if resp.position != self.snapshots.partial_snapshot_size(offset):
-                self._request_snapshot_chunk()
-                return
-            received = self.snapshots.write_snapshot_chunk(
-                offset, resp.position, resp.records.read()
-            )
-            if received >= resp.size:
-                if self.snapshots.finish_snapshot(offset):
-                    self._start_over(offset, resp.memberships, resp.snapshot_epoch)
-                    self._ready.snapshot_installed = offset
-                    self.installing = None
-                    self._maybe_send_fetch()
-                    return
-                self.installing = -1  # it did not verify: fetch it again
+        if self.installing.take(resp):
+            self._start_over(resp.snapshot_offset, resp.memberships, resp.snapshot_epoch)
+            self._ready.snapshot_installed = resp.snapshot_offset
+            self.installing = None
+            self._maybe_send_fetch()
+            return
         self._request_snapshot_chunk()
 
     def _truncate_diverging(self, epoch: int, end_offset: int) -> None:
