@@ -27,7 +27,6 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
@@ -44,7 +43,13 @@ from tidelog.replication.faults import (
     FAULT_IGNORE_DIRECTORIES,
     FAULT_TRUNCATE_TO_HW,
     FAULT_UNCOMMITTED_CHANGES,
-    FAULTS,
+)
+from tidelog.replication.fetch_serving import (
+    answer_now,
+    divergence,
+    must_start_over,
+    refusal,
+    start_over_point,
 )
 from tidelog.replication.liveness import LivenessView
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
@@ -54,7 +59,6 @@ from tidelog.replication.membership import (
     Membership,
     MembershipHistory,
     decode_memberships,
-    encode_memberships,
     next_membership,
 )
 from tidelog.replication.messages import (
@@ -74,7 +78,13 @@ from tidelog.replication.messages import (
     VoteResponse,
     claimed_sender,
 )
-from tidelog.replication.progress import Progress
+from tidelog.replication.progress import (
+    Progress,
+    heard_from,
+    in_sync,
+    next_due,
+    reported_durable,
+)
 from tidelog.replication.quiescence import (
     alive,
     alive_as_quiesced,
@@ -83,11 +93,27 @@ from tidelog.replication.quiescence import (
     leader_may_quiesce,
 )
 from tidelog.replication.quorum import isr_offset, majority, quorum_offset
+from tidelog.replication.ready import NO_VOTE, QuorumState, Ready
+from tidelog.replication.replica_config import ReplicaConfig
 from tidelog.replication.snapshot_transfer import SnapshotFetch, snapshot_answer, snapshot_refusal
 from tidelog.replication.status import ReplicaStatus, ReplicaView
 
+# The replica's interface. Its outputs and settings have modules of their own (ready.py,
+# replica_config.py) and are exported from here too.
+__all__ = [
+    "LEADER_CHANGE_CONTROL_KEY",
+    "NO_LEADER",
+    "NO_VOTE",
+    "CommittedPrefixBroken",
+    "QuorumState",
+    "RandomSource",
+    "Ready",
+    "Replica",
+    "ReplicaConfig",
+    "Role",
+]
+
 NO_LEADER = -1
-NO_VOTE = -1
 LEADER_CHANGE_CONTROL_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: version 0, type 2
 
 
@@ -106,73 +132,6 @@ class Role(enum.Enum):
     PROSPECTIVE = "prospective"  # running a pre-vote
     CANDIDATE = "candidate"
     LEADER = "leader"
-
-
-@dataclass(frozen=True)
-class QuorumState:
-    """What must be durable before this replica answers a vote or announces leadership."""
-
-    epoch: int = 0
-    voted_for: int = NO_VOTE
-    directories: str = ""  # the voters' admitted data directories (replication/directories.py)
-    memberships: str = ""  # the group's membership history (membership.py); "": the initial one
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    node_id: int
-    voters: tuple[int, ...]  # the group's initial membership (its log may have changed it since)
-    learners: tuple[int, ...] = ()  # replicas that fetch but neither vote nor count (yet)
-    election_timeout_ticks: int = 100
-    election_jitter_ticks: int = 60
-    fetch_max_wait_ticks: int = 50
-    fetch_retry_ticks: int = 80
-    check_quorum_ticks: int = 150
-    replica_lag_ticks: int = 3000
-    replica_max_lag_ticks: int = 60_000  # a follower out of touch longer no longer holds the log
-    fetch_max_bytes: int = 1024 * 1024
-    hw_policy: str = "quorum"
-    min_insync_replicas: int = 1
-    state_machine: bool = False  # behind the log start: install a snapshot (else start empty)
-    directory_id: str = ""  # this replica's data directory ("": not tracked, as in old tests)
-    faults: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        invariant(not set(self.voters) & set(self.learners), "a learner is not a voter")
-        invariant(
-            self.fetch_retry_ticks > self.fetch_max_wait_ticks,
-            "self.fetch_retry_ticks > self.fetch_max_wait_ticks",
-        )
-        invariant(self.faults <= FAULTS, "self.faults <= FAULTS")
-
-
-@dataclass
-class Ready:
-    state: QuorumState | None = None
-    messages: list[Outgoing] = field(default_factory=list)
-    flush: bool = False
-    high_watermark_changed: bool = False
-    log_start_changed: bool = False
-    role_changed: bool = False
-    lost_leadership: bool = False
-    truncated: bool = False
-    snapshot_installed: int = -1  # the offset of a snapshot just installed from the leader
-
-    @property
-    def empty(self) -> bool:
-        """Nothing at all to do (handing it over again is the same as a fresh one)."""
-        return not (self or self.lost_leadership or self.snapshot_installed >= 0)
-
-    def __bool__(self) -> bool:
-        return bool(
-            self.state is not None
-            or self.messages
-            or self.flush
-            or self.high_watermark_changed
-            or self.log_start_changed
-            or self.role_changed
-            or self.truncated
-        )
 
 
 class Replica:
@@ -585,11 +544,7 @@ class Replica:
         if self.role is not Role.LEADER:
             return set()
         lag = self.config.replica_lag_ticks
-        return {self.node_id} | {
-            r
-            for r, p in self.progress.items()
-            if (p.quiesced or self.now - p.last_caught_up_tick <= lag) and self._counts(r)
-        }
+        return {self.node_id} | in_sync(self.progress, self.now, lag, self._counts)
 
     def status(self) -> ReplicaStatus:
         replicas: dict[int, ReplicaView] = {}
@@ -993,33 +948,6 @@ class Replica:
             )
             self._send(new, BeginEpoch(self.epoch, self.node_id))
 
-    def _memberships_for(self, fetch_offset: int, digest: int | None = None) -> str:
-        """The changes a follower at fetch_offset does not hold yet (it keeps those its log
-        then holds), and the one in effect there if the follower's differs."""
-        entries = self.history.since(fetch_offset)
-        base = self.history.at(fetch_offset)
-        if digest is not None and base.digest != digest:
-            entries.insert(0, base)
-        return encode_memberships(entries) if entries else ""
-
-    def _adopt_memberships(self, encoded: str, fetch_offset: int) -> None:
-        if not encoded:
-            return
-        end = self.log.log_end_offset
-        changed = False
-        for m in decode_memberships(encoded):
-            if m.offset < fetch_offset:
-                # The leader's membership at the fetch offset, sent because ours differs. Our
-                # logs match up to there, so ours is the one that is wrong: take it.
-                if self.history.at(fetch_offset) != m:
-                    self.history.start_over(m)
-                    changed = True
-            elif self.history.current.offset < m.offset < end:
-                self.history.append(m)
-                changed = True
-        if changed:
-            self._persist_state()
-
     def _truncated(self) -> None:
         """The log lost its tail: so did the membership changes in it."""
         self._ready.truncated = True
@@ -1033,11 +961,7 @@ class Replica:
         committed: simulator seed 300028)."""
         self.log.truncate_fully_and_start_at(offset, prefix_epoch)
         self._ready.truncated = True
-        entries = decode_memberships(encoded)
-        if entries:
-            self.history.start_over(entries[0])
-        else:
-            self.history.truncate(offset)
+        self.history.start_over_at(offset, encoded)
         self._persist_state()
 
     def _log_start_moved(self) -> None:
@@ -1069,34 +993,18 @@ class Replica:
         return self.election_deadline
 
     def _leader_deadline(self) -> int | None:
-        now, config = self.now, self.config
-        due: int | None = None
         if self._changing_membership():
-            return now + 1  # a membership change (and its throttled catch-up) walks tick by tick
-        hw = self.log.high_watermark
-        retry = config.fetch_retry_ticks
-        quorum_at: int | None = None  # when the count of recently heard voters next drops
-        quiet = False  # a counted follower is quiesced: only the liveness can drop it
-        for r, p in self.progress.items():
-            if p.quiesced:
-                quiet = quiet or self._counts(r)
-                continue
-            if p.pending is not None:
-                at = now + 1 if p.pending.high_watermark < hw else p.pending_deadline
-            else:
-                at = max(p.last_fetch_tick, p.begin_sent_tick) + retry
-            falls_behind = p.last_caught_up_tick + config.replica_lag_ticks + 1
-            if config.hw_policy == "isr" and falls_behind > now:  # (out of the ISR already)
-                at = min(at, falls_behind)
-            drops = p.last_fetch_tick + config.check_quorum_ticks + 1
-            if self._counts(r) and drops > now:  # (one that dropped already changes nothing)
-                quorum_at = drops if quorum_at is None else min(quorum_at, drops)
-            due = at if due is None else min(due, at)
-        if self.progress and not (quorum_at is None and quiet):
-            first_check = self.leader_since_tick + config.check_quorum_ticks
-            check = first_check if quorum_at is None else max(quorum_at, first_check)
-            due = check if due is None else min(due, check)
-        return None if due is None else max(due, now + 1)
+            return (
+                self.now + 1
+            )  # a membership change (and its throttled catch-up) walks tick by tick
+        return next_due(
+            self.progress,
+            self.now,
+            self.log.high_watermark,
+            self.leader_since_tick,
+            self.config,
+            self._counts,
+        )
 
     def _leader_tick(self, elapsed: int = 1) -> None:
         retry = self.config.fetch_retry_ticks
@@ -1143,11 +1051,8 @@ class Replica:
         if self.config.hw_policy == "isr":
             self._maybe_advance_high_watermark()
         if self.now - self.leader_since_tick >= self.config.check_quorum_ticks:
-            recent = sum(
-                1
-                for r, p in self.progress.items()
-                if (p.quiesced or self.now - p.last_fetch_tick <= self.config.check_quorum_ticks)
-                and self._counts(r)
+            recent = heard_from(
+                self.progress, self.now, self.config.check_quorum_ticks, self._counts
             )
             if recent + (self.node_id in self.voters) < majority(len(self.voters)):
                 # Cut off from a quorum: stop taking writes that can never commit here.
@@ -1202,36 +1107,24 @@ class Replica:
     def _on_fetch_request(self, sender: int, req: FetchRequest) -> None:
         if self.role is not Role.LEADER or req.epoch != self.epoch:
             error = FETCH_FENCED if req.epoch < self.epoch else FETCH_NOT_LEADER
-            self._send(
-                sender,
-                FetchResponse(
-                    self.epoch,
-                    self.leader_id,
-                    req.fetch_offset,
-                    self.log.high_watermark,
-                    self.log.log_start_offset,
-                    error=error,
-                    last_fetched_epoch=req.last_fetched_epoch,
-                ),
-            )
+            self._send(sender, refusal(self.epoch, self.leader_id, req, self.log, error))
             return
         progress = self.progress[sender]
         progress.pending = None
         progress.quiesced = False  # it fetches: it is counted by its fetches again
-        if req.fetch_offset < self.log.log_start_offset or self._history_too_short(req):
-            start = self.log.log_start_offset
-            at_start = [self.history.at(start), *self.history.since(start)]
+        if must_start_over(req, self.log):
+            memberships, prefix_epoch = start_over_point(self.log, self.history)
             self._send(
                 sender,
                 self._empty_response(
                     req,
                     snapshot_required=True,
-                    memberships=encode_memberships(at_start),
-                    log_start_epoch=self.log.epochs.epoch_at(start - 1),
+                    memberships=memberships,
+                    log_start_epoch=prefix_epoch,
                 ),
             )
             return
-        diverging = self._divergence(req)
+        diverging = divergence(req, self.log)
         if diverging is not None:
             epoch, end = diverging
             self._send(
@@ -1243,67 +1136,22 @@ class Replica:
             return
         self._record_fetch(sender, progress, req)
         self._maybe_advance_high_watermark()
-        has_data = req.fetch_offset < self.log.log_end_offset
-        # A follower far behind on the HW (it just started following) hears it at once; one
-        # whose report just moved the HW hears it with the next records or the next tick.
-        # (A state machine's followers apply what commits: they hear of it at once.)
-        durable = req.durable_offset if req.durable_offset >= 0 else req.fetch_offset
-        hw_news = req.high_watermark < self.log.high_watermark and (
-            durable < self.log.high_watermark or req.high_watermark < 0 or self.config.state_machine
-        )
-        if has_data or hw_news:
+        if answer_now(req, self.log, self.config.state_machine):
             self._answer_fetch(sender, req)
         else:
             progress.pending = req
             progress.pending_deadline = self.now + self.config.fetch_max_wait_ticks
 
-    def _history_too_short(self, req: FetchRequest) -> bool:
-        """Our epoch history no longer reaches the follower's last epoch (the prefix holding it
-        was discarded), so its tail cannot be checked: it must start over at our log start
-        (or from our snapshot). Everything below our log start is committed and gone anyway."""
-        if req.last_fetched_epoch < 0 or self.log.log_start_offset == 0:
-            return False
-        epoch, _ = self.log.epochs.end_offset_for(req.last_fetched_epoch, self.log.log_end_offset)
-        return epoch < 0
-
-    def _divergence(self, req: FetchRequest) -> tuple[int, int] | None:
-        if req.fetch_offset == 0 and req.last_fetched_epoch < 0:
-            return None
-        if req.last_fetched_epoch < 0:
-            # The follower holds no batch since its log start: only the end can be wrong.
-            if req.fetch_offset > self.log.log_end_offset:
-                return self.log.epochs.latest_epoch, self.log.log_end_offset
-            return None
-        epoch, end = self.log.epochs.end_offset_for(req.last_fetched_epoch, self.log.log_end_offset)
-        if epoch != req.last_fetched_epoch or end < req.fetch_offset:
-            return epoch, end
-        return None
-
     def _record_fetch(self, sender: int, p: Progress, req: FetchRequest) -> None:
         leo = self.log.log_end_offset
         invariant(req.fetch_offset <= leo, "req.fetch_offset <= leo")
-        durable = (
-            req.fetch_offset
-            if req.durable_offset < 0
-            else min(req.durable_offset, req.fetch_offset)
-        )
+        durable = reported_durable(req)
         if sender in self.observers and self.admission.maybe_admit(sender, durable):
             self._wake_quiesced()  # the admitted map reaches followers in fetch answers
         if sender in self.observers:
-            # Held for (the log start waits for it), but not counted: no HW, no ISR.
-            p.fetch_offset = req.fetch_offset
-            p.last_fetch_tick = self.now
-            p.known_hw = req.high_watermark
-            return
-        if req.fetch_offset >= leo:
-            p.last_caught_up_tick = self.now
-        elif req.fetch_offset >= p.leo_at_last_fetch:
-            p.last_caught_up_tick = max(p.last_caught_up_tick, p.last_fetch_tick)
-        p.match_offset = durable
-        p.fetch_offset = req.fetch_offset
-        p.leo_at_last_fetch = leo
-        p.last_fetch_tick = self.now
-        p.known_hw = req.high_watermark
+            p.observe_fetch(req, self.now)
+        else:
+            p.record_fetch(req, durable, leo, self.now)
 
     def _empty_response(self, req: FetchRequest, **fields: object) -> FetchResponse:
         return FetchResponse(
@@ -1351,7 +1199,7 @@ class Replica:
                 records=records,
                 last_fetched_epoch=req.last_fetched_epoch,
                 directories=self.admission.for_follower(req.directories_crc),
-                memberships=self._memberships_for(req.fetch_offset, req.membership_digest),
+                memberships=self.history.for_follower(req.fetch_offset, req.membership_digest),
                 quiesce=quiesce,
             ),
         )
@@ -1466,7 +1314,10 @@ class Replica:
             records = resp.records if resp.records is not None and resp.records.size > 0 else None
             if records is not None:
                 self.log.append_as_follower(records.read())
-            self._adopt_memberships(resp.memberships, resp.fetch_offset)
+            if resp.memberships and self.history.adopt(
+                resp.memberships, resp.fetch_offset, self.log.log_end_offset
+            ):
+                self._persist_state()
             self._follow_high_watermark(resp.high_watermark)
             self._follow_log_start(resp.log_start_offset)
             if resp.quiesce and follower_may_quiesce(
