@@ -30,15 +30,15 @@ class Progress:
     pending: FetchRequest | None = None
     pending_deadline: int = 0
     begin_sent_tick: int = 0
-    # Told to stop fetching while nothing happens (see Replica's quiescence): counted as heard
-    # from while the node's liveness says it lives in the same incarnation.
+    # Told to stop fetching while nothing happens (quiescence.py): counted as heard from while
+    # the node's liveness says it lives in the same incarnation.
     quiesced: bool = False
     incarnation: int = -1
 
     def record_fetch(self, req: FetchRequest, durable: int, leader_log_end: int, now: int) -> None:
         """A fetch that matches the leader's log. Caught up: it fetched from the leader's log
         end, or from at least where the leader's log ended at its previous fetch (then it was
-        caught up as of that fetch)."""
+        caught up as of that previous fetch)."""
         if req.fetch_offset >= leader_log_end:
             self.last_caught_up_tick = now
         elif req.fetch_offset >= self.leo_at_last_fetch:
@@ -64,7 +64,7 @@ def reported_durable(req: FetchRequest) -> int:
     return min(req.durable_offset, req.fetch_offset)
 
 
-# -- the leader's followers, together (etcd's tracker.ProgressTracker) ------------------------------
+# -- the leader's followers, together (etcd's tracker.ProgressTracker) --------------------------
 #
 # `counts(r)`: follower r counts toward the ISR and check-quorum (a voter whose directory is
 # admitted, not an observer). A quiesced follower is taken for caught up and heard from: the
@@ -104,7 +104,7 @@ def next_due(
     """The tick at which the leader next has something to do for its followers if nothing
     happens: answer a parked fetch, resend BeginEpoch to one that does not fetch, drop one
     from the ISR, or check the quorum when a counted follower's last fetch grows too old.
-    None: nothing (every counted follower quiesced, or none)."""
+    None: only an event can give it work."""
     due: int | None = None
     retry = config.fetch_retry_ticks
     quorum_at: int | None = None  # when the count of recently heard voters next drops

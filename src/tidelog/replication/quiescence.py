@@ -9,7 +9,7 @@ append, a moved log start, a membership walk, an admitted directory. A follower 
 node dies, or restarts, wakes by itself; a leader whose quiesced follower dies counts it by its
 fetches again, so check-quorum still works.
 
-These are the rules; the replica (replica.py) quiesces and wakes by them.
+These are the rules; the replica's leading.py and following.py quiesce and wake by them.
 """
 
 from __future__ import annotations
