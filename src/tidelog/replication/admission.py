@@ -7,8 +7,10 @@ count, and it counts toward neither the HW nor the ISR. The leader admits its ne
 it holds, durably, everything the leader held when it came back.
 
 Invariants:
-    a directory is admitted only by the group's leader after the catch-up above, by first sight
-    of a voter this group never recorded, or by an operator accepting loss (admit_unclean)
+    a new directory of a known voter is admitted only by the leader after the catch-up above
+    (others take its word: its map in fetch answers, or a vote message that says so) or by an
+    operator accepting loss (admit_unclean); a voter this group never recorded is admitted on
+    first sight, and an elected leader admits its own
     every change of the admitted map is persisted (the replica's quorum state) before any
     message leaves, so no replica counts toward the HW before its directory is recorded
 """
