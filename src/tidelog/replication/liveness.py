@@ -1,10 +1,10 @@
 """Node liveness: one heartbeat per pair of nodes, so idle replica groups can quiesce.
 
-A quiesced group sends nothing (replica.py): its followers stop fetching and stop their election
-timers, its leader stops expecting fetches. What still tells them that a leader (or a follower)
-died is this: every node sends every peer a heartbeat every `interval_ticks`, and a peer not
-heard from for `timeout_ticks` is dead to this node. The cost is per pair of nodes, not per
-partition (CockroachDB's node liveness, in the same role).
+A quiesced group sends nothing (quiescence.py): its followers stop fetching and stop their
+election timers, its leader stops expecting fetches. What still tells them that a leader (or a
+follower) died is this: every node sends every peer a heartbeat every `interval_ticks`, and a
+peer not heard from for `timeout_ticks` is dead to this node. The cost is per pair of nodes,
+not per partition (CockroachDB's node liveness, in the same role).
 
 A heartbeat carries the sender's incarnation (new at every start): a node that restarted
 faster than the timeout is still a node whose replicas forgot that they led or followed, and
@@ -115,7 +115,7 @@ class Liveness:
 
     def changed(self) -> set[int]:
         """Peers that came alive, died or restarted since the last call: the replicas sharing
-        a group with them must act (replica.py wakes a quiesced group)."""
+        a group with them must act (a quiesced group wakes: quiescence.py)."""
         now = self.clock.ticks
         for peer in list(self._alive):
             if now - self._heard.get(peer, now - self.timeout_ticks) >= self.timeout_ticks:

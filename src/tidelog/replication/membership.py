@@ -138,6 +138,43 @@ class MembershipHistory:
     def encode(self) -> str:
         return encode_memberships(self.entries)
 
+    # -- between a leader and its followers -----------------------------------------------------
+
+    def for_follower(self, fetch_offset: int, digest: int) -> str:
+        """What a fetch answer carries (encoded): the changes a follower at fetch_offset does
+        not hold yet (it keeps those its log then holds), and first the one in effect there if
+        the follower's differs (its digest)."""
+        entries = self.since(fetch_offset)
+        base = self.at(fetch_offset)
+        if base.digest != digest:
+            entries.insert(0, base)
+        return encode_memberships(entries) if entries else ""
+
+    def adopt(self, encoded: str, fetch_offset: int, log_end: int) -> bool:
+        """A follower takes what its leader's answer to a fetch at fetch_offset carries, once the
+        answer's records are in its log (which now ends at log_end). True if it changed."""
+        changed = False
+        for m in decode_memberships(encoded):
+            if m.offset < fetch_offset:
+                # The leader's membership at the fetch offset, sent because ours differs. Our
+                # logs match up to there, so ours is the one that is wrong: take it.
+                if self.at(fetch_offset) != m:
+                    self.start_over(m)
+                    changed = True
+            elif self.current.offset < m.offset < log_end:
+                self.append(m)
+                changed = True
+        return changed
+
+    def start_over_at(self, offset: int, encoded: str) -> None:
+        """The log starts over at offset (a leader's log start or snapshot), with the membership
+        the leader had there (encoded as it sent it; none sent: ours below offset)."""
+        entries = decode_memberships(encoded)
+        if entries:
+            self.start_over(entries[0])
+        else:
+            self.truncate(offset)
+
 
 def next_membership(
     current: Membership,

@@ -119,7 +119,7 @@ class FetchResponse:
     # first the membership in effect at the log start.
     memberships: str = ""
     # The group is idle: stop fetching until the leader wakes you (BeginEpoch) or its node's
-    # liveness lapses (replica.py, quiescence).
+    # liveness lapses (quiescence.py).
     quiesce: bool = False
 
 

@@ -15,6 +15,10 @@ Driver API (etcd-raft's shape):
 No IO, no clock, no global randomness: the log is reached through a small interface, time is
 ticks, randomness comes from the injected random.Random. The simulator runs this exact class.
 
+This module is the driver's API. The replica's parts are layers below it: its fields
+(replica_state.py, which lists them all), the follower's side (following.py), the leader's
+(leading.py) and elections (elections.py).
+
 Watermarks (checked where they change, by invariants -O cannot strip: tidelog/invariant.py):
     log_start_offset <= high_watermark <= log_end_offset
     high_watermark never decreases while this replica leads an epoch
@@ -24,49 +28,21 @@ Watermarks (checked where they change, by invariants -O cannot strip: tidelog/in
 
 from __future__ import annotations
 
-import enum
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from tidelog.errors import NotEnoughReplicas, NotLeader
-from tidelog.invariant import InvariantBroken, invariant
-from tidelog.record.batch import ProducerRecord, build_batch
-from tidelog.record.slices import BytesSlice
+from tidelog.invariant import InvariantBroken
 from tidelog.record.validation import ValidatedBatches
-from tidelog.replication.clock import Clock, TickSource
-from tidelog.replication.directories import (
-    NO_DIRECTORY,
-    decode_directories,
-    directories_digest,
-    encode_directories,
-)
-from tidelog.replication.faults import (
-    FAULT_COMMIT_OLD_EPOCH,
-    FAULT_DISCARD_PAST_SNAPSHOT,
-    FAULT_EMPTY_LOG_FORGETS_EPOCH,
-    FAULT_IGNORE_DIRECTORIES,
-    FAULT_QUIESCE_WITHOUT_LIVENESS,
-    FAULT_TRUNCATE_TO_HW,
-    FAULT_UNCOMMITTED_CHANGES,
-    FAULTS,
-)
+from tidelog.replication.clock import TickSource
+from tidelog.replication.directories import NO_DIRECTORY
+from tidelog.replication.elections import Elections
+from tidelog.replication.faults import FAULT_IGNORE_DIRECTORIES
+from tidelog.replication.following import CommittedPrefixBroken
+from tidelog.replication.leading import LEADER_CHANGE_CONTROL_KEY
 from tidelog.replication.liveness import LivenessView
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
 from tidelog.replication.low_watermark import KIND_REPLICA, Hold
-from tidelog.replication.membership import (
-    INITIAL,
-    Membership,
-    MembershipHistory,
-    decode_memberships,
-    encode_memberships,
-    next_membership,
-)
 from tidelog.replication.messages import (
-    FETCH_FENCED,
-    FETCH_NO_SNAPSHOT,
-    FETCH_NOT_LEADER,
     BeginEpoch,
     EpochNotice,
     FetchRequest,
@@ -74,107 +50,37 @@ from tidelog.replication.messages import (
     FetchSnapshotRequest,
     FetchSnapshotResponse,
     Message,
-    Outgoing,
     Resign,
     TransferLeadership,
     VoteRequest,
     VoteResponse,
     claimed_sender,
 )
-from tidelog.replication.progress import Progress
-from tidelog.replication.quorum import isr_offset, majority, quorum_offset
+from tidelog.replication.quiescence import alive
+from tidelog.replication.ready import NO_VOTE, QuorumState, Ready
+from tidelog.replication.replica_config import ReplicaConfig
+from tidelog.replication.replica_state import NO_LEADER, RandomSource, Role
 from tidelog.replication.status import ReplicaStatus, ReplicaView
 
-NO_LEADER = -1
-NO_VOTE = -1
-LEADER_CHANGE_CONTROL_KEY = b"\x00\x00\x00\x02"  # Kafka's control record key: version 0, type 2
+# The replica's interface. Its outputs, settings and vocabulary have modules of their own
+# (ready.py, replica_config.py, replica_state.py) and are exported from here too.
+__all__ = [
+    "LEADER_CHANGE_CONTROL_KEY",
+    "NO_LEADER",
+    "NO_VOTE",
+    "CommittedPrefixBroken",
+    "QuorumState",
+    "RandomSource",
+    "Ready",
+    "Replica",
+    "ReplicaConfig",
+    "Role",
+]
 
 
-class CommittedPrefixBroken(AssertionError):
-    """An invariant failed: a rule the design depends on is broken (the node fails stop)."""
+class Replica(Elections):
+    """One replica of one partition: the driver's API over the layers below."""
 
-
-class RandomSource(Protocol):
-    """The only randomness the core uses: injected (a seeded random.Random in practice)."""
-
-    def randint(self, a: int, b: int) -> int: ...
-
-
-class Role(enum.Enum):
-    FOLLOWER = "follower"
-    PROSPECTIVE = "prospective"  # running a pre-vote
-    CANDIDATE = "candidate"
-    LEADER = "leader"
-
-
-@dataclass(frozen=True)
-class QuorumState:
-    """What must be durable before this replica answers a vote or announces leadership."""
-
-    epoch: int = 0
-    voted_for: int = NO_VOTE
-    directories: str = ""  # the voters' admitted data directories (replication/directories.py)
-    memberships: str = ""  # the group's membership history (membership.py); "": the initial one
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    node_id: int
-    voters: tuple[int, ...]  # the group's initial membership (its log may have changed it since)
-    learners: tuple[int, ...] = ()  # replicas that fetch but neither vote nor count (yet)
-    election_timeout_ticks: int = 100
-    election_jitter_ticks: int = 60
-    fetch_max_wait_ticks: int = 50
-    fetch_retry_ticks: int = 80
-    check_quorum_ticks: int = 150
-    replica_lag_ticks: int = 3000
-    replica_max_lag_ticks: int = 60_000  # a follower out of touch longer no longer holds the log
-    fetch_max_bytes: int = 1024 * 1024
-    hw_policy: str = "quorum"
-    min_insync_replicas: int = 1
-    state_machine: bool = False  # behind the log start: install a snapshot (else start empty)
-    directory_id: str = ""  # this replica's data directory ("": not tracked, as in old tests)
-    faults: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        invariant(not set(self.voters) & set(self.learners), "a learner is not a voter")
-        invariant(
-            self.fetch_retry_ticks > self.fetch_max_wait_ticks,
-            "self.fetch_retry_ticks > self.fetch_max_wait_ticks",
-        )
-        invariant(self.faults <= FAULTS, "self.faults <= FAULTS")
-
-
-@dataclass
-class Ready:
-    state: QuorumState | None = None
-    messages: list[Outgoing] = field(default_factory=list)
-    flush: bool = False
-    high_watermark_changed: bool = False
-    log_start_changed: bool = False
-    role_changed: bool = False
-    lost_leadership: bool = False
-    truncated: bool = False
-    snapshot_installed: int = -1  # the offset of a snapshot just installed from the leader
-
-    @property
-    def empty(self) -> bool:
-        """Nothing at all to do (handing it over again is the same as a fresh one)."""
-        return not (self or self.lost_leadership or self.snapshot_installed >= 0)
-
-    def __bool__(self) -> bool:
-        return bool(
-            self.state is not None
-            or self.messages
-            or self.flush
-            or self.high_watermark_changed
-            or self.log_start_changed
-            or self.role_changed
-            or self.truncated
-        )
-
-
-class Replica:
     def __init__(
         self,
         config: ReplicaConfig,
@@ -186,70 +92,11 @@ class Replica:
         clock: TickSource | None = None,
         liveness: LivenessView | None = None,
     ) -> None:
-        self.config = config
-        # The node's liveness (one heartbeat per pair of nodes, liveness.py): with it, an idle
-        # group quiesces -- its followers stop fetching and its leader stops expecting them,
-        # and a dead leader or follower is learnt from the liveness instead. None: never.
-        self.liveness = liveness
-        self.quiesced = False  # a follower told by its leader to wait for news
-        self.quiesced_incarnation = -1  # the leader's incarnation when it said so
-        self._own_clock = Clock() if clock is None else None
-        self.clock: TickSource = clock if clock is not None else Clock()
-        if self._own_clock is not None:
-            self.clock = self._own_clock
-        self._acted_at = self.clock.ticks
-        self.log = log
-        self.snapshots = snapshots
-        self.installing: int | None = None  # a snapshot being fetched (-1: offset not known yet)
-        self._chunk_asked = -1  # the position the outstanding snapshot request asked for
-        self.rng = rng
-        self.node_id = config.node_id
-        self.epoch = state.epoch
-        self.voted_for = state.voted_for
-        self.role = Role.FOLLOWER
-        self.leader_id = NO_LEADER
-        self.progress: dict[int, Progress] = {}
-        self.epoch_start_offset = 0
-        self.leader_since_tick = 0
-        self.votes: set[int] = set()
-        # The vote request of our current campaign, and the voters it reached as far as the
-        # node's liveness knew: one that comes alive later (a new cluster's nodes starting one
-        # after another) is asked again at once rather than after an election timeout.
-        self._vote_request: VoteRequest | None = None
-        self._asked: set[int] = set()
-        self.last_leader_contact = 0
-        self.election_deadline = 0
-        self.fetch_in_flight = False
-        self.fetch_sent_tick = 0
-        self.reported_durable = -1  # the durable offset our last fetch told the leader
-        self.forged_messages = 0  # dropped: they claimed to come from a node other than theirs
-        self.leader_high_watermark = log.high_watermark  # as last heard from the leader
-        self.leader_log_start = log.log_start_offset
-        # Admitted directories (durable, in the quorum state); the node's first-seen peer
-        # directories (from the peer handshake) stand in for voters this group never recorded.
-        self.directories = decode_directories(state.directories)
-        self._directories_encoded = encode_directories(self.directories)
-        self._directories_crc = directories_digest(self._directories_encoded)
-        self.known_directories: Mapping[int, str] = known_directories or {}
-        self.observers: dict[int, tuple[str, int]] = {}  # leader: node -> (directory, target)
-        self.replaced: dict[int, str] = {}  # voters seen with a directory not admitted here
-        self.history = MembershipHistory(
-            decode_memberships(state.memberships)
-            or [Membership(INITIAL, config.voters, config.learners)]
-        )
-        self.history.truncate(log.log_end_offset)  # changes in a tail the log lost in a crash
-        self.target: tuple[int, ...] | None = None  # voters the leader walks the group towards
-        self.learner_bytes_per_tick = 0  # catch-up throttle for learners (0: none)
-        self._learner_budget = 0
-        self._ready = Ready()
-        self._reset_election_timer()
-        if FAULT_TRUNCATE_TO_HW in config.faults:
-            log.truncate_to(log.high_watermark)  # the pre-KIP-101 restart
-            self.history.truncate(log.log_end_offset)
+        super().__init__(config, log, state, rng, snapshots, known_directories, clock, liveness)
         if self._single_voter:
             self._start_prevote()
 
-    # -- public driver API ----------------------------------------------------------------------
+    # -- the driver's API -----------------------------------------------------------------------
 
     @property
     def high_watermark(self) -> int:
@@ -258,10 +105,6 @@ class Replica:
     @property
     def is_leader(self) -> bool:
         return self.role is Role.LEADER
-
-    @property
-    def now(self) -> int:
-        return self.clock.ticks
 
     def elapse(self, ticks: int = 1) -> None:
         """Time passes on the replica's own clock, and nothing is done (act() does it)."""
@@ -287,7 +130,7 @@ class Replica:
             if self.quiesced:
                 if self._quiesced_leader_alive():
                     return  # nothing to do until the leader wakes us, or its node dies
-                self._unquiesce_follower(leader_dead=not self._liveness_alive(self.leader_id))
+                self._unquiesce_follower(leader_dead=not alive(self.liveness, self.leader_id))
             if self.now >= self.election_deadline and (self.is_observer or self.is_learner):
                 # A replaced disk or a learner catches up; it does not campaign.
                 self._reset_election_timer()
@@ -306,11 +149,32 @@ class Replica:
         else:
             self._ask_voters_come_alive()
 
+    def next_deadline(self) -> int | None:
+        """The tick at which act() next has something to do if nothing happens meanwhile (no
+        message, no write), or None: then only an event gives it work. A leader of one replica
+        with nothing in flight, and a follower whose leader is parked on its fetch, cost nothing
+        until then."""
+        now, config = self.now, self.config
+        if self.role is Role.LEADER:
+            return self._leader_deadline()
+        if self.role is Role.FOLLOWER:
+            if self.quiesced:
+                return None  # the leader wakes us, or the liveness does (the node dirties us)
+            due = self.election_deadline  # (an observer or learner only re-arms its timer)
+            if self.leader_id != NO_LEADER:
+                if not self.fetch_in_flight:
+                    return now + 1
+                due = min(due, self.fetch_sent_tick + config.fetch_retry_ticks)
+            return due
+        if self.is_observer or self.is_learner:
+            return None
+        return self.election_deadline
+
     def step(self, sender: int, message: Message, directory: str = NO_DIRECTORY) -> None:
         """A message from sender: the node id (and data directory) its transport vouches for.
         A message that claims to come from another node (its replica, candidate, voter or
         leader field) is dropped: nobody may speak for a voter but that voter. A voter whose
-        directory is not the admitted one (a replaced disk) is an observer: see below."""
+        directory is not the admitted one (a replaced disk) is an observer (admission.py)."""
         if sender == self.node_id:
             return
         if isinstance(message, FetchRequest | FetchSnapshotRequest) and not (
@@ -322,11 +186,25 @@ class Replica:
         if claimed is not None and claimed != sender:
             self.forged_messages += 1
             return
-        admitted = self._admitted(sender, directory)
-        if not admitted and not self._observer_may(sender, message):
+        admitted = FAULT_IGNORE_DIRECTORIES in self.config.faults or self.admission.admitted(
+            sender, directory
+        )
+        if not admitted and not self.admission.observer_may(sender, message, self._leading()):
+            if isinstance(message, VoteRequest):
+                self._send(
+                    sender,
+                    VoteResponse(
+                        self.epoch,
+                        self.node_id,
+                        False,
+                        message.pre_vote,
+                        self.leader_id,
+                        self.is_admitted,
+                    ),
+                )
             return
         if not admitted and isinstance(message, FetchRequest):
-            self._track_observer(sender, directory)
+            self.admission.track(sender, directory, self.log.log_end_offset, self.progress[sender])
         # A pre-vote never moves an epoch, except a refusal, which carries the voter's own.
         pre_vote = isinstance(message, VoteRequest) and message.pre_vote
         pre_vote |= isinstance(message, VoteResponse) and message.pre_vote and message.granted
@@ -370,155 +248,16 @@ class Replica:
         elif isinstance(message, FetchSnapshotResponse):
             self._on_fetch_snapshot_response(sender, message)
 
-    # -- replaced disks: observers --------------------------------------------------------------
-
-    @property
-    def voters(self) -> tuple[int, ...]:
-        """The newest membership in this replica's log decides, committed or not."""
-        return self.history.current.voters
-
-    @property
-    def learners(self) -> tuple[int, ...]:
-        return self.history.current.learners
-
-    @property
-    def is_learner(self) -> bool:
-        """Does not campaign: not a voter of this group (yet, or any more). Except a voter whose
-        own removal is not committed yet (a leader that removed itself, then lost leadership or
-        crashed): the remaining voters may lack that change, and need the one replica that has
-        it to lead long enough to commit it. That is safe: a candidate wins by a majority of its
-        newest membership's voters, not counting itself when it is not one (Raft's rule)."""
-        if self.node_id in self.voters:
-            return False
-        uncommitted = self.history.current.offset >= self.log.high_watermark
-        return not (uncommitted and self.node_id in self.committed_membership.voters)
-
-    def _counts(self, replica: int) -> bool:
-        """A follower whose liveness counts toward the ISR and check-quorum: a voter whose
-        directory is admitted (not an observer)."""
-        return replica not in self.observers and replica in self.voters
-
     def _learner_may(self, message: Message) -> bool:
         """All a learner may say: fetch from the leader, in the leader's own epoch."""
         return (
             isinstance(message, FetchRequest | FetchSnapshotRequest)
-            and self.role is Role.LEADER
-            and message.epoch == self.epoch
+            and message.epoch == self._leading()
         )
 
-    def _own_admitted(self) -> str | None:
-        return self.directories.get(self.node_id) or self.known_directories.get(self.node_id)
-
-    @property
-    def is_observer(self) -> bool:
-        """The leader admitted another directory for this replica: it lost its disk, and
-        catches up without voting until the leader admits this one."""
-        admitted = self._own_admitted()
-        return bool(self.config.directory_id) and admitted not in (None, self.config.directory_id)
-
-    @property
-    def is_admitted(self) -> bool:
-        """A leader's map (or the cluster's format) names this replica's own directory. Only
-        a leader admits a new directory, after it caught up; so a replica that says so in its
-        vote requests can be believed by a voter whose map is older."""
-        return bool(self.config.directory_id) and self._own_admitted() == self.config.directory_id
-
-    def _admitted(self, node: int, directory: str) -> bool:
-        if not directory or FAULT_IGNORE_DIRECTORIES in self.config.faults:
-            return True
-        admitted = self.directories.get(node)
-        if admitted is None:
-            first_seen = self.known_directories.get(node)
-            if first_seen is None or first_seen == directory:
-                self.directories[node] = directory  # first sight: recorded before it counts
-                self._persist_state()
-                return True
-        elif admitted == directory:
-            return True
-        self.replaced[node] = directory
-        return False
-
-    def _observer_may(self, sender: int, message: Message) -> bool:
-        """What a replica whose directory is not admitted may still do: fetch from the leader
-        (as an observer) in the leader's own epoch. Its votes and notices do not count, and a
-        vote it asks for is refused without moving our epoch."""
-        if isinstance(message, FetchRequest | FetchSnapshotRequest):
-            return self.role is Role.LEADER and message.epoch == self.epoch
-        if isinstance(message, VoteRequest | VoteResponse) and message.admitted:
-            # Admitted by a leader whose word has not reached us yet: take it now.
-            self.directories[sender] = self.replaced.pop(sender)
-            self._persist_state()
-            return True
-        if isinstance(message, VoteRequest):
-            self._send(
-                sender,
-                VoteResponse(
-                    self.epoch,
-                    self.node_id,
-                    False,
-                    message.pre_vote,
-                    self.leader_id,
-                    self.is_admitted,
-                ),
-            )
-            return False
-        if isinstance(message, BeginEpoch | FetchResponse | FetchSnapshotResponse):
-            # A leader's authority is its epoch, won from voters that admitted it: follow it,
-            # and take its word on which directories are admitted.
-            return message.leader == sender
-        return False
-
-    def admit_unclean(self, presented: Mapping[int, str]) -> list[int]:
-        """An operator accepted loss (an unclean election): the directories voters present now
-        (seen in this group, else on the peer channel) and this replica's own are admitted
-        without catching up. Returns the voters whose admitted directory changed."""
-        merged = {n: d for n, d in presented.items() if n in self.voters and d}
-        merged.update(self.replaced)
-        if self.config.directory_id:
-            merged[self.node_id] = self.config.directory_id
-        changed = sorted(n for n, d in merged.items() if self.directories.get(n) != d)
-        self.directories.update(merged)
-        self.replaced = {}
-        self.observers = {}
-        if changed:
-            self._persist_state()
-        return changed
-
-    def _persist_state(self) -> None:
-        """Every change of epoch, vote or admitted directories comes here: it is made durable
-        before any message leaves, and the map's wire form and CRC are kept for fetches."""
-        self._directories_encoded = encode_directories(self.directories)
-        self._directories_crc = directories_digest(self._directories_encoded)
-        self._ready.state = QuorumState(
-            self.epoch, self.voted_for, self._directories_encoded, self.history.encode()
-        )
-
-    def _adopt_directories(self, encoded: str) -> None:
-        """The leader's admitted directories replace ours (it decides who is a replica)."""
-        theirs = {**self.directories, **decode_directories(encoded)}
-        if theirs != self.directories:
-            self.directories = theirs
-            self.replaced = {n: d for n, d in self.replaced.items() if theirs.get(n) != d}
-            self._persist_state()
-
-    def _track_observer(self, sender: int, directory: str) -> None:
-        """Leader: a voter with an unadmitted directory fetches. It must hold everything this
-        leader holds now (its log end, which holds everything ever committed) to be admitted."""
-        current = self.observers.get(sender)
-        if current is None or current[0] != directory:
-            self.observers[sender] = (directory, self.log.log_end_offset)
-            p = self.progress[sender]
-            p.match_offset = 0
-            p.last_caught_up_tick = -(10**12)
-
-    def _maybe_admit(self, sender: int, durable: int) -> None:
-        directory, target = self.observers[sender]
-        if durable >= target:
-            del self.observers[sender]
-            self.replaced.pop(sender, None)
-            self.directories[sender] = directory
-            self._persist_state()
-            self._wake_quiesced()  # the admitted map reaches followers in fetch answers
+    def _leading(self) -> int | None:
+        """The epoch this replica leads, if it leads."""
+        return self.epoch if self.role is Role.LEADER else None
 
     def propose(self, batches: bytes | bytearray | memoryview | ValidatedBatches) -> AppendResult:
         """Append producer batches as leader (a producer's payload after validate_produced).
@@ -541,15 +280,6 @@ class Replica:
             self._start_prevote()
         else:
             self._start_election()
-
-    @property
-    def _hears_leader(self) -> bool:
-        """A follower that heard from its leader within an election timeout."""
-        if self.role is not Role.FOLLOWER or self.leader_id == NO_LEADER:
-            return False
-        if self.quiesced:
-            return self._quiesced_leader_alive()
-        return self.now - self.last_leader_contact < self.config.election_timeout_ticks
 
     def stand(self) -> None:
         """Lead now, as an operator or a preferred leader asks: a live leader is asked to hand
@@ -589,6 +319,41 @@ class Replica:
 
     def advance(self) -> None:
         """Nothing to release today: outputs are handed over whole by ready()."""
+
+    # -- membership and replaced disks ----------------------------------------------------------
+
+    def set_target(self, voters: tuple[int, ...] | None, learner_bytes_per_tick: int = 0) -> bool:
+        """The voters this group should have (the cluster's metadata says so): its leader walks
+        the group there one change at a time. None: no change wanted. True if it changed: the
+        driver must then act (PartitionDriver.set_target), or an idle leader with no deadline
+        never starts the walk."""
+        if not (voters is None or voters):
+            raise InvariantBroken("a group needs a voter")
+        target = tuple(sorted(voters)) if voters is not None else None
+        changed = (target, learner_bytes_per_tick) != (self.target, self.learner_bytes_per_tick)
+        self.target = target
+        self.learner_bytes_per_tick = learner_bytes_per_tick
+        return changed
+
+    @property
+    def directories(self) -> dict[int, str]:
+        """The voters' admitted data directories, as this replica knows them."""
+        return self.admission.directories
+
+    @property
+    def known_directories(self) -> Mapping[int, str]:
+        return self.admission.known
+
+    @property
+    def replaced(self) -> dict[int, str]:
+        """Voters seen with a directory not admitted here."""
+        return self.admission.replaced
+
+    def admit_unclean(self, presented: Mapping[int, str]) -> list[int]:
+        """An operator accepted loss (an unclean election): the directories voters present now
+        and this replica's own are admitted without catching up. Returns the voters whose
+        admitted directory changed."""
+        return self.admission.admit_unclean(presented, self.voters)
 
     # -- the low-water mark ---------------------------------------------------------------------
 
@@ -636,16 +401,6 @@ class Replica:
 
     # -- views ----------------------------------------------------------------------------------
 
-    def in_sync_replicas(self) -> set[int]:
-        if self.role is not Role.LEADER:
-            return set()
-        lag = self.config.replica_lag_ticks
-        return {self.node_id} | {
-            r
-            for r, p in self.progress.items()
-            if (p.quiesced or self.now - p.last_caught_up_tick <= lag) and self._counts(r)
-        }
-
     def status(self) -> ReplicaStatus:
         replicas: dict[int, ReplicaView] = {}
         if self.role is Role.LEADER:
@@ -684,1053 +439,9 @@ class Replica:
             quiesced=self.quiescent,
         )
 
-    # -- elections ------------------------------------------------------------------------------
-
-    @property
-    def _single_voter(self) -> bool:
-        """The only voter of its membership: it leads without asking anyone. Never a replaced
-        disk (an observer): catching up, its log may end in a membership of it alone that the
-        group left long ago, and it elected itself on a restart, without 300 committed
-        records (fresh seed 368196973)."""
-        return self.voters == (self.node_id,) and not self.is_learner and not self.is_observer
-
-    def _others(self) -> list[int]:
-        return [v for v in self.voters if v != self.node_id]
-
-    def _reset_election_timer(self) -> None:
-        jitter = self.rng.randint(0, self.config.election_jitter_ticks)
-        self.election_deadline = self.now + self.config.election_timeout_ticks + jitter
-
-    def _leader_hint(self) -> int | None:
-        return self.leader_id if self.leader_id != NO_LEADER else None
-
-    def _set_state(self, epoch: int, voted_for: int) -> None:
-        invariant(epoch >= self.epoch, "epoch >= self.epoch")
-        if (epoch, voted_for) != (self.epoch, self.voted_for):
-            self.epoch = epoch
-            self.voted_for = voted_for
-            self._persist_state()
-
-    def _set_role(self, role: Role) -> None:
-        if role is not self.role:
-            if self.role is Role.LEADER:
-                self._ready.lost_leadership = True
-                self._fail_pending_fetches()
-            self.quiesced = False
-            self.role = role
-            self._ready.role_changed = True
-
-    @property
-    def _last_epoch(self) -> int:
-        """The epoch of the log's last entry; for a log that holds none, of the last entry below
-        its log start (its prefix epoch: a Raft snapshot's last term)."""
-        if (
-            FAULT_EMPTY_LOG_FORGETS_EPOCH in self.config.faults
-            and self.log.log_start_offset == self.log.log_end_offset
-        ):
-            return -1
-        return self.log.epochs.latest_epoch
-
-    def _log_is_up_to_date(self, last_epoch: int, log_end_offset: int) -> bool:
-        """Raft's election restriction: a vote only for a candidate whose log ends in a later
-        epoch than ours, or in the same one no shorter. Nothing else stops a candidate that
-        lacks committed entries: votes are granted without consulting memberships (Raft thesis
-        4.1, KRaft's handleVoteRequest), so a voter of a membership the group left long ago
-        still counts for a stale candidate that has nothing later (seed 300028)."""
-        mine = (self._last_epoch, self.log.log_end_offset)
-        return (last_epoch, log_end_offset) >= mine
-
-    def _start_prevote(self) -> None:
-        self._set_role(Role.PROSPECTIVE)
-        self.leader_id = NO_LEADER
-        self.votes = {self.node_id}
-        self._reset_election_timer()
-        if self._single_voter:
-            self._start_election()
-            return
-        request = VoteRequest(
-            self.epoch + 1,
-            self.node_id,
-            self._last_epoch,
-            self.log.log_end_offset,
-            pre_vote=True,
-            admitted=self.is_admitted,
-        )
-        self._ask_voters(request)
-
-    def _ask_voters(self, request: VoteRequest) -> None:
-        self._vote_request = request
-        self._asked = set()
-        for v in self._others():
-            self._send(v, request)
-            if self.liveness is None or self.liveness.is_alive(v):
-                self._asked.add(v)
-
-    def _ask_voters_come_alive(self) -> None:
-        """A campaign's request to a voter whose node was not alive went nowhere (no link yet):
-        now that it is, ask again (a duplicate request gets the same answer). Called only while
-        we campaign, so the request is this campaign's: each one stores its own."""
-        request = self._vote_request
-        if request is None or self.liveness is None:
-            return
-        for v in self._others():
-            if v not in self._asked and v not in self.votes and self.liveness.is_alive(v):
-                self._asked.add(v)
-                self._send(v, request)
-
-    def _start_election(self) -> None:
-        self._set_role(Role.CANDIDATE)
-        self._set_state(self.epoch + 1, self.node_id)
-        self.leader_id = NO_LEADER
-        self.votes = {self.node_id}
-        self._reset_election_timer()
-        if self._single_voter:
-            self._become_leader()
-            return
-        request = VoteRequest(
-            self.epoch,
-            self.node_id,
-            self._last_epoch,
-            self.log.log_end_offset,
-            pre_vote=False,
-            admitted=self.is_admitted,
-        )
-        self._ask_voters(request)
-
-    def _on_vote_request(self, sender: int, req: VoteRequest) -> None:
-        up_to_date = self._log_is_up_to_date(req.last_epoch, req.log_end_offset)
-        if self.role is Role.LEADER and sender in self.progress and self.progress[sender].quiesced:
-            # A quiesced follower that stands for election restarted (or lost its leader's
-            # word): tell it who leads.
-            self._wake_progress(sender, self.progress[sender])
-        if self.quiesced and req.candidate == self.leader_id:
-            # Our leader campaigns: it no longer leads (it stepped down, or restarted and
-            # forgot); trusting its liveness, we would refuse it for good.
-            self.quiesced = False
-            self.leader_id = NO_LEADER
-            self.last_leader_contact = -(10**12)
-        if req.pre_vote:
-            leader_alive = self.role is Role.LEADER or self._hears_leader
-            granted = req.epoch > self.epoch and up_to_date and not leader_alive
-            # A refusal carries our own epoch (etcd's rule): a prospective candidate behind it
-            # moves up, or two nodes each refusing the other's pre-vote could wait forever.
-            epoch = req.epoch if granted else self.epoch
-            self._send(
-                sender,
-                VoteResponse(epoch, self.node_id, granted, True, self.leader_id, self.is_admitted),
-            )
-            return
-        granted = (
-            req.epoch == self.epoch
-            and self.voted_for in (NO_VOTE, req.candidate)
-            and self.role is not Role.LEADER
-            and up_to_date
-        )
-        if granted:
-            self._set_state(self.epoch, req.candidate)
-            self._reset_election_timer()
-        self._send(
-            sender,
-            VoteResponse(
-                self.epoch, self.node_id, granted, False, self.leader_id, self.is_admitted
-            ),
-        )
-
-    def _on_vote_response(self, sender: int, resp: VoteResponse) -> None:
-        if resp.pre_vote:
-            if self.role is not Role.PROSPECTIVE or resp.epoch != self.epoch + 1:
-                return
-            if not resp.granted or sender not in self.voters:
-                return
-            self.votes.add(sender)
-            if self._won():
-                self._start_election()
-            return
-        if self.role is not Role.CANDIDATE or resp.epoch != self.epoch or not resp.granted:
-            return
-        if sender in self.voters:  # a vote counts only from a voter of our own membership
-            self.votes.add(sender)
-        if self._won():
-            self._become_leader()
-
-    def _won(self) -> bool:
-        """A majority of our newest membership's voters (ourselves only if we are one)."""
-        return len(self.votes & set(self.voters)) >= majority(len(self.voters))
-
-    def _resign(self, successor: int | None = None) -> None:
-        """Hand over (our own removal is committed, or a voter asked): to successor, or to the
-        most caught-up remaining voter."""
-        voters = [v for v in self.voters if v != self.node_id]
-        if successor is None:
-            successor = max(voters, key=lambda v: (self.progress[v].match_offset, -v))
-        self._become_follower(self.epoch, NO_LEADER)
-        for v in voters:
-            self._send(v, Resign(self.epoch, self.node_id, successor))
-
-    def _on_transfer_leadership(self, sender: int, msg: TransferLeadership) -> None:
-        """A voter that holds everything we hold may take over; one that does not yet asks
-        again (the operator's command waits and retries)."""
-        if (
-            self.role is not Role.LEADER
-            or msg.epoch != self.epoch
-            or sender not in self.voters
-            or self.progress[sender].match_offset < self.log.log_end_offset
-        ):
-            return
-        self._resign(successor=sender)
-
-    def _on_resign(self, sender: int, msg: Resign) -> None:
-        if msg.epoch != self.epoch or self.leader_id != sender or self.role is not Role.FOLLOWER:
-            return
-        self.leader_id = NO_LEADER  # no longer alive, as far as pre-votes are concerned
-        self.quiesced = False
-        self.last_leader_contact = -(10**12)
-        if msg.successor == self.node_id and not self.is_learner:
-            self._start_election()
-
-    def _on_epoch_notice(self, sender: int, msg: EpochNotice) -> None:
-        """(A later epoch was handled above, as for any message.) In our own epoch, a notice
-        from the epoch's leader itself tells us whom to follow."""
-        if (
-            msg.epoch == self.epoch
-            and self.role is not Role.LEADER
-            and msg.leader == sender
-            and (self.role is not Role.FOLLOWER or self.leader_id != msg.leader)
-        ):
-            self._become_follower(msg.epoch, msg.leader)
-
-    def _on_begin_epoch(self, sender: int, msg: BeginEpoch) -> None:
-        if msg.epoch < self.epoch:
-            return
-        if self.role is not Role.FOLLOWER or self.leader_id != msg.leader:
-            self._become_follower(msg.epoch, msg.leader)
-        elif self.quiesced:
-            self._unquiesce_follower(leader_dead=False)  # the leader has news: fetch it
-
-    def _become_follower(self, epoch: int, leader: int) -> None:
-        voted = self.voted_for if epoch == self.epoch else NO_VOTE
-        self._set_state(epoch, voted)
-        self._set_role(Role.FOLLOWER)
-        self.leader_id = leader
-        self.quiesced = False
-        self.fetch_in_flight = False
-        self.reported_durable = -1
-        self.installing = None
-        self.last_leader_contact = self.now
-        self._reset_election_timer()
-        if FAULT_TRUNCATE_TO_HW in self.config.faults and leader != NO_LEADER:
-            # The pre-KIP-101 bug: trusting the local HW as the end of the committed log.
-            self.log.truncate_to(self.log.high_watermark)
-            self._truncated()
-        self._maybe_send_fetch()
-
-    def _become_leader(self) -> None:
-        self._set_role(Role.LEADER)
-        self.leader_id = self.node_id
-        self.leader_since_tick = self.now
-        self.epoch_start_offset = self.log.log_end_offset
-        self.progress = {
-            r: Progress(last_fetch_tick=self.now, begin_sent_tick=self.now)
-            for r in self._others() + list(self.learners)
-        }
-        self.observers = {}
-        own = self.config.directory_id
-        if own and self.directories.get(self.node_id) != own:
-            # Elected by voters that admitted it: its own entry makes its map the one its
-            # followers hold, so the map stops riding in every fetch answer.
-            self.directories[self.node_id] = own
-            self._persist_state()
-        if self.log.log_end_offset > self.log.high_watermark:
-            # Entries of earlier epochs may be uncommitted; only an entry of our own epoch on a
-            # quorum commits them (Raft section 5.4.2), so write one now rather than waiting
-            # for a producer.
-            self.log.append_as_leader(self._leader_change_marker(), self.epoch)
-        for v in self.progress:
-            self._send(v, BeginEpoch(self.epoch, self.node_id))
-        self._after_leader_append()
-
-    def _leader_change_marker(self) -> bytes:
-        value = {"leader": self.node_id, "epoch": self.epoch, "voters": list(self.voters)}
-        record = ProducerRecord(LEADER_CHANGE_CONTROL_KEY, json.dumps(value).encode())
-        return build_batch([record], control=True, now_ms=0)
-
-    # -- membership (membership.py) --------------------------------------------------------------
-
-    def set_target(self, voters: tuple[int, ...] | None, learner_bytes_per_tick: int = 0) -> bool:
-        """The voters this group should have (the cluster's metadata says so): its leader walks
-        the group there one change at a time. None: no change wanted. True if it changed: the
-        driver must then act (PartitionDriver.set_target), or an idle leader with no deadline
-        never starts the walk."""
-        if not (voters is None or voters):
-            raise InvariantBroken("a group needs a voter")
-        target = tuple(sorted(voters)) if voters is not None else None
-        changed = (target, learner_bytes_per_tick) != (self.target, self.learner_bytes_per_tick)
-        self.target = target
-        self.learner_bytes_per_tick = learner_bytes_per_tick
-        return changed
-
-    @property
-    def committed_membership(self) -> Membership:
-        return self.history.at(self.log.high_watermark)
-
-    def _may_change_membership(self) -> bool:
-        if FAULT_UNCOMMITTED_CHANGES in self.config.faults:
-            return True
-        hw = self.log.high_watermark
-        return self.history.current.offset < hw and self.epoch_start_offset < hw
-
-    def _changing_membership(self) -> bool:
-        """A target the group is not at yet (the leader walks it there)."""
-        if self.target is None:
-            return False
-        current = self.history.current
-        return not (self.target == tuple(sorted(current.voters)) and not current.learners)
-
-    def _maybe_change_membership(self) -> None:
-        if self.role is not Role.LEADER or not self._changing_membership():
-            return  # no target, or there already
-        current = self.history.current
-        if self.target is None:
-            raise InvariantBroken("self.target is not None")
-        lag = self.config.replica_lag_ticks
-
-        def caught_up(n: int) -> bool:
-            """In sync, and heard from just now (a long poll's age at most): a replica that
-            crashed, or lost its disk, a moment ago must not count."""
-            if n == self.node_id:
-                return True
-            p = self.progress.get(n)
-            return (
-                p is not None
-                and self.now - p.last_caught_up_tick <= lag
-                and self.now - p.last_fetch_tick <= self.config.fetch_retry_ticks
-                and n not in self.observers
-            )
-
-        step = next_membership(
-            current,
-            self.target,
-            caught_up,
-            self.node_id,
-            at_once=FAULT_UNCOMMITTED_CHANGES in self.config.faults,
-        )
-        if step is None:
-            return
-        if not self._may_change_membership():
-            if self.log.log_end_offset == self.epoch_start_offset:
-                # Elected with nothing uncommitted, so no entry of our epoch was written; a
-                # change may follow only one that commits (as KRaft writes one every election).
-                self.log.append_as_leader(self._leader_change_marker(), self.epoch)
-                self._after_leader_append()
-            return
-        voters, learners = step
-        if sum(1 for v in voters if caught_up(v)) < majority(len(voters)):
-            # etcd's strict reconfiguration check: never leave a membership whose majority is
-            # not caught up now (a voter down, or a replaced disk not yet admitted), or the
-            # group may be unable to elect anyone until that voter is back.
-            return
-        proposal = Membership(self.log.log_end_offset, voters, learners)
-        info = self.log.append_as_leader(proposal.control_batch(), self.epoch)
-        invariant(info.first_offset == proposal.offset, "info.first_offset == proposal.offset")
-        self.history.append(proposal)
-        self._persist_state()
-        self._on_membership_changed()
-        self._after_leader_append()
-
-    def _on_membership_changed(self) -> None:
-        """Leader: follow the members it now has (new ones hear of its epoch at once)."""
-        if self.role is not Role.LEADER:
-            return
-        members = set(self.history.current.members)
-        for gone in [r for r in self.progress if r not in members]:
-            del self.progress[gone]
-            self.observers.pop(gone, None)
-        for new in sorted(members - set(self.progress) - {self.node_id}):
-            # Caught up only once it has fetched what we hold now (not by its first fetch).
-            self.progress[new] = Progress(
-                last_fetch_tick=self.now,
-                begin_sent_tick=self.now,
-                leo_at_last_fetch=self.log.log_end_offset,
-            )
-            self._send(new, BeginEpoch(self.epoch, self.node_id))
-
-    def _memberships_for(self, fetch_offset: int, digest: int | None = None) -> str:
-        """The changes a follower at fetch_offset does not hold yet (it keeps those its log
-        then holds), and the one in effect there if the follower's differs."""
-        entries = self.history.since(fetch_offset)
-        base = self.history.at(fetch_offset)
-        if digest is not None and base.digest != digest:
-            entries.insert(0, base)
-        return encode_memberships(entries) if entries else ""
-
-    def _adopt_memberships(self, encoded: str, fetch_offset: int) -> None:
-        if not encoded:
-            return
-        end = self.log.log_end_offset
-        changed = False
-        for m in decode_memberships(encoded):
-            if m.offset < fetch_offset:
-                # The leader's membership at the fetch offset, sent because ours differs. Our
-                # logs match up to there, so ours is the one that is wrong: take it.
-                if self.history.at(fetch_offset) != m:
-                    self.history.start_over(m)
-                    changed = True
-            elif self.history.current.offset < m.offset < end:
-                self.history.append(m)
-                changed = True
-        if changed:
-            self._persist_state()
-
-    def _truncated(self) -> None:
-        """The log lost its tail: so did the membership changes in it."""
-        self._ready.truncated = True
-        if self.history.truncate(self.log.log_end_offset):
-            self._persist_state()
-
-    def _start_over(self, offset: int, encoded: str, prefix_epoch: int) -> None:
-        """The log starts over at offset (a leader's log start or snapshot), with the membership
-        the leader had there, and the epoch of the leader's entry below it as its last epoch
-        (an empty log that claimed epoch -1 granted its vote to candidates missing what it had
-        committed: simulator seed 300028)."""
-        self.log.truncate_fully_and_start_at(offset, prefix_epoch)
-        self._ready.truncated = True
-        entries = decode_memberships(encoded)
-        if entries:
-            self.history.start_over(entries[0])
-        else:
-            self.history.truncate(offset)
-        self._persist_state()
-
-    def _log_start_moved(self) -> None:
-        self._ready.log_start_changed = True
-        if self.history.forget_below(self.log.log_start_offset):
-            self._persist_state()
-
-    # -- leader side of replication -------------------------------------------------------------
-
-    def next_deadline(self) -> int | None:
-        """The tick at which act() next has something to do if nothing happens meanwhile (no
-        message, no write), or None: then only an event gives it work. A leader of one replica
-        with nothing in flight, and a follower whose leader is parked on its fetch, cost nothing
-        until then."""
-        now, config = self.now, self.config
-        if self.role is Role.LEADER:
-            return self._leader_deadline()
-        if self.role is Role.FOLLOWER:
-            if self.quiesced:
-                return None  # the leader wakes us, or the liveness does (the node dirties us)
-            due = self.election_deadline  # (an observer or learner only re-arms its timer)
-            if self.leader_id != NO_LEADER:
-                if not self.fetch_in_flight:
-                    return now + 1
-                due = min(due, self.fetch_sent_tick + config.fetch_retry_ticks)
-            return due
-        if self.is_observer or self.is_learner:
-            return None
-        return self.election_deadline
-
-    def _leader_deadline(self) -> int | None:
-        now, config = self.now, self.config
-        due: int | None = None
-        if self._changing_membership():
-            return now + 1  # a membership change (and its throttled catch-up) walks tick by tick
-        hw = self.log.high_watermark
-        retry = config.fetch_retry_ticks
-        quorum_at: int | None = None  # when the count of recently heard voters next drops
-        quiet = False  # a counted follower is quiesced: only the liveness can drop it
-        for r, p in self.progress.items():
-            if p.quiesced:
-                quiet = quiet or self._counts(r)
-                continue
-            if p.pending is not None:
-                at = now + 1 if p.pending.high_watermark < hw else p.pending_deadline
-            else:
-                at = max(p.last_fetch_tick, p.begin_sent_tick) + retry
-            falls_behind = p.last_caught_up_tick + config.replica_lag_ticks + 1
-            if config.hw_policy == "isr" and falls_behind > now:  # (out of the ISR already)
-                at = min(at, falls_behind)
-            drops = p.last_fetch_tick + config.check_quorum_ticks + 1
-            if self._counts(r) and drops > now:  # (one that dropped already changes nothing)
-                quorum_at = drops if quorum_at is None else min(quorum_at, drops)
-            due = at if due is None else min(due, at)
-        if self.progress and not (quorum_at is None and quiet):
-            first_check = self.leader_since_tick + config.check_quorum_ticks
-            check = first_check if quorum_at is None else max(quorum_at, first_check)
-            due = check if due is None else min(due, check)
-        return None if due is None else max(due, now + 1)
-
-    def _leader_tick(self, elapsed: int = 1) -> None:
-        retry = self.config.fetch_retry_ticks
-        if self.learner_bytes_per_tick > 0:
-            self._learner_budget = min(
-                self._learner_budget + self.learner_bytes_per_tick * elapsed,
-                10 * self.learner_bytes_per_tick,
-            )
-        if self._changing_membership():
-            self._wake_quiesced()  # the walk needs its followers fetching (caught up, alive)
-        self._maybe_change_membership()
-        if self.role is not Role.LEADER:
-            return
-        hw = self.log.high_watermark
-        for r, p in self.progress.items():
-            if p.quiesced:
-                if not self._follower_alive(r, p):
-                    # Its node died (check-quorum counts it by its fetches again) or restarted
-                    # (it forgot whom it follows: tell it).
-                    p.quiesced = False
-                    if self._liveness_alive(r):
-                        self._wake_progress(r, p)
-                continue
-            if p.pending is not None and (
-                self.now >= p.pending_deadline or p.pending.high_watermark < hw
-            ):
-                # A parked fetch learns of a new HW here, at most a tick late, unless records
-                # carried it sooner: one answer per tick instead of one per commit. One that
-                # waited its whole time for nothing may quiesce its follower.
-                quiesce = self.now >= p.pending_deadline and self._may_quiesce(r, p.pending)
-                self._answer_fetch(r, p.pending, quiesce=quiesce)
-            elif self.now - p.last_fetch_tick >= retry and self.now - p.begin_sent_tick >= retry:
-                # A voter that is not fetching may have missed our election (or be running a
-                # pre-vote nobody grants): tell it again, as KRaft resends BeginQuorumEpoch.
-                p.begin_sent_tick = self.now
-                self._send(r, BeginEpoch(self.epoch, self.node_id))
-        if self.config.hw_policy == "isr":
-            self._maybe_advance_high_watermark()
-        if self.now - self.leader_since_tick >= self.config.check_quorum_ticks:
-            recent = sum(
-                1
-                for r, p in self.progress.items()
-                if (p.quiesced or self.now - p.last_fetch_tick <= self.config.check_quorum_ticks)
-                and self._counts(r)
-            )
-            if recent + (self.node_id in self.voters) < majority(len(self.voters)):
-                # Cut off from a quorum: stop taking writes that can never commit here.
-                self._become_follower(self.epoch, NO_LEADER)
-
-    def _after_leader_append(self) -> None:
-        self._wake_quiesced()
-        self._maybe_advance_high_watermark()
-        self._complete_pending_fetches()
-
-    # -- quiescence -----------------------------------------------------------------------------
-    #
-    # An idle group stops talking (CockroachDB's quiescence, in pull-based terms): a leader whose
-    # follower's parked fetch waited its whole time with nothing to say, the follower holding
-    # everything durably and knowing the HW, answers it with `quiesce`. The follower then sends
-    # no fetch and runs no election timer; the leader expects no fetch from it and counts it as
-    # heard from. What replaces both is the node's liveness (liveness.py): one heartbeat per
-    # pair of nodes. The leader wakes its followers (BeginEpoch, resent until they fetch) when
-    # it has news: an append, a moved log start, a membership walk, an admitted directory. A
-    # follower whose leader's node dies, or restarts, wakes by itself; a leader whose quiesced
-    # follower dies counts it by its fetches again, so check-quorum still works.
-
-    def _liveness_alive(self, node: int) -> bool:
-        return self.liveness is None or self.liveness.is_alive(node)
-
-    def _quiesced_leader_alive(self) -> bool:
-        if FAULT_QUIESCE_WITHOUT_LIVENESS in self.config.faults or self.liveness is None:
-            return True
-        return (
-            self.liveness.is_alive(self.leader_id)
-            and self.liveness.incarnation(self.leader_id) == self.quiesced_incarnation
-        )
-
-    def _follower_alive(self, r: int, p: Progress) -> bool:
-        if FAULT_QUIESCE_WITHOUT_LIVENESS in self.config.faults or self.liveness is None:
-            return True
-        return self.liveness.is_alive(r) and self.liveness.incarnation(r) == p.incarnation
-
-    def _may_quiesce(self, follower: int, req: FetchRequest) -> bool:
-        if (
-            self.liveness is None
-            or follower in self.observers
-            or self._changing_membership()
-            or not self.liveness.is_alive(follower)
-        ):
-            return False
-        leo = self.log.log_end_offset
-        durable = req.durable_offset if req.durable_offset >= 0 else req.fetch_offset
-        return (
-            req.fetch_offset == leo
-            and durable == leo
-            and req.high_watermark == leo
-            and self.log.high_watermark == leo
-            and self.log.effective_durable_end == leo
-        )
-
-    def _wake_progress(self, r: int, p: Progress) -> None:
-        p.quiesced = False
-        # It was alive (the liveness said so) and caught up until now.
-        p.last_fetch_tick = p.begin_sent_tick = self.now
-        p.last_caught_up_tick = self.now
-        self._send(r, BeginEpoch(self.epoch, self.node_id))
-
-    def _wake_quiesced(self) -> None:
-        for r, p in self.progress.items():
-            if p.quiesced:
-                self._wake_progress(r, p)
-
-    def _unquiesce_follower(self, leader_dead: bool) -> None:
-        self.quiesced = False
-        self.fetch_in_flight = False
-        if leader_dead:
-            # The liveness waited out its timeout already, and every follower learns of it at
-            # about the same moment: if all stood at once their votes would split. One of the
-            # voters still alive, the same for all of them (a quiesced group's logs are equal)
-            # and rotating with the epoch so leadership spreads over the nodes, stands at once;
-            # the others only if it has not won after a jitter.
-            self.last_leader_contact = -(10**12)
-            alive = [v for v in self.voters if v != self.leader_id and self._liveness_alive(v)]
-            jitter = self.config.election_jitter_ticks
-            first = alive[self.epoch % len(alive)] if alive else self.node_id
-            wait = 0 if first == self.node_id else jitter // 2 + self.rng.randint(0, jitter)
-            self.election_deadline = self.now + wait
-        else:
-            self.last_leader_contact = self.now
-            self._reset_election_timer()
-        self._maybe_send_fetch()
-
     @property
     def quiescent(self) -> bool:
         """A follower told to wait, or a leader whose followers all were."""
         if self.role is Role.LEADER:
             return bool(self.progress) and all(p.quiesced for p in self.progress.values())
         return self.quiesced
-
-    def _on_fetch_request(self, sender: int, req: FetchRequest) -> None:
-        if self.role is not Role.LEADER or req.epoch != self.epoch:
-            error = FETCH_FENCED if req.epoch < self.epoch else FETCH_NOT_LEADER
-            self._send(
-                sender,
-                FetchResponse(
-                    self.epoch,
-                    self.leader_id,
-                    req.fetch_offset,
-                    self.log.high_watermark,
-                    self.log.log_start_offset,
-                    error=error,
-                    last_fetched_epoch=req.last_fetched_epoch,
-                ),
-            )
-            return
-        progress = self.progress[sender]
-        progress.pending = None
-        progress.quiesced = False  # it fetches: it is counted by its fetches again
-        if req.fetch_offset < self.log.log_start_offset or self._history_too_short(req):
-            start = self.log.log_start_offset
-            at_start = [self.history.at(start), *self.history.since(start)]
-            self._send(
-                sender,
-                self._empty_response(
-                    req,
-                    snapshot_required=True,
-                    memberships=encode_memberships(at_start),
-                    log_start_epoch=self.log.epochs.epoch_at(start - 1),
-                ),
-            )
-            return
-        diverging = self._divergence(req)
-        if diverging is not None:
-            epoch, end = diverging
-            self._send(
-                sender,
-                self._empty_response(
-                    req, diverging=True, diverging_epoch=epoch, diverging_end_offset=end
-                ),
-            )
-            return
-        self._record_fetch(sender, progress, req)
-        self._maybe_advance_high_watermark()
-        has_data = req.fetch_offset < self.log.log_end_offset
-        # A follower far behind on the HW (it just started following) hears it at once; one
-        # whose report just moved the HW hears it with the next records or the next tick.
-        # (A state machine's followers apply what commits: they hear of it at once.)
-        durable = req.durable_offset if req.durable_offset >= 0 else req.fetch_offset
-        hw_news = req.high_watermark < self.log.high_watermark and (
-            durable < self.log.high_watermark or req.high_watermark < 0 or self.config.state_machine
-        )
-        if has_data or hw_news:
-            self._answer_fetch(sender, req)
-        else:
-            progress.pending = req
-            progress.pending_deadline = self.now + self.config.fetch_max_wait_ticks
-
-    def _history_too_short(self, req: FetchRequest) -> bool:
-        """Our epoch history no longer reaches the follower's last epoch (the prefix holding it
-        was discarded), so its tail cannot be checked: it must start over at our log start
-        (or from our snapshot). Everything below our log start is committed and gone anyway."""
-        if req.last_fetched_epoch < 0 or self.log.log_start_offset == 0:
-            return False
-        epoch, _ = self.log.epochs.end_offset_for(req.last_fetched_epoch, self.log.log_end_offset)
-        return epoch < 0
-
-    def _divergence(self, req: FetchRequest) -> tuple[int, int] | None:
-        if req.fetch_offset == 0 and req.last_fetched_epoch < 0:
-            return None
-        if req.last_fetched_epoch < 0:
-            # The follower holds no batch since its log start: only the end can be wrong.
-            if req.fetch_offset > self.log.log_end_offset:
-                return self.log.epochs.latest_epoch, self.log.log_end_offset
-            return None
-        epoch, end = self.log.epochs.end_offset_for(req.last_fetched_epoch, self.log.log_end_offset)
-        if epoch != req.last_fetched_epoch or end < req.fetch_offset:
-            return epoch, end
-        return None
-
-    def _record_fetch(self, sender: int, p: Progress, req: FetchRequest) -> None:
-        leo = self.log.log_end_offset
-        invariant(req.fetch_offset <= leo, "req.fetch_offset <= leo")
-        durable = (
-            req.fetch_offset
-            if req.durable_offset < 0
-            else min(req.durable_offset, req.fetch_offset)
-        )
-        if sender in self.observers:
-            self._maybe_admit(sender, durable)
-        if sender in self.observers:
-            # Held for (the log start waits for it), but not counted: no HW, no ISR.
-            p.fetch_offset = req.fetch_offset
-            p.last_fetch_tick = self.now
-            p.known_hw = req.high_watermark
-            return
-        if req.fetch_offset >= leo:
-            p.last_caught_up_tick = self.now
-        elif req.fetch_offset >= p.leo_at_last_fetch:
-            p.last_caught_up_tick = max(p.last_caught_up_tick, p.last_fetch_tick)
-        p.match_offset = durable
-        p.fetch_offset = req.fetch_offset
-        p.leo_at_last_fetch = leo
-        p.last_fetch_tick = self.now
-        p.known_hw = req.high_watermark
-
-    def _empty_response(self, req: FetchRequest, **fields: object) -> FetchResponse:
-        return FetchResponse(
-            self.epoch,
-            self.node_id,
-            req.fetch_offset,
-            self.log.high_watermark,
-            self.log.log_start_offset,
-            last_fetched_epoch=req.last_fetched_epoch,
-            directories=self._directories_for(req),
-            **fields,  # type: ignore[arg-type]
-        )
-
-    def _directories_for(self, req: FetchRequest) -> str:
-        """The admitted map, if the follower's differs (it sent the CRC of its own)."""
-        if not self.config.directory_id or self._directories_crc == req.directories_crc:
-            return ""
-        return self._directories_encoded
-
-    def _answer_fetch(self, follower: int, req: FetchRequest, quiesce: bool = False) -> None:
-        progress = self.progress[follower]
-        has_data = req.fetch_offset < self.log.log_end_offset
-        throttled = self.learner_bytes_per_tick > 0 and follower in self.learners
-        if throttled and has_data and self._learner_budget <= 0:
-            progress.pending = req  # answered once the catch-up budget allows
-            progress.pending_deadline = self.now + 1
-            return
-        progress.pending = None
-        records = None
-        if has_data:
-            max_bytes = (
-                min(req.max_bytes, max(1, self._learner_budget)) if throttled else req.max_bytes
-            )
-            records = self.log.read(req.fetch_offset, max_bytes, self.log.log_end_offset)
-            if records is not None and throttled:
-                self._learner_budget -= records.size
-        progress.known_hw = self.log.high_watermark
-        if quiesce:
-            if self.liveness is None:
-                raise InvariantBroken("self.liveness is not None")
-            progress.quiesced = True
-            progress.incarnation = self.liveness.incarnation(follower)
-        self._send(
-            follower,
-            FetchResponse(
-                self.epoch,
-                self.node_id,
-                req.fetch_offset,
-                self.log.high_watermark,
-                self.log.log_start_offset,
-                records=records,
-                last_fetched_epoch=req.last_fetched_epoch,
-                directories=self._directories_for(req),
-                memberships=self._memberships_for(req.fetch_offset, req.membership_digest),
-                quiesce=quiesce,
-            ),
-        )
-
-    def _complete_pending_fetches(self) -> None:
-        """Parked fetches that new records answer (a new HW alone waits for the tick, but in
-        a state machine's log, whose followers apply what commits)."""
-        leo = self.log.log_end_offset
-        hw = self.log.high_watermark if self.config.state_machine else -1
-        for r, p in self.progress.items():
-            if p.pending is not None and (
-                p.pending.fetch_offset < leo or p.pending.high_watermark < hw
-            ):
-                self._answer_fetch(r, p.pending)
-
-    def _fail_pending_fetches(self) -> None:
-        for p in self.progress.values():
-            p.pending = None
-
-    def _maybe_advance_high_watermark(self) -> None:
-        if self.role is not Role.LEADER:
-            return
-        voters = self.voters
-        match = {r: p.match_offset for r, p in self.progress.items() if r in voters}
-        if self.node_id in voters:
-            match[self.node_id] = self.log.effective_durable_end
-        if self.config.hw_policy == "isr" and self.node_id in voters:
-            candidate, _ = isr_offset(match, self.in_sync_replicas(), self.node_id)
-        else:
-            candidate = quorum_offset(list(match.values()))
-        if (
-            candidate <= self.epoch_start_offset
-            and FAULT_COMMIT_OLD_EPOCH not in self.config.faults
-        ):
-            return  # Raft's rule: nothing commits by counting until our own epoch's entry does
-        candidate = min(candidate, self.log.log_end_offset)
-        if candidate > self.log.high_watermark:
-            self.log.set_high_watermark(candidate)
-            self._ready.high_watermark_changed = True
-            self._complete_pending_fetches()
-            if self.node_id not in self.voters and self.history.current.offset < candidate:
-                self._resign()
-
-    # -- follower side of replication -----------------------------------------------------------
-
-    def _maybe_send_fetch(self, report_durability: bool = False) -> None:
-        if self.role is not Role.FOLLOWER or self.leader_id == NO_LEADER or self.quiesced:
-            return
-        if self.fetch_in_flight and not report_durability:
-            return
-        if self.installing is not None:
-            if not self.fetch_in_flight:
-                self._request_snapshot_chunk()
-            return
-        # Fetch ahead of our own fsync (the answer's records overlap it); the leader counts
-        # only durable_offset toward the HW, and a later request reports the fsync.
-        durable = self.log.effective_durable_end
-        self.fetch_in_flight = True
-        self.fetch_sent_tick = self.now
-        self.reported_durable = durable
-        self._send(
-            self.leader_id,
-            FetchRequest(
-                self.epoch,
-                self.node_id,
-                self.log.log_end_offset,
-                self.log.epochs.latest_epoch,
-                self.log.high_watermark,
-                self.config.fetch_max_bytes,
-                durable,
-                self._directories_crc,
-                self.history.current.digest,
-            ),
-        )
-
-    def _on_fetch_response(self, sender: int, resp: FetchResponse) -> None:
-        if resp.epoch < self.epoch:
-            return
-        if resp.error:
-            if resp.leader == sender and resp.leader != self.leader_id and resp.epoch == self.epoch:
-                self._become_follower(self.epoch, resp.leader)
-            elif sender == self.leader_id:
-                self.fetch_in_flight = False
-            return
-        if self.role is not Role.FOLLOWER or self.leader_id != sender:
-            self._become_follower(resp.epoch, sender)
-            return
-        if (
-            resp.fetch_offset != self.log.log_end_offset
-            or resp.last_fetched_epoch != self.log.epochs.latest_epoch
-            or not self.fetch_in_flight
-        ):
-            return  # a late or duplicated answer, computed for a log we no longer have
-        self.fetch_in_flight = False
-        self.last_leader_contact = self.now
-        self._reset_election_timer()
-        if resp.directories:
-            self._adopt_directories(resp.directories)
-        self.leader_high_watermark = resp.high_watermark
-        self.leader_log_start = resp.log_start_offset
-        if resp.snapshot_required and self.config.state_machine and self.snapshots is not None:
-            # A state-machine log cannot skip what the leader discarded: take its snapshot.
-            self.installing = -1
-        elif resp.snapshot_required:
-            # A stream has no state to rebuild: start over at the leader's log start.
-            self._start_over(resp.log_start_offset, resp.memberships, resp.log_start_epoch)
-        elif resp.diverging:
-            self._truncate_diverging(resp.diverging_epoch, resp.diverging_end_offset)
-        else:
-            # Only an answer without divergence proves our log matches the leader's up to the
-            # fetch offset, so only then may the leader's HW become ours (up to our log end).
-            records = resp.records if resp.records is not None and resp.records.size > 0 else None
-            if records is not None:
-                self.log.append_as_follower(records.read())
-            self._adopt_memberships(resp.memberships, resp.fetch_offset)
-            self._follow_high_watermark(resp.high_watermark)
-            self._follow_log_start(resp.log_start_offset)
-            if resp.quiesce and self._may_quiesce_follower(sender, records is not None):
-                self.quiesced = True
-                if self.liveness is None:
-                    raise InvariantBroken("self.liveness is not None")
-                self.quiesced_incarnation = self.liveness.incarnation(sender)
-                return  # no next fetch: the leader wakes us with news
-            if (
-                records is not None
-                and records.size < self.config.fetch_max_bytes // 2
-                and self.log.effective_durable_end < self.log.log_end_offset
-            ):
-                # The leader had no more than this: the next fetch goes when the fsync is done
-                # (on_flushed), carrying the durability report the HW waits for, instead of one
-                # fetch now and a report after. A full answer means more is waiting: fetch
-                # ahead, overlapping the transfer with the fsync.
-                return
-        self._maybe_send_fetch()
-
-    def _may_quiesce_follower(self, leader: int, had_records: bool) -> bool:
-        """Only a follower that holds everything, durably, with the HW at its end, and that
-        can see its leader's node alive (else it keeps fetching, and the leader sees that)."""
-        leo = self.log.log_end_offset
-        return (
-            self.liveness is not None
-            and not had_records
-            and self.liveness.is_alive(leader)
-            and self.log.effective_durable_end == leo
-            and self.log.high_watermark == leo
-            and self.installing is None
-        )
-
-    # -- snapshots (state-machine logs) ---------------------------------------------------------
-
-    def _request_snapshot_chunk(self) -> None:
-        if not (self.installing is not None and self.snapshots is not None):
-            raise InvariantBroken("self.installing is not None and self.snapshots is not None")
-        position = (
-            self.snapshots.partial_snapshot_size(self.installing) if self.installing >= 0 else 0
-        )
-        self.fetch_in_flight = True
-        self.fetch_sent_tick = self.now
-        self._chunk_asked = position
-        self._send(
-            self.leader_id,
-            FetchSnapshotRequest(
-                self.epoch, self.node_id, self.installing, position, self.config.fetch_max_bytes
-            ),
-        )
-
-    def _on_fetch_snapshot_request(self, sender: int, req: FetchSnapshotRequest) -> None:
-        def answer(**fields: object) -> None:
-            base: dict[str, object] = {"snapshot_offset": -1, "size": 0, "position": req.position}
-            base.update(fields)
-            self._send(sender, FetchSnapshotResponse(self.epoch, self.leader_id, **base))  # type: ignore[arg-type]
-
-        if self.role is not Role.LEADER or req.epoch != self.epoch:
-            answer(error=FETCH_FENCED if req.epoch < self.epoch else FETCH_NOT_LEADER)
-            return
-        self.progress[sender].last_fetch_tick = self.now  # alive, and busy catching up
-        latest = self.snapshots.latest_snapshot() if self.snapshots is not None else None
-        if latest is None:
-            answer(error=FETCH_NO_SNAPSHOT)
-            return
-        offset, size = latest
-        if req.snapshot_offset != offset:
-            # Start (over) on the newest. The answer echoes the position asked for, as every
-            # answer does: that is how the follower tells it from a late or duplicated one.
-            answer(snapshot_offset=offset, size=size)
-            return
-        chunk = self.snapshots.read_snapshot_chunk(offset, req.position, req.max_bytes)  # type: ignore[union-attr]
-        answer(
-            snapshot_offset=offset,
-            size=size,
-            records=BytesSlice(chunk, req.position),
-            memberships=encode_memberships([self.history.at(offset)]),
-            snapshot_epoch=self.log.epochs.epoch_at(offset - 1),
-        )
-
-    def _on_fetch_snapshot_response(self, sender: int, resp: FetchSnapshotResponse) -> None:
-        if resp.epoch < self.epoch or self.installing is None or self.snapshots is None:
-            return
-        if self.role is not Role.FOLLOWER or self.leader_id != sender:
-            self._become_follower(resp.epoch, sender)
-            return
-        if not self.fetch_in_flight or resp.position != self._chunk_asked:
-            # A late or duplicated answer: each one answered with a request of its own would
-            # keep one more request chain alive for good (simulator seed 655: the messages
-            # doubled every few dozen ticks).
-            return
-        self.fetch_in_flight = False
-        if resp.error in (FETCH_NOT_LEADER, FETCH_FENCED):
-            # It leads no more: no word from a leader, and the election timer runs on. (Taken
-            # for the leader's word, it kept a follower installing a snapshot from refusing
-            # every pre-vote for good: fresh seed 546208268.)
-            return
-        self.last_leader_contact = self.now
-        self._reset_election_timer()
-        if resp.error:
-            return  # (no snapshot yet) asked again on the next tick
-        offset = resp.snapshot_offset
-        if self.installing != offset:
-            self.installing = offset
-        elif resp.records is not None and resp.records.size > 0:
-            if resp.position != self.snapshots.partial_snapshot_size(offset):
-                self._request_snapshot_chunk()
-                return
-            received = self.snapshots.write_snapshot_chunk(
-                offset, resp.position, resp.records.read()
-            )
-            if received >= resp.size:
-                if self.snapshots.finish_snapshot(offset):
-                    self._start_over(offset, resp.memberships, resp.snapshot_epoch)
-                    self._ready.snapshot_installed = offset
-                    self.installing = None
-                    self._maybe_send_fetch()
-                    return
-                self.installing = -1  # it did not verify: fetch it again
-        self._request_snapshot_chunk()
-
-    def _truncate_diverging(self, epoch: int, end_offset: int) -> None:
-        local_epoch, local_end = self.log.epochs.end_offset_for(epoch, self.log.log_end_offset)
-        target = min(local_end, end_offset) if local_epoch == epoch else local_end
-        target = max(target, self.log.log_start_offset)
-        if target < self.log.log_end_offset:
-            if target < self.log.high_watermark and FAULT_TRUNCATE_TO_HW not in self.config.faults:
-                # A leader that lacks what we committed (it was elected by a broken rule). Not an
-                # `assert`, which `python -O` strips: the node fails stop instead of cutting.
-                raise CommittedPrefixBroken(
-                    f"replica {self.node_id}: told to truncate to {target}, below its HW "
-                    f"{self.log.high_watermark}: divergence never reaches below the committed "
-                    "prefix"
-                )
-            self.log.truncate_to(target)
-            self._truncated()
-
-    def _follow_log_start(self, leader_log_start: int) -> None:
-        """Discard the prefix the leader discarded: only what is committed here too and, for a
-        state-machine log, only what this replica's own newest snapshot covers (as in Raft,
-        each replica compacts behind its own snapshot). A restart rebuilds the machine from
-        that snapshot and the log after it; discarding past it strands the machine below the
-        log start with nothing to bring it forward (simulator seeds 6 and 91, found when the
-        simulator began to run the production state-machine driver)."""
-        target = min(leader_log_start, self.log.high_watermark)
-        if (
-            self.config.state_machine
-            and self.snapshots is not None
-            and FAULT_DISCARD_PAST_SNAPSHOT not in self.config.faults
-        ):
-            latest = self.snapshots.latest_snapshot()
-            target = min(target, latest[0] if latest is not None else self.log.log_start_offset)
-        if target > self.log.log_start_offset and self.log.advance_log_start(target):
-            self._log_start_moved()
-
-    def _follow_high_watermark(self, leader_hw: int) -> None:
-        hw = min(leader_hw, self.log.log_end_offset)
-        if hw > self.log.high_watermark:
-            self.log.set_high_watermark(hw)
-            self._ready.high_watermark_changed = True
-
-    def _send(self, to: int, message: Message) -> None:
-        self._ready.messages.append(Outgoing(to, message))
