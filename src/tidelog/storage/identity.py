@@ -4,7 +4,7 @@ meta.properties): the cluster it belongs to, the node it belongs to, and a rando
 The directory id is what lets the other replicas tell a node that kept its disk from one that
 came back empty under the same node id: a replaced disk gets a new directory id, and a replica
 whose directory id changed rejoins as an observer until it holds everything committed again
-(replication/replica.py). A directory that belongs to another cluster or another node id is
+(replication/admission.py). A directory that belongs to another cluster or another node id is
 refused: serving it would mix two logs.
 """
 
