@@ -94,6 +94,7 @@ class _FetchResponseWire:
     directories: str = ""
     memberships: str = ""
     quiesce: bool = False
+    read_round: int = 0
 
     def to_message(self, records: RecordsSlice | None) -> FetchResponse:
         return FetchResponse(records=records, **dataclasses.asdict(self))

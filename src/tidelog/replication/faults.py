@@ -18,8 +18,12 @@ FAULT_QUIESCE_WITHOUT_LIVENESS = "quiesce-without-liveness"
 # A log that holds no entry (its start moved to its end, or it started over at a leader's log
 # start) claims epoch -1 in elections, as before prefix epochs (simulator seeds 402349, 300028).
 FAULT_EMPTY_LOG_FORGETS_EPOCH = "empty-log-forgets-its-epoch"
+# Table reads answered at once from the leader's state, as before ReadIndex (read_index.py):
+# a deposed leader, or a new one whose HW lags, answers stale values (issue 34's finding).
+FAULT_READ_WITHOUT_INDEX = "reads-without-read-index"
 FAULTS = frozenset(
     {
+        FAULT_READ_WITHOUT_INDEX,
         FAULT_ACKS_REGISTERED_LATE,
         FAULT_COMMIT_OLD_EPOCH,
         FAULT_TRUNCATE_TO_HW,

@@ -49,6 +49,7 @@ class Following(ReplicaState):
         self._set_role(Role.FOLLOWER)
         self.leader_id = leader
         self.quiesced = False
+        self.heard_read_round = 0  # rounds are a leadership's own
         self.fetch_in_flight = False
         self.reported_durable = -1
         self.installing = None
@@ -65,7 +66,8 @@ class Following(ReplicaState):
             return
         if self.role is not Role.FOLLOWER or self.leader_id != msg.leader:
             self._become_follower(msg.epoch, msg.leader)
-        elif self.quiesced:
+        self._heard_read_round(msg.read_round)
+        if self.quiesced:
             self._unquiesce_follower(leader_dead=False)  # the leader has news: fetch it
 
     def _on_epoch_notice(self, sender: int, msg: EpochNotice) -> None:
@@ -123,8 +125,14 @@ class Following(ReplicaState):
                 durable,
                 self.admission.crc,
                 self.history.current.digest,
+                self.heard_read_round,
             ),
         )
+
+    def _heard_read_round(self, read_round: int) -> None:
+        """A message from this epoch's leader, sent after it started read_round: our next fetch
+        tells it so (read_index.py)."""
+        self.heard_read_round = max(self.heard_read_round, read_round)
 
     def _on_fetch_response(self, sender: int, resp: FetchResponse) -> None:
         if resp.epoch < self.epoch:
@@ -138,6 +146,7 @@ class Following(ReplicaState):
         if self.role is not Role.FOLLOWER or self.leader_id != sender:
             self._become_follower(resp.epoch, sender)
             return
+        self._heard_read_round(resp.read_round)  # (a late answer was sent after it, too)
         if (
             resp.fetch_offset != self.log.log_end_offset
             or resp.last_fetched_epoch != self.log.epochs.latest_epoch

@@ -43,6 +43,7 @@ from tidelog.replication.messages import (
 from tidelog.replication.progress import Progress, heard_from, in_sync, next_due, reported_durable
 from tidelog.replication.quiescence import alive, alive_as_quiesced, leader_may_quiesce
 from tidelog.replication.quorum import isr_offset, majority, quorum_offset
+from tidelog.replication.read_index import ReadIndex
 from tidelog.replication.replica_state import NO_LEADER, Role
 from tidelog.replication.snapshot_transfer import snapshot_answer, snapshot_refusal
 
@@ -64,6 +65,7 @@ class Leading(Following):
             for r in self._others() + list(self.learners)
         }
         self.admission.lead()
+        self.reads = ReadIndex()  # never a round, nor a lease, of an earlier leadership
         if self.log.log_end_offset > self.log.high_watermark:
             # Entries of earlier epochs may be uncommitted; only an entry of our own epoch on a
             # quorum commits them (Raft section 5.4.2), so write one now rather than waiting
@@ -139,7 +141,7 @@ class Leading(Following):
                 # A voter that is not fetching may have missed our election (or be running a
                 # pre-vote nobody grants): tell it again, as KRaft resends BeginQuorumEpoch.
                 p.begin_sent_tick = self.now
-                self._send(r, BeginEpoch(self.epoch, self.node_id))
+                self._send(r, BeginEpoch(self.epoch, self.node_id, self.reads.round))
         if self.config.hw_policy == "isr":
             self._maybe_advance_high_watermark()
         if self.now - self.leader_since_tick >= self.config.check_quorum_ticks:
@@ -160,6 +162,9 @@ class Leading(Following):
         progress = self.progress[sender]
         progress.pending = None
         progress.quiesced = False  # it fetches: it is counted by its fetches again
+        if req.read_round and self._counts(sender):
+            self.reads.echo(sender, req.read_round)
+            self._confirm_reads()
         if must_start_over(req, self.log):
             memberships, prefix_epoch = start_over_point(self.log, self.history)
             self._send(
@@ -184,7 +189,9 @@ class Leading(Following):
             return
         self._record_fetch(sender, progress, req)
         self._maybe_advance_high_watermark()
-        if answer_now(req, self.log, self.config.state_machine):
+        if answer_now(req, self.log, self.config.state_machine) or (
+            req.read_round < self.reads.round  # it has not heard of a round reads wait for
+        ):
             self._answer_fetch(sender, req)
         else:
             progress.pending = req
@@ -210,6 +217,7 @@ class Leading(Following):
             self.log.log_start_offset,
             last_fetched_epoch=req.last_fetched_epoch,
             directories=self.admission.for_follower(req.directories_crc),
+            read_round=self.reads.round,
             **fields,  # type: ignore[arg-type]
         )
 
@@ -249,6 +257,7 @@ class Leading(Following):
                 directories=self.admission.for_follower(req.directories_crc),
                 memberships=self.history.for_follower(req.fetch_offset, req.membership_digest),
                 quiesce=quiesce,
+                read_round=self.reads.round,
             ),
         )
 
@@ -302,6 +311,8 @@ class Leading(Following):
         if candidate > self.log.high_watermark:
             self.log.set_high_watermark(candidate)
             self._ready.high_watermark_changed = True
+            if self.reads.needs_round and self._may_serve_reads():
+                self._start_read_round()  # reads that waited for our own epoch's commit
             self._complete_pending_fetches()
             if self.node_id not in self.voters and self.history.current.offset < candidate:
                 self._resign()
@@ -310,15 +321,51 @@ class Leading(Following):
 
     def _wake_progress(self, r: int, p: Progress) -> None:
         p.quiesced = False
-        # It was alive (the liveness said so) and caught up until now.
-        p.last_fetch_tick = p.begin_sent_tick = self.now
+        # It was caught up until now, and alive when the liveness last heard from its node:
+        # check-quorum counts it from then, never from now (waking it is no news from it).
+        p.begin_sent_tick = self.now
         p.last_caught_up_tick = self.now
-        self._send(r, BeginEpoch(self.epoch, self.node_id))
+        heard = self.liveness.heard_at(r) if self.liveness is not None else None
+        if heard is not None:
+            p.last_fetch_tick = max(p.last_fetch_tick, heard)
+        self._send(r, BeginEpoch(self.epoch, self.node_id, self.reads.round))
 
     def _wake_quiesced(self) -> None:
         for r, p in self.progress.items():
             if p.quiesced:
                 self._wake_progress(r, p)
+
+    # -- linearizable reads (read_index.py) ------------------------------------------------------
+
+    def _may_serve_reads(self) -> bool:
+        """Everything this leader held when elected is committed: its HW now covers every write
+        an earlier leader acknowledged (until then it may lag them)."""
+        return self.log.high_watermark >= self.epoch_start_offset
+
+    def _start_read_round(self) -> None:
+        """A round for the reads waiting: every voter must hear of it and fetch again, so parked
+        fetches are answered now and quiesced followers woken."""
+        self.reads.start_round(self.now, self.log.high_watermark)
+        for r, p in self.progress.items():
+            if not self._counts(r):
+                continue
+            if p.quiesced:
+                self._wake_progress(r, p)
+            elif p.pending is not None:
+                self._answer_fetch(r, p.pending)
+        self._confirm_reads()
+
+    def _confirm_reads(self) -> None:
+        """Reads whose round a majority of voters echoed (the leader, if a voter, counts)."""
+        if not self.reads.waiting:
+            return
+        echoes = [
+            self.reads.round
+            if v == self.node_id
+            else (self.reads.echoed(v) if self._counts(v) else 0)
+            for v in self.voters
+        ]
+        self._ready.reads.extend(self.reads.confirm(echoes))
 
     # -- the membership walk (membership.py) ----------------------------------------------------
 

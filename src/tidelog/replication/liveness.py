@@ -39,6 +39,10 @@ class LivenessView(Protocol):
 
     def incarnation(self, node: int) -> int: ...
 
+    def heard_at(self, node: int) -> int | None:
+        """The tick this node last heard from that one (None: never, or lost since)."""
+        ...
+
 
 class Liveness:
     def __init__(
@@ -99,6 +103,11 @@ class Liveness:
             return True
         heard = self._heard.get(node)
         return heard is not None and self.clock.ticks - heard < self.timeout_ticks
+
+    def heard_at(self, node: int) -> int | None:
+        if node == self.node_id:
+            return self.clock.ticks
+        return self._heard.get(node)
 
     def incarnation(self, node: int) -> int:
         if node == self.node_id:

@@ -45,10 +45,12 @@ class VoteResponse:
 
 @dataclass(frozen=True, slots=True)
 class BeginEpoch:
-    """A new leader announces itself so followers need not wait for their timeouts."""
+    """A new leader announces itself so followers need not wait for their timeouts (and wakes
+    quiesced ones)."""
 
     epoch: int
     leader: int
+    read_round: int = 0  # the leader's last read round (read_index.py): echo it in your fetch
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,9 @@ class FetchRequest:
     # leader's log start kept its log's new start but not the membership that came with it; a
     # joining node knows the group's first membership only as another node told it)
     membership_digest: int = 0
+    # The last read round (read_index.py) heard from this epoch's leader: the leader counts
+    # this fetch as confirming its leadership for that round and every earlier one.
+    read_round: int = 0
 
 
 # FetchResponse.error values
@@ -121,6 +126,7 @@ class FetchResponse:
     # The group is idle: stop fetching until the leader wakes you (BeginEpoch) or its node's
     # liveness lapses (quiescence.py).
     quiesce: bool = False
+    read_round: int = 0  # the leader's last read round (read_index.py): echo it next time
 
 
 @dataclass(frozen=True, slots=True)

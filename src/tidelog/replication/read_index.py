@@ -30,7 +30,7 @@ election timeout. It is never carried across an epoch: a new leader starts witho
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tidelog.invariant import invariant
@@ -83,14 +83,14 @@ class ReadIndex:
 
     def echo(self, voter: int, round_: int) -> None:
         """A voter's fetch in this epoch echoed the last round it heard of."""
-        if round_ > self._echoed.get(voter, 0):
-            invariant(round_ <= self.round, "a follower echoes only rounds the leader started")
+        # (A round this leadership never started is no echo of it: ignored, not trusted.)
+        if self._echoed.get(voter, 0) < round_ <= self.round:
             self._echoed[voter] = round_
 
-    def confirm(self, self_id: int, voters: tuple[int, ...]) -> list[ConfirmedRead]:
-        """The reads whose round a majority of voters has now echoed (the leader counts for
-        every round it started)."""
-        echoes = [self.round if v == self_id else self._echoed.get(v, 0) for v in voters]
+    def confirm(self, echoes: Sequence[int]) -> list[ConfirmedRead]:
+        """The reads whose round a majority of voters has now echoed. `echoes` holds one entry
+        per voter: the leader's own is its last round (it counts for every round it started),
+        a voter that does not count (an observer) gives 0."""
         confirmed = quorum_offset(echoes) if echoes else self.round
         if confirmed <= self.confirmed_round:
             return []

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tidelog.replication.messages import Outgoing
+from tidelog.replication.read_index import ConfirmedRead
 
 NO_VOTE = -1
 
@@ -34,6 +35,10 @@ class Ready:
     lost_leadership: bool = False
     truncated: bool = False
     snapshot_installed: int = -1  # the offset of a snapshot just installed from the leader
+    # Reads (Replica.read) the leader may now answer from a state applied up to their index,
+    # and those it never will (its leadership ended): the driver answers them NotLeader.
+    reads: list[ConfirmedRead] = field(default_factory=list)
+    failed_reads: list[int] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -49,4 +54,6 @@ class Ready:
             or self.log_start_changed
             or self.role_changed
             or self.truncated
+            or self.reads
+            or self.failed_reads
         )

@@ -5,6 +5,8 @@ Driver API (etcd-raft's shape):
     replica.tick()                    one unit of time passed
     replica.step(sender, message)     a message arrived
     replica.propose(batches)          leader only: append producer batches, returns offsets
+    replica.read(context)             leader only: a linearizable read; ready.reads hands it
+                                      back with its read index once confirmed (read_index.py)
     replica.on_flushed()              the log's durable end moved (group commit finished)
     ready = replica.ready()           what to do now, in this order:
         1. persist ready.state (epoch, vote) durably      -- BEFORE any message is sent
@@ -36,7 +38,7 @@ from tidelog.record.validation import ValidatedBatches
 from tidelog.replication.clock import TickSource
 from tidelog.replication.directories import NO_DIRECTORY
 from tidelog.replication.elections import Elections
-from tidelog.replication.faults import FAULT_IGNORE_DIRECTORIES
+from tidelog.replication.faults import FAULT_IGNORE_DIRECTORIES, FAULT_READ_WITHOUT_INDEX
 from tidelog.replication.following import CommittedPrefixBroken
 from tidelog.replication.leading import LEADER_CHANGE_CONTROL_KEY
 from tidelog.replication.liveness import LivenessView
@@ -57,6 +59,7 @@ from tidelog.replication.messages import (
     claimed_sender,
 )
 from tidelog.replication.quiescence import alive
+from tidelog.replication.read_index import ConfirmedRead
 from tidelog.replication.ready import NO_VOTE, QuorumState, Ready
 from tidelog.replication.replica_config import ReplicaConfig
 from tidelog.replication.replica_state import NO_LEADER, RandomSource, Role
@@ -269,6 +272,28 @@ class Replica(Elections):
         info = self.log.append_as_leader(batches, self.epoch)
         self._after_leader_append()
         return info
+
+    def read(self, context: int, lease_ticks: int = 0) -> None:
+        """A linearizable read (read_index.py), named by the driver's context. Once a majority
+        confirmed this leadership after the call, ready().reads hands back (context, read
+        index): answer from a state applied up to that index. If the leadership ends first,
+        ready().failed_reads names it. lease_ticks > 0 allows the lease: while the last
+        confirmed round started less than lease_ticks ago, the read is confirmed at once at
+        the HW. NotLeader when this replica does not lead."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(
+                f"replica {self.node_id} is not the leader", leader_hint=self._leader_hint()
+            )
+        if FAULT_READ_WITHOUT_INDEX in self.config.faults or (
+            lease_ticks > 0
+            and self._may_serve_reads()
+            and self.reads.lease_valid(self.now, lease_ticks)
+        ):
+            self._ready.reads.append(ConfirmedRead(context, self.log.high_watermark))
+            return
+        self.reads.request(context)
+        if self._may_serve_reads():
+            self._start_read_round()
 
     def campaign(self, pre_vote: bool = True) -> None:
         """Stand for election now instead of after a timeout (a new group's preferred leader,

@@ -38,6 +38,7 @@ from tidelog.replication.membership import (
 from tidelog.replication.messages import Message, Outgoing, VoteRequest
 from tidelog.replication.progress import Progress
 from tidelog.replication.quiescence import alive_as_quiesced
+from tidelog.replication.read_index import ReadIndex
 from tidelog.replication.ready import QuorumState, Ready
 from tidelog.replication.replica_config import ReplicaConfig
 from tidelog.replication.snapshot_transfer import SnapshotFetch
@@ -112,22 +113,32 @@ class ReplicaState:
         self.forged_messages = 0  # dropped: they claimed to come from a node other than theirs
         self._ready = Ready()  # the outputs not handed over yet
 
-        # As a leader (valid while it leads): every other member's progress, and the entry of
-        # its own epoch (at epoch_start_offset) that must commit before anything counts.
+        self._leader_fields()
+        # As a candidate: the votes granted; our campaign's request, and the voters it reached
+        # as far as the liveness knew (one that comes alive later is asked again at once).
+        self.votes: set[int] = set()
+        self._vote_request: VoteRequest | None = None
+        self._asked: set[int] = set()
+        self._follower_fields(log)
+        self._reset_election_timer()
+        if FAULT_TRUNCATE_TO_HW in config.faults:
+            log.truncate_to(log.high_watermark)  # the pre-KIP-101 restart
+            self.history.truncate(log.log_end_offset)
+
+    def _leader_fields(self) -> None:
+        """As a leader (valid while it leads): every other member's progress, the entry of its
+        own epoch (at epoch_start_offset) that must commit before anything counts, and the
+        reads waiting for a confirmation round (read_index.py)."""
         self.progress: dict[int, Progress] = {}
         self.epoch_start_offset = 0
         self.leader_since_tick = 0
         self.target: tuple[int, ...] | None = None  # voters the leader walks the group towards
         self.learner_bytes_per_tick = 0  # catch-up throttle for learners (0: none)
         self._learner_budget = 0
+        self.reads = ReadIndex()
 
-        # As a candidate: the votes granted; our campaign's request, and the voters it reached
-        # as far as the liveness knew (one that comes alive later is asked again at once).
-        self.votes: set[int] = set()
-        self._vote_request: VoteRequest | None = None
-        self._asked: set[int] = set()
-
-        # As a follower: at most one fetch (or snapshot request) outstanding.
+    def _follower_fields(self, log: ReplicaLog) -> None:
+        """As a follower: at most one fetch (or snapshot request) outstanding."""
         self.last_leader_contact = 0
         self.fetch_in_flight = False
         self.fetch_sent_tick = 0
@@ -137,10 +148,7 @@ class ReplicaState:
         self.installing: SnapshotFetch | None = None  # a snapshot being fetched from the leader
         self.quiesced = False  # told by its leader to wait for news (only a follower is)
         self.quiesced_incarnation = -1  # the leader's incarnation when it said so
-        self._reset_election_timer()
-        if FAULT_TRUNCATE_TO_HW in config.faults:
-            log.truncate_to(log.high_watermark)  # the pre-KIP-101 restart
-            self.history.truncate(log.log_end_offset)
+        self.heard_read_round = 0  # the leader's last read round heard in this epoch
 
     # -- the time, the group and its leader -----------------------------------------------------
 
@@ -236,6 +244,7 @@ class ReplicaState:
             if self.role is Role.LEADER:
                 self._ready.lost_leadership = True
                 self._fail_pending_fetches()
+                self._ready.failed_reads.extend(self.reads.abandon())
             self.quiesced = False
             self.role = role
             self._ready.role_changed = True
