@@ -10,7 +10,8 @@ once:
     3. start a group commit if the log has unflushed appends
     4. fail the acks a lost leadership or a truncation can no longer give
     5. apply newly committed records to the state machine (snapshotting when due)
-    6. release the acks the HW now covers; tell who listens; wake long-polls
+    6. release the acks the HW now covers; answer the reads now confirmed (read_index.py);
+       tell who listens; wake long-polls
     7. after a roll, ask for a cleaner pass; below a new log start, delete whole segments
 
 and a cleaner pass on the leader: the low-water mark from facts (low_watermark.py), the
@@ -48,6 +49,10 @@ class Applier(Protocol):
 
 
 W = TypeVar("W")  # whatever stands for a producer waiting for its ack
+
+# Told a read's index once the leadership is confirmed (answer from a state applied up to it),
+# or None: the leadership ended first (the reader gets NotLeader).
+ReadAnswer = Callable[[int | None], None]
 
 
 class PartitionEffects(Protocol[W]):
@@ -99,6 +104,8 @@ class PartitionDriver(Generic[W]):
         self.effects = effects
         self.machine = machine
         self.owed: OwedAcks[W] = OwedAcks()
+        self._reads: dict[int, ReadAnswer] = {}  # context -> who waits for the read
+        self._last_read = 0
         self.stopped = False
         self._segments_seen = log.segment_count
         # Something happened since the last act() (a message, a write, a flush): the node acts
@@ -135,6 +142,34 @@ class PartitionDriver(Generic[W]):
         failed = self.owed.fail_all()
         if failed:
             self.effects.acknowledge([], failed)
+
+    # -- linearizable reads (read_index.py) -----------------------------------------------------
+
+    def read(self, answer: ReadAnswer, lease_ticks: int = 0) -> None:
+        """A linearizable read (Replica.read): answer is called with the read index once this
+        leadership is confirmed, or with None if it ends first. NotLeader at once when this
+        replica does not lead."""
+        self._last_read += 1
+        context = self._last_read
+        self.replica.read(context, lease_ticks)
+        self._reads[context] = answer
+        self.process_ready()
+
+    def _answer_reads(self, ready: Ready) -> None:
+        for read in ready.reads:
+            answer = self._reads.pop(read.context, None)
+            if answer is not None:
+                answer(read.read_index)
+        for context in ready.failed_reads:
+            answer = self._reads.pop(context, None)
+            if answer is not None:
+                answer(None)
+
+    def fail_reads(self) -> None:
+        """The replica stops (its node closes or crashes): nobody will confirm these."""
+        reads, self._reads = self._reads, {}
+        for answer in reads.values():
+            answer(None)
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -221,6 +256,8 @@ class PartitionDriver(Generic[W]):
             self.machine.catch_up()
         if ready.high_watermark_changed:
             self._release()
+        if ready.reads or ready.failed_reads:
+            self._answer_reads(ready)  # after the state machine caught up with the HW
         if committed:
             fx.committed()
         if ready.high_watermark_changed or ready.role_changed or ready.truncated:

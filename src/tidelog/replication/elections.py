@@ -134,7 +134,14 @@ class Elections(Leading):
             self.leader_id = NO_LEADER
             self.last_leader_contact = -(10**12)
         if req.pre_vote:
-            leader_alive = self.role is Role.LEADER or self._hears_leader
+            # A replica that restarted less than an election timeout ago may have heard a
+            # leader just before it stopped: it refuses as if it still heard it, so a leader's
+            # lease (read_index.py) holds across the restart of a voter that confirmed it.
+            just_started = (
+                self.restarted_tick is not None
+                and self.now - self.restarted_tick < self.config.election_timeout_ticks
+            )
+            leader_alive = self.role is Role.LEADER or self._hears_leader or just_started
             granted = req.epoch > self.epoch and up_to_date and not leader_alive
             # A refusal carries our own epoch (etcd's rule): a prospective candidate behind it
             # moves up, or two nodes each refusing the other's pre-vote could wait forever.

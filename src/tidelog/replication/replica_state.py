@@ -140,6 +140,9 @@ class ReplicaState:
     def _follower_fields(self, log: ReplicaLog) -> None:
         """As a follower: at most one fetch (or snapshot request) outstanding."""
         self.last_leader_contact = 0
+        # A replica that restarted (it knew an epoch) grants no pre-vote for an election
+        # timeout (elections.py); a new one never confirmed any leader's lease.
+        self.restarted_tick: int | None = self.now if self.epoch > 0 else None
         self.fetch_in_flight = False
         self.fetch_sent_tick = 0
         self.reported_durable = -1  # the durable offset our last fetch told the leader
