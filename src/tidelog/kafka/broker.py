@@ -70,6 +70,7 @@ FORWARDED = {
 
 Answer = Mapping[str, Any] | None
 Handler = Callable[[Principal, KafkaRequest], Awaitable[Answer]]
+Wanted = list[tuple[str, int, int, int]]  # a fetch's (topic, partition, offset, max bytes)
 
 
 def refuse(
@@ -417,13 +418,33 @@ class KafkaBroker:
         """Kafka's fetch over the core's per-partition fetch: answer at once when min_bytes
         are there (or an error), else wait for the first partition with news, up to max_wait."""
         body = req.body
-        # Fetch 13+ names topics by their id (KIP-516): unknown ids are UNKNOWN_TOPIC_ID.
+        wanted, ids, unknown = self._fetch_partitions(req)
+        max_wait_ms = min(max(millis(body.max_wait), 0), FETCH_WAIT_MAX_MS)
+        replica_read = req.api_version >= 11  # KIP-392: a follower serves what it has committed
+        results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+        size = sum(len(r[1] or b"") for r in results if not isinstance(r, TidelogError))
+        errors = any(isinstance(r, TidelogError) for r in results)
+        if not errors and size < max(int(body.min_bytes), 1) and max_wait_ms > 0 and wanted:
+            await self._wait_for_news(principal, wanted, max_wait_ms, replica_read)
+            results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+        responses = fetched_topics(wanted, results, ids)
+        responses.extend(unknown_topic_ids(unknown))
+        return {
+            "throttle_time_ms": 0,
+            "error_code": kerr.NONE,
+            "session_id": 0,  # no incremental fetch session: every fetch names its partitions
+            "responses": responses,
+        }
+
+    def _fetch_partitions(self, req: KafkaRequest) -> tuple[Wanted, dict[str, Any], list[Any]]:
+        """The partitions a fetch asks for, by topic name; the ids of the topics it named by
+        id (Fetch 13+, KIP-516), and those topics whose id is unknown (UNKNOWN_TOPIC_ID)."""
         by_id = req.api_version >= 13
         names = self._topic_names_by_id() if by_id else {}
         ids: dict[str, Any] = {}
         unknown: list[Any] = []
-        wanted: list[tuple[str, int, int, int]] = []
-        for topic in body.topics:
+        wanted: Wanted = []
+        for topic in req.body.topics:
             name = names.get(topic.topic_id, "") if by_id else topic.topic
             if by_id:
                 if not name:
@@ -434,76 +455,30 @@ class KafkaBroker:
                 (name, part.partition, int(part.fetch_offset), int(part.partition_max_bytes))
                 for part in topic.partitions
             )
-        max_wait_ms = min(max(millis(body.max_wait), 0), FETCH_WAIT_MAX_MS)
-        replica_read = req.api_version >= 11  # KIP-392: a follower serves what it has committed
-        results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
-        size = sum(len(r[1] or b"") for r in results if not isinstance(r, TidelogError))
-        errors = any(isinstance(r, TidelogError) for r in results)
-        if not errors and size < max(int(body.min_bytes), 1) and max_wait_ms > 0 and wanted:
-            waits = [
-                asyncio.ensure_future(
-                    self._call(
-                        principal,
-                        api.FetchRequest(t, p, o, 1, max_wait_ms, 1, replica_read),
-                    )
+        return wanted, ids, unknown
+
+    async def _wait_for_news(
+        self, principal: Principal, wanted: Wanted, max_wait_ms: int, replica_read: bool
+    ) -> None:
+        """Until the first of the partitions has records past its fetch offset (a long poll
+        on each), or max_wait_ms."""
+        waits = [
+            asyncio.ensure_future(
+                self._call(
+                    principal,
+                    api.FetchRequest(t, p, o, 1, max_wait_ms, 1, replica_read),
                 )
-                for t, p, o, _ in wanted
-            ]
-            try:
-                await asyncio.wait(
-                    waits, timeout=max_wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                for w in waits:
-                    w.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
-            results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (topic, p, _, _), result in zip(wanted, results, strict=True):
-            entry: dict[str, Any] = {
-                "partition_index": p,
-                "error_code": kerr.NONE,
-                "high_watermark": -1,
-                "last_stable_offset": -1,
-                "log_start_offset": -1,
-                "aborted_transactions": [],
-                "preferred_read_replica": -1,
-                "records": b"",
-            }
-            if isinstance(result, TidelogError):
-                entry["error_code"] = kafka_code(result)
-                if "high_watermark" in result.details:
-                    entry["high_watermark"] = int(result.details["high_watermark"])
-                    entry["log_start_offset"] = int(result.details.get("log_start", -1))
-            else:
-                response, records = result
-                entry["high_watermark"] = response.high_watermark
-                entry["last_stable_offset"] = response.high_watermark
-                entry["log_start_offset"] = response.log_start_offset
-                entry["records"] = records or b""
-            by_topic.setdefault(topic, []).append(entry)
-        responses = [
-            {"topic": t, "topic_id": ids.get(t), "partitions": ps} for t, ps in by_topic.items()
+            )
+            for t, p, o, _ in wanted
         ]
-        for topic in unknown:
-            unknown_entries = [
-                {
-                    "partition_index": part.partition,
-                    "error_code": kerr.UNKNOWN_TOPIC_ID,
-                    "high_watermark": -1,
-                    "last_stable_offset": -1,
-                    "log_start_offset": -1,
-                    "records": b"",
-                }
-                for part in topic.partitions
-            ]
-            responses.append({"topic_id": topic.topic_id, "partitions": unknown_entries})
-        return {
-            "throttle_time_ms": 0,
-            "error_code": kerr.NONE,
-            "session_id": 0,  # no incremental fetch session: every fetch names its partitions
-            "responses": responses,
-        }
+        try:
+            await asyncio.wait(
+                waits, timeout=max_wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _topic_names_by_id(self) -> dict[Any, str]:
         """Kafka topic ids (uuids, as Metadata gives them) to names, made once per metadata."""
@@ -522,7 +497,7 @@ class KafkaBroker:
     async def _fetch_round(
         self,
         principal: Principal,
-        wanted: list[tuple[str, int, int, int]],
+        wanted: Wanted,
         max_bytes: int,
         replica_read: bool,
     ) -> list[Any]:
@@ -1137,3 +1112,51 @@ def _empty_fetch(broker: KafkaBroker, topic: str, partition: int) -> api.FetchRe
     hw = offsets.high_watermark if offsets is not None else -1
     start = offsets.log_start_offset if offsets is not None else -1
     return api.FetchResponse(hw, start, hw, -1, broker.view.node_id)
+
+
+def fetched_topics(wanted: Wanted, results: list[Any], ids: dict[str, Any]) -> list[dict[str, Any]]:
+    """A fetch answer's topics: each partition's records and marks, or its error's code."""
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, p, _, _), result in zip(wanted, results, strict=True):
+        entry: dict[str, Any] = {
+            "partition_index": p,
+            "error_code": kerr.NONE,
+            "high_watermark": -1,
+            "last_stable_offset": -1,
+            "log_start_offset": -1,
+            "aborted_transactions": [],
+            "preferred_read_replica": -1,
+            "records": b"",
+        }
+        if isinstance(result, TidelogError):
+            entry["error_code"] = kafka_code(result)
+            if "high_watermark" in result.details:
+                entry["high_watermark"] = int(result.details["high_watermark"])
+                entry["log_start_offset"] = int(result.details.get("log_start", -1))
+        else:
+            response, records = result
+            entry["high_watermark"] = response.high_watermark
+            entry["last_stable_offset"] = response.high_watermark
+            entry["log_start_offset"] = response.log_start_offset
+            entry["records"] = records or b""
+        by_topic.setdefault(topic, []).append(entry)
+    return [{"topic": t, "topic_id": ids.get(t), "partitions": ps} for t, ps in by_topic.items()]
+
+
+def unknown_topic_ids(unknown: list[Any]) -> list[dict[str, Any]]:
+    """A fetch answer's topics named by an id no topic has."""
+    responses = []
+    for topic in unknown:
+        unknown_entries = [
+            {
+                "partition_index": part.partition,
+                "error_code": kerr.UNKNOWN_TOPIC_ID,
+                "high_watermark": -1,
+                "last_stable_offset": -1,
+                "log_start_offset": -1,
+                "records": b"",
+            }
+            for part in topic.partitions
+        ]
+        responses.append({"topic_id": topic.topic_id, "partitions": unknown_entries})
+    return responses
