@@ -31,6 +31,32 @@ LAYERS: list[tuple[str, ...]] = [
     ("tidelog", "tidelog.__main__"),
 ]
 
+# The listeners that serve clients, and what they may use of the core: its door (handle, after
+# authorize) and the services a listener counts with and is held to. What they read of the
+# cluster, they read through the core's read-only view (node/cluster_view.py), never from the
+# core's parts (its metadata, hosts, registry, cleaner...). The peer channel is not one of them:
+# it carries the core's own replication.
+LISTENERS = ("tidelog.kafka", "tidelog.node.listeners.client", "tidelog.node.listeners.http")
+CORE_DOORS = frozenset(
+    {
+        "handle",
+        "authorize",
+        "request_type",
+        "require_started",
+        "propose_metadata",
+        "access",
+        "asker",
+        "config",
+        "node_id",
+        "counters",
+        "quotas",
+        "request_metrics",
+        "fail_stop",
+        "login_guard",
+        "view",
+    }
+)
+
 # Functions longer than this many lines, and how many may be (a ratchet: lower it as they are
 # split, never raise it). Declarative code belongs in tables.
 FUNCTION_LINES_MAX = 80
@@ -153,6 +179,31 @@ def test_long_functions_only_go_down() -> None:
     assert len(long) <= LONG_FUNCTIONS_MAX, "\n".join(sorted(long))
 
 
+def reaches_into_core(source: str) -> list[tuple[int, str]]:
+    """(line, attribute) of each `core.X` or `<...>.core.X` whose X is not one of CORE_DOORS."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr not in CORE_DOORS:
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "core") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "core"
+            ):
+                found.append((node.lineno, node.attr))
+    return sorted(found)
+
+
+def test_listeners_read_the_cluster_through_its_view() -> None:
+    reaching = [
+        f"{path.relative_to(SRC)}:{line} core.{attr}"
+        for name, path in sorted(MODULES.items())
+        if any(name == p or name.startswith(p + ".") for p in LISTENERS)
+        for line, attr in reaches_into_core(path.read_text())
+    ]
+    assert reaching == []
+    # /metrics reads the view alone.
+    assert "tidelog.node.core" not in import_graph()["tidelog.node.exposition"]
+
+
 def test_invariants_are_not_bare_asserts() -> None:
     """`python -O` strips assert statements; src/ states invariants with tidelog.invariant."""
     bare = [
@@ -172,6 +223,10 @@ def test_the_checks_see_what_they_check() -> None:
     assert layer_of("tidelog.node.server") > layer_of("tidelog.kafka.broker")
     edges = import_graph()
     assert "tidelog.storage.segment" in edges["tidelog.storage.log"]
+    reaching = (
+        "core.handle(p, r, b'')\nself.broker.core.metadata.topics\ncore.hosts\ncore.view.topics"
+    )
+    assert reaches_into_core(reaching) == [(2, "metadata"), (3, "hosts")]
 
 
 def test_every_benchmark_imports() -> None:

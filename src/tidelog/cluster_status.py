@@ -134,81 +134,91 @@ def _merged(nodes: list[dict[str, Any]], topic: str | None) -> list[dict[str, An
         for st in node.get("partitions", []):
             if topic is not None and st["topic"] != topic:
                 continue
-            key = (st["topic"], st["partition"])
-            row = rows.setdefault(
-                key,
-                {
-                    "topic": st["topic"],
-                    "partition": st["partition"],
-                    "leader": -1,
-                    "epoch": -1,
-                    "replicas": {},
-                },
-            )
-            node_id = node["node_id"]
-            found = row.setdefault("invalid_batches", {})
-            for batch in st.get("invalid_batches", []):
-                entry = found.setdefault(batch["base_offset"], {**batch, "nodes": []})
-                entry["nodes"].append(node_id)
-            for replaced in st.get("replaced", {}):
-                row.setdefault("replaced_by", set()).add(int(replaced))
-            row.setdefault("voters", st.get("voters", []))  # the leader's view wins below
-            row["replicas"][str(node_id)] = {
-                "observer": bool(st.get("observer", False)),
-                "role": st["role"],
-                "epoch": st["epoch"],
-                "log_end_offset": st["log_end_offset"],
-                "high_watermark": st["high_watermark"],
-                "log_start_offset": st["log_start_offset"],
-                "local_log_start_offset": st.get("local_log_start_offset", st["log_start_offset"]),
-                "size_bytes": st["size_bytes"],
-                "segment_count": st["segment_count"],
-            }
-            if st["role"] == "leader" and st["epoch"] >= row["epoch"]:
-                row.update(
-                    leader=node_id,
-                    epoch=st["epoch"],
-                    log_start_offset=st["log_start_offset"],
-                    local_log_start_offset=st.get("local_log_start_offset", st["log_start_offset"]),
-                    high_watermark=st["high_watermark"],
-                    log_end_offset=st["log_end_offset"],
-                    size_bytes=st["size_bytes"],
-                    segment_count=st["segment_count"],
-                    leader_view=st.get("replicas", {}),
-                    voters=st.get("voters", []),
-                    low_watermark=st.get("low_watermark", {}),
-                    cursors=st.get("cursors", {}),
-                )
-                if "archive" in st:
-                    row["archive"] = st["archive"]
-    out = []
-    for key in sorted(rows):
-        row = rows[key]
-        row["invalid_batches"] = [b for _, b in sorted(row.get("invalid_batches", {}).items())]
-        view = row.pop("leader_view", {})
-        for rid, rep in row["replicas"].items():
-            lv = view.get(rid) or view.get(int(rid)) or {}
-            rep["in_sync"] = bool(lv.get("in_sync", False))
-            rep["lag"] = int(lv.get("lag", 0)) if lv else None
-        voters = row.get("voters", [])
-        in_sync = sum(1 for r in row["replicas"].values() if r.get("in_sync"))
-        row["under_replicated"] = row["leader"] < 0 or in_sync < len(voters)
-        replaced = row.pop("replaced_by", set())
-        for rid, rep in row["replicas"].items():
-            rep["observer"] = rep.get("observer", False) or int(rid) in replaced
-        if row["leader"] < 0:
-            row["no_leader"] = why_no_leader(row, nodes)
-            any_rep = next(iter(row["replicas"].values()))
-            for field in (
-                "log_start_offset",
-                "high_watermark",
-                "log_end_offset",
-                "size_bytes",
-                "segment_count",
-            ):
-                row[field] = any_rep[field]
-        out.append(row)
-    return out
+            _add_replica(rows, node["node_id"], st)
+    return [_finished(rows[key], nodes) for key in sorted(rows)]
+
+
+def _add_replica(
+    rows: dict[tuple[str, int], dict[str, Any]], node_id: Any, st: dict[str, Any]
+) -> None:
+    """One node's status of its replica, into its partition's row: the replica's own numbers,
+    and the partition's figures if it leads (the newest epoch's leader wins)."""
+    key = (st["topic"], st["partition"])
+    row = rows.setdefault(
+        key,
+        {
+            "topic": st["topic"],
+            "partition": st["partition"],
+            "leader": -1,
+            "epoch": -1,
+            "replicas": {},
+        },
+    )
+    found = row.setdefault("invalid_batches", {})
+    for batch in st.get("invalid_batches", []):
+        entry = found.setdefault(batch["base_offset"], {**batch, "nodes": []})
+        entry["nodes"].append(node_id)
+    for replaced in st.get("replaced", {}):
+        row.setdefault("replaced_by", set()).add(int(replaced))
+    row.setdefault("voters", st.get("voters", []))  # the leader's view wins below
+    row["replicas"][str(node_id)] = {
+        "observer": bool(st.get("observer", False)),
+        "role": st["role"],
+        "epoch": st["epoch"],
+        "log_end_offset": st["log_end_offset"],
+        "high_watermark": st["high_watermark"],
+        "log_start_offset": st["log_start_offset"],
+        "local_log_start_offset": st.get("local_log_start_offset", st["log_start_offset"]),
+        "size_bytes": st["size_bytes"],
+        "segment_count": st["segment_count"],
+    }
+    if st["role"] == "leader" and st["epoch"] >= row["epoch"]:
+        row.update(
+            leader=node_id,
+            epoch=st["epoch"],
+            log_start_offset=st["log_start_offset"],
+            local_log_start_offset=st.get("local_log_start_offset", st["log_start_offset"]),
+            high_watermark=st["high_watermark"],
+            log_end_offset=st["log_end_offset"],
+            size_bytes=st["size_bytes"],
+            segment_count=st["segment_count"],
+            leader_view=st.get("replicas", {}),
+            voters=st.get("voters", []),
+            low_watermark=st.get("low_watermark", {}),
+            cursors=st.get("cursors", {}),
+        )
+        if "archive" in st:
+            row["archive"] = st["archive"]
+
+
+def _finished(row: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A partition's row once every node's replica is in: each replica in sync or not and its
+    lag as the leader sees them, whether the partition is under-replicated, and, with no
+    leader, why and some replica's figures."""
+    row["invalid_batches"] = [b for _, b in sorted(row.get("invalid_batches", {}).items())]
+    view = row.pop("leader_view", {})
+    for rid, rep in row["replicas"].items():
+        lv = view.get(rid) or view.get(int(rid)) or {}
+        rep["in_sync"] = bool(lv.get("in_sync", False))
+        rep["lag"] = int(lv.get("lag", 0)) if lv else None
+    voters = row.get("voters", [])
+    in_sync = sum(1 for r in row["replicas"].values() if r.get("in_sync"))
+    row["under_replicated"] = row["leader"] < 0 or in_sync < len(voters)
+    replaced = row.pop("replaced_by", set())
+    for rid, rep in row["replicas"].items():
+        rep["observer"] = rep.get("observer", False) or int(rid) in replaced
+    if row["leader"] < 0:
+        row["no_leader"] = why_no_leader(row, nodes)
+        any_rep = next(iter(row["replicas"].values()))
+        for field in (
+            "log_start_offset",
+            "high_watermark",
+            "log_end_offset",
+            "size_bytes",
+            "segment_count",
+        ):
+            row[field] = any_rep[field]
+    return row
 
 
 def answered_nodes(nodes: list[dict[str, Any]]) -> set[int]:

@@ -4,6 +4,6 @@ codec.py         Kafka's frames and messages, sans IO (message classes generated
 errors.py        tidelog's errors as Kafka's error codes
 broker.py        each Kafka request as the core's typed operations
 groups.py        the classic consumer-group protocol (the coordinator)
-cluster_view.py  other nodes' Kafka addresses and the leaders this node does not host
+routing.py       other nodes' Kafka addresses and the leaders this node does not host
 listener.py      the asyncio listener (the same connection limits as the client listener)
 """

@@ -36,22 +36,17 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
 )
 from tidelog.kafka import errors as kerr
-from tidelog.kafka.cluster_view import ClusterView
 from tidelog.kafka.codec import KafkaRequest, api_version_list, millis
 from tidelog.kafka.errors import kafka_code
 from tidelog.kafka.groups import GroupCoordinator, GroupError
+from tidelog.kafka.routing import Routing
 from tidelog.node.access import Operation, Principal
+from tidelog.node.cluster_view import CursorRecord
 from tidelog.node.core import NodeCore
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.record import decode_records
-from tidelog.replication.metadata import (
-    CURSOR_NAME,
-    Cursor,
-    MetadataState,
-    default_replication_factor,
-    validate_alter,
-)
+from tidelog.replication.metadata import CURSOR_NAME, default_replication_factor
 from tidelog.replication.metadata_commands import GroupRecord
 
 log = logging.getLogger(__name__)
@@ -75,6 +70,7 @@ FORWARDED = {
 
 Answer = Mapping[str, Any] | None
 Handler = Callable[[Principal, KafkaRequest], Awaitable[Answer]]
+Wanted = list[tuple[str, int, int, int]]  # a fetch's (topic, partition, offset, max bytes)
 
 
 def refuse(
@@ -100,21 +96,21 @@ def topic_uuid(cluster_id: str, name: str, topic_id: int) -> uuid.UUID:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"tidelog:{cluster_id}/{name}/{topic_id}")
 
 
-def group_cursor(state: MetadataState, group: str, topic: str) -> str:
+def group_cursor(cursors: Mapping[str, CursorRecord], group: str, topic: str) -> str:
     """The cursor that keeps a group's offsets on a topic."""
-    own = state.cursors.get(group)
+    own = cursors.get(group)
     if own is not None and own.topic == topic:
         return group
     qualified = f"{group}:{topic}"
-    if qualified in state.cursors or own is not None:
+    if qualified in cursors or own is not None:
         return qualified
     return group
 
 
-def group_cursors(state: MetadataState, group: str) -> list[Cursor]:
+def group_cursors(cursors: Mapping[str, CursorRecord], group: str) -> list[CursorRecord]:
     """Every cursor that keeps a group's offsets."""
     found = []
-    for cursor in state.cursors.values():
+    for cursor in cursors.values():
         if cursor.name == group or cursor.name == f"{group}:{cursor.topic}":
             found.append(cursor)
     return sorted(found, key=lambda c: c.topic)
@@ -134,11 +130,14 @@ class NotControllerHere(TidelogError):
 
 
 class KafkaBroker:
-    """One node's Kafka face: request handlers over the node core."""
+    """One node's Kafka face: request handlers over the node core. Requests go through the
+    core's door (`NodeCore.handle`); what the broker reads of the cluster, it reads from the
+    core's read-only view (node/cluster_view.py)."""
 
     def __init__(self, core: NodeCore, advertised: tuple[str, int]) -> None:
         self.core = core
-        self.view = ClusterView(core, advertised)
+        self.view = core.view
+        self.routing = Routing(core.view, core.asker, advertised)
         self.groups = GroupCoordinator(self._keep_group)
         self._coordinator_epoch = -1
         self._names_by_id: tuple[int, dict[Any, str]] = (-1, {})
@@ -174,7 +173,7 @@ class KafkaBroker:
 
     def close(self) -> None:
         self.groups.close()
-        self.view.close()
+        self.routing.close()
 
     async def handle(self, principal: Principal, request: KafkaRequest) -> Answer:
         # What the core does not see (groups' membership, producer ids) is authorized here;
@@ -215,7 +214,7 @@ class KafkaBroker:
                 else:
                     self.core.authorize(principal, request)  # here, before it leaves
                     key = FORWARDED[type(request)]
-                    await self.view.ask(leader, key, request, timeout_s=ADMIN_TIMEOUT_S)
+                    await self.routing.ask(leader, key, request, timeout_s=ADMIN_TIMEOUT_S)
                 return
             except NotControllerHere as exc:
                 raise NotLeader(exc.message, leader_hint=leader) from None
@@ -231,7 +230,7 @@ class KafkaBroker:
 
     @property
     def metadata_leader(self) -> int:
-        return self.core.metadata_host.replica.leader_id
+        return self.view.metadata_leader
 
     @property
     def controller(self) -> int:
@@ -242,7 +241,7 @@ class KafkaBroker:
         return leader if leader >= 0 else self.core.node_id
 
     async def _brokers(self) -> list[dict[str, Any]]:
-        addresses = await self.view.kafka_addresses()
+        addresses = await self.routing.kafka_addresses()
         return [
             {"node_id": n, "broker_id": n, "host": h, "port": p, "rack": None}
             for n, (h, p) in sorted(addresses.items())
@@ -250,31 +249,31 @@ class KafkaBroker:
 
     async def metadata(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
-        state = self.core.metadata
+        existing = self.view.topics
         requested = getattr(body, "topics", None)
         if requested is None or (req.api_version == 0 and not requested):
-            names = sorted(state.topics)
+            names = sorted(existing)
         else:
             names = [t.name for t in requested if t.name is not None]
         allow_create = bool(getattr(body, "allow_auto_topic_creation", True))
-        missing = [n for n in names if n not in state.topics]
+        missing = [n for n in names if n not in existing]
         if missing and allow_create and requested is not None:
             await self._auto_create(principal, missing)
-        await self.view.refresh_leaders([n for n in names if n in state.topics])
+        await self.routing.refresh_leaders([n for n in names if n in existing])
         brokers = await self._brokers()
         known = {b["node_id"] for b in brokers}
         topics = [self._topic_metadata(name, known) for name in names]
         return {
             "throttle_time_ms": 0,
             "brokers": brokers,
-            "cluster_id": self.core.identity.cluster_id or None,
+            "cluster_id": self.view.cluster_id or None,
             "controller_id": self.controller,
             "topics": topics,
             "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
         }
 
     def _topic_metadata(self, name: str, brokers: set[int]) -> dict[str, Any]:
-        meta = self.core.metadata.topics.get(name)
+        meta = self.view.topics.get(name)
         if meta is None:
             return {
                 "error_code": kerr.UNKNOWN_TOPIC_OR_PARTITION,
@@ -286,14 +285,10 @@ class KafkaBroker:
             }
         partitions = []
         for p in range(meta.partitions):
-            leader, epoch = self.view.leader(name, p)
+            leader, epoch = self.routing.leader(name, p)
             replicas = list(meta.assignments[p])
-            host = self.core.hosts.get(f"{name}/{p}")
-            isr = (
-                sorted(host.replica.in_sync_replicas())
-                if host is not None and host.replica.is_leader
-                else replicas
-            )
+            in_sync = self.view.in_sync_replicas(name, p)  # where this node leads it
+            isr = list(in_sync) if in_sync is not None else replicas
             available = leader >= 0 and leader in brokers
             partitions.append(
                 {
@@ -309,7 +304,7 @@ class KafkaBroker:
         return {
             "error_code": kerr.NONE,
             "name": name,
-            "topic_id": topic_uuid(self.core.identity.cluster_id, name, meta.topic_id),
+            "topic_id": topic_uuid(self.view.cluster_id, name, meta.topic_id),
             "is_internal": False,
             "partitions": partitions,
             "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
@@ -330,7 +325,7 @@ class KafkaBroker:
             "throttle_time_ms": 0,
             "error_code": kerr.NONE,
             "endpoint_type": 1,
-            "cluster_id": self.core.identity.cluster_id,
+            "cluster_id": self.view.cluster_id,
             "controller_id": self.controller,
             "brokers": await self._brokers(),
             "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
@@ -423,13 +418,33 @@ class KafkaBroker:
         """Kafka's fetch over the core's per-partition fetch: answer at once when min_bytes
         are there (or an error), else wait for the first partition with news, up to max_wait."""
         body = req.body
-        # Fetch 13+ names topics by their id (KIP-516): unknown ids are UNKNOWN_TOPIC_ID.
+        wanted, ids, unknown = self._fetch_partitions(req)
+        max_wait_ms = min(max(millis(body.max_wait), 0), FETCH_WAIT_MAX_MS)
+        replica_read = req.api_version >= 11  # KIP-392: a follower serves what it has committed
+        results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+        size = sum(len(r[1] or b"") for r in results if not isinstance(r, TidelogError))
+        errors = any(isinstance(r, TidelogError) for r in results)
+        if not errors and size < max(int(body.min_bytes), 1) and max_wait_ms > 0 and wanted:
+            await self._wait_for_news(principal, wanted, max_wait_ms, replica_read)
+            results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+        responses = fetched_topics(wanted, results, ids)
+        responses.extend(unknown_topic_ids(unknown))
+        return {
+            "throttle_time_ms": 0,
+            "error_code": kerr.NONE,
+            "session_id": 0,  # no incremental fetch session: every fetch names its partitions
+            "responses": responses,
+        }
+
+    def _fetch_partitions(self, req: KafkaRequest) -> tuple[Wanted, dict[str, Any], list[Any]]:
+        """The partitions a fetch asks for, by topic name; the ids of the topics it named by
+        id (Fetch 13+, KIP-516), and those topics whose id is unknown (UNKNOWN_TOPIC_ID)."""
         by_id = req.api_version >= 13
         names = self._topic_names_by_id() if by_id else {}
         ids: dict[str, Any] = {}
         unknown: list[Any] = []
-        wanted: list[tuple[str, int, int, int]] = []
-        for topic in body.topics:
+        wanted: Wanted = []
+        for topic in req.body.topics:
             name = names.get(topic.topic_id, "") if by_id else topic.topic
             if by_id:
                 if not name:
@@ -440,87 +455,41 @@ class KafkaBroker:
                 (name, part.partition, int(part.fetch_offset), int(part.partition_max_bytes))
                 for part in topic.partitions
             )
-        max_wait_ms = min(max(millis(body.max_wait), 0), FETCH_WAIT_MAX_MS)
-        replica_read = req.api_version >= 11  # KIP-392: a follower serves what it has committed
-        results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
-        size = sum(len(r[1] or b"") for r in results if not isinstance(r, TidelogError))
-        errors = any(isinstance(r, TidelogError) for r in results)
-        if not errors and size < max(int(body.min_bytes), 1) and max_wait_ms > 0 and wanted:
-            waits = [
-                asyncio.ensure_future(
-                    self._call(
-                        principal,
-                        api.FetchRequest(t, p, o, 1, max_wait_ms, 1, replica_read),
-                    )
+        return wanted, ids, unknown
+
+    async def _wait_for_news(
+        self, principal: Principal, wanted: Wanted, max_wait_ms: int, replica_read: bool
+    ) -> None:
+        """Until the first of the partitions has records past its fetch offset (a long poll
+        on each), or max_wait_ms."""
+        waits = [
+            asyncio.ensure_future(
+                self._call(
+                    principal,
+                    api.FetchRequest(t, p, o, 1, max_wait_ms, 1, replica_read),
                 )
-                for t, p, o, _ in wanted
-            ]
-            try:
-                await asyncio.wait(
-                    waits, timeout=max_wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                for w in waits:
-                    w.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
-            results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (topic, p, _, _), result in zip(wanted, results, strict=True):
-            entry: dict[str, Any] = {
-                "partition_index": p,
-                "error_code": kerr.NONE,
-                "high_watermark": -1,
-                "last_stable_offset": -1,
-                "log_start_offset": -1,
-                "aborted_transactions": [],
-                "preferred_read_replica": -1,
-                "records": b"",
-            }
-            if isinstance(result, TidelogError):
-                entry["error_code"] = kafka_code(result)
-                if "high_watermark" in result.details:
-                    entry["high_watermark"] = int(result.details["high_watermark"])
-                    entry["log_start_offset"] = int(result.details.get("log_start", -1))
-            else:
-                response, records = result
-                entry["high_watermark"] = response.high_watermark
-                entry["last_stable_offset"] = response.high_watermark
-                entry["log_start_offset"] = response.log_start_offset
-                entry["records"] = records or b""
-            by_topic.setdefault(topic, []).append(entry)
-        responses = [
-            {"topic": t, "topic_id": ids.get(t), "partitions": ps} for t, ps in by_topic.items()
+            )
+            for t, p, o, _ in wanted
         ]
-        for topic in unknown:
-            unknown_entries = [
-                {
-                    "partition_index": part.partition,
-                    "error_code": kerr.UNKNOWN_TOPIC_ID,
-                    "high_watermark": -1,
-                    "last_stable_offset": -1,
-                    "log_start_offset": -1,
-                    "records": b"",
-                }
-                for part in topic.partitions
-            ]
-            responses.append({"topic_id": topic.topic_id, "partitions": unknown_entries})
-        return {
-            "throttle_time_ms": 0,
-            "error_code": kerr.NONE,
-            "session_id": 0,  # no incremental fetch session: every fetch names its partitions
-            "responses": responses,
-        }
+        try:
+            await asyncio.wait(
+                waits, timeout=max_wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _topic_names_by_id(self) -> dict[Any, str]:
         """Kafka topic ids (uuids, as Metadata gives them) to names, made once per metadata."""
-        state = self.core.metadata
-        if self._names_by_id[0] != state.applied_offset:
-            cluster_id = self.core.identity.cluster_id
+        view = self.view
+        if self._names_by_id[0] != view.applied_offset:
+            cluster_id = view.cluster_id
             self._names_by_id = (
-                state.applied_offset,
+                view.applied_offset,
                 {
                     topic_uuid(cluster_id, name, meta.topic_id): name
-                    for name, meta in state.topics.items()
+                    for name, meta in view.topics.items()
                 },
             )
         return self._names_by_id[1]
@@ -528,7 +497,7 @@ class KafkaBroker:
     async def _fetch_round(
         self,
         principal: Principal,
-        wanted: list[tuple[str, int, int, int]],
+        wanted: Wanted,
         max_bytes: int,
         replica_read: bool,
     ) -> list[Any]:
@@ -591,7 +560,7 @@ class KafkaBroker:
                             entry["timestamp"] = await self._timestamp_at(
                                 principal, topic.name, part.partition_index, found.offset, ts
                             )
-                        _, epoch = self.view.leader(topic.name, part.partition_index)
+                        _, epoch = self.routing.leader(topic.name, part.partition_index)
                         entry["leader_epoch"] = epoch
                     except TidelogError as exc:
                         entry["error_code"] = kafka_code(exc)
@@ -645,7 +614,7 @@ class KafkaBroker:
             factor = int(topic.replication_factor)
             partitions = 1 if partitions == -1 else partitions
             if factor == -1:
-                factor = default_replication_factor(self.core.registry.placeable())
+                factor = default_replication_factor(list(self.view.placeable_nodes()))
             configs = {c.name: c.value for c in topic.configs if c.value is not None}
             entry: dict[str, Any] = {
                 "name": topic.name,
@@ -663,7 +632,7 @@ class KafkaBroker:
                         "replicas itself (move them with `tidelog partitions reassign`)"
                     )
                 if getattr(body, "validate_only", False):
-                    if topic.name in self.core.metadata.topics:
+                    if topic.name in self.view.topics:
                         raise TopicAlreadyExists(
                             f"topic {topic.name!r} already exists", topic=topic.name
                         )
@@ -671,10 +640,10 @@ class KafkaBroker:
                     await self._admin(
                         principal, api.CreateTopicRequest(topic.name, partitions, factor, configs)
                     )
-                    meta = self.core.metadata.topics.get(topic.name)
+                    meta = self.view.topics.get(topic.name)
                     if meta is not None:
                         entry["topic_id"] = topic_uuid(
-                            self.core.identity.cluster_id, topic.name, meta.topic_id
+                            self.view.cluster_id, topic.name, meta.topic_id
                         )
             except TidelogError as exc:
                 refuse(entry, exc, kerr.NOT_CONTROLLER)
@@ -732,8 +701,8 @@ class KafkaBroker:
             if resource.resource_type == TOPIC_RESOURCE:
                 try:
                     await self._call(principal, api.MetadataRequest([resource.resource_name]))
-                    meta = self.core.metadata.topic(resource.resource_name)
-                    effective = self.core.config.topic_defaults.with_overrides(meta.configs)
+                    meta = self.view.topic(resource.resource_name)
+                    effective = self.view.config.topic_defaults.with_overrides(meta.configs)
                     for name, value in sorted(effective.to_mapping().items()):
                         if keys is not None and name not in keys:
                             continue
@@ -769,7 +738,7 @@ class KafkaBroker:
 
         def whole_set(resource: Any) -> tuple[dict[str, str], list[str]]:
             sets = {c.name: c.value or "" for c in resource.configs}
-            meta = self.core.metadata.topic(resource.resource_name)
+            meta = self.view.topic(resource.resource_name)
             return sets, sorted(set(meta.configs) - set(sets))
 
         return await self._alter_topics(principal, req, whole_set)
@@ -800,7 +769,7 @@ class KafkaBroker:
                 sets, deletes = changes(resource)
                 name = resource.resource_name
                 if req.body.validate_only:
-                    validate_alter(self.core.metadata, name, sets, deletes)
+                    self.view.check_alter_topic(name, sets, deletes)
                 else:
                     await self._admin(principal, api.AlterTopicRequest(name, sets, deletes))
             except TidelogError as exc:
@@ -814,7 +783,7 @@ class KafkaBroker:
         leader = self.metadata_leader
         if leader < 0:
             return None
-        address = (await self.view.kafka_addresses()).get(leader)
+        address = (await self.routing.kafka_addresses()).get(leader)
         return (leader, *address) if address is not None else None
 
     async def find_coordinator(self, principal: Principal, req: KafkaRequest) -> Answer:
@@ -855,16 +824,16 @@ class KafkaBroker:
     def _check_coordinator(self) -> None:
         """Group requests are served by the metadata leader; a change of leader resets the
         membership this node held."""
-        replica = self.core.metadata_host.replica
-        if not replica.is_leader:
+        view = self.view
+        if not view.is_metadata_leader:
             if self._coordinator_epoch >= 0:
                 self.groups.reset()
                 self._coordinator_epoch = -1
             raise GroupError(kerr.NOT_COORDINATOR, "not the group coordinator")
-        if self._coordinator_epoch != replica.epoch:
+        if self._coordinator_epoch != view.metadata_epoch:
             self.groups.reset()
-            self.groups.load(self.core.metadata.groups)
-            self._coordinator_epoch = replica.epoch
+            self.groups.load(view.kafka_groups)
+            self._coordinator_epoch = view.metadata_epoch
 
     async def join_group(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
@@ -945,7 +914,7 @@ class KafkaBroker:
                 self.core.access.authorize(principal, Operation.GROUP, Resource.group(group_id))
                 self._check_coordinator()
                 entry.update(self.groups.describe(group_id))
-                if entry["group_state"] == "Dead" and group_cursors(self.core.metadata, group_id):
+                if entry["group_state"] == "Dead" and group_cursors(self.view.cursors, group_id):
                     entry["group_state"] = "Empty"  # offsets kept, no member
                     entry["protocol_type"] = "consumer"
             except (GroupError, NotAuthorized) as exc:
@@ -965,7 +934,7 @@ class KafkaBroker:
         except GroupError:
             return {"error_code": kerr.NONE, "groups": [], "throttle_time_ms": 0}
         found: dict[str, dict[str, Any]] = {}
-        for cursor in self.core.metadata.cursors.values():
+        for cursor in self.view.cursors.values():
             name = cursor.name
             if name.endswith(f":{cursor.topic}"):
                 name = name[: -len(cursor.topic) - 1]
@@ -992,7 +961,7 @@ class KafkaBroker:
                 resource = Resource.group(group_id)
                 self.core.access.authorize(principal, Operation.DELETE_GROUP, resource)
                 self._check_coordinator()
-                cursors = group_cursors(self.core.metadata, group_id)
+                cursors = group_cursors(self.view.cursors, group_id)
                 if not cursors and group_id not in self.groups.groups:
                     raise GroupError(kerr.GROUP_ID_NOT_FOUND, f"no group {group_id}")
                 self.groups.delete(group_id)
@@ -1057,10 +1026,10 @@ class KafkaBroker:
         """Commit into the group's cursor on the topic: created at the first commit with the
         partitions committed (the others hold nothing until they are); one that the cleaner
         invalidated is created again, as the group is reading again."""
-        state = self.core.metadata
-        name = group_cursor(state, group, topic)
+        cursors = self.view.cursors
+        name = group_cursor(cursors, group, topic)
         wire = {str(p): o for p, o in positions.items()}
-        cursor = state.cursors.get(name)
+        cursor = cursors.get(name)
         if cursor is not None and not cursor.live:
             log.info("kafka: group %s commits again: cursor %s is created anew", group, name)
             await self._call(principal, api.CursorRequest("delete", name))
@@ -1100,15 +1069,15 @@ class KafkaBroker:
             self._check_coordinator()
         except GroupError as exc:
             return [], exc.code
-        state = self.core.metadata
+        cursors = self.view.cursors
         wanted: list[tuple[str, list[int] | None]]
         if asked is None:
-            wanted = [(c.topic, None) for c in group_cursors(state, group_id)]
+            wanted = [(c.topic, None) for c in group_cursors(cursors, group_id)]
         else:
             wanted = [(t.name, list(t.partition_indexes)) for t in asked]
         topics = []
         for name, partitions in wanted:
-            cursor = state.cursors.get(group_cursor(state, group_id, name))
+            cursor = cursors.get(group_cursor(cursors, group_id, name))
             positions = cursor.positions if cursor is not None and cursor.topic == name else {}
             listed = sorted(positions) if partitions is None else partitions
             # A group's offsets are read on their topic, as its cursor's are.
@@ -1139,7 +1108,55 @@ class KafkaBroker:
 
 def _empty_fetch(broker: KafkaBroker, topic: str, partition: int) -> api.FetchResponse:
     """What a partition the byte budget did not reach answers: nothing, with its marks."""
-    host = broker.core.hosts.get(f"{topic}/{partition}")
-    hw = host.log.high_watermark if host is not None else -1
-    start = broker.core.log_start_offset(host) if host is not None else -1
-    return api.FetchResponse(hw, start, hw, -1, broker.core.node_id)
+    offsets = broker.view.offsets(topic, partition)
+    hw = offsets.high_watermark if offsets is not None else -1
+    start = offsets.log_start_offset if offsets is not None else -1
+    return api.FetchResponse(hw, start, hw, -1, broker.view.node_id)
+
+
+def fetched_topics(wanted: Wanted, results: list[Any], ids: dict[str, Any]) -> list[dict[str, Any]]:
+    """A fetch answer's topics: each partition's records and marks, or its error's code."""
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, p, _, _), result in zip(wanted, results, strict=True):
+        entry: dict[str, Any] = {
+            "partition_index": p,
+            "error_code": kerr.NONE,
+            "high_watermark": -1,
+            "last_stable_offset": -1,
+            "log_start_offset": -1,
+            "aborted_transactions": [],
+            "preferred_read_replica": -1,
+            "records": b"",
+        }
+        if isinstance(result, TidelogError):
+            entry["error_code"] = kafka_code(result)
+            if "high_watermark" in result.details:
+                entry["high_watermark"] = int(result.details["high_watermark"])
+                entry["log_start_offset"] = int(result.details.get("log_start", -1))
+        else:
+            response, records = result
+            entry["high_watermark"] = response.high_watermark
+            entry["last_stable_offset"] = response.high_watermark
+            entry["log_start_offset"] = response.log_start_offset
+            entry["records"] = records or b""
+        by_topic.setdefault(topic, []).append(entry)
+    return [{"topic": t, "topic_id": ids.get(t), "partitions": ps} for t, ps in by_topic.items()]
+
+
+def unknown_topic_ids(unknown: list[Any]) -> list[dict[str, Any]]:
+    """A fetch answer's topics named by an id no topic has."""
+    responses = []
+    for topic in unknown:
+        unknown_entries = [
+            {
+                "partition_index": part.partition,
+                "error_code": kerr.UNKNOWN_TOPIC_ID,
+                "high_watermark": -1,
+                "last_stable_offset": -1,
+                "log_start_offset": -1,
+                "records": b"",
+            }
+            for part in topic.partitions
+        ]
+        responses.append({"topic_id": topic.topic_id, "partitions": unknown_entries})
+    return responses

@@ -25,7 +25,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -394,7 +394,7 @@ class GroupCoordinator:
         except Exception as exc:  # the next coordinator loads members that will not come back
             log.info("group %s: its empty state was not kept: %s", group_id, exc)
 
-    def load(self, records: dict[str, dict[str, Any]]) -> None:
+    def load(self, records: Mapping[str, Mapping[str, Any]]) -> None:
         """Become the coordinator of the groups kept by the one before: each is Stable in its
         generation, its members' sessions restarted now (a member that is gone expires)."""
         now = time.monotonic()

@@ -89,11 +89,10 @@ class SaslSession:
         return {"error_code": 0, "auth_bytes": out, "session_lifetime": 0}, proved
 
     def _stored(self, user: str) -> dict[str, Any] | None:
-        core = self.broker.core
-        admin = core.config.admin_token
+        admin = self.broker.core.config.admin_token
         if admin is not None and user == admin[0]:
             return _admin_credentials(admin[1])[self.mechanism]
-        entry = core.metadata.principals.get(user)
+        entry = self.broker.view.principals.get(user)
         found = None if entry is None else entry.get("scram", {}).get(self.mechanism)
         return dict(found) if found else None
 

@@ -21,10 +21,8 @@ import asyncio
 import heapq
 import logging
 import random
-import shutil
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from tidelog.acls import Resource
@@ -40,6 +38,7 @@ from tidelog.node.archiver import Archiver
 from tidelog.node.asking import NodeAsker
 from tidelog.node.background import BackgroundTasks
 from tidelog.node.cleaner import Cleaner
+from tidelog.node.cluster_view import ClusterView, disk_usage
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
 from tidelog.node.flusher import Flusher
@@ -198,6 +197,22 @@ class NodeCore:
         self.directories = PeerDirectories(lambda: self.config.data_dir, self.counters)
         self._make_request_handlers()
         self._handlers = self._handler_table()
+        # What the listeners over the core read of the cluster, read-only (node/cluster_view.py).
+        self.view = ClusterView(
+            node_id=self.node_id,
+            config=lambda: self.config,
+            identity=lambda: self.identity,
+            metadata=self.metadata_log,
+            hosts=self.hosts,
+            registry=self.registry,
+            liveness=self.liveness,
+            cleaner=self.cleaner,
+            archiver=self.archiver,
+            log_start_offset=self.data.log_start_offset,
+            stored_bytes=self.stored_bytes,
+            counters=self.counters,
+            histograms=self.histograms,
+        )
 
     def _make_metadata_helpers(self, send_to_peer: PeerSender) -> None:
         """The metadata log's side of the node, and the helpers that act on what it says."""
@@ -681,12 +696,3 @@ class NodeCore:
         return api.ApiVersionsResponse(
             self.node_id, __version__, self.api_keys, self.peer_port, self.kafka_address
         )
-
-
-def disk_usage(directory: Path) -> dict[str, int]:
-    """The data directory's disk, as status and the console show it."""
-    try:
-        disk = shutil.disk_usage(directory)
-    except OSError:
-        return {}
-    return {"disk_free_bytes": disk.free, "disk_total_bytes": disk.total}

@@ -150,7 +150,7 @@ class Node:
             bound = await self.kafka_listener.start(*config.kafka_listen, serving)
             host = bound[0] if bound[0] not in ("0.0.0.0", "::", "") else config.advertised[0]
             advertised = config.kafka_advertised or (host, bound[1])
-            self.kafka.view.own_address = advertised
+            self.kafka.routing.own_address = advertised
             self.core.kafka_address = "{}:{}".format(*advertised)
         if len(config.voters) > 1 and not config.cluster_secret:
             log.warning(

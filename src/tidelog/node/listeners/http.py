@@ -346,7 +346,7 @@ class HttpListener:
         return response
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = await render(snapshot(self.core))
+        body = await render(snapshot(self.core.view))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _own_status(self) -> dict[str, Any]:
@@ -397,7 +397,7 @@ class HttpListener:
                     "metadata": {},
                 }
 
-        others = [n for n in sorted(core.registry.nodes()) if n != core.node_id]
+        others = [n for n in sorted(core.view.nodes()) if n != core.node_id]
         nodes = [own, *await asyncio.gather(*(ask(n) for n in others))]
         nodes.sort(key=lambda n: int(n["node_id"]))
         view = {

@@ -5,7 +5,8 @@ A Kafka client routes produce and fetch itself, from one Metadata answer. A tide
 the leaders of the replica groups it hosts; for the others it asks the nodes that host them,
 over tidelog's own client protocol (their Metadata answers carry the leaders they host), and
 keeps the answer for a short while. Each node's Kafka address is learnt the same way, from its
-ApiVersions answer, once.
+ApiVersions answer, once. What this node knows itself (the nodes, the topics, the replicas it
+hosts) it reads from its cluster view (node/cluster_view.py).
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import asyncio
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tidelog.errors import TidelogError
+from tidelog.node.asking import NodeAsker
+from tidelog.node.cluster_view import ClusterView
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
-
-if TYPE_CHECKING:
-    from tidelog.node.core import NodeCore
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,10 @@ ASK_TIMEOUT_S = 1.0
 ADDRESS_RETRY_S = 1.0
 
 
-class ClusterView:
-    def __init__(self, core: NodeCore, own_address: tuple[str, int]) -> None:
-        self.core = core
+class Routing:
+    def __init__(self, view: ClusterView, asker: NodeAsker, own_address: tuple[str, int]) -> None:
+        self.view = view  # the cluster as this node knows it (node/cluster_view.py)
+        self.asker = asker
         self.own_address = own_address
         self.addresses: dict[int, tuple[str, int]] = {}  # node -> its Kafka address
         self._address_asked: dict[int, float] = {}
@@ -45,15 +46,15 @@ class ClusterView:
     async def ask(
         self, node: int, key: ApiKey, request: Any, timeout_s: float = ASK_TIMEOUT_S
     ) -> dict[str, Any]:
-        return await self.core.asker.ask(node, key, request, timeout_s)
+        return await self.asker.ask(node, key, request, timeout_s)
 
     # -- Kafka addresses --------------------------------------------------------------------------
 
     async def kafka_addresses(self) -> dict[int, tuple[str, int]]:
         """Every node's Kafka address that is known now; those not yet known are asked for
         (at most once a second each), so a node that is down does not hold up the answer."""
-        nodes = self.core.registry.nodes()
-        self.addresses[self.core.node_id] = self.own_address
+        nodes = self.view.nodes()
+        self.addresses[self.view.node_id] = self.own_address
         now = time.monotonic()
         waits = []
         for n in nodes:
@@ -89,9 +90,9 @@ class ClusterView:
     def leader(self, topic: str, partition: int) -> tuple[int, int]:
         """(leader, epoch) as this node knows it: its own replica's view, or what a replica
         told it recently; (-1, -1) when unknown."""
-        host = self.core.hosts.get(f"{topic}/{partition}")
-        if host is not None:
-            return host.replica.leader_id, host.replica.epoch
+        hosted = self.view.leader(topic, partition)
+        if hosted is not None:
+            return hosted
         known = self._leaders.get((topic, partition))
         if known is None:
             return -1, -1
@@ -102,12 +103,13 @@ class ClusterView:
         heard of lately) who leads them."""
         now = time.monotonic()
         by_node: dict[int, set[str]] = {}
+        known_topics = self.view.topics
         for name in topics:
-            meta = self.core.metadata.topics.get(name)
+            meta = known_topics.get(name)
             if meta is None:
                 continue
             for p in range(meta.partitions):
-                if f"{name}/{p}" in self.core.hosts:
+                if self.view.is_hosted(name, p):
                     continue
                 known = self._leaders.get((name, p))
                 if known is not None and now - known[2] < LEADERS_FRESH_S and known[0] >= 0:
