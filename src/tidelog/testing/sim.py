@@ -373,8 +373,18 @@ class Stats:
     converged_after: int = -1
 
 
+# Sees every message as it is handed to a node, heartbeats too: (tick, src, dst, the sender's
+# directory, message). It only watches (tests/test_sim_replay.py hashes what it sees).
+DeliveryObserver = Callable[[int, int, int, str, Message | Heartbeat], None]
+
+
 class Simulation:
-    def __init__(self, params: SimParams, trace: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        params: SimParams,
+        trace: Callable[[str], None] | None = None,
+        observe: DeliveryObserver | None = None,
+    ) -> None:
         self.params = params
         self.rng = random.Random(params.seed ^ 0x5EED)
         self.now = 0
@@ -405,6 +415,7 @@ class Simulation:
         self.faults_on = True
         self.stats = Stats()
         self.trace = trace
+        self.observe = observe
         self.digest = hashlib.sha256()
         # checker state
         self.leaders: dict[int, int] = {}
@@ -617,6 +628,8 @@ class Simulation:
                 continue
             if node.driver is None:
                 raise InvariantBroken("node.driver is not None")
+            if self.observe is not None:
+                self.observe(self.now, src, dst, directory, message)
             if isinstance(message, Heartbeat):
                 if node.liveness is None:
                     raise InvariantBroken("node.liveness is not None")
