@@ -130,7 +130,7 @@ class Scenario(Simulation):
     def send(self, src: int, dst: int, message: Message | Heartbeat, directory: str = "") -> None:
         if isinstance(message, Heartbeat):
             raise InvariantBroken("scripts run without liveness")
-        self._check_vote(src, dst, message)
+        self.checkers.votes.sent(src, dst, message, self.nodes[src].log)
         self._announce(self.nodes[src])
         self.queue.append(Queued(src, dst, message, directory if self.directories else ""))
         self.out.append(f"{src}->{dst} {format_message(message)}")
@@ -361,13 +361,10 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
             b = [int(x) for x in right.split()]
             for x in a:
                 for y in b:
-                    sim.blocked |= {(x, y), (y, x)}
+                    sim.blocked.update({(x, y), (y, x)})
             sim.out.append(f"partitioned {a} | {b}")
         elif cmd == "reassign":
-            sim.target = tuple(sorted(int(p) for p in plain))
-            for node in sim.nodes.values():
-                if node.driver is not None:
-                    node.driver.set_target(sim.target)
+            sim.set_target(tuple(sorted(int(p) for p in plain)))
             sim.out.append(f"target voters {','.join(plain)}")
         elif cmd == "log-start":
             node = sim.nodes[int(plain[0])]
@@ -392,8 +389,8 @@ def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[
         elif cmd == "check":
             for node in sim.nodes.values():
                 if node.replica is not None:
-                    sim._check_node(node)
-            sim.check_log_matching()
+                    sim.checkers.check_node(node)
+            sim.checkers.check_log_matching()
             sim.out.append("invariants hold")
         else:
             raise ValueError(f"unknown command {cmd!r}")
