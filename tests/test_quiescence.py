@@ -1,7 +1,7 @@
 """Quiescence (issue 18): an idle replica group stops talking, and node liveness -- one heartbeat
 per pair of nodes -- still finds a dead leader within the election timeout.
 
-These run the real core in the simulator (testing/sim.py) with the network's faults off, so the
+These run the real core in the simulator (testing/sim/) with the network's faults off, so the
 bounds are exact; the seed sweep (test_replication.py) runs quiescence under every fault too,
 in half of its seeds."""
 

@@ -1,6 +1,6 @@
 """The partition driver: the Ready loop and the cleaner's pass over one replica, with no IO.
 
-The asyncio node (node/partition.py) and the simulator (testing/sim.py) both run this class;
+The asyncio node (node/partition.py) and the simulator (testing/sim/) both run this class;
 each supplies the effects (`PartitionEffects`) -- files, sockets and threads in the node, a
 model of them in the simulator. So the order that keeps acknowledged records safe is written
 once:

@@ -46,6 +46,7 @@ import difflib
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,13 @@ from tidelog.replication.messages import (
     VoteRequest,
     VoteResponse,
 )
-from tidelog.replication.replica import LEADER_CHANGE_CONTROL_KEY, Ready, ReplicaConfig, Role
+from tidelog.replication.replica import (
+    LEADER_CHANGE_CONTROL_KEY,
+    Ready,
+    Replica,
+    ReplicaConfig,
+    Role,
+)
 from tidelog.testing.sim import SimNode, SimParams, Simulation, SimulationFailure, Waiter
 
 
@@ -130,7 +137,7 @@ class Scenario(Simulation):
     def send(self, src: int, dst: int, message: Message | Heartbeat, directory: str = "") -> None:
         if isinstance(message, Heartbeat):
             raise InvariantBroken("scripts run without liveness")
-        self._check_vote(src, dst, message)
+        self.checkers.votes.sent(src, dst, message, self.nodes[src].log)
         self._announce(self.nodes[src])
         self.queue.append(Queued(src, dst, message, directory if self.directories else ""))
         self.out.append(f"{src}->{dst} {format_message(message)}")
@@ -274,129 +281,195 @@ def _link(text: str) -> tuple[int, int]:
     return int(a), int(b)
 
 
+# The commands, each a handler of (scenario, plain arguments, key=value options).
+Handler = Callable[[Scenario, list[str], dict[str, str]], None]
+
+
+def _new_scenario(plain: list[str], opts: dict[str, str]) -> Scenario:
+    """`nodes N [fetch-max-bytes=B] [flush=auto|manual] [fault=NAME] [directories=on]
+    [learners=L] [spares=S]`"""
+    faults = frozenset(v for k, v in opts.items() if k == "fault")
+    return Scenario(
+        int(plain[0]),
+        int(opts.get("fetch-max-bytes", 1 << 20)),
+        opts.get("flush", "auto") == "auto",
+        faults,
+        opts.get("directories", "off") == "on",
+        int(opts.get("learners", 0)),
+        int(opts.get("spares", 0)),
+    )
+
+
+def _live_replica(sim: Scenario, node_id: str) -> tuple[SimNode, Replica]:
+    node = sim.nodes[int(node_id)]
+    if node.replica is None:
+        raise InvariantBroken("node.replica is not None")
+    return node, node.replica
+
+
+def _campaign(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    node, replica = _live_replica(sim, plain[0])
+    replica.campaign(pre_vote=opts.get("prevote", "true") != "false")
+    sim.process_ready(node)
+
+
+def _stand(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    node, replica = _live_replica(sim, plain[0])
+    replica.stand()
+    sim.process_ready(node)
+
+
+def _propose(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    offset = sim.propose(int(plain[0]), plain[1].encode(), opts.get("acks", "all"))
+    sim.out.append(f"appended at {offset}" if offset is not None else "refused: not the leader")
+
+
+def _deliver(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    src, dst = _link(plain[0])
+    sim.deliver(src, dst, int(opts["count"]) if "count" in opts else None)
+
+
+def _drop(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    if plain[0] == "all":
+        dropped = len(sim.queue)
+        sim.queue.clear()
+    else:
+        src, dst = _link(plain[0])
+        before = len(sim.queue)
+        sim.queue = [q for q in sim.queue if (q.src, q.dst) != (src, dst)]
+        dropped = before - len(sim.queue)
+    sim.out.append(f"dropped {dropped}")
+
+
+def _stabilize(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    sim.stabilize({int(p) for p in plain} or None)
+
+
+def _flush(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    targets = {int(p) for p in plain} or set(sim.node_ids)
+    for n in sorted(targets):
+        node = sim.nodes[n]
+        if node.flush is not None and node.driver is not None:
+            job, _ = node.flush
+            node.flush = None
+            node.log.complete_flush(job)
+            sim.out.append(f"{n} flushed to {node.log.durable_end_offset}")
+            node.driver.flushed()
+
+
+def _tick(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    count = int(plain[0])
+    ticked = [int(p) for p in plain[1:]] or sim.node_ids
+    for _ in range(count):
+        sim.now += 1
+        for n in ticked:
+            node = sim.nodes[n]
+            if node.driver is not None:
+                node.driver.tick()
+
+
+def _crash(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    sim.crash(int(plain[0]))
+    sim.queue = [q for q in sim.queue if q.dst != int(plain[0])]
+    sim.out.append(f"{plain[0]} crashed")
+
+
+def _wipe(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    sim.wipe(int(plain[0]))
+
+
+def _restart(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    sim.restart(int(plain[0]))
+
+
+def _partition(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    left, _, right = " ".join(plain).partition("|")
+    a = [int(x) for x in left.split()]
+    b = [int(x) for x in right.split()]
+    for x in a:
+        for y in b:
+            sim.blocked.update({(x, y), (y, x)})
+    sim.out.append(f"partitioned {a} | {b}")
+
+
+def _heal(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    sim.blocked.clear()
+    sim.out.append("healed")
+
+
+def _reassign(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    sim.set_target(tuple(sorted(int(p) for p in plain)))
+    sim.out.append(f"target voters {','.join(plain)}")
+
+
+def _log_start(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    node = sim.nodes[int(plain[0])]
+    if not (node.replica is not None and node.driver is not None):
+        raise InvariantBroken("node.replica is not None and node.driver is not None")
+    before = node.log.log_start_offset
+    target = int(plain[1]) if len(plain) > 1 else node.log.high_watermark
+    node.replica.advance_log_start(target)
+    node.log.delete_segments_below_log_start()
+    sim.process_ready(node)
+    sim.out.append(f"log start {before} -> {node.log.log_start_offset} on {plain[0]}")
+
+
+def _status(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    sim.out.extend(sim.status())
+
+
+def _acks(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    for value, offset in sorted(sim.acked.items(), key=lambda kv: kv[1]):
+        sim.out.append(f"acks=all {value.decode()}@{offset}")
+    for value, offset in sorted(sim.acked_one.items(), key=lambda kv: kv[1]):
+        sim.out.append(f"acks=1 {value.decode()}@{offset}")
+
+
+def _check(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    for node in sim.nodes.values():
+        if node.replica is not None:
+            sim.checkers.check_node(node)
+    sim.checkers.check_log_matching()
+    sim.out.append("invariants hold")
+
+
+COMMANDS: dict[str, Handler] = {
+    "campaign": _campaign,
+    "stand": _stand,
+    "propose": _propose,
+    "deliver": _deliver,
+    "drop": _drop,
+    "stabilize": _stabilize,
+    "flush": _flush,
+    "tick": _tick,
+    "crash": _crash,
+    "wipe": _wipe,
+    "restart": _restart,
+    "partition": _partition,
+    "heal": _heal,
+    "reassign": _reassign,
+    "log-start": _log_start,
+    "status": _status,
+    "acks": _acks,
+    "check": _check,
+}
+
+
 def run_command(sim: Scenario | None, line: str) -> tuple[Scenario | None, list[str]]:
     words = shlex.split(line)
     cmd, args = words[0], words[1:]
     opts = dict(a.split("=", 1) for a in args if "=" in a)
     plain = [a for a in args if "=" not in a]
     if cmd == "nodes":
-        faults = frozenset(v for k, v in opts.items() if k == "fault")
-        sim = Scenario(
-            int(plain[0]),
-            int(opts.get("fetch-max-bytes", 1 << 20)),
-            opts.get("flush", "auto") == "auto",
-            faults,
-            opts.get("directories", "off") == "on",
-            int(opts.get("learners", 0)),
-            int(opts.get("spares", 0)),
-        )
-        return sim, ["ok"]
+        return _new_scenario(plain, opts), ["ok"]
     if sim is None:
         raise InvariantBroken("the first command must be `nodes`")
     sim.out = []
     try:
-        if cmd == "campaign":
-            node = sim.nodes[int(plain[0])]
-            if node.replica is None:
-                raise InvariantBroken("node.replica is not None")
-            node.replica.campaign(pre_vote=opts.get("prevote", "true") != "false")
-            sim.process_ready(node)
-        elif cmd == "stand":
-            node = sim.nodes[int(plain[0])]
-            if node.replica is None:
-                raise InvariantBroken("node.replica is not None")
-            node.replica.stand()
-            sim.process_ready(node)
-        elif cmd == "propose":
-            offset = sim.propose(int(plain[0]), plain[1].encode(), opts.get("acks", "all"))
-            sim.out.append(
-                f"appended at {offset}" if offset is not None else "refused: not the leader"
-            )
-        elif cmd == "deliver":
-            src, dst = _link(plain[0])
-            sim.deliver(src, dst, int(opts["count"]) if "count" in opts else None)
-        elif cmd == "drop":
-            if plain[0] == "all":
-                dropped = len(sim.queue)
-                sim.queue.clear()
-            else:
-                src, dst = _link(plain[0])
-                before = len(sim.queue)
-                sim.queue = [q for q in sim.queue if (q.src, q.dst) != (src, dst)]
-                dropped = before - len(sim.queue)
-            sim.out.append(f"dropped {dropped}")
-        elif cmd == "stabilize":
-            sim.stabilize({int(p) for p in plain} or None)
-        elif cmd == "flush":
-            targets = {int(p) for p in plain} or set(sim.node_ids)
-            for n in sorted(targets):
-                node = sim.nodes[n]
-                if node.flush is not None and node.driver is not None:
-                    job, _ = node.flush
-                    node.flush = None
-                    node.log.complete_flush(job)
-                    sim.out.append(f"{n} flushed to {node.log.durable_end_offset}")
-                    node.driver.flushed()
-        elif cmd == "tick":
-            count = int(plain[0])
-            ticked = [int(p) for p in plain[1:]] or sim.node_ids
-            for _ in range(count):
-                sim.now += 1
-                for n in ticked:
-                    node = sim.nodes[n]
-                    if node.driver is not None:
-                        node.driver.tick()
-        elif cmd == "crash":
-            sim.crash(int(plain[0]))
-            sim.queue = [q for q in sim.queue if q.dst != int(plain[0])]
-            sim.out.append(f"{plain[0]} crashed")
-        elif cmd == "wipe":
-            sim.wipe(int(plain[0]))
-        elif cmd == "restart":
-            sim.restart(int(plain[0]))
-        elif cmd == "partition":
-            text = " ".join(plain)
-            left, _, right = text.partition("|")
-            a = [int(x) for x in left.split()]
-            b = [int(x) for x in right.split()]
-            for x in a:
-                for y in b:
-                    sim.blocked |= {(x, y), (y, x)}
-            sim.out.append(f"partitioned {a} | {b}")
-        elif cmd == "reassign":
-            sim.target = tuple(sorted(int(p) for p in plain))
-            for node in sim.nodes.values():
-                if node.driver is not None:
-                    node.driver.set_target(sim.target)
-            sim.out.append(f"target voters {','.join(plain)}")
-        elif cmd == "log-start":
-            node = sim.nodes[int(plain[0])]
-            if not (node.replica is not None and node.driver is not None):
-                raise InvariantBroken("node.replica is not None and node.driver is not None")
-            before = node.log.log_start_offset
-            target = int(plain[1]) if len(plain) > 1 else node.log.high_watermark
-            node.replica.advance_log_start(target)
-            node.log.delete_segments_below_log_start()
-            sim.process_ready(node)
-            sim.out.append(f"log start {before} -> {node.log.log_start_offset} on {plain[0]}")
-        elif cmd == "heal":
-            sim.blocked.clear()
-            sim.out.append("healed")
-        elif cmd == "status":
-            sim.out.extend(sim.status())
-        elif cmd == "acks":
-            for value, offset in sorted(sim.acked.items(), key=lambda kv: kv[1]):
-                sim.out.append(f"acks=all {value.decode()}@{offset}")
-            for value, offset in sorted(sim.acked_one.items(), key=lambda kv: kv[1]):
-                sim.out.append(f"acks=1 {value.decode()}@{offset}")
-        elif cmd == "check":
-            for node in sim.nodes.values():
-                if node.replica is not None:
-                    sim._check_node(node)
-            sim.check_log_matching()
-            sim.out.append("invariants hold")
-        else:
+        handler = COMMANDS.get(cmd)
+        if handler is None:
             raise ValueError(f"unknown command {cmd!r}")
+        handler(sim, plain, opts)
         sim.raise_deferred()
     except (SimulationFailure, AssertionError) as exc:
         first = str(exc).split("\n")[0]
