@@ -58,9 +58,10 @@ CORE_DOORS = frozenset(
 )
 
 # Functions longer than this many lines, and how many may be (a ratchet: lower it as they are
-# split, never raise it). Declarative code belongs in tables.
+# split, never raise it). Declarative code belongs in tables. None is left: a function that
+# grows past the limit is split when it does.
 FUNCTION_LINES_MAX = 80
-LONG_FUNCTIONS_MAX = 13
+LONG_FUNCTIONS_MAX = 0
 
 
 def module_name(path: Path) -> str:
