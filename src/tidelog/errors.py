@@ -19,8 +19,8 @@
     │   └── NotEnoughNodes(node_id)         remove-node would leave a partition short, or no node
     ├── UnsupportedApi
     ├── Timeout                             retriable
-    ├── FencedEpoch                         the sender's epoch is stale
-    ├── UnknownEpoch                        the sender's epoch is newer than ours (retriable)
+    ├── FencedLeaderEpoch                   the request's leader epoch is stale (retriable)
+    ├── UnknownLeaderEpoch                  the request's leader epoch is newer than ours (retriable)
     ├── CursorInvalidated(log_start, reason)
     ├── UnknownCursor
     ├── StorageFull                         retriable: writes resume when space returns
@@ -154,13 +154,25 @@ class Timeout(TidelogError):
     retriable = True
 
 
-class FencedEpoch(TidelogError):
+class FencedLeaderEpoch(TidelogError):
+    """KIP-320: the request named a leader epoch older than this replica knows. The client's
+    metadata is stale (it read from a deposed leader, say): refresh it and retry."""
+
     code = 74
+    retriable = True
 
 
-class UnknownEpoch(TidelogError):
+class UnknownLeaderEpoch(TidelogError):
+    """KIP-320: the request named a leader epoch newer than this replica knows: this replica is
+    behind (a deposed leader that has not heard of its successor). Retry elsewhere or later."""
+
     code = 75
     retriable = True
+
+
+# The names these errors had before KIP-320's were used (issue 34).
+FencedEpoch = FencedLeaderEpoch
+UnknownEpoch = UnknownLeaderEpoch
 
 
 class CursorInvalidated(TidelogError):

@@ -32,6 +32,7 @@ from tidelog.errors import TidelogError
 from tidelog.logs import FORMATS
 from tidelog.logs import configure as configure_logs
 from tidelog.node.failstop import EXIT_CODE as FAIL_STOP_EXIT_CODE
+from tidelog.protocol.api import CONSISTENCIES, LINEARIZABLE
 from tidelog.record.batch import Record
 from tidelog.version import __version__
 
@@ -288,6 +289,12 @@ def add_record_commands(sub: Any) -> None:
     consume.add_argument("--node", type=int, help="with --replica-read: read from this replica")
     consume.add_argument("--cursor", help="resume from this durable cursor and commit as it goes")
     consume.add_argument(
+        "--consistent",
+        action="store_true",
+        help="the end (the HW when it began) and --from latest are confirmed by a majority, "
+        "never a deposed leader's",
+    )
+    consume.add_argument(
         "--skip-invalid",
         action="store_true",
         help="pass over batches that cannot be read (see `tidelog status`) with a warning",
@@ -327,6 +334,14 @@ def add_table_commands(sub: Any) -> None:
     tscan.add_argument("topic")
     tscan.add_argument("--json", action="store_true")
     tscan.set_defaults(func=cmd_table)
+    for parser in (tget, tscan):
+        parser.add_argument(
+            "--consistency",
+            choices=CONSISTENCIES,
+            default=LINEARIZABLE,
+            help="linearizable (default: the latest acknowledged write), lease (no round trip; "
+            "assumes bounded clock drift) or serializable (the replica's state, maybe stale)",
+        )
 
 
 def add_status_commands(sub: Any) -> None:
@@ -692,6 +707,7 @@ async def _read_partition(
             prefer_node=args.node,
             cursor=args.cursor or "",
             skip_invalid=args.skip_invalid,
+            consistent=args.consistent,
         ):
             await out.put((partition, rec))
     except TidelogError as exc:
@@ -833,13 +849,13 @@ def cmd_table(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with client_of(args) as client:
             if args.table_command == "get":
-                value = await client.table_get(args.topic, args.key.encode())
+                value = await client.table_get(args.topic, args.key.encode(), args.consistency)
                 if value is None:
                     print(f"{args.key}: not found", file=sys.stderr)
                     return 1
                 print(value.decode("utf-8", "replace"))
                 return 0
-            rows = await client.table_scan(args.topic)
+            rows = await client.table_scan(args.topic, consistency=args.consistency)
             for key, value in rows:
                 k, v = key.decode("utf-8", "replace"), value.decode("utf-8", "replace")
                 print(json.dumps({"key": k, "value": v}) if args.json else f"{k}\t{v}")

@@ -362,15 +362,25 @@ class AsyncClient:
 
     # -- tables (tables.py) -----------------------------------------------------------------------
 
-    async def table_get(self, topic: str, key: bytes) -> bytes | None:
-        """The committed value of key in a table topic (None: absent)."""
-        return await self._tables.get(topic, key)
+    async def table_get(
+        self, topic: str, key: bytes, consistency: str = "linearizable"
+    ) -> bytes | None:
+        """The committed value of key in a table topic (None: absent). consistency (etcd's
+        names): "linearizable" (the default) returns the latest acknowledged write, its leader
+        confirmed by a majority (ReadIndex); "lease" skips that round trip while the leader's
+        lease runs (safe under bounded clock drift); "serializable" answers from the replica's
+        applied state, possibly stale."""
+        return await self._tables.get(topic, key, consistency)
 
     async def table_scan(
-        self, topic: str, partitions: list[int] | None = None
+        self,
+        topic: str,
+        partitions: list[int] | None = None,
+        consistency: str = "linearizable",
     ) -> list[tuple[bytes, bytes]]:
-        """Every committed key and value of a table topic (or of some of its partitions)."""
-        return await self._tables.scan(topic, partitions)
+        """Every committed key and value of a table topic (or of some of its partitions), each
+        partition as current as table_get's consistency says."""
+        return await self._tables.scan(topic, partitions, consistency)
 
     # -- writing (produce.py, idempotence.py) -----------------------------------------------------
 
@@ -448,6 +458,8 @@ class AsyncClient:
         include_control: bool = False,
         cursor: str = "",
         skip_invalid: bool = False,
+        consistent: bool = False,
+        leader_epoch: int = -1,
     ) -> FetchResult:
         """Records at offsets >= offset below the HW of the replica that answers. A batch that
         cannot be read (one written before batches were validated; `tidelog status` lists
@@ -461,14 +473,23 @@ class AsyncClient:
             include_control=include_control,
             cursor=cursor,
             skip_invalid=skip_invalid,
+            consistent=consistent,
+            leader_epoch=leader_epoch,
         )
         return await self._reader.fetch(topic, partition, offset, options)
 
     async def list_offsets(
-        self, topic: str, partition: int, spec: str = "latest", timestamp_ms: int = -1
+        self,
+        topic: str,
+        partition: int,
+        spec: str = "latest",
+        timestamp_ms: int = -1,
+        consistent: bool = False,
     ) -> int:
-        """earliest = log start, latest = HW, timestamp = first offset with ts >= timestamp_ms."""
-        return await self._reader.list_offsets(topic, partition, spec, timestamp_ms)
+        """earliest = log start, latest = HW, timestamp = first offset with ts >= timestamp_ms.
+        consistent: the leader confirms with a majority that it still leads before it answers,
+        so "latest" is never a deposed leader's HW (default: Kafka's semantics)."""
+        return await self._reader.list_offsets(topic, partition, spec, timestamp_ms, consistent)
 
     async def consume(
         self,
@@ -485,6 +506,7 @@ class AsyncClient:
         cursor: str = "",
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
+        consistent: bool = False,
     ) -> AsyncGenerator[Record, None]:
         """Records in offset order from start up to the HW as it is now (or on and on with
         follow); out-of-range offsets follow the reset policy (earliest, latest or none). The
@@ -499,6 +521,7 @@ class AsyncClient:
             cursor=cursor,
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
+            consistent=consistent,
         )
         batches = self._reader.consume_batches(topic, partition, start, options)
         async with contextlib.aclosing(batches):  # stopped early: the fetch ahead ends now
@@ -521,6 +544,7 @@ class AsyncClient:
         cursor: str = "",
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
+        consistent: bool = False,
     ) -> AsyncGenerator[list[Record], None]:
         """consume(), a fetch's worth of records at a time (at most max_bytes per fetch, as
         Kafka's max.partition.fetch.bytes; one batch larger than that still comes whole). With
@@ -536,6 +560,7 @@ class AsyncClient:
             cursor=cursor,
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
+            consistent=consistent,
         )
         batches = self._reader.consume_batches(topic, partition, start, options)
         async with contextlib.aclosing(batches):  # stopped early: the fetch ahead ends now

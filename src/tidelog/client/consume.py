@@ -44,6 +44,8 @@ class FetchOptions:
     include_control: bool = False
     cursor: str = ""
     skip_invalid: bool = False
+    consistent: bool = False  # the leader confirms it still leads first (ReadIndex)
+    leader_epoch: int = -1  # KIP-320: the leader epoch this client knows (-1: none)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ConsumeOptions:
     cursor: str = ""
     skip_invalid: bool = False
     max_bytes: int = CONSUME_FETCH_BYTES
+    consistent: bool = False  # the end (the HW when it began) is confirmed by a majority
 
     def fetch_options(self, node_id: int | None) -> FetchOptions:
         """Each of its fetches (only a consume that follows waits for records to come)."""
@@ -124,6 +127,8 @@ class Reader:
             options.min_bytes,
             options.replica_read,
             options.cursor,
+            options.leader_epoch,
+            options.consistent,
         )
         router = self._router
         timeout = options.max_wait_ms / 1000 + router.settings.request_timeout_s
@@ -155,17 +160,26 @@ class Reader:
         )
 
     async def list_offsets(
-        self, topic: str, partition: int, spec: str = "latest", timestamp_ms: int = -1
+        self,
+        topic: str,
+        partition: int,
+        spec: str = "latest",
+        timestamp_ms: int = -1,
+        consistent: bool = False,
     ) -> int:
-        request = api.ListOffsetsRequest(topic, partition, spec, timestamp_ms)
+        request = api.ListOffsetsRequest(
+            topic, partition, spec, timestamp_ms, consistent=consistent
+        )
         header, _ = await self._router.to_leader(topic, partition, ApiKey.LIST_OFFSETS, request)
         return api.decode(api.ListOffsetsResponse, header).offset
 
-    async def resolve_start(self, topic: str, partition: int, start: int | str) -> int:
+    async def resolve_start(
+        self, topic: str, partition: int, start: int | str, consistent: bool = False
+    ) -> int:
         if isinstance(start, int):
             return start
         if start in ("earliest", "latest"):
-            return await self.list_offsets(topic, partition, start)
+            return await self.list_offsets(topic, partition, start, consistent=consistent)
         if start.lstrip("-").isdigit():
             return int(start)
         raise InvalidRequest(f"start must be earliest, latest or an offset, not {start!r}")
@@ -212,9 +226,13 @@ class Reader:
     async def _opening_span(
         self, topic: str, partition: int, start: int | str, options: ConsumeOptions
     ) -> _Span:
-        offset = await self.resolve_start(topic, partition, start)
+        offset = await self.resolve_start(topic, partition, start, options.consistent)
         # Without follow, stop at the end as it is now; a busy partition would never end.
-        end = None if options.follow else await self.list_offsets(topic, partition, "latest")
+        end = (
+            None
+            if options.follow
+            else await self.list_offsets(topic, partition, "latest", consistent=options.consistent)
+        )
         if end is not None and offset > end:
             # Past the HW: the node would say so to a fetch, and so do we without one.
             error = OffsetOutOfRange(

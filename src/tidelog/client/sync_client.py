@@ -243,6 +243,8 @@ class Client:
         include_control: bool = False,
         cursor: str = "",
         skip_invalid: bool = False,
+        consistent: bool = False,
+        leader_epoch: int = -1,
     ) -> FetchResult:
         options = FetchOptions(
             max_bytes=max_bytes,
@@ -253,6 +255,8 @@ class Client:
             include_control=include_control,
             cursor=cursor,
             skip_invalid=skip_invalid,
+            consistent=consistent,
+            leader_epoch=leader_epoch,
         )
         return self._run(self._async._reader.fetch(topic, partition, offset, options))
 
@@ -265,9 +269,14 @@ class Client:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def list_offsets(
-        self, topic: str, partition: int, spec: str = "latest", timestamp_ms: int = -1
+        self,
+        topic: str,
+        partition: int,
+        spec: str = "latest",
+        timestamp_ms: int = -1,
+        consistent: bool = False,
     ) -> int:
-        return self._run(self._async.list_offsets(topic, partition, spec, timestamp_ms))
+        return self._run(self._async.list_offsets(topic, partition, spec, timestamp_ms, consistent))
 
     def consume(
         self,
@@ -284,6 +293,7 @@ class Client:
         cursor: str = "",
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
+        consistent: bool = False,
     ) -> Iterator[Record]:
         """Records in offset order (see AsyncClient.consume); one thread hop per fetch."""
         options = ConsumeOptions(
@@ -296,6 +306,7 @@ class Client:
             cursor=cursor,
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
+            consistent=consistent,
         )
         for records in self._consume_batches(topic, partition, start, options):
             yield from records
@@ -315,6 +326,7 @@ class Client:
         cursor: str = "",
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
+        consistent: bool = False,
     ) -> Iterator[list[Record]]:
         """Each fetch's records (see AsyncClient.consume_batches)."""
         options = ConsumeOptions(
@@ -327,6 +339,7 @@ class Client:
             cursor=cursor,
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
+            consistent=consistent,
         )
         yield from self._consume_batches(topic, partition, start, options)
 
@@ -440,13 +453,16 @@ class Client:
     ) -> int:
         return self._run(self._async.delete_records(topic, partition, before_offset, force))
 
-    def table_get(self, topic: str, key: bytes) -> bytes | None:
-        return self._run(self._async.table_get(topic, key))
+    def table_get(self, topic: str, key: bytes, consistency: str = "linearizable") -> bytes | None:
+        return self._run(self._async.table_get(topic, key, consistency))
 
     def table_scan(
-        self, topic: str, partitions: list[int] | None = None
+        self,
+        topic: str,
+        partitions: list[int] | None = None,
+        consistency: str = "linearizable",
     ) -> list[tuple[bytes, bytes]]:
-        return self._run(self._async.table_scan(topic, partitions))
+        return self._run(self._async.table_scan(topic, partitions, consistency))
 
     def producer(self, **options: Any) -> SyncProducer:
         return SyncProducer(self, Producer(self._async, **options))

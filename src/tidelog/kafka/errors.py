@@ -26,7 +26,7 @@ from tidelog.errors import (
     CursorInvalidated,
     DataLoss,
     DuplicateSequence,
-    FencedEpoch,
+    FencedLeaderEpoch,
     InconsistentClusterId,
     InvalidArchiveUrl,
     InvalidConfig,
@@ -54,7 +54,7 @@ from tidelog.errors import (
     Timeout,
     TopicAlreadyExists,
     UnknownCursor,
-    UnknownEpoch,
+    UnknownLeaderEpoch,
     UnknownNode,
     UnknownTopicOrPartition,
     UnsupportedApi,
@@ -113,8 +113,8 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     NotEnoughNodes: INVALID_REPLICATION_FACTOR,
     UnsupportedApi: UNSUPPORTED_VERSION,
     Timeout: REQUEST_TIMED_OUT,
-    FencedEpoch: 74,  # FENCED_LEADER_EPOCH
-    UnknownEpoch: 75,  # UNKNOWN_LEADER_EPOCH
+    FencedLeaderEpoch: 74,  # FENCED_LEADER_EPOCH
+    UnknownLeaderEpoch: 75,  # UNKNOWN_LEADER_EPOCH
     # A group whose cursor was invalidated reads from a position the log no longer has: the
     # consumer resets by its auto.offset.reset, as after Kafka's retention passed it.
     CursorInvalidated: OFFSET_OUT_OF_RANGE,

@@ -33,6 +33,7 @@ from tidelog.replication.driver import PartitionDriver
 from tidelog.replication.liveness import LivenessView
 from tidelog.replication.low_watermark import LowWatermark
 from tidelog.replication.messages import Message
+from tidelog.replication.read_index import lease_ticks
 from tidelog.replication.replica import (
     QuorumState,
     Ready,
@@ -632,6 +633,42 @@ class PartitionHost:
                 offset=target,
             ) from None
 
+    async def read_index(self, timeout_s: float, lease: bool = False) -> int:
+        """A linearizable read's index (replication/read_index.py): once a majority confirmed
+        this leadership after the call, the HW it had then, and the state machine (if any)
+        applied up to it. With lease, the leader's lease may confirm it at once. NotLeader when
+        this replica does not lead, or stops leading before a majority confirms it (a leader
+        cut off steps down within check-quorum); Timeout if neither happens in time."""
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+
+        def answer(index: int | None) -> None:
+            if not future.done():
+                future.set_result(index)
+
+        ticks = lease_ticks(self.replica.config.election_timeout_ticks) if lease else 0
+        try:
+            self.driver.read(answer, ticks)
+            index = await asyncio.wait_for(future, timeout_s)
+        except NotLeader:
+            raise NotLeader(f"{self.group}: not the leader", leader_hint=self.leader_hint) from None
+        except TimeoutError:
+            raise Timeout(
+                f"{self.group}: no majority confirmed this leader within {timeout_s:.1f}s"
+            ) from None
+        if index is None:
+            raise NotLeader(
+                f"{self.group}: the leadership ended before a majority confirmed the read",
+                leader_hint=self.leader_hint,
+            )
+        machine = self.state_machine
+        deadline = time.monotonic() + timeout_s
+        while machine is not None and machine.machine.applied_offset < index:
+            # (The driver applies what commits before it answers reads: this rarely waits.)
+            if time.monotonic() >= deadline:
+                raise Timeout(f"{self.group}: state not applied up to {index} in time")
+            await self.wait_for_change(deadline - time.monotonic())
+        return index
+
     async def wait_for_change(self, timeout_s: float) -> None:
         """Until the HW, the role or the log's contents change, or timeout."""
         if timeout_s <= 0:
@@ -689,6 +726,7 @@ class PartitionHost:
         long-polling reader wakes."""
         self.driver.stopped = True
         self._fail(self.driver.owed.fail_all(), NotLeader(f"{self.group}: {why}"))
+        self.driver.fail_reads()
         self.wake()
 
     async def abandon(self) -> None:

@@ -101,6 +101,12 @@ class FetchRequest:
     min_bytes: int = 1
     replica_read: bool = False  # allow a follower to answer (below its own HW)
     cursor: str = ""  # when set, the cursor's validity is checked (CursorInvalidated)
+    # KIP-320: the leader epoch the client knows (-1: none). A replica that knows a newer one
+    # answers FencedLeaderEpoch, one that knows only an older one UnknownLeaderEpoch.
+    leader_epoch: int = -1
+    # The leader confirms with a majority that it still leads before it answers (ReadIndex),
+    # so the HW it reports is never a deposed leader's.
+    consistent: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,8 @@ class ListOffsetsRequest:
     spec: str = "latest"  # earliest | earliest-local | latest | timestamp
     timestamp_ms: int = -1
     replica_read: bool = False
+    leader_epoch: int = -1  # as FetchRequest's
+    consistent: bool = False  # as FetchRequest's: "latest" is never a deposed leader's HW
 
 
 @dataclass(frozen=True)
@@ -423,6 +431,13 @@ class ArchiveResponse:
     accepted: list[dict[str, Any]]  # accept_loss: what was recorded lost now
 
 
+# How current a table read is (etcd's names; docs/design.md, "Reads that are current").
+LINEARIZABLE = "linearizable"  # ReadIndex: a majority confirms the leader; the default
+LEASE = "lease"  # the leader's lease, no round trip: safe under bounded clock drift
+SERIALIZABLE = "serializable"  # the answering replica's applied state: possibly stale
+CONSISTENCIES = (LINEARIZABLE, LEASE, SERIALIZABLE)
+
+
 @dataclass(frozen=True)
 class TableRequest:
     op: str  # get | scan
@@ -431,7 +446,11 @@ class TableRequest:
     key: str = ""  # base64
     after: str = ""  # base64: scan keys after this one
     limit: int = 1000
-    replica_read: bool = False
+    replica_read: bool = False  # the same as consistency="serializable"
+    # linearizable (ReadIndex: the latest acknowledged write), lease (the leader's lease, no
+    # round trip; assumes bounded clock drift), serializable (this replica's state, possibly
+    # stale): etcd's names (docs/design.md)
+    consistency: str = "linearizable"
 
 
 @dataclass(frozen=True)
@@ -440,6 +459,9 @@ class TableResponse:
     found: bool
     applied_offset: int
     high_watermark: int
+    consistency: str = "linearizable"  # what the answer guarantees (serializable: maybe stale)
+    node_id: int = -1  # the replica that answered
+    is_leader: bool = True
 
 
 REQUEST_TYPES: dict[ApiKey, type[Any]] = {

@@ -36,6 +36,14 @@ from dataclasses import dataclass
 from tidelog.invariant import invariant
 from tidelog.replication.quorum import quorum_offset
 
+# The lease is shorter than the election timeout by this share of it: it stays safe while the
+# clocks of any two nodes run at rates that differ by less (docs/design.md).
+LEASE_CLOCK_MARGIN = 0.2
+
+
+def lease_ticks(election_timeout_ticks: int) -> int:
+    return max(1, int(election_timeout_ticks * (1 - LEASE_CLOCK_MARGIN)))
+
 
 @dataclass(frozen=True, slots=True)
 class ConfirmedRead:

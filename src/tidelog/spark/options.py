@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidelog.errors import InvalidConfig
+from tidelog.protocol.api import CONSISTENCIES, LINEARIZABLE
 from tidelog.tls import TlsFiles
 
 EARLIEST = -2
@@ -104,6 +105,7 @@ class SourceOptions:
     cursor: str = ""
     cursor_backup: bool = False
     table: str = ""
+    consistency: str = "linearizable"  # of a table's reads (api.CONSISTENCIES)
     fetch_max_bytes: int = FETCH_BYTES_DEFAULT
     tls: TlsFiles | None = None
     token: str | None = field(default=None, repr=False)  # NAME:SECRET of a principal
@@ -248,6 +250,16 @@ def _text(opts: Mapping[str, str], name: str, default: str | None) -> str | None
     return opts.get(name.lower()) or default
 
 
+def _consistency(opts: Mapping[str, str], name: str, default: str) -> str:
+    """A table's reads: linearizable, lease or serializable (AsyncClient.table_get)."""
+    value = opts.get(name.lower()) or default
+    if value not in CONSISTENCIES:
+        raise InvalidConfig(
+            f"option '{name}' must be one of {', '.join(CONSISTENCIES)}, not {value!r}", key=name
+        )
+    return value
+
+
 def _tls_files(opts: Mapping[str, str], name: str, default: None) -> TlsFiles | None:
     """The options tls.ca, tls.cert and tls.key, together."""
     return _tls(opts)
@@ -265,6 +277,7 @@ _SOURCE_OPTIONS = (
     _Option("cursor", "cursor", _text, ""),
     _Option("cursor_backup", "cursorBackup", _flag, False),
     _Option("fetch_max_bytes", "fetchMaxBytes", _size, FETCH_BYTES_DEFAULT),
+    _Option("consistency", "consistency", _consistency, LINEARIZABLE),
     _Option("tls", "tls", _tls_files),
     _Option("token", "token", _text),
     _Option("archive_direct", "archive.direct", _flag, True),

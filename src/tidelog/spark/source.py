@@ -160,7 +160,7 @@ class TableReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         client = client_of(self.opts)
         p = int(partition.value)
-        entries = client.table_scan(self.opts.table, [p])
+        entries = client.table_scan(self.opts.table, [p], self.opts.consistency)
         if entries:
             yield table_batch(entries, self.opts.table, p, self.columns)
 

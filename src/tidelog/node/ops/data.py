@@ -15,11 +15,13 @@ from tidelog.errors import (
     ArchiveLost,
     CursorInvalidated,
     DuplicateSequence,
+    FencedLeaderEpoch,
     InvalidRequest,
     NotLeader,
     OffsetOutOfRange,
     StorageFull,
     TidelogError,
+    UnknownLeaderEpoch,
     UnknownTopicOrPartition,
     from_wire,
 )
@@ -33,6 +35,7 @@ from tidelog.node.ops.base import ConfiguredOps
 from tidelog.node.partition import PartitionHost
 from tidelog.node.state_machine import TableMachine
 from tidelog.protocol import api
+from tidelog.protocol.api import CONSISTENCIES, LEASE, SERIALIZABLE
 from tidelog.record.slices import BytesSlice
 from tidelog.record.validation import validate_produced
 from tidelog.replication.metadata import (
@@ -44,6 +47,9 @@ log = logging.getLogger(__name__)
 
 STORAGE_FULL_LOG_EVERY_S = 10.0  # a refused produce is logged at most this often
 REQUEST_TIMEOUT_MS_MAX = 300_000
+# A read waits this long at most for a majority to confirm its leader. A leader cut off steps
+# down within check-quorum and answers NotLeader well before; this bounds anything else.
+READ_CONFIRM_TIMEOUT_S = 10.0
 
 
 class DataOps(ConfiguredOps):
@@ -214,6 +220,7 @@ class DataOps(ConfiguredOps):
         wait_s = self.timeout_s(req.max_wait_ms)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        confirmed = False  # (consistent: a majority confirmed the leadership once, up front)
         while True:
             host = self.host(req.topic, req.partition)
             replica = host.replica
@@ -222,6 +229,11 @@ class DataOps(ConfiguredOps):
                     f"node {self.node_id} is not the leader of {host.group}",
                     leader_hint=host.leader_hint,
                 )
+            self.check_leader_epoch(host, req.leader_epoch)
+            if req.consistent and not confirmed:
+                await self.confirm_leadership(host)
+                confirmed = True
+                continue  # (the host, and what it holds, may have changed meanwhile)
             hlog = host.log
             hw = hlog.high_watermark
             limit = (
@@ -299,10 +311,16 @@ class DataOps(ConfiguredOps):
             return host.log.log_start_offset
         return self.archiver.log_start_offset(host)
 
-    def list_offsets(self, req: api.ListOffsetsRequest, payload: bytes) -> api.ListOffsetsResponse:
+    async def list_offsets(
+        self, req: api.ListOffsetsRequest, payload: bytes
+    ) -> api.ListOffsetsResponse:
         host = self.host(req.topic, req.partition)
         if not host.replica.is_leader and not req.replica_read:
             raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
+        self.check_leader_epoch(host, req.leader_epoch)
+        if req.consistent:
+            await self.confirm_leadership(host)
+            host = self.host(req.topic, req.partition)
         hlog = host.log
         hw = hlog.high_watermark
         start = self.log_start_offset(host)
@@ -370,16 +388,22 @@ class DataOps(ConfiguredOps):
         )
         return api.DeleteRecordsResponse(host.log.log_start_offset, [c.name for c in in_the_way])
 
-    def table(self, req: api.TableRequest, payload: bytes) -> api.TableResponse:
-        """A table topic's committed state: get one key or scan, from the applied state machine."""
+    async def table(self, req: api.TableRequest, payload: bytes) -> api.TableResponse:
+        """A table topic's committed state: get one key or scan, from the applied state machine,
+        as current as req.consistency asks (docs/design.md, "Reads that are current")."""
+        consistency = SERIALIZABLE if req.replica_read else req.consistency
+        if consistency not in CONSISTENCIES:
+            raise InvalidRequest(
+                f"consistency must be one of {', '.join(CONSISTENCIES)}, not {consistency!r}"
+            )
         host = self.host(req.topic, req.partition)
-        if not host.replica.is_leader and not req.replica_read:
-            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
         machine = host.state_machine.machine if host.state_machine is not None else None
         if not isinstance(machine, TableMachine):
             raise InvalidRequest(
                 f"topic {req.topic!r} is not a table (create it with --kind table)"
             )
+        if consistency != SERIALIZABLE:
+            await self.confirm_leadership(host, lease=consistency == LEASE)
         try:
             key = base64.b64decode(req.key, validate=True)
             after = base64.b64decode(req.after, validate=True) if req.after else None
@@ -398,5 +422,39 @@ class DataOps(ConfiguredOps):
         else:
             raise InvalidRequest(f"table op must be get or scan, not {req.op!r}")
         return api.TableResponse(
-            entries, bool(entries), state.applied_offset, host.log.high_watermark
+            entries,
+            bool(entries),
+            state.applied_offset,
+            host.log.high_watermark,
+            consistency,
+            self.node_id,
+            host.replica.is_leader,
         )
+
+    async def confirm_leadership(self, host: PartitionHost, lease: bool = False) -> int:
+        """ReadIndex (replication/read_index.py): NotLeader unless a majority confirms, after
+        this call, that this replica still leads; then its state covers every write any leader
+        acknowledged before the call. Returns the read index."""
+        if not host.replica.is_leader:
+            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
+        return await host.read_index(READ_CONFIRM_TIMEOUT_S, lease)
+
+    @staticmethod
+    def check_leader_epoch(host: PartitionHost, leader_epoch: int) -> None:
+        """KIP-320: a request that names the leader epoch its client knows."""
+        if leader_epoch < 0:
+            return
+        epoch = host.replica.epoch
+        if leader_epoch < epoch:
+            raise FencedLeaderEpoch(
+                f"{host.group}: the request's leader epoch {leader_epoch} is older than this "
+                f"replica's {epoch}: refresh the metadata",
+                leader_epoch=epoch,
+                leader_hint=host.leader_hint,
+            )
+        if leader_epoch > epoch:
+            raise UnknownLeaderEpoch(
+                f"{host.group}: the request's leader epoch {leader_epoch} is newer than this "
+                f"replica's {epoch}: it has not heard of that leader yet",
+                leader_epoch=epoch,
+            )
