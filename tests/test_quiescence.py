@@ -216,3 +216,31 @@ def test_a_partitioned_quiesced_leader_is_replaced_and_steps_down(seed: int) -> 
     assert sim.converged(), describe(sim)
     sim.check_final()
     assert b"during-partition" in sim.acked
+
+
+CHECK_QUORUM_TICKS = 40  # the simulator's (sim/cluster.py)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_write_to_a_cut_off_quiesced_leader_does_not_extend_its_leadership(seed: int) -> None:
+    """Check-quorum's promise (issue 34): a leader that has not heard a majority for
+    check_quorum_ticks steps down, whatever it does meanwhile. What extends a leadership is
+    only news from a voter: its fetch in the leader's epoch, or, while it is quiesced, its
+    node's liveness heartbeat. A write to the cut-off leader wakes its quiesced followers;
+    the wake used to count as hearing from them (their last fetch set to now), which kept a
+    leader cut off since C leading until the write's tick + check_quorum_ticks."""
+    sim = quiet_cluster(seed)
+    old = leader(sim).node_id
+    for other in sim.node_ids:
+        if other != old:
+            sim.blocked.update({(old, other), (other, old)})
+    cut_at = sim.now
+    for _ in range(10):  # less than the liveness timeout: the followers still look alive
+        sim.step(clients=False)
+    assert sim.propose(old, b"to-the-cut-off-leader", "1") is not None
+    took = ticks_until(sim, lambda: not sim.nodes[old].replica.is_leader, 200)  # type: ignore[union-attr]
+    assert took is not None, f"the cut-off leader still leads: {describe(sim)}"
+    led_for = sim.now - cut_at
+    assert led_for <= CHECK_QUORUM_TICKS + 2, (
+        f"led {led_for} ticks after it was cut off (check-quorum is {CHECK_QUORUM_TICKS})"
+    )
