@@ -7,13 +7,16 @@ the blocking Client's), built once by the public method that takes them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 from tidelog.client.fetched import FetchResult
 from tidelog.client.routing import Router
 from tidelog.errors import (
+    FencedLeaderEpoch,
     InvalidRequest,
     NetworkError,
     NotLeader,
@@ -63,9 +66,10 @@ class ConsumeOptions:
     max_bytes: int = CONSUME_FETCH_BYTES
     consistent: bool = False  # the end (the HW when it began) is confirmed by a majority
 
-    def fetch_options(self, node_id: int | None) -> FetchOptions:
+    def fetch_options(self, node_id: int | None, leader_epoch: int = -1) -> FetchOptions:
         """Each of its fetches (only a consume that follows waits for records to come)."""
         return FetchOptions(
+            leader_epoch=leader_epoch,
             max_bytes=self.max_bytes,
             max_wait_ms=self.max_wait_ms if self.follow else 0,
             replica_read=self.replica_read,
@@ -137,9 +141,7 @@ class Reader:
             address = router.node_address(node_id) or (await router.nodes())[node_id]
             header, payload = await router.call(address, ApiKey.FETCH, request, timeout_s=timeout)
         else:
-            header, payload = await router.to_leader(
-                topic, partition, ApiKey.FETCH, request, timeout_s=timeout
-            )
+            header, payload = await self._at_leader(topic, partition, request, timeout)
         resp = api.decode(api.FetchResponse, header)
         # Headers and CRCs are checked here, once; records are decoded when first asked for.
         batches = tuple(iter_headers(payload))
@@ -157,7 +159,23 @@ class Reader:
             options.skip_invalid,
             f"{topic}/{partition}",
             batches,
+            resp.leader_epoch,
         )
+
+    async def _at_leader(
+        self, topic: str, partition: int, request: api.FetchRequest, timeout: float
+    ) -> tuple[dict[str, Any], bytes]:
+        """A fetch at the leader. FencedLeaderEpoch: the leader knows a newer epoch than the one
+        we named, so ours was stale and the leader is newer still: read there, naming none."""
+        try:
+            return await self._router.to_leader(
+                topic, partition, ApiKey.FETCH, request, timeout_s=timeout
+            )
+        except FencedLeaderEpoch:
+            request = dataclasses.replace(request, leader_epoch=-1)
+            return await self._router.to_leader(
+                topic, partition, ApiKey.FETCH, request, timeout_s=timeout
+            )
 
     async def list_offsets(
         self,
@@ -191,8 +209,15 @@ class Reader:
             raise InvalidRequest(f"reset must be earliest, latest or none, got {options.reset!r}")
         span = await self._opening_span(topic, partition, start, options)
 
+        # The leader epoch we last read at (KIP-320): named in the next fetch, so a deposed
+        # leader we reach later refuses (UnknownLeaderEpoch) rather than serve an older log.
+        known_epoch = [-1]
+
         async def fetch_at(at: int) -> FetchResult:
-            return await self._fetch_preferred(topic, partition, at, options)
+            result = await self._fetch_preferred(topic, partition, at, options, known_epoch[0])
+            if not options.replica_read:
+                known_epoch[0] = max(known_epoch[0], result.leader_epoch)
+            return result
 
         # The next fetch is sent before this one's records are handed over, as Kafka's consumer
         # pipelines fetches: the node and the network work while the caller does.
@@ -247,16 +272,18 @@ class Reader:
         return _Span(offset, end, options.max_records)
 
     async def _fetch_preferred(
-        self, topic: str, partition: int, at: int, options: ConsumeOptions
+        self, topic: str, partition: int, at: int, options: ConsumeOptions, epoch: int = -1
     ) -> FetchResult:
-        """From the preferred replica while it answers (with replica_read), else the leader."""
+        """From the preferred replica while it answers (with replica_read), else the leader
+        (naming the leader epoch last read at: a follower's own epoch may lag, so not there)."""
         node = options.prefer_node if options.replica_read else None
+        epoch = -1 if options.replica_read else epoch
         try:
-            return await self.fetch(topic, partition, at, options.fetch_options(node))
+            return await self.fetch(topic, partition, at, options.fetch_options(node, epoch))
         except (NetworkError, NotLeader, UnknownTopicOrPartition):
             if node is None:
                 raise
-            return await self.fetch(topic, partition, at, options.fetch_options(None))
+            return await self.fetch(topic, partition, at, options.fetch_options(None, epoch))
 
 
 def _reset_offset(

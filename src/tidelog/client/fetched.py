@@ -42,6 +42,7 @@ class FetchResult:
     where: str = ""
     # (position, header) of each batch in raw, CRC-checked once when the answer arrived
     batches: tuple[tuple[int, BatchHeader], ...] | None = None
+    leader_epoch: int = -1  # the answering replica's epoch (KIP-320: name it in the next fetch)
 
     @cached_property
     def records(self) -> list[Record]:
