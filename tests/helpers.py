@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,15 +41,121 @@ def run_tidelog(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]
     )
 
 
-def wait_for(what: str, check: Any, timeout_s: float = 30.0) -> Any:
-    """check()'s first truthy value, asked every 50 ms; fails after timeout_s."""
+# -- waiting: the deadline loops of every test -----------------------------------------------
+# A test waits for something it cannot be told about (a process, a replica, a file) by asking
+# again until a deadline. These are the deadline loops of tests/ (test_tidy.py checks that no
+# other file has one, but for loads and soaks that run for a time on purpose): each wait is one
+# call that says what it waits for, and fails saying so.
+
+Errors = tuple[type[BaseException], ...]
+
+
+def _asked_until(
+    probe: Callable[[], Any],
+    accept: Callable[[Any], object],
+    timeout_s: float,
+    every_s: float,
+    tolerating: Errors,
+) -> tuple[bool, Any, BaseException | None]:
+    """(accepted, the last value, the last tolerated error): probe() asked every every_s until
+    accept() takes its value or an ask ends after timeout_s. An error in tolerating counts as
+    "not yet"."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value, error = None, None
+        try:
+            value = probe()
+        except tolerating as exc:
+            error = exc
+        else:
+            if accept(value):
+                return True, value, None
+        if time.monotonic() >= deadline:
+            return False, value, error
+        time.sleep(every_s)
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout_s: float = 30.0,
+    *,
+    every_s: float = 0.05,
+    tolerating: Errors = (),
+) -> Any:
+    """check()'s first truthy value, asked every every_s; fails after timeout_s naming what.
+    An error in tolerating is "not yet" (the failure names the last one as its cause)."""
+    done, value, error = _asked_until(check, bool, timeout_s, every_s, tolerating)
+    if not done:
+        raise AssertionError(f"timed out waiting for {what}") from error
+    return value
+
+
+def wait_for_value(
+    what: str,
+    probe: Callable[[], Any],
+    accept: Callable[[Any], object],
+    timeout_s: float = 30.0,
+    *,
+    every_s: float = 0.05,
+    tolerating: Errors = (),
+) -> Any:
+    """probe()'s first value that accept() takes, asked every every_s; fails after timeout_s
+    naming what and the last value probed (what the test saw instead)."""
+    done, value, error = _asked_until(probe, accept, timeout_s, every_s, tolerating)
+    if not done:
+        raise AssertionError(f"timed out waiting for {what}; the last value: {value!r}") from error
+    return value
+
+
+def retry(
+    what: str,
+    attempt: Callable[[], Any],
+    timeout_s: float = 30.0,
+    *,
+    every_s: float = 0.05,
+    tolerating: Errors,
+) -> Any:
+    """attempt()'s result, once it stops raising an error in tolerating (asked every every_s);
+    fails after timeout_s naming what, from the last error."""
+    done, value, error = _asked_until(attempt, lambda _: True, timeout_s, every_s, tolerating)
+    if not done:
+        raise AssertionError(f"timed out waiting for {what}") from error
+    return value
+
+
+def poll(
+    probe: Callable[[], Any],
+    timeout_s: float,
+    *,
+    accept: Callable[[Any], object] = bool,
+    every_s: float = 0.05,
+) -> Any:
+    """probe()'s first value that accept() takes (by default, its first truthy value), asked
+    every every_s, or its last value once timeout_s is up: for a caller to whom "not within
+    the time" is an answer, or who judges what it got by a check of its own."""
+    return _asked_until(probe, accept, timeout_s, every_s, ())[1]
+
+
+async def wait_for_async(
+    what: str,
+    check: Callable[[], Any],
+    timeout_s: float = 30.0,
+    *,
+    every_s: float = 0.05,
+) -> Any:
+    """wait_for on an event loop: check() may return an awaitable (an async def's call), and
+    the loop runs on between asks."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(every_s)
 
 
 # -- a node's /metrics, parsed with Prometheus's own parser ----------------------------------

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from helpers import poll, retry
 from tidelog.client.sync_client import Client
 from tidelog.errors import OutcomeUnknown, TidelogError
 from tidelog.protocol import api
@@ -303,10 +304,10 @@ def nemesis(lab: Lab, work: Workload, seconds: float, rng: random.Random) -> lis
 def check(lab: Lab, work: Workload) -> dict[str, Any]:
     final: dict[tuple[int, int], str] = {}
     with Client(lab.bootstrap, retries=10, request_timeout_ms=5000) as client:
-        deadline = time.monotonic() + 60
-        for p in range(work.partitions):
-            while leader_of(client, p) < 0 and time.monotonic() < deadline:
-                time.sleep(0.2)
+        # Up to 60 s for every partition to have a leader (the check reads on either way).
+        poll(
+            lambda: all(leader_of(client, p) >= 0 for p in range(work.partitions)), 60, every_s=0.2
+        )
         time.sleep(3)  # followers catch up after the heal
         for p in range(work.partitions):
             for record in client.consume(TOPIC, p, "earliest"):
@@ -346,20 +347,18 @@ def main() -> int:
         for n in lab.ids:
             lab.start(n)
         with Client(lab.bootstrap, retries=30, request_timeout_ms=3000) as admin:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    admin.create_topic(
-                        TOPIC,
-                        partitions=3,
-                        replication_factor=3,
-                        configs={"min.insync.replicas": "2", "hw.policy": args.hw_policy},
-                    )
-                    break
-                except TidelogError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
+            retry(
+                f"the cluster to create {TOPIC}",
+                lambda: admin.create_topic(
+                    TOPIC,
+                    partitions=3,
+                    replication_factor=3,
+                    configs={"min.insync.replicas": "2", "hw.policy": args.hw_policy},
+                ),
+                60,
+                every_s=0.5,
+                tolerating=(TidelogError,),
+            )
             for p in range(3):
                 while leader_of(admin, p) < 0:
                     time.sleep(0.1)

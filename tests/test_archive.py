@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from helpers import run_tidelog, wait_for
+from helpers import retry, run_tidelog, wait_for
 from tidelog.archive.manifest import (
     ArchivedSegment,
     Gap,
@@ -301,15 +301,13 @@ def produce_all(
     for base in range(first, first + count, per):
         time.sleep(pause_s)
         recs = [record(i) for i in range(base, min(base + per, first + count))]
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.produce(topic, recs, partition=0)
-                break
-            except TidelogError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        retry(
+            f"{topic}/0 to acknowledge the values from {base}",
+            lambda: client.produce(topic, recs, partition=0),  # noqa: B023 (asked in this turn)
+            60,
+            every_s=0.2,
+            tolerating=(TidelogError,),
+        )
         acked.extend(range(base, base + len(recs)))
     return acked
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for_value
 from tidelog.cli.cluster import LocalCluster, free_ports
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
@@ -273,13 +274,13 @@ def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) 
         assert "replication factor 3 (the default: min(3, nodes))" in created, created
         out = tidelog(bootstrap, "produce", "t", "--print-offsets", stdin="a\nb\n").stdout
         assert len(out.split("\n")) >= 2
-        deadline = time.monotonic() + 10  # the third replica may still be applying the topic
-        while True:
-            status = json.loads(tidelog(bootstrap, "status", "--json").stdout)
-            if all(len(p["replicas"]) == 3 for p in status["partitions"]):
-                break
-            assert time.monotonic() < deadline, status
-            time.sleep(0.2)
+        wait_for_value(  # the third replica may still be applying the topic
+            "three replicas of every partition in the status",
+            lambda: json.loads(tidelog(bootstrap, "status", "--json").stdout),
+            lambda status: all(len(p["replicas"]) == 3 for p in status["partitions"]),
+            10,
+            every_s=0.2,
+        )
         proc.send_signal(signal.SIGINT)
         rest = proc.communicate(timeout=30)[0]
         assert "cluster stopped" in rest and proc.returncode == 0

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from helpers import wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -26,29 +27,31 @@ FREEZES = 5
 
 
 def leader_of(client: Client, topic: str, partition: int = 0, timeout_s: float = 20) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def leader() -> int:
         rows = merge_status(client.status([topic]), topic)
         row = next((r for r in rows if r["partition"] == partition), None)
-        if row is not None and row["leader"] >= 0:
-            return int(row["leader"])
-        time.sleep(0.05)
-    raise AssertionError(f"no leader for {topic}/{partition}")
+        return int(row["leader"]) if row is not None else -1
+
+    what = f"a leader of {topic}/{partition}"
+    return int(wait_for_value(what, leader, lambda leader: leader >= 0, timeout_s))
 
 
 def wait_converged(
     client: Client, topic: str, replicas: int, timeout_s: float = 30
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def converged(row: dict[str, Any] | None) -> bool:
+        if row is None or row["leader"] < 0 or len(row["replicas"]) != replicas:
+            return False
+        ends = {(r["log_end_offset"], r["high_watermark"]) for r in row["replicas"].values()}
+        return len(ends) == 1 and row["log_end_offset"] == row["high_watermark"]
+
+    def first_row() -> dict[str, Any] | None:
         rows = merge_status(client.status([topic]), topic)
-        row = rows[0] if rows else None
-        if row is not None and row["leader"] >= 0 and len(row["replicas"]) == replicas:
-            ends = {(r["log_end_offset"], r["high_watermark"]) for r in row["replicas"].values()}
-            if len(ends) == 1 and row["log_end_offset"] == row["high_watermark"]:
-                return row
-        assert time.monotonic() < deadline, f"replicas did not converge: {row}"
-        time.sleep(0.1)
+        return rows[0] if rows else None
+
+    what = f"the replicas of {topic} to converge"
+    row: dict[str, Any] = wait_for_value(what, first_row, converged, timeout_s, every_s=0.1)
+    return row
 
 
 class Producer(threading.Thread):
@@ -133,10 +136,12 @@ def test_leader_killed_and_frozen_under_load(tmp_path: Path) -> None:
                 cluster.start(leader)
                 cluster.wait_ready()
                 before = len(producer.acked)
-                deadline = time.monotonic() + 15
-                while len(producer.acked) <= before and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                assert len(producer.acked) > before, "acknowledgements resume after a kill"
+                wait_for(
+                    "acknowledgements to resume after a kill",
+                    lambda: len(producer.acked) > before,  # noqa: B023 (asked in this turn)
+                    15,
+                    every_s=0.1,
+                )
             for _ in range(FREEZES):
                 time.sleep(rng.uniform(0.5, 1.5))
                 leader = leader_of(admin, "orders")
@@ -219,24 +224,31 @@ def test_min_insync_follower_reads_and_status(tmp_path: Path) -> None:
         victim = next(n for n in cluster.node_ids if n != leader)
         cluster.kill(victim)
         time.sleep(0.3)
-        deadline = time.monotonic() + 60
-        while True:
+
+        def refused() -> bool:
             try:
                 client.produce("t", [b"c"], partition=0, timeout_ms=2000)
             except NotEnoughReplicas:
-                break
-            except TidelogError:
-                pass
-            assert time.monotonic() < deadline, "acks=all must fail with NotEnoughReplicas"
-            time.sleep(0.5)
+                return True
+            return False
+
+        wait_for(
+            "acks=all to fail with NotEnoughReplicas",
+            refused,
+            60,
+            every_s=0.5,
+            tolerating=(TidelogError,),
+        )
         assert client.produce("t", [b"d"], partition=0, acks=1) is not None
         rows = merge_status(client.status(["t"]), "t")
         assert all(r["under_replicated"] for r in rows if r["leader"] >= 0)
         assert client.topic("t", refresh=True).partitions == 3
         cluster.start(victim)
         cluster.wait_ready()
-        wait_converged_all = time.monotonic() + 30
-        while any(r["under_replicated"] for r in merge_status(client.status(["t"]), "t")):
-            assert time.monotonic() < wait_converged_all
-            time.sleep(0.2)
+        wait_for(
+            "no partition of t under-replicated",
+            lambda: not any(r["under_replicated"] for r in merge_status(client.status(["t"]), "t")),
+            30,
+            every_s=0.2,
+        )
         assert client.produce("t", [b"e"], partition=0) is not None

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -182,10 +182,12 @@ def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path
         assert sorted(final.metadata_voters) == left
         assert final.removed_nodes == sorted([gone, dead])
         assert all(sorted(a) == left for a in client.topic("v", refresh=True).assignments)
-        deadline = time.monotonic() + 30
-        while any((tmp_path / f"node-{gone}").glob("v-*")):
-            assert time.monotonic() < deadline, "the removed node keeps its copies"
-            time.sleep(0.1)
+        wait_for(
+            "the removed node to delete its copies",
+            lambda: not any((tmp_path / f"node-{gone}").glob("v-*")),
+            30,
+            every_s=0.1,
+        )
         client.produce("v", [b"after"], partition=0)
 
         # The nodes left restart and still agree on who they are.
@@ -214,10 +216,16 @@ def test_a_node_started_to_join_waits_until_it_is_added_and_must_listen_where_ad
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         n = cluster.new_node()
         cluster.start(n)  # not added yet: it waits, and says so
-        deadline = time.monotonic() + 30
-        while "not a node of cluster" not in cluster.log_path(n).read_text():
-            assert time.monotonic() < deadline and cluster.alive(n)
-            time.sleep(0.1)
+
+        def says_it_waits() -> bool:
+            if "not a node of cluster" in cluster.log_path(n).read_text():
+                return True
+            assert cluster.alive(n), f"node {n} exited instead of waiting to be added"
+            return False
+
+        wait_for(
+            f"node {n} to say it is not a node of the cluster yet", says_it_waits, 30, every_s=0.1
+        )
         client.add_node(n, "127.0.0.1", cluster.ports[n], cluster.peer_ports[n])
         assert client.wait_for_node(n, "voter", timeout_s=60).metadata_role == "voter"
         client.create_topic("v", partitions=4, replication_factor=1)
@@ -256,13 +264,15 @@ def test_a_node_that_was_down_while_nodes_came_and_went_finds_its_way_back(
         cluster.start(3)
         cluster.wait_ready(node_ids=[3])
         with Client(cluster.address(3)) as on_three:
-            deadline = time.monotonic() + 60
-            while True:
-                seen = on_three.describe_cluster()
-                if seen.metadata_leader == four and four in [n.node_id for n in seen.nodes]:
-                    break
-                assert time.monotonic() < deadline, f"node 3 is stuck: {seen}"
-                time.sleep(0.2)
+            wait_for_value(
+                f"node 3 to see node {four} in the cluster and leading its metadata",
+                on_three.describe_cluster,
+                lambda seen: (
+                    seen.metadata_leader == four and four in [n.node_id for n in seen.nodes]
+                ),
+                60,
+                every_s=0.2,
+            )
             assert "later" in [t.name for t in on_three.list_topics()]
         assert "letting them in" in cluster.log_path(3).read_text()
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from helpers import poll
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -74,15 +75,12 @@ def leader_on_page(page: Page, partition: str) -> tuple[int, int]:
 
 
 def wait_page(page: Page, what: str, check: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            page.screenshot(path=str(artifacts() / f"timeout-{what.replace(' ', '-')}.png"))
-            raise AssertionError(f"the console never showed {what}")
-        time.sleep(0.05)
+    """check()'s first truthy value; a timeout leaves a screenshot of the page."""
+    value = poll(check, timeout_s)
+    if not value:
+        page.screenshot(path=str(artifacts() / f"timeout-{what.replace(' ', '-')}.png"))
+        raise AssertionError(f"the console never showed {what}")
+    return value
 
 
 def cluster_row(client: Client, topic: str) -> dict[str, Any]:

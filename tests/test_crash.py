@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.config import TopicConfig
@@ -54,10 +55,12 @@ def read_everything(bootstrap: str, at_least: int = 0) -> dict[int, bytes]:
     """Every committed record, once the HW has reached at_least. A restarted node's HW starts
     from its last checkpoint and catches up when it commits in its new epoch."""
     with Client(bootstrap) as client:
-        deadline = time.monotonic() + 20
-        while client.list_offsets("crash", 0, "latest") < at_least:
-            assert time.monotonic() < deadline, "the HW did not come back after a restart"
-            time.sleep(0.02)
+        wait_for(
+            f"the HW to come back to {at_least} after a restart",
+            lambda: client.list_offsets("crash", 0, "latest") >= at_least,
+            20,
+            every_s=0.02,
+        )
         return {r.offset: r.value or b"" for r in client.consume("crash", 0, "earliest")}
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import retry
 from test_cluster import leader_of
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
@@ -112,16 +113,16 @@ def test_no_acknowledged_record_is_lost_under_kills_and_pauses(tmp_path: Path, p
             if not cluster.alive(n):
                 cluster.start(n)
         cluster.wait_ready()
-        final: dict[int, dict[int, bytes | None]] = {}
-        deadline = time.monotonic() + 60
-        for p in range(PARTITIONS):
-            while True:
-                try:
-                    final[p] = {r.offset: r.value for r in admin.consume("jepsen", p)}
-                    break
-                except TidelogError:
-                    assert time.monotonic() < deadline, "the cluster did not recover"
-                    time.sleep(0.5)
+        final: dict[int, dict[int, bytes | None]] = retry(
+            "the cluster to recover (every partition read to its end)",
+            lambda: {
+                p: {r.offset: r.value for r in admin.consume("jepsen", p)}
+                for p in range(PARTITIONS)
+            },
+            60,
+            every_s=0.5,
+            tolerating=(TidelogError,),
+        )
     lost = [v for v, (p, o) in work.acked.items() if final[p].get(o) != v]
     stored = [v for log in final.values() for v in log.values()]
     duplicates = len(stored) - len(set(stored))

@@ -18,6 +18,7 @@ import pytest
 from kio.index import load_response_schema
 from kio.serial import entity_reader
 
+from helpers import wait_for, wait_for_value
 from test_kafka_bounds import HOSTILE, THE_20_BYTES, hostile_request
 from tidelog import errors
 from tidelog.cli.cluster import LocalCluster
@@ -214,12 +215,15 @@ def test_a_group_shares_partitions_takes_over_and_its_commits_hold_retention(
 
     first, second = member(), member()
     seen: dict[str, set[int]] = {"first": set(), "second": set()}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (seen["first"] and seen["second"]):
+
+    def both_read() -> bool:
         for name, c in (("first", first), ("second", second)):
             m = c.poll(0.2)
             if m is not None and not m.error():
                 seen[name].add(m.partition())
+        return bool(seen["first"] and seen["second"])
+
+    wait_for("both members to read records", both_read, 60, every_s=0)
     assert seen["first"] and seen["second"] and not seen["first"] & seen["second"], seen
     # Commit both partitions at offset 30 (from the first member, which then leaves).
     first_partitions = sorted(seen["first"])
@@ -231,12 +235,14 @@ def test_a_group_shares_partitions_takes_over_and_its_commits_hold_retention(
     )
     first.close()  # LeaveGroup: the second takes over both partitions
     taken: set[int] = set()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and taken != {0, 1}:
+
+    def took_both() -> bool:
         m = second.poll(0.2)
         if m is not None and not m.error():
             taken.add(m.partition())
-    assert taken == {0, 1}
+        return taken == {0, 1}
+
+    wait_for("the second member to read both partitions", took_both, 60, every_s=0)
     with Client(cluster.bootstrap) as client:
         cursors = {c["name"]: c for c in client.cursors()}
         assert cursors["sharers"]["topic"] == topic
@@ -259,12 +265,13 @@ def test_a_group_shares_partitions_takes_over_and_its_commits_hold_retention(
         starts = [log_start(client, topic, p) for p in (0, 1)]
         assert all(0 < s <= 30 for s in starts), starts
         second.commit(offsets=[TopicPartition(topic, p, 150) for p in (0, 1)], asynchronous=False)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            starts = [log_start(client, topic, p) for p in (0, 1)]
-            if all(s > 30 for s in starts):
-                break
-            time.sleep(0.2)
+        starts = wait_for_value(
+            "retention to delete past offset 30 once the group committed 150",
+            lambda: [log_start(client, topic, p) for p in (0, 1)],
+            lambda starts: all(s > 30 for s in starts),
+            20,
+            every_s=0.2,
+        )
         assert all(30 < s <= 150 for s in starts), starts
     assert committed(second, topic, 2) == {0: 150, 1: 150}
     second.close()
@@ -337,11 +344,17 @@ def test_a_leader_killed_under_an_idempotent_producer_and_a_group_loses_and_repe
     time.sleep(3.0)
     cluster.start(leader)
     threads[0].join(200)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not acked <= {v for _, _, v in read}:
-        time.sleep(0.2)
-    stop.set()
-    threads[1].join(60)
+    try:
+        wait_for_value(
+            "the group to read every acknowledged record (the value: how many it has not)",
+            lambda: len(acked - {v for _, _, v in read}),
+            lambda unread: unread == 0,
+            90,
+            every_s=0.2,
+        )
+    finally:
+        stop.set()
+        threads[1].join(60)
     assert len(acked) > total // 2, f"only {len(acked)} acknowledged; failures {failed[:3]}"
     assert sum(t > killed_at for t in acked_at) > 100, "the kill did not land while producing"
     values = [v for _, _, v in read]
@@ -375,12 +388,17 @@ def test_records_cross_between_the_kafka_port_and_tidelogs_client(cluster: Local
     )
     consumer.assign([TopicPartition(topic, 0, 0)])
     values = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(values) < 21:
+
+    def read_on() -> bool:
         m = consumer.poll(0.5)
         if m is not None and not m.error():
             values.append(m.value())
-    consumer.close()
+        return len(values) >= 21
+
+    try:
+        wait_for("21 records through the Kafka port", read_on, 30, every_s=0)
+    finally:
+        consumer.close()
     assert values == [b"v%d" % i for i in range(20)] + [b"from-tidelog"]
 
 
@@ -411,10 +429,14 @@ def test_a_group_outlives_its_coordinator_without_a_rebalance(cluster: LocalClus
             producer.produce(topic, value=b"%d" % i, partition=i % 3)
         assert producer.flush(60) == 0
         got = 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and got < n:
+
+        def read_on() -> bool:
+            nonlocal got
             m = consumer.poll(0.2)
             got += m is not None and not m.error()
+            return got >= n
+
+        wait_for(f"the group to read {n} records", read_on, 60, every_s=0)
         return got
 
     try:
@@ -445,10 +467,14 @@ def test_admin_clients_list_groups_on_any_node_and_get_kafkas_error_codes(
     member = group_member(cluster, "listed-group")
     try:
         member.subscribe(["listed"])
-        deadline = time.monotonic() + 60  # (joining took over 5 s on a loaded CI machine)
-        while not member.assignment() and time.monotonic() < deadline:
-            member.poll(0.5)
-        assert member.assignment(), "the member never joined its group"
+
+        def joined() -> bool:
+            if not member.assignment():
+                member.poll(0.5)
+            return bool(member.assignment())
+
+        # (joining took over 5 s on a loaded CI machine)
+        wait_for("the member to join its group", joined, 60, every_s=0)
         lister = AdminClient(kafka_config(cluster))  # (kept: its handle must outlive the call)
         listed = lister.list_consumer_groups().result(30)
         assert not listed.errors, listed.errors

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from helpers import wait_for, wait_for_async
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 
@@ -173,11 +174,16 @@ def test_kafka_python(cluster: LocalCluster) -> None:
     for tp in tps:
         start = found[tp].offset if found[tp] is not None else ends[tp]
         reader.seek(tp, start)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and len(since) < len(plan.second):
+
+    def read_on() -> bool:
         for records in reader.poll(500).values():
-            since += [(r.key, r.value, tuple(r.headers)) for r in records]
-    reader.close()
+            since.extend((r.key, r.value, tuple(r.headers)) for r in records)
+        return len(since) >= len(plan.second)
+
+    try:
+        wait_for("the second burst, read from its timestamp", read_on, 15, every_s=0)
+    finally:
+        reader.close()
     assert sorted(since) == sorted(plan.second)
 
     check_resume(cluster, plan, group, topic, produce, consume)
@@ -218,14 +224,17 @@ def test_aiokafka(cluster: LocalCluster) -> None:
         )
         await consumer.start()
         got: list[tuple[int, int, Row]] = []
+
+        async def read_on() -> bool:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                got.extend(
+                    (r.partition, r.offset, (r.key, r.value, tuple(r.headers))) for r in records
+                )
+            return len(got) >= n
+
         try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and len(got) < n:
-                batches = await consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    got += [
-                        (r.partition, r.offset, (r.key, r.value, tuple(r.headers))) for r in records
-                    ]
+            await wait_for_async(f"the group to read {n} records", read_on, 20, every_s=0)
             await consumer.commit()
         finally:
             await consumer.stop()
@@ -242,10 +251,15 @@ def test_aiokafka(cluster: LocalCluster) -> None:
             ends = await consumer.end_offsets(tps)
             for tp in tps:
                 consumer.seek(tp, found[tp].offset if found[tp] is not None else ends[tp])
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and len(got) < len(plan.second):
+
+            async def read_on() -> bool:
                 for records in (await consumer.getmany(timeout_ms=500)).values():
-                    got += [(r.key, r.value, tuple(r.headers)) for r in records]
+                    got.extend((r.key, r.value, tuple(r.headers)) for r in records)
+                return len(got) >= len(plan.second)
+
+            await wait_for_async(
+                "the second burst, read from its timestamp", read_on, 15, every_s=0
+            )
         finally:
             await consumer.stop()
         return got
@@ -303,13 +317,16 @@ def test_confluent_kafka(cluster: LocalCluster) -> None:
         )
         consumer.subscribe([topic])
         got = []
-        deadline = time.monotonic() + 30
+
+        def read_on() -> bool:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                headers = tuple(m.headers() or ())
+                got.append((m.partition(), m.offset(), (m.key(), m.value(), headers)))
+            return len(got) >= n
+
         try:
-            while time.monotonic() < deadline and len(got) < n:
-                m = consumer.poll(0.5)
-                if m is not None and not m.error():
-                    headers = tuple(m.headers() or ())
-                    got.append((m.partition(), m.offset(), (m.key(), m.value(), headers)))
+            wait_for(f"the group to read {n} records", read_on, 30, every_s=0)
             consumer.commit(asynchronous=False)
         finally:
             consumer.close()
@@ -324,12 +341,17 @@ def test_confluent_kafka(cluster: LocalCluster) -> None:
     )
     reader.assign(found)  # an offset of -1 (none that late) is the end
     since: list[Row] = []
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and len(since) < len(plan.second):
+
+    def read_on() -> bool:
         m = reader.poll(0.5)
         if m is not None and not m.error():
             since.append((m.key(), m.value(), tuple(m.headers() or ())))
-    reader.close()
+        return len(since) >= len(plan.second)
+
+    try:
+        wait_for("the second burst, read from its timestamp", read_on, 15, every_s=0)
+    finally:
+        reader.close()
     assert sorted(since) == sorted(plan.second)
 
     check_resume(cluster, plan, group, topic, produce, consume)
@@ -389,13 +411,14 @@ def test_kcat(cluster: LocalCluster) -> None:
         return parse(out)
 
     check_first_read(plan, group_read())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # kcat commits as it goes and when it leaves
-        positions = check_cursor(cluster, group, topic)
-        if sum(positions.values()) == len(plan.first) + len(plan.second):
-            break
-        time.sleep(0.2)
-    assert sum(positions.values()) == len(plan.first) + len(plan.second)
+    wait_for(  # kcat commits as it goes and when it leaves
+        "the group's cursor to hold the first two bursts",
+        lambda: (
+            sum(check_cursor(cluster, group, topic).values()) == len(plan.first) + len(plan.second)
+        ),
+        10,
+        every_s=0.2,
+    )
     produce([("none", r) for r in plan.third])
     assert sorted(r for _, _, r in group_read()) == sorted(plan.third)
 

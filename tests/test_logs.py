@@ -5,12 +5,12 @@ cursor invalidations, StorageFull."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers import wait_for
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import StorageFull
@@ -51,10 +51,12 @@ def test_json_logs_name_the_events_operators_act_on(tmp_path: Path) -> None:
         client._run(client.async_client.create_cursor("slow", "r", "earliest"))
         for _ in range(40):
             client.produce("r", [b"r" * 500], partition=0)
-        deadline = time.monotonic() + 20
-        while not named(events(cluster.log_path(1)), "segments_deleted"):
-            assert time.monotonic() < deadline, "the cleaner deleted nothing"
-            time.sleep(0.1)
+        wait_for(
+            "the cleaner to delete segments",
+            lambda: named(events(cluster.log_path(1)), "segments_deleted"),
+            20,
+            every_s=0.1,
+        )
         client.create_topic("f", configs=common)
         with pytest.raises(StorageFull):
             for _ in range(200):

@@ -30,14 +30,15 @@ FAST = {"retention.check.interval.ms": "100", "file.delete.delay.ms": "0"}
 
 def row(client: Client, topic: str, partition: int = 0) -> dict[str, Any]:
     """The partition's status row; a node that just restarted may still be opening it."""
-    deadline = time.monotonic() + 15
-    while True:
+
+    def found() -> dict[str, Any] | None:
         rows = merge_status(client.status([topic]), topic)
-        found = [r for r in rows if r["partition"] == partition]
-        if found or time.monotonic() > deadline:
-            assert found, f"{topic}/{partition} is not in the status after 15 s"
-            return found[0]
-        time.sleep(0.1)
+        return next((r for r in rows if r["partition"] == partition), None)
+
+    status_row: dict[str, Any] = wait_for(
+        f"{topic}/{partition} in the status", found, 15, every_s=0.1
+    )
+    return status_row
 
 
 def disk_use(directory: Path) -> int:

@@ -8,11 +8,11 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for_async
 from invalid_batches import INVALID, good
 from test_node import running_node
 from tidelog.client.async_client import AsyncClient
@@ -39,13 +39,14 @@ def append_as_an_old_version(
 
 
 async def wait_for_invalid(client: AsyncClient, topic: str, count: int) -> list[dict[str, object]]:
-    deadline = time.monotonic() + 20
-    while True:
+    async def reported() -> list[dict[str, object]] | None:
         status = await client.status([topic])
         found = [b for p in status[0]["partitions"] for b in p.get("invalid_batches", [])]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.1)
+        return found if len(found) >= count else None
+
+    what = f"{count} invalid batches of {topic} in the status"
+    found: list[dict[str, object]] = await wait_for_async(what, reported, 20, every_s=0.1)
+    return found
 
 
 def test_a_stream_with_an_old_invalid_batch_is_reported_and_readable_past_it(
@@ -157,11 +158,14 @@ def test_compaction_keeps_an_old_invalid_batch_as_it_is_and_compacts_the_rest(
     async def second() -> None:
         async with running_node(tmp_path) as (node, client):
             host = node.hosts["c/0"]
-            deadline = time.monotonic() + 30
-            while host.compactions == 0 and time.monotonic() < deadline:
+
+            async def compacted() -> bool:
+                if host.compactions > 0:
+                    return True
                 await client.produce("c", [ProducerRecord(b"tail", b"x" * 300)])
-                await asyncio.sleep(0.2)
-            assert host.compactions > 0
+                return False
+
+            await wait_for_async("a compaction of c/0", compacted, 30, every_s=0.2)
             records = [(r.key, r.value) async for r in client.consume("c", 0, skip_invalid=True)]
             latest = {k: v for k, v in records}
             assert latest[b"k2"] == b"v29" + b"." * 300

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import values_in
+from helpers import retry, values_in
 from test_cluster import leader_of
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster, free_ports
@@ -355,14 +355,13 @@ def test_under_kills_and_freezes_every_outcome_is_what_the_producer_was_told(
         finally:
             stop.set()
             thread.join(60)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                final = [(r.offset, r.value) for r in admin.consume("orders", 0)]
-                break
-            except TidelogError:
-                assert time.monotonic() < deadline
-                time.sleep(0.5)
+        final = retry(
+            "orders/0 to be readable again",
+            lambda: [(r.offset, r.value) for r in admin.consume("orders", 0)],
+            30,
+            every_s=0.5,
+            tolerating=(TidelogError,),
+        )
     values = [v for _, v in final]
     where = {v: o for o, v in final}
     assert len(values) == len(set(values)), "a record is stored twice"

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 
@@ -71,14 +71,14 @@ def test_the_readme_python_and_spark_snippets_run_as_written(tmp_path: Path) -> 
         assert "0 b'hello'" in outputs[0]
         events = [r.value for p in range(3) for r in client.consume("events", p, "earliest")]
         assert b"hello" in events and b"v" in events
-        deadline = time.monotonic() + 30
-        while True:
-            copied = sorted(
+        wait_for_value(
+            "the streaming block to copy every record of events",
+            lambda: sorted(
                 r.value
                 for p in range(client.topic("copy").partitions)
                 for r in client.consume("copy", p, "earliest")
-            )
-            if copied == sorted(events) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert copied == sorted(events)
+            ),
+            lambda copied: copied == sorted(events),
+            30,
+            every_s=0.2,
+        )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import poll, wait_for
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -103,13 +104,12 @@ def test_a_partition_moves_onto_an_added_node_under_acks_all_load_with_its_leade
         assert sorted(info.assignments[0]) == target and 0 not in info.reassigning
 
         # Every replica of the target holds the same log, with every acknowledged record.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def ends_agree() -> bool:
             reps = replicas_of(client, "t", 0)
             ends = {n: r.get("log_end_offset") for n, r in reps.items() if n in target}
-            if len(ends) == 3 and len(set(ends.values())) == 1:
-                break
-            time.sleep(0.2)
+            return len(ends) == 3 and len(set(ends.values())) == 1
+
+        poll(ends_agree, 30, every_s=0.2)  # (not a failure by itself: the logs are compared)
         logs = {
             n: [
                 r.value
@@ -127,10 +127,12 @@ def test_a_partition_moves_onto_an_added_node_under_acks_all_load_with_its_leade
         if not cluster.alive(old[0]):
             cluster.start(old[0])
             cluster.wait_ready()
-        deadline = time.monotonic() + 30
-        while (tmp_path / f"node-{old[0]}" / "t-0").exists():
-            assert time.monotonic() < deadline, "the leaving node keeps its copy"
-            time.sleep(0.1)
+        wait_for(
+            "the leaving node to delete its copy",
+            lambda: not (tmp_path / f"node-{old[0]}" / "t-0").exists(),
+            30,
+            every_s=0.1,
+        )
         assert (tmp_path / f"node-{new_node}" / "t-0").exists()
 
 
@@ -186,10 +188,12 @@ def test_a_single_replica_partition_moves_between_nodes_with_the_cli(tmp_path: P
             out = tidelog("topics", "describe", "one", "--bootstrap", cluster.address(node))
             assert f"partition 0  leader {dst}  replicas [{dst}]" in out, out
         client.produce("one", [b"after"], partition=0)
-        deadline = time.monotonic() + 30
-        while (tmp_path / f"node-{src}" / "one-0").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for(
+            f"node {src} to delete its copy of one/0",
+            lambda: not (tmp_path / f"node-{src}" / "one-0").exists(),
+            30,
+            every_s=0.1,
+        )
 
 
 def test_the_rebalance_plan_evens_out_replicas_and_leaders_and_is_then_done() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import poll
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -75,12 +76,12 @@ def test_a_killed_leader_of_quiesced_partitions_is_replaced_within_the_election_
         killed = time.monotonic()
         bound = ELECTION_TIMEOUT_S + 1.0
         with Client(cluster.address(survivor)) as watcher:
-            while True:
+
+            def still_leaderless() -> list[int]:
                 now = watcher.topic("t", refresh=True).leaders
-                waiting = [p for p in led if now[p] in (victim, -1)]
-                if not waiting or time.monotonic() - killed > 30:
-                    break
-                time.sleep(0.02)
+                return [p for p in led if now[p] in (victim, -1)]
+
+            waiting = poll(still_leaderless, 30, accept=lambda waiting: not waiting, every_s=0.02)
             took = time.monotonic() - killed
             assert not waiting, f"{len(waiting)} of {len(led)} partitions still leaderless"
             assert took <= bound, f"{len(led)} partitions led again after {took:.2f} s"

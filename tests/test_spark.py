@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
+from helpers import wait_for, wait_for_value
 from invalid_batches import INVALID
 from test_cluster import leader_of
 from tidelog.cli.cluster import LocalCluster
@@ -202,12 +203,15 @@ def test_kafka_producers_and_the_spark_source_and_sink_see_the_same_records(
     consumer = Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "reads-spark"})
     consumer.assign([TopicPartition("from-spark", p, 0) for p in (0, 1)])
     got = set()
-    deadline = time.monotonic() + 60
+
+    def read_on() -> bool:
+        m = consumer.poll(0.5)
+        if m is not None and not m.error():
+            got.add((m.key().decode(), m.value().decode()))
+        return len(got) >= len(rows)
+
     try:
-        while time.monotonic() < deadline and len(got) < len(rows):
-            m = consumer.poll(0.5)
-            if m is not None and not m.error():
-                got.add((m.key().decode(), m.value().decode()))
+        wait_for("the rows Spark wrote, through the Kafka port", read_on, 60, every_s=0)
     finally:
         consumer.close()
     assert got == set(rows)
@@ -296,15 +300,22 @@ def start_driver(work: Path, cluster: LocalCluster, crash_at: str = "") -> subpr
 
 
 def wait_batches(driver: subprocess.Popen[str], count: int, timeout_s: float = 120) -> list[str]:
+    """The driver's output lines until it has reported count batches, or its output ended."""
+    stdout = driver.stdout
+    assert stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    assert driver.stdout is not None
-    while len([line for line in lines if line.startswith("batch")]) < count:
-        assert time.monotonic() < deadline, f"driver made too little progress: {lines}"
-        line = driver.stdout.readline()
-        if not line:
-            break
-        lines.append(line.strip())
+
+    def read_line() -> tuple[bool, list[str]]:  # (the output ended, every line so far)
+        line = stdout.readline()
+        if line:
+            lines.append(line.strip())
+        return not line, lines
+
+    def enough(read: tuple[bool, list[str]]) -> bool:
+        ended, seen = read
+        return ended or len([line for line in seen if line.startswith("batch")]) >= count
+
+    wait_for_value(f"{count} batches from the driver", read_line, enough, timeout_s, every_s=0)
     return lines
 
 
@@ -360,11 +371,14 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
         feeder.halt.set()
         feeder.join(30)
         total = sum(client.list_offsets("copy_in", p) for p in range(3))
-        deadline = time.monotonic() + 120
-        while sum(client.list_offsets("copy_out", p) for p in range(3)) < total:
+
+        def caught_up() -> bool:
+            if sum(client.list_offsets("copy_out", p) for p in range(3)) >= total:
+                return True
             assert third.poll() is None, "driver died"
-            assert time.monotonic() < deadline, "the copy did not catch up"
-            time.sleep(1)
+            return False
+
+        wait_for("the copy to catch up", caught_up, 120, every_s=1)
         print("caught up", time.monotonic() - t0)
         time.sleep(3)  # a duplicate would arrive now, if any
         kill_group(third)
@@ -432,10 +446,12 @@ def test_cursor_holds_retention_until_its_cap_then_fail_on_data_loss_both_ways(
 
     # Abandoned: past cursor.max.idle.ms the cursor stops holding, and retention deletes.
     fill(120, 180)
-    deadline = time.monotonic() + 60
-    while not client.cursors("held-q")[0]["invalidated"] or log_start() <= 130:
-        assert time.monotonic() < deadline, "the cursor was never invalidated"
-        time.sleep(0.2)
+    wait_for(
+        "the cursor to be invalidated and retention to delete past 130",
+        lambda: client.cursors("held-q")[0]["invalidated"] and log_start() > 130,
+        60,
+        every_s=0.2,
+    )
     lost_until = log_start()
 
     with pytest.raises(Exception, match="failOnDataLoss") as failure:
@@ -527,10 +543,12 @@ def test_compaction_gaps_are_not_data_loss(
         )
     for i in range(40):  # filler, so that every version above sits in closed segments
         client.produce("compacted", [ProducerRecord(b"filler%d" % i, b"f" * 100)], partition=0)
-    deadline = time.monotonic() + 60
-    while len([o for o in committed(client, "compacted", 0) if o < 50]) > 10:
-        assert time.monotonic() < deadline, "no compaction"
-        time.sleep(0.2)
+    wait_for(
+        "compaction to leave at most 10 records below offset 50",
+        lambda: len([o for o in committed(client, "compacted", 0) if o < 50]) <= 10,
+        60,
+        every_s=0.2,
+    )
     log = committed(client, "compacted", 0)
     assert len(log) < 90 and client.list_offsets("compacted", 0, "earliest") == 0
     # failOnDataLoss is on (the default): the gaps compaction leaves are not loss.
@@ -600,11 +618,14 @@ def test_every_invalid_batch_is_refused_and_every_reader_keeps_reading(
         )
 
     every_reader_reads()
-    deadline = time.monotonic() + 60
-    while compactions() == 0:
-        assert time.monotonic() < deadline, "no compaction"
+
+    def compacted() -> bool:
+        if compactions():
+            return True
         client.produce("poison-compact", [ProducerRecord(b"k1", b"x" * 200)])
-        time.sleep(0.2)
+        return False
+
+    wait_for("a compaction of poison-compact", compacted, 60, every_s=0.2)
     client.produce("poison-compact", [ProducerRecord(b"k1", b"after1")])
     cluster.stop_all()
     cluster.start()

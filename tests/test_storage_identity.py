@@ -8,12 +8,11 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import poll, wait_for
 from tidelog.cli.cluster import LocalCluster, free_ports
 from tidelog.client.sync_client import Client
 from tidelog.storage.identity import read_identity
@@ -32,12 +31,9 @@ def serve(data: Path, *args: str, wait_s: float = 20) -> subprocess.CompletedPro
         text=True,
     )
     assert proc.stdout is not None
-    deadline = time.monotonic() + wait_s
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line or "listening" in line:
-            break
+    line = poll(  # the line that says it listens, else the last one read ("" at the end)
+        proc.stdout.readline, wait_s, accept=lambda line: not line or "listening" in line, every_s=0
+    )
     proc.terminate()
     out, err = proc.communicate(timeout=20)
     return subprocess.CompletedProcess(proc.args, proc.returncode, line + out, err)

@@ -253,3 +253,76 @@ def test_every_benchmark_imports() -> None:
                 del sys.modules[spec.name]
     finally:
         sys.path.remove(str(bench))
+
+
+# -- waits in tests: one deadline loop, in helpers.py ----------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+# Loops on the clock that are not waits: they run for a time on purpose. Every other loop of
+# tests/ that compares the clock is a call to helpers.py's wait_for family instead.
+CLOCK_LOOPS_ALLOWED = {
+    "netlab.py:probe_isolated": "produces to a cut-off leader for a window",
+    "netlab.py:nemesis": "faults for the run's seconds",
+    "test_jepsen.py:nemesis": "kills and pauses for the soak's seconds",
+    "test_fuzz.py:test_grammar_aware_fuzzing_never_breaks_a_live_node": "fuzzes for FUZZ_SECONDS",
+    "test_replaced_disk.py:test_a_replaced_disk_never_elects_a_leader_without_acknowledged_records": (
+        "no leader for all of 6 s: a condition that must hold throughout, not one awaited"
+    ),
+    "test_trust.py:timed_requests": "a well-formed client's load for N seconds",
+    "test_trust.py:stall": "sends a stalled frame for up to 6 s",
+    "test_trust.py:attack": "sends without reading for up to 4 s",
+    "test_turns.py:busy": "keeps the CPU busy",
+}
+CLOCKS = {"monotonic", "time", "perf_counter"}
+
+
+def compares_the_clock(node: ast.AST) -> bool:
+    """A comparison with time.monotonic(), time.time() or time.perf_counter() in it."""
+    return any(
+        isinstance(sub, ast.Compare)
+        and any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in CLOCKS
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == "time"
+            for call in ast.walk(sub)
+        )
+        for sub in ast.walk(node)
+    )
+
+
+def clock_loops(source: str) -> list[str]:
+    """The function around every while loop that compares the clock (in its test or its body),
+    as "name:line": a deadline loop of its own."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = function
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = child.name
+            if isinstance(child, ast.While) and compares_the_clock(child):
+                found.append(f"{name}:{child.lineno}")
+            visit(child, name)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_tests_wait_with_the_helpers_not_loops_of_their_own() -> None:
+    sample = "def f():\n    end = time.monotonic() + 5\n    while True:\n"
+    sample += "        assert time.monotonic() < end\n        time.sleep(0.1)\n"
+    assert clock_loops(sample) == ["f:3"], "the check sees a deadline loop"
+    assert clock_loops("wait_for('x', lambda: True, 5)\n") == []
+    found = {
+        f"{path.name}:{loop}"
+        for path in sorted(TESTS.glob("*.py"))
+        if path.name != "helpers.py"
+        for loop in clock_loops(path.read_text())
+    }
+    allowed = {loop for loop in found if loop.rpartition(":")[0] in CLOCK_LOOPS_ALLOWED}
+    assert sorted(found - allowed) == [], "wait with helpers.wait_for (or its kin) instead"
+    stale = set(CLOCK_LOOPS_ALLOWED) - {loop.rpartition(":")[0] for loop in allowed}
+    assert stale == set(), "allowed loops that are gone: take them off CLOCK_LOOPS_ALLOWED"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import run_tidelog
+from helpers import run_tidelog, wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import AuthenticationFailed, InvalidConfig, TidelogError
@@ -140,12 +140,17 @@ def test_kafka_clients_speak_tls_to_the_kafka_port(cluster: LocalCluster, certs:
     )
     reader.subscribe(["via-kafka-tls"])
     seen: list[bytes] = []
-    deadline = time.monotonic() + 60
-    while len(seen) < 10 and time.monotonic() < deadline:
+
+    def read_on() -> bool:
         m = reader.poll(0.5)
         if m is not None and m.error() is None:
             seen.append(m.value())
-    reader.close()
+        return len(seen) >= 10
+
+    try:
+        wait_for("10 records through the TLS Kafka port", read_on, 60, every_s=0)
+    finally:
+        reader.close()
     assert seen == got + [b"confluent-%d" % i for i in range(5)]
 
 
@@ -255,22 +260,26 @@ def test_silent_tls_handshakes_count_against_the_limits_and_time_out(
             f"https://127.0.0.1:{http_port}/metrics", timeout=10, context=context
         ) as page:
             assert page.status == 200  # 40 of the 60 silent ones held places: one made room
-        deadline = time.monotonic() + 10
-        open_ones = silent
-        while open_ones and time.monotonic() < deadline:
-            time.sleep(0.5)
-            still = []
-            for s in open_ones:
+
+        def how_many_open() -> int:
+            still = 0
+            for s in silent:
                 s.setblocking(False)
                 try:
-                    if s.recv(1) != b"":
-                        still.append(s)
+                    still += s.recv(1) != b""
                 except BlockingIOError:
-                    still.append(s)  # nothing yet: still open
+                    still += 1  # nothing yet: still open
                 except OSError:
                     pass  # reset: closed by the node
-            open_ones = still
-        assert not open_ones, f"{len(open_ones)} silent handshakes still open"
+            return still
+
+        wait_for_value(
+            "the node to close every silent handshake (the value: how many are open)",
+            how_many_open,
+            lambda still: still == 0,
+            10,
+            every_s=0.5,
+        )
         assert proc.poll() is None
     for s in silent:
         s.close()

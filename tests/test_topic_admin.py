@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from helpers import wait_for, wait_for_async
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.async_client import AsyncClient
@@ -41,7 +42,11 @@ def test_a_deleted_topic_takes_its_data_and_cursors_and_never_comes_back(tmp_pat
             assert resp.deleted_cursors == ["etl", "nightly"]
             assert "t" not in {t.name for t in await client.list_topics()}
             assert await client.cursors() == []
-            await wait_until(lambda: not (tmp_path / "node" / "t-0").exists())
+            await wait_for_async(
+                "the deleted topic's directory to go",
+                lambda: not (tmp_path / "node" / "t-0").exists(),
+                15,
+            )
             with pytest.raises(UnknownTopicOrPartition):
                 await client.fetch("t", 0, 0)
             with pytest.raises(UnknownTopicOrPartition):
@@ -76,7 +81,7 @@ def test_alter_applies_configs_live_and_the_cleaner_follows(tmp_path: Path) -> N
             )
             assert resp.configs["retention.bytes"] == "2048"
             assert resp.configs["segment.bytes"] == "1024", "other overrides are kept"
-            await wait_until(lambda: host.log.log_start_offset > 0)
+            await wait_for_async("retention to delete", lambda: host.log.log_start_offset > 0, 15)
             assert host.config.retention_bytes == 2048
             row = merge_status(await client.status(["t"]), "t")[0]
             assert "retention.bytes" in row["low_watermark"]["set_by"]
@@ -148,24 +153,15 @@ def test_a_node_down_while_its_topic_was_deleted_and_recreated_keeps_no_old_data
 
 
 def wait_for_replicas(client: Client, topic: str, end: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def all_at_end() -> bool:
         rows = merge_status(client.status([topic]), topic)
         replicas = rows[0]["replicas"] if rows else {}
-        if len(replicas) == 3 and all(
+        return len(replicas) == 3 and all(
             r.get("log_end_offset") == end and r.get("high_watermark") == end
             for r in replicas.values()
-        ):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the replicas of {topic} did not all reach {end}")
+        )
 
-
-async def wait_until(check: object, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+    wait_for(f"the replicas of {topic} all to reach {end}", all_at_end, 30, every_s=0.1)
 
 
 def test_replication_messages_of_another_incarnation_of_a_name_are_dropped(

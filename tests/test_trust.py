@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from helpers import batch_of, wait_for
+from helpers import batch_of, poll, wait_for
 from test_cluster import leader_of
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster, free_ports
@@ -505,13 +505,15 @@ def test_forged_replication_on_a_real_cluster_changes_nothing(tmp_path: Path) ->
             cluster.resume(b)
 
         client.produce("t", [b"after"], partition=0)
-        deadline = time.monotonic() + 30
-        logs: dict[int, list[tuple[int, bytes | None]]] = {}
-        while time.monotonic() < deadline:
-            logs = {n: replica_log(client, n, "t") for n in cluster.node_ids}
-            if len({tuple(v) for v in logs.values()}) == 1 and len(logs[leader]) == 52:
-                break
-            time.sleep(0.2)
+        # Up to 30 s for the replicas to agree at 52 records; what they hold is judged below.
+        logs: dict[int, list[tuple[int, bytes | None]]] = poll(
+            lambda: {n: replica_log(client, n, "t") for n in cluster.node_ids},
+            30,
+            accept=lambda logs: (
+                len({tuple(v) for v in logs.values()}) == 1 and len(logs[leader]) == 52
+            ),
+            every_s=0.2,
+        )
         assert len({tuple(v) for v in logs.values()}) == 1, "the replicas differ"
         values = [v for _, v in logs[leader]]
         assert b"injected" not in values and values[-2:] == [b"uncommitted", b"after"]
@@ -545,16 +547,17 @@ def serve(
     cmd += flags
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=limit)
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        except OSError:
+            assert proc.poll() is None, log_path.read_text()
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert proc.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline, "the node did not start"
-                time.sleep(0.05)
+        wait_for("the node to start", listening, 20)
         yield proc, ("127.0.0.1", port)
     finally:
         proc.terminate()

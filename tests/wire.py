@@ -4,9 +4,9 @@ blocking sockets, whole frames, no client library in the way."""
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any
 
+from helpers import poll
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
@@ -54,18 +54,18 @@ class Wire:
 
     def closed_by_node(self, within_s: float = 5.0) -> bool:
         """True if the node closes the connection (reading until EOF) within the time."""
-        deadline = time.monotonic() + within_s
         self.sock.settimeout(0.2)
-        while time.monotonic() < deadline:
+
+        def closed() -> bool:
             try:
                 data = self.sock.recv(1 << 16)
             except TimeoutError:
-                continue
+                return False
             except (ConnectionResetError, BrokenPipeError):
                 return True
-            if not data:
-                return True
-        return False
+            return not data
+
+        return bool(poll(closed, within_s, every_s=0))
 
     def close(self) -> None:
         self.sock.close()
