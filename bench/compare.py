@@ -40,7 +40,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +69,9 @@ class Row:
     p99_ms: float
 
 
-def install() -> None:
-    missing = sorted({pkg for cmd, pkg in PACKAGES.items() if shutil.which(cmd) is None})
+def install(packages: Mapping[str, str] = PACKAGES) -> None:
+    """apt-get install the packages (command -> Debian package) whose command is missing."""
+    missing = sorted({pkg for cmd, pkg in packages.items() if shutil.which(cmd) is None})
     if not missing:
         return
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
@@ -239,32 +240,39 @@ class HttpConnection:
             self.writer.close()
 
 
-def bench_etcd(work: Path, levels: list[int], seconds: float) -> list[Row]:
+def start_etcd(work: Path, start: Callable[[str, list[str]], subprocess.Popen[bytes]]) -> list[int]:
+    """Three etcd members on 127.0.0.1 (their data in work/etcd-mN), started with `start`
+    (see processes()) and healthy: their client ports."""
     ports = free_ports(6)
     client_ports, peer_ports = ports[:3], ports[3:]
     initial = ",".join(f"m{i + 1}=http://127.0.0.1:{peer_ports[i]}" for i in range(3))
+    for i in range(3):
+        start(
+            f"etcd-m{i + 1}",
+            [
+                "etcd",
+                "--name", f"m{i + 1}",
+                "--data-dir", str(work / f"etcd-m{i + 1}"),
+                "--listen-client-urls", f"http://127.0.0.1:{client_ports[i]}",
+                "--advertise-client-urls", f"http://127.0.0.1:{client_ports[i]}",
+                "--listen-peer-urls", f"http://127.0.0.1:{peer_ports[i]}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_ports[i]}",
+                "--initial-cluster", initial,
+                "--initial-cluster-state", "new",
+                "--initial-cluster-token", "tidelog-bench",
+                "--quota-backend-bytes", str(8 << 30),
+                "--logger", "zap",
+                "--log-level", "warn",
+            ],
+        )  # fmt: skip
+    wait_until(lambda: etcd_healthy(client_ports), "etcd cluster")
+    return client_ports
+
+
+def bench_etcd(work: Path, levels: list[int], seconds: float) -> list[Row]:
     rows = []
     with processes(work) as start:
-        for i in range(3):
-            start(
-                f"etcd-m{i + 1}",
-                [
-                    "etcd",
-                    "--name", f"m{i + 1}",
-                    "--data-dir", str(work / f"etcd-m{i + 1}"),
-                    "--listen-client-urls", f"http://127.0.0.1:{client_ports[i]}",
-                    "--advertise-client-urls", f"http://127.0.0.1:{client_ports[i]}",
-                    "--listen-peer-urls", f"http://127.0.0.1:{peer_ports[i]}",
-                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_ports[i]}",
-                    "--initial-cluster", initial,
-                    "--initial-cluster-state", "new",
-                    "--initial-cluster-token", "tidelog-bench",
-                    "--quota-backend-bytes", str(8 << 30),
-                    "--logger", "zap",
-                    "--log-level", "warn",
-                ],
-            )  # fmt: skip
-        wait_until(lambda: etcd_healthy(client_ports), "etcd cluster")
+        client_ports = start_etcd(work, start)
 
         async def main() -> None:
             conns: list[HttpConnection] = []
