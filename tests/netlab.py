@@ -12,11 +12,19 @@ node from everyone. (`tc netem` is not available on these machines; delay and lo
 simulated.) While faults come and go, producers write unique values with acks=all and readers
 read from every node; at the end, after healing, a checker compares everything acknowledged and
 everything read with the final log: lost, changed, duplicated. The report is JSON on stdout.
+
+`--workload table` (issue 34) checks reads instead: writers put unique values under a few keys of
+a one-partition table (acks=all) while readers send each get straight to every node in turn, and
+the nemesis cuts the partition's leader off now and then. The history goes through the
+linearizability checker (tidelog.testing.linearizability). With the default linearizable reads an
+isolated leader must refuse (NotLeader) rather than answer; `--consistency serializable` reads
+may be stale, and the checker should say so.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import random
@@ -27,19 +35,26 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import poll, retry
+from helpers import poll, retry, wait_for
+from tidelog.client.routing import is_indeterminate
 from tidelog.client.sync_client import Client
-from tidelog.errors import OutcomeUnknown, TidelogError
+from tidelog.errors import NotLeader, OutcomeUnknown, TidelogError
 from tidelog.protocol import api
 from tidelog.protocol.api import ACKS_ALL, ApiKey
 from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.testing.linearizability import READ, WRITE, Operation
+from tidelog.testing.linearizability import check as check_linearizable
 
 PREFIX = "10.77.0"
 PORT, PEER_PORT = 7100, 7200
 TOPIC = "jepsen"
+TABLE = "kv"  # the table workload's topic: one partition, so one leader to isolate
+TABLE_KEYS = ("a", "b", "c")
+READERS_CLIENT_BASE = 100  # readers' client numbers in the history, apart from the writers'
 
 
 def sh(*args: str) -> None:
@@ -246,59 +261,207 @@ class Workload:
             t.join(timeout=10)
 
 
-def leader_of(client: Client, partition: int) -> int:
+class TableWorkload:
+    """A history for the linearizability checker (issue 34): acks=all writers of unique values
+    to a few keys of a table, and readers that send each get straight to every node in turn, no
+    routing, so an isolated old leader is asked too. Every operation's call and return are read
+    from one monotonic clock; a write whose outcome the client could not learn has no return, a
+    write refused before it could take effect and a read that got no value are left out."""
+
+    def __init__(self, lab: Lab, consistency: str) -> None:
+        self.lab = lab
+        self.consistency = consistency
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.history: list[Operation] = []
+        self.writes_unknown = 0
+        self.writes_refused = 0
+        self.answered = dict.fromkeys(lab.ids, 0)
+        self.refused: dict[int, dict[str, int]] = {n: {} for n in lab.ids}
+        self.isolated: tuple[int, float] | None = None  # (node, since), set by the nemesis
+        self.isolated_reads: list[Operation] = []  # answered by a node cut off when asked
+        self.not_leader_from_isolated = 0
+        self.threads: list[threading.Thread] = []
+
+    def start(self, writers: int, readers: int) -> None:
+        for i in range(writers):
+            self.threads.append(threading.Thread(target=self._write, args=(i,), daemon=True))
+        for i in range(readers):
+            self.threads.append(threading.Thread(target=self._read, args=(i,), daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def _write(self, worker: int) -> None:
+        seq = 0
+        with Client(self.lab.bootstrap, retries=2, request_timeout_ms=2000) as client:
+            while not self.stop.is_set():
+                key = TABLE_KEYS[(worker + seq) % len(TABLE_KEYS)]
+                value = f"w{worker}-{seq}"
+                seq += 1
+                record = ProducerRecord(key.encode(), value.encode())
+                call = time.monotonic()
+                try:
+                    client.produce(TABLE, [record], partition=0, acks="all", timeout_ms=2000)
+                    ret: float | None = time.monotonic()
+                except TidelogError as exc:
+                    if not isinstance(exc, OutcomeUnknown) and not is_indeterminate(exc):
+                        with self.lock:
+                            self.writes_refused += 1  # definite: not in the log, not history
+                        time.sleep(0.05)
+                        continue
+                    ret = None
+                with self.lock:
+                    self.writes_unknown += ret is None
+                    self.history.append(Operation(worker, key, WRITE, value, call, ret))
+
+    def _read(self, reader: int) -> None:
+        """Round after round, one get to each node (readers start at different nodes)."""
+        ids = self.lab.ids
+        with Client(self.lab.bootstrap, retries=1, request_timeout_ms=3000) as client:
+            turn = reader
+            while not self.stop.is_set():
+                node = ids[turn % len(ids)]
+                key = TABLE_KEYS[(turn // len(ids) + reader) % len(TABLE_KEYS)]
+                turn += 1
+                self._read_one(client, READERS_CLIENT_BASE + reader, node, key)
+
+    def _read_one(self, client: Client, who: int, node: int, key: str) -> None:
+        request = api.TableRequest(
+            "get", TABLE, 0, base64.b64encode(key.encode()).decode(), consistency=self.consistency
+        )
+        address = (f"{PREFIX}.{node}", PORT)
+        call = time.monotonic()
+        try:
+            header, _ = client._run(
+                client._async._router.call(address, ApiKey.TABLE, request, timeout_s=3.0)
+            )
+        except TidelogError as exc:
+            with self.lock:
+                counts = self.refused[node]
+                counts[exc.name] = counts.get(exc.name, 0) + 1
+                if isinstance(exc, NotLeader) and self._isolated_at(node, call):
+                    self.not_leader_from_isolated += 1
+            if not isinstance(exc, NotLeader):
+                time.sleep(0.02)  # a node out of reach fails fast: do not spin on it
+            return
+        ret = time.monotonic()
+        answer = api.decode(api.TableResponse, header)
+        value = base64.b64decode(answer.entries[0][1]).decode() if answer.entries else None
+        read = Operation(who, key, READ, value, call, ret)
+        with self.lock:
+            self.answered[node] += 1
+            self.history.append(read)
+            if self._isolated_at(node, call):
+                self.isolated_reads.append(read)
+
+    def _isolated_at(self, node: int, call: float) -> bool:
+        """Was node cut off from its peers already when this request was sent? (lock held)"""
+        return self.isolated is not None and self.isolated[0] == node and call >= self.isolated[1]
+
+    def set_isolated(self, node: int | None) -> None:
+        with self.lock:
+            self.isolated = None if node is None else (node, time.monotonic())
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+
+def leader_of(client: Client, partition: int, topic: str = TOPIC) -> int:
     from tidelog.cluster_status import merge_status
 
-    rows = merge_status(client.status([TOPIC]), TOPIC)
+    rows = merge_status(client.status([topic]), topic)
     for row in rows:
         if row["partition"] == partition and row["leader"] >= 0:
             return int(row["leader"])
     return -1
 
 
-def nemesis(lab: Lab, work: Workload, seconds: float, rng: random.Random) -> list[str]:
+# One round of faults: given an admin client and the round's number, make a fault, hold it, and
+# say what was done. The nemesis heals everything after each round.
+Faults = Callable[[Client, int], list[str]]
+
+
+def nemesis(lab: Lab, seconds: float, faults: Faults) -> list[str]:
+    """Rounds of faults for the run's seconds, each healed before the next; what was done."""
     events: list[str] = []
     deadline = time.monotonic() + seconds
     admin = Client(lab.bootstrap, retries=3, request_timeout_ms=2000)
-    kinds = ["isolate-leader", "asymmetric", "flap"]
     i = 0
     try:
         while time.monotonic() < deadline:
-            time.sleep(rng.uniform(1.0, 2.0))
-            kind = kinds[i % len(kinds)]
+            events.extend(faults(admin, i))
             i += 1
-            try:
-                leader = leader_of(admin, 0)
-            except TidelogError:
-                leader = -1
-            if kind == "isolate-leader" and leader > 0:
-                lab.isolate(leader)
-                events.append(f"isolate leader {leader} of partition 0")
-                cut_at = time.monotonic()
-                probe = threading.Thread(
-                    target=work.probe_isolated, args=(leader, cut_at, cut_at + 3.0), daemon=True
-                )
-                probe.start()
-                time.sleep(rng.uniform(3.0, 5.0))  # longer than an election
-                probe.join()
-            elif kind == "asymmetric":
-                a, b = rng.sample(lab.ids, 2)
-                lab.cut(a, b)
-                events.append(f"cut {a} -> {b} only")
-                time.sleep(rng.uniform(2.0, 4.0))
-            else:
-                victim = rng.choice(lab.ids)
-                events.append(f"flap the link of {victim}")
-                for _ in range(rng.randint(3, 6)):
-                    lab.link(victim, False)
-                    time.sleep(rng.uniform(0.2, 0.8))
-                    lab.link(victim, True)
-                    time.sleep(rng.uniform(0.2, 0.8))
             lab.heal()
             events.append("heal")
     finally:
         admin.close()
     return events
+
+
+def log_faults(lab: Lab, work: Workload, rng: random.Random) -> Faults:
+    """The log workload's faults in turn: partition 0's leader cut off (with a probe writing
+    to it), a one-way cut, a flapping link."""
+    kinds = ["isolate-leader", "asymmetric", "flap"]
+
+    def one_round(admin: Client, i: int) -> list[str]:
+        time.sleep(rng.uniform(1.0, 2.0))
+        kind = kinds[i % len(kinds)]
+        try:
+            leader = leader_of(admin, 0)
+        except TidelogError:
+            leader = -1
+        if kind == "isolate-leader" and leader > 0:
+            lab.isolate(leader)
+            cut_at = time.monotonic()
+            probe = threading.Thread(
+                target=work.probe_isolated, args=(leader, cut_at, cut_at + 3.0), daemon=True
+            )
+            probe.start()
+            time.sleep(rng.uniform(3.0, 5.0))  # longer than an election
+            probe.join()
+            return [f"isolate leader {leader} of partition 0"]
+        if kind == "asymmetric":
+            a, b = rng.sample(lab.ids, 2)
+            lab.cut(a, b)
+            time.sleep(rng.uniform(2.0, 4.0))
+            return [f"cut {a} -> {b} only"]
+        victim = rng.choice(lab.ids)
+        for _ in range(rng.randint(3, 6)):
+            lab.link(victim, False)
+            time.sleep(rng.uniform(0.2, 0.8))
+            lab.link(victim, True)
+            time.sleep(rng.uniform(0.2, 0.8))
+        return [f"flap the link of {victim}"]
+
+    return one_round
+
+
+def table_faults(lab: Lab, work: TableWorkload, rng: random.Random) -> Faults:
+    """The table partition's leader cut off from both peers (blackholes both ways; clients
+    still reach it: the reads it is asked then are the point), or every third round its link
+    down (nobody reaches it), for longer than an election and check-quorum's step-down."""
+
+    def one_round(admin: Client, i: int) -> list[str]:
+        time.sleep(rng.uniform(1.5, 3.0))
+        try:
+            leader = leader_of(admin, 0, TABLE)
+        except TidelogError:
+            leader = -1
+        if leader <= 0:
+            return ["no leader known: no fault this round"]
+        by_link = i % 3 == 2
+        if by_link:
+            lab.link(leader, False)
+        else:
+            lab.isolate(leader)
+        work.set_isolated(leader)
+        time.sleep(rng.uniform(4.0, 6.0))
+        work.set_isolated(None)
+        return [f"isolate leader {leader} ({'link down' if by_link else 'blackholes'})"]
+
+    return one_round
 
 
 def check(lab: Lab, work: Workload) -> dict[str, Any]:
@@ -333,10 +496,103 @@ def check(lab: Lab, work: Workload) -> dict[str, Any]:
     }
 
 
+def check_table(work: TableWorkload) -> dict[str, Any]:
+    """The table history through the linearizability checker, and what the readers met."""
+    with work.lock:
+        history = list(work.history)
+        isolated_reads = list(work.isolated_reads)
+    started = time.monotonic()
+    verdict = check_linearizable(history)
+    # The isolated leader's answers alone with every write: dropping reads from a linearizable
+    # history leaves it linearizable, so a failure here is the isolated leader's own doing.
+    alone = check_linearizable([*(op for op in history if op.kind == WRITE), *isolated_reads])
+    return {
+        "workload": "table",
+        "consistency": work.consistency,
+        "operations": len(history),
+        "writes": sum(op.kind == WRITE for op in history),
+        "writes_unknown": work.writes_unknown,
+        "writes_refused": work.writes_refused,
+        "reads_answered": {str(n): c for n, c in work.answered.items()},
+        "reads_refused": {str(n): dict(sorted(c.items())) for n, c in work.refused.items()},
+        "not_leader_from_isolated_leader": work.not_leader_from_isolated,
+        "linearizable": verdict.linearizable,
+        "stale_reads": sum(len(k.stale_reads) for k in verdict.failures),
+        "explanation": verdict.explain(),
+        "isolated_leader_reads": {
+            "answered": len(isolated_reads),
+            "linearizable": alone.linearizable,
+            "stale_reads": sum(len(k.stale_reads) for k in alone.failures),
+            "explanation": alone.explain(limit=1),
+        },
+        "check_seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def create_topic(lab: Lab, name: str, partitions: int, kind: str, hw_policy: str) -> None:
+    """Create the workload's topic (retried while the cluster forms) and wait for its leaders."""
+    with Client(lab.bootstrap, retries=30, request_timeout_ms=3000) as admin:
+        retry(
+            f"the cluster to create {name}",
+            lambda: admin.create_topic(
+                name,
+                partitions=partitions,
+                replication_factor=3,
+                configs={"min.insync.replicas": "2", "hw.policy": hw_policy},
+                kind=kind,
+            ),
+            60,
+            every_s=0.5,
+            tolerating=(TidelogError,),
+        )
+        wait_for(
+            f"a leader for every partition of {name}",
+            lambda: all(leader_of(admin, p, name) >= 0 for p in range(partitions)),
+            60,
+            every_s=0.1,
+        )
+
+
+def run_log(lab: Lab, args: argparse.Namespace) -> dict[str, Any]:
+    create_topic(lab, TOPIC, 3, "stream", args.hw_policy)
+    work = Workload(lab, 3)
+    work.start(producers=6)
+    events = nemesis(lab, args.seconds, log_faults(lab, work, random.Random(args.seed)))
+    lab.heal()
+    time.sleep(2)
+    work.finish()
+    report = check(lab, work)
+    report["events"] = events
+    return report
+
+
+def run_table(lab: Lab, args: argparse.Namespace) -> dict[str, Any]:
+    create_topic(lab, TABLE, 1, "table", args.hw_policy)
+    work = TableWorkload(lab, args.consistency)
+    work.start(writers=3, readers=4)
+    events = nemesis(lab, args.seconds, table_faults(lab, work, random.Random(args.seed)))
+    lab.heal()
+    time.sleep(2)
+    work.finish()
+    report = check_table(work)
+    report["events"] = events
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--hw-policy", default="quorum")
+    parser.add_argument(
+        "--workload",
+        choices=["log", "table"],
+        default="log",
+        help="log: producers and readers of a stream, checked against the final log; table: "
+        "writers and readers of a table's keys, checked for linearizability",
+    )
+    parser.add_argument(
+        "--consistency", default="linearizable", help="the table workload's reads (etcd's names)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", help="copy the nodes' logs here")
     args = parser.parse_args()
@@ -346,31 +602,9 @@ def main() -> int:
         lab.build()
         for n in lab.ids:
             lab.start(n)
-        with Client(lab.bootstrap, retries=30, request_timeout_ms=3000) as admin:
-            retry(
-                f"the cluster to create {TOPIC}",
-                lambda: admin.create_topic(
-                    TOPIC,
-                    partitions=3,
-                    replication_factor=3,
-                    configs={"min.insync.replicas": "2", "hw.policy": args.hw_policy},
-                ),
-                60,
-                every_s=0.5,
-                tolerating=(TidelogError,),
-            )
-            for p in range(3):
-                while leader_of(admin, p) < 0:
-                    time.sleep(0.1)
-        work = Workload(lab, 3)
-        work.start(producers=6)
-        events = nemesis(lab, work, args.seconds, random.Random(args.seed))
-        lab.heal()
-        time.sleep(2)
-        work.finish()
-        report = check(lab, work)
-        report["events"] = events
+        report = run_table(lab, args) if args.workload == "table" else run_log(lab, args)
         report["hw_policy"] = args.hw_policy
+        report["seconds"] = args.seconds
         print(json.dumps(report))
         return 0
     finally:
