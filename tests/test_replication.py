@@ -20,6 +20,7 @@ from tidelog.replication.faults import (
     FAULT_DISCARD_PAST_SNAPSHOT,
     FAULT_EMPTY_LOG_FORGETS_EPOCH,
     FAULT_IGNORE_DIRECTORIES,
+    FAULT_READ_WITHOUT_INDEX,
     FAULT_TRUNCATE_TO_HW,
     FAULT_UNCOMMITTED_CHANGES,
 )
@@ -236,6 +237,29 @@ def test_acks_registered_late_lose_acknowledged_records_and_the_seed_is_kept() -
     with pytest.raises(SimulationFailure, match=r"acknowledged \(acks=all\) record .* is not at"):
         run_seed(ACK_REGRESSION_SEED, frozenset({FAULT_ACKS_REGISTERED_LATE}))
     run_seed(ACK_REGRESSION_SEED)
+
+
+# Table reads answered at once from the leader's state, as before ReadIndex (issue 34): a
+# deposed leader, or a new one whose HW lags, answers values already overwritten, and the
+# linearizability checker names the stale read. Of the state-machine seeds among 0..199, these
+# six fail with the old rule (the first two in the quick tier); with ReadIndex they pass.
+STALE_READ_SEEDS = (22, 53, 83, 92, 93, 151)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(s, marks=[pytest.mark.slow] if i >= 2 else [])
+        for i, s in enumerate(STALE_READ_SEEDS)
+    ],
+)
+def test_reads_without_read_index_are_stale_and_the_seeds_are_kept(seed: int) -> None:
+    with pytest.raises(
+        SimulationFailure,
+        match=r"linearizable table reads: key b'lin\d': not linearizable",
+    ):
+        run_seed(seed, frozenset({FAULT_READ_WITHOUT_INDEX}))
+    run_seed(seed)
 
 
 def test_table_seeds_read_through_read_index_the_lease_and_meet_not_leader() -> None:
