@@ -344,9 +344,14 @@ def test_a_low_watermark_that_ignores_cursors_is_caught(monkeypatch: pytest.Monk
 #   group's membership was it alone, crashed and on restart elected itself without asking
 #   anyone (the single-voter shortcut skipped the observer rule): a leader without 300
 #   committed records. A replaced disk is never a single voter.
+# 3601 (issue 34, the table clients' linearizable reads): a read waited in a ReadIndex round
+#   while the group was reassigned down to its leader alone; no voter was left to fetch, so
+#   nothing counted the echoes again and the read waited for ever. A membership change now
+#   confirms the waiting rounds against the new voters.
 REGRESSION_SEEDS = [
     *(458, 463, 992, 135, 220, 278, 509, 411),
     *(402349, 300028, 223408454, 223408176, 898038519, 898038552, 546208268, 368196973),
+    3601,
 ]
 
 
