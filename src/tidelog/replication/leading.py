@@ -449,6 +449,10 @@ class Leading(Following):
                 leo_at_last_fetch=self.log.log_end_offset,
             )
             self._send(new, BeginEpoch(self.epoch, self.node_id))
+        # Fewer voters may make a majority of the echoes already heard, and no fetch may come
+        # to count them again (shrunk to the leader alone: simulator seed 3601's read waited
+        # for ever).
+        self._confirm_reads()
 
     # -- handing over ---------------------------------------------------------------------------
 

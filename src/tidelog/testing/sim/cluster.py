@@ -201,7 +201,8 @@ class Cluster:
         if node.driver is None:
             raise InvariantBroken("node.driver is not None")
         node.driver.stopped = True
-        self.stats.failed += len(node.driver.owed.fail_all())
+        self.acknowledge([], node.driver.owed.fail_all())
+        node.driver.fail_reads()
         node.driver = None
         if node.machine is not None:
             self.stats.snapshots_taken += node.machine.snapshots_taken

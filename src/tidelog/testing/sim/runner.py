@@ -10,11 +10,16 @@ from collections.abc import Callable
 from tidelog.invariant import InvariantBroken
 from tidelog.replication.faults import FAULT_ACKS_REGISTERED_LATE
 from tidelog.testing.sim.checkers.convergence import check_converged
+from tidelog.testing.sim.checkers.linearizable_reads import (
+    READ_DRAIN_TICKS,
+    check_linearizable_reads,
+)
 from tidelog.testing.sim.checkers.tables import check_tables
 from tidelog.testing.sim.cluster import Cluster, DeliveryObserver
 from tidelog.testing.sim.failure import SimulationFailure
 from tidelog.testing.sim.low_watermark import clean
 from tidelog.testing.sim.nemesis import Nemesis
+from tidelog.testing.sim.nodes import Waiter
 from tidelog.testing.sim.params import SimParams
 from tidelog.testing.sim.stats import Stats
 from tidelog.testing.sim.workload import Workload
@@ -28,12 +33,16 @@ class Simulation(Cluster):
         observe: DeliveryObserver | None = None,
     ) -> None:
         self.nemesis = Nemesis(self)
-        self.workload = Workload(self)
+        self.workload = Workload(self, params)
         super().__init__(params, trace, observe)
 
     def propose(self, node_id: int, value: bytes, acks: str) -> int | None:
         """A producer's request to one node: the offset it got, or None if refused."""
         return self.workload.propose(node_id, value, acks)
+
+    def acknowledge(self, acked: list[Waiter], failed: list[Waiter]) -> None:
+        super().acknowledge(acked, failed)
+        self.workload.acknowledged(acked, failed)
 
     def step(self, clients: bool = True) -> None:
         """One tick: faults, the nodes' turns, deliveries, flushes, clients, a cleaner pass."""
@@ -45,7 +54,7 @@ class Simulation(Cluster):
         self.complete_flushes()
         if self.replaced:
             self._readmitted()
-        self.workload.register_late()
+        self.workload.settle()
         if clients:
             self.workload.act()
         if self.params.clean_every and self.now % self.params.clean_every == 0:
@@ -105,6 +114,12 @@ class Simulation(Cluster):
                 self.checkers.history,
                 self.checkers.violations,
             )
+        if self.workload.tables is not None:
+            check_linearizable_reads(
+                self.workload.tables.operations(),
+                self.workload.tables.unanswered(),
+                self.checkers.violations,
+            )
 
     def liveness_budget(self) -> int:
         """Ticks the liveness phase may take to converge."""
@@ -135,6 +150,12 @@ class Simulation(Cluster):
         else:
             states = {n: self.describe_node(n) for n in self.nodes}
             self.fail(f"liveness: no convergence within {budget} ticks after healing: {states}")
+        tables = self.workload.tables
+        if tables is not None:
+            for _ in range(READ_DRAIN_TICKS):
+                if not tables.waiting:
+                    break
+                self.step(clients=False)  # the reads still waiting are answered or fail
         self.check_final()
         return self.stats
 

@@ -1,6 +1,7 @@
 """The simulated clients: producers writing to whichever node leads (acks=1 and acks=all, each
 waiting through the driver's ack registry), readers reading any live replica below its HW (each
-batch they get goes past the checkers), and the cursors' consumers committing."""
+batch they get goes past the checkers), the cursors' consumers committing, and in
+state-machine seeds the table's clients (table_clients.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from tidelog.replication.faults import FAULT_ACKS_REGISTERED_LATE
 from tidelog.testing.sim.cluster import Cluster
 from tidelog.testing.sim.cursors import commit_cursors
 from tidelog.testing.sim.nodes import Waiter
+from tidelog.testing.sim.params import SimParams
+from tidelog.testing.sim.table_clients import TableClients
 
 
 class Workload:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, params: SimParams) -> None:
         self.cluster = cluster
         self.next_value = 0
         self.late: list[tuple[int, Waiter]] = []  # acks-registered-late: (when, waiter)
+        self.tables = TableClients(cluster, params, self.propose) if params.state_machine else None
 
     def act(self) -> None:
         """This tick's clients: maybe a produce, maybe a read, and the cursors' commits."""
@@ -35,6 +39,8 @@ class Workload:
                 params.cursor_stall,
                 cluster.checkers.watermarks.max_declared_hw,
             )
+        if self.tables is not None:
+            self.tables.act()
 
     def produce(self) -> None:
         cluster = self.cluster
@@ -50,15 +56,18 @@ class Workload:
         acks = "all" if cluster.rng.random() < cluster.params.acks_all_share else "1"
         self.propose(cluster.rng.choice(leaders), value, acks)
 
-    def propose(self, node_id: int, value: bytes, acks: str) -> int | None:
+    def propose(
+        self, node_id: int, value: bytes, acks: str, key: bytes | None = None
+    ) -> int | None:
         """A producer's request to one node: the offset it got, or None if refused."""
         cluster = self.cluster
         node = cluster.nodes[node_id]
         replica = node.replica
         if replica is None:
             return None
-        # A table's records need keys; a few keys, so later values replace earlier ones.
-        key = b"k%d" % (self.next_value % 7) if cluster.params.state_machine else None
+        if key is None and cluster.params.state_machine:
+            # A table's records need keys; a few keys, so later values replace earlier ones.
+            key = b"k%d" % (self.next_value % 7)
         try:
             info = replica.propose(build_batch([ProducerRecord(key, value)], now_ms=cluster.now))
         except TidelogError:
@@ -73,6 +82,16 @@ class Workload:
         elif node.driver is not None and node.driver.owe(info.last_offset, acks == "1", waiter):
             cluster.acknowledge([waiter], [])
         return info.last_offset
+
+    def acknowledged(self, acked: list[Waiter], failed: list[Waiter]) -> None:
+        if self.tables is not None:
+            self.tables.acknowledged(acked, failed)
+
+    def settle(self) -> None:
+        """Every tick, clients or not: what answers still owe their clients."""
+        self.register_late()
+        if self.tables is not None:
+            self.tables.settle()
 
     def register_late(self) -> None:
         """The waits of acks-registered-late producers whose coroutine runs now."""

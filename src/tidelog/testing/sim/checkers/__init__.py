@@ -23,9 +23,11 @@ assertion deep in the core would trip:
   - cursors (cursors.py): no leader's log start passes a cursor that is within its caps
     (checked against the caps as the issue states them, not through the LWM code), and only
     such cursors are invalidated
-Checked at the end (convergence.py, tables.py): every acks=all record is in the log at the
-offset its ack named; for state-machine logs, every replica's table equals the table built
-from every committed batch.
+Checked at the end (convergence.py, tables.py, linearizable_reads.py): every acks=all record
+is in the log at the offset its ack named; for state-machine logs, every replica's table equals
+the table built from every committed batch, and the history of the table's clients (writes,
+and reads through ReadIndex or the lease) is linearizable, every read answered or failed once
+the cluster converged.
 """
 
 from __future__ import annotations
