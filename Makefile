@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 QUICK_STAMP := $(VENV)/.installed-quick
 JS_STAMP := tests/js/node_modules/.installed
 
-.PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep fuzz
+.PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep fuzz \
+  spark-kills
 
 setup: $(STAMP) $(JS_STAMP)
 
@@ -101,6 +102,13 @@ sim-sweep: setup
 FUZZ_SECONDS ?= 600
 fuzz: setup
 	TIDELOG_DECODER_FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest -q -s tests/test_fuzz_decoders.py
+
+# The Spark streaming kill test with SPARK_KILLS drivers SIGKILLed mid-run, each at whatever
+# point it reached, besides the crash point's driver and the leader that every run kills.
+SPARK_KILLS ?= 3
+spark-kills: setup
+	TIDELOG_SPARK_DRIVER_KILLS=$(SPARK_KILLS) $(BIN)/pytest -q -s tests/test_spark.py \
+	  -k test_streaming_exactly_once_through_leader_and_driver_kills
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -35,6 +35,9 @@ pytestmark = [pytest.mark.process, pytest.mark.spark]  # tiers: pyproject.toml's
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+# Drivers the streaming kill test SIGKILLs mid-run besides the one its crash point kills: none
+# in `make test` (every run kills a driver and a leader), more in `make spark-kills`.
+DRIVER_KILLS = int(os.environ.get("TIDELOG_SPARK_DRIVER_KILLS", "0"))
 
 
 @pytest.fixture(scope="module")
@@ -353,21 +356,22 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
         assert first.returncode == -signal.SIGKILL, lines
         assert first.returncode != 0
 
-        second = start_driver(tmp_path, cluster)
-        drivers.append(second)
-        wait_batches(second, 4)
+        driver = start_driver(tmp_path, cluster)
+        drivers.append(driver)
+        wait_batches(driver, 4)
         # 2. A partition leader dies under the running queries (source and sink alike).
         victim = leader_of(client, "copy_out", 0)
         cluster.kill(victim)
-        wait_batches(second, 4)
+        wait_batches(driver, 4)
         cluster.start(victim)
-        # 3. The driver is SIGKILLed mid-run, JVM and all.
-        kill_group(second)
-        print("second driver", time.monotonic() - t0)
-
-        third = start_driver(tmp_path, cluster)
-        drivers.append(third)
-        wait_batches(third, 3)
+        # 3. The long variant (`make spark-kills`): the driver is SIGKILLed mid-run, JVM and
+        # all, DRIVER_KILLS times, a new driver taking over each time.
+        for _ in range(DRIVER_KILLS):
+            kill_group(driver)
+            print("driver killed", time.monotonic() - t0)
+            driver = start_driver(tmp_path, cluster)
+            drivers.append(driver)
+            wait_batches(driver, 3)
         feeder.halt.set()
         feeder.join(30)
         total = sum(client.list_offsets("copy_in", p) for p in range(3))
@@ -375,13 +379,13 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
         def caught_up() -> bool:
             if sum(client.list_offsets("copy_out", p) for p in range(3)) >= total:
                 return True
-            assert third.poll() is None, "driver died"
+            assert driver.poll() is None, "driver died"
             return False
 
         wait_for("the copy to catch up", caught_up, 120, every_s=1)
         print("caught up", time.monotonic() - t0)
         time.sleep(3)  # a duplicate would arrive now, if any
-        kill_group(third)
+        kill_group(driver)
     finally:
         feeder.halt.set()
         for d in drivers:
@@ -392,7 +396,7 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
     assert copied == Counter(source.values()), "the tidelog sink lost or duplicated records"
     assert feeder.sent > 0 and len(source) >= feeder.sent
 
-    # Three drivers SIGKILLed: their scratch stayed in the test's directory, none in /tmp.
+    # Every driver SIGKILLed: their scratch stayed in the test's directory, none in /tmp.
     assert spark_temp_dirs() <= spark_dirs_before
     assert list((tmp_path / "driver-tmp").glob("blockmgr-*"))
 
