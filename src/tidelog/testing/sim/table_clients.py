@@ -33,8 +33,11 @@ from tidelog.testing.sim.params import ELECTION_TIMEOUT_TICKS, SimParams
 
 # Keys of their own: the producers' records (keys k0..k6) are not in the history.
 KEYS = (b"lin0", b"lin1", b"lin2")
-# A lease shorter than the election timeout by a margin (read_index.py): the simulator's clocks
-# run at one rate, so any margin is enough here.
+# A lease shorter than the election timeout by a margin (read_index.py). The simulator's clocks
+# run at one rate, except that a paused node's replica clock stands still (nodes.ReplicaTicks):
+# a leader paused past the election timeout, partitioned from its successor, resumes with its
+# lease seemingly fresh and may answer stale values (read_index.py's clock assumption broken).
+# The swarm's draws make that rare; runs that force pauses, partitions and leases find it.
 LEASE_TICKS = ELECTION_TIMEOUT_TICKS * 4 // 5
 ANY_NODE_SHARE = 0.2  # reads sent to any live node, leader or not
 
