@@ -73,6 +73,10 @@ NAMED: dict[str, Any] = {
     "cursor": ["", "", "", "c1"],
     "reason": ["", "why"],
     "limit": [1, 10, 10**9],
+    # Mostly what clients send, so requests get past them and deep (a random epoch or
+    # consistency is refused at once: FencedLeaderEpoch, InvalidRequest).
+    "leader_epoch": [-1, -1, -1, 0, 1, 7],
+    "consistency": ["linearizable", "lease", "serializable", "linearizable", "x"],
 }
 HOSTILE: list[Any] = [
     None,
