@@ -75,8 +75,8 @@ NAMED: dict[str, Any] = {
     "limit": [1, 10, 10**9],
     # Mostly what clients send, so requests get past them and deep (a random epoch or
     # consistency is refused at once: FencedLeaderEpoch, InvalidRequest).
-    "leader_epoch": [-1, -1, -1, 0, 1, 7],
-    "consistency": ["linearizable", "lease", "serializable", "linearizable", "x"],
+    "leader_epoch": [-1, -1, -1, -1, -1, -1, 0, 1, 7],
+    "consistency": ["linearizable"] * 4 + ["lease", "lease", "serializable", "serializable", "x"],
 }
 HOSTILE: list[Any] = [
     None,
