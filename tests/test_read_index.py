@@ -68,8 +68,6 @@ def test_the_lease_runs_from_the_confirmed_round_start() -> None:
     reads.confirm(echoes(reads))
     assert reads.lease_valid(149, 100)
     assert not reads.lease_valid(150, 100)
-    reads.drop_lease()
-    assert not reads.lease_valid(60, 100)
 
 
 def test_abandon_returns_every_waiting_read() -> None:

@@ -30,7 +30,7 @@ election timeout. It is never carried across an epoch: a new leader starts witho
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidelog.invariant import invariant
@@ -118,14 +118,6 @@ class ReadIndex:
     def lease_valid(self, now: int, lease_ticks: int) -> bool:
         """A confirmed round started less than lease_ticks ago (see the module's docstring)."""
         return self._lease_from is not None and now - self._lease_from < lease_ticks
-
-    def drop_lease(self) -> None:
-        """A leadership transfer is under way: its successor campaigns at once, lease or not."""
-        self._lease_from = None
-
-    def unconfirmed_since(self) -> Mapping[int, int]:
-        """Round -> the tick it started, for rounds still waiting (to bound a read's wait)."""
-        return dict(self._started_tick)
 
     def abandon(self) -> list[int]:
         """The leadership ended: every read still waiting, to fail with NotLeader (the replica

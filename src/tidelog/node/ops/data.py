@@ -435,8 +435,6 @@ class DataOps(ConfiguredOps):
         """ReadIndex (replication/read_index.py): NotLeader unless a majority confirms, after
         this call, that this replica still leads; then its state covers every write any leader
         acknowledged before the call. Returns the read index."""
-        if not host.replica.is_leader:
-            raise NotLeader(f"not the leader of {host.group}", leader_hint=host.leader_hint)
         return await host.read_index(READ_CONFIRM_TIMEOUT_S, lease)
 
     @staticmethod
