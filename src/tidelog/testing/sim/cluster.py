@@ -282,7 +282,12 @@ class Cluster:
         """Every live node that is not paused takes its turn of this tick."""
         for n in self.node_ids:
             node = self.nodes[n]
-            if node.driver is not None and node.paused_until <= self.now:
+            if node.driver is not None and node.paused_until > self.now:
+                # A paused process's monotonic clock runs on (replication/clock.py): it
+                # resumes knowing how long it slept, as a node stopped by SIGSTOP or a GC does.
+                if not self.params.clock_stops_when_paused:
+                    node.driver.replica.elapse()
+            elif node.driver is not None:
                 if node.liveness is not None:
                     self._liveness(node)
                 if self.params.sparse_ticks:

@@ -58,6 +58,11 @@ class SimParams:
     safety_ticks: int = 1500
     liveness_ticks: int = 1500
     faults: frozenset[str] = frozenset()
+    # Set by hand, never drawn: the share of table reads that use the lease (None: the table
+    # clients draw it), and a paused node's clock standing still (a clock that stops breaks the
+    # lease's assumption of clocks running at about one rate: read_index.py).
+    lease_share: float | None = None
+    clock_stops_when_paused: bool = False
 
     @staticmethod
     def from_seed(seed: int, faults: frozenset[str] = frozenset()) -> SimParams:
