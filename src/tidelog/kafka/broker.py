@@ -172,6 +172,7 @@ class KafkaBroker:
             20: self.delete_topics,
             21: self.delete_records,
             22: self.init_producer_id,
+            23: self.offset_for_leader_epoch,
             32: self.describe_configs,
             33: self.alter_configs,
             37: self.create_partitions,
@@ -626,6 +627,52 @@ class KafkaBroker:
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time_ms": 0, "topics": topics}
+
+    async def offset_for_leader_epoch(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """Where the leader's log ends each epoch asked about (KIP-320): a consumer that learns
+        of a new leader checks that its position is not past the end of the epoch it read it
+        in (a truncated log). Answered by the leader only, fenced by current_leader_epoch."""
+        topics = []
+        for topic in req.body.topics:
+            partitions = []
+            for part in topic.partitions:
+                entry: dict[str, Any] = {
+                    "partition": part.partition,
+                    "error_code": kerr.NONE,
+                    "leader_epoch": -1,
+                    "end_offset": -1,
+                }
+                try:
+                    entry["leader_epoch"], entry["end_offset"] = await self._epoch_end(
+                        principal,
+                        topic.topic,
+                        part.partition,
+                        int(part.current_leader_epoch),
+                        int(part.leader_epoch),
+                    )
+                except TidelogError as exc:
+                    entry["error_code"] = kafka_code(exc)
+                partitions.append(entry)
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _epoch_end(
+        self, principal: Principal, topic: str, partition: int, current_epoch: int, epoch: int
+    ) -> tuple[int, int]:
+        """(epoch, end offset) for OffsetForLeaderEpoch. The core's ListOffsets authorizes the
+        read, refuses a node that does not lead the partition and fences current_epoch; the
+        epoch's end is then read from this node's log."""
+        await self._call(
+            principal, api.ListOffsetsRequest(topic, partition, leader_epoch=current_epoch)
+        )
+        found = self.view.epoch_end_offset(topic, partition, epoch)
+        if found is None:
+            raise NotLeader(f"node {self.core.node_id} no longer holds {topic}/{partition}")
+        known, end = found
+        # An epoch older than every one the log still holds (retention removed them) ends
+        # where the log's first one starts, as Kafka answers: never "undefined", which makes
+        # a consumer reset its position by auto.offset.reset.
+        return (known if known >= 0 else epoch), end
 
     async def _timestamp_at(
         self, principal: Principal, topic: str, partition: int, offset: int, asked: int
