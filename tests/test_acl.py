@@ -612,6 +612,13 @@ def kafka_requests(topic_id: Any = None) -> dict[int, tuple[str, dict[str, Any]]
             "init producer id",
             {"transaction_timeout": 60000, "producer_id": -1, "producer_epoch": -1},
         ),
+        23: (
+            "offset for leader epoch",
+            {
+                "replica_id": -1,
+                "topics": [{"topic": GUARDED, "partitions": [{"partition": 0, "leader_epoch": 0}]}],
+            },
+        ),
         37: (
             "create partitions",
             {"timeout": 5000, "topics": [{"name": GUARDED, "count": 4}]},

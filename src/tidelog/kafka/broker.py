@@ -22,7 +22,7 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from tidelog.acls import Resource
 from tidelog.errors import (
@@ -70,7 +70,19 @@ FORWARDED = {
 
 Answer = Mapping[str, Any] | None
 Handler = Callable[[Principal, KafkaRequest], Awaitable[Answer]]
-Wanted = list[tuple[str, int, int, int]]  # a fetch's (topic, partition, offset, max bytes)
+
+
+class PartitionFetch(NamedTuple):
+    """One partition of a Kafka fetch."""
+
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    leader_epoch: int  # current_leader_epoch (Fetch 9+, KIP-320); -1: the client names none
+
+
+Wanted = list[PartitionFetch]
 
 
 def refuse(
@@ -160,6 +172,7 @@ class KafkaBroker:
             20: self.delete_topics,
             21: self.delete_records,
             22: self.init_producer_id,
+            23: self.offset_for_leader_epoch,
             32: self.describe_configs,
             33: self.alter_configs,
             37: self.create_partitions,
@@ -295,7 +308,7 @@ class KafkaBroker:
                     "error_code": kerr.NONE if available else kerr.LEADER_NOT_AVAILABLE,
                     "partition_index": p,
                     "leader_id": leader if available else -1,
-                    "leader_epoch": max(epoch, 0),
+                    "leader_epoch": epoch,  # KIP-320: what clients send back (-1: unknown)
                     "replica_nodes": replicas,
                     "isr_nodes": isr,
                     "offline_replicas": [],
@@ -427,14 +440,33 @@ class KafkaBroker:
         if not errors and size < max(int(body.min_bytes), 1) and max_wait_ms > 0 and wanted:
             await self._wait_for_news(principal, wanted, max_wait_ms, replica_read)
             results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
-        responses = fetched_topics(wanted, results, ids)
+        responses = fetched_topics(wanted, results, ids, self.routing.leader)
         responses.extend(unknown_topic_ids(unknown))
         return {
             "throttle_time_ms": 0,
             "error_code": kerr.NONE,
             "session_id": 0,  # no incremental fetch session: every fetch names its partitions
             "responses": responses,
+            "node_endpoints": await self._leader_endpoints(responses),
         }
+
+    async def _leader_endpoints(self, responses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The Kafka addresses of the leaders a fetch answer names in current_leader (Fetch
+        16+, KIP-951), so that the client goes to the new leader without asking Metadata."""
+        named = {
+            part["current_leader"]["leader_id"]
+            for topic in responses
+            for part in topic["partitions"]
+            if "current_leader" in part
+        }
+        if not named:
+            return []
+        addresses = await self.routing.kafka_addresses()
+        return [
+            {"node_id": n, "host": addresses[n][0], "port": addresses[n][1], "rack": None}
+            for n in sorted(named)
+            if n in addresses
+        ]
 
     def _fetch_partitions(self, req: KafkaRequest) -> tuple[Wanted, dict[str, Any], list[Any]]:
         """The partitions a fetch asks for, by topic name; the ids of the topics it named by
@@ -452,7 +484,13 @@ class KafkaBroker:
                     continue
                 ids[name] = topic.topic_id
             wanted.extend(
-                (name, part.partition, int(part.fetch_offset), int(part.partition_max_bytes))
+                PartitionFetch(
+                    name,
+                    part.partition,
+                    int(part.fetch_offset),
+                    int(part.partition_max_bytes),
+                    int(getattr(part, "current_leader_epoch", -1)),  # (Fetch 9+)
+                )
                 for part in topic.partitions
             )
         return wanted, ids, unknown
@@ -466,10 +504,19 @@ class KafkaBroker:
             asyncio.ensure_future(
                 self._call(
                     principal,
-                    api.FetchRequest(t, p, o, 1, max_wait_ms, 1, replica_read),
+                    api.FetchRequest(
+                        w.topic,
+                        w.partition,
+                        w.offset,
+                        1,
+                        max_wait_ms,
+                        1,
+                        replica_read,
+                        leader_epoch=w.leader_epoch,  # a fenced partition answers at once
+                    ),
                 )
             )
-            for t, p, o, _ in wanted
+            for w in wanted
         ]
         try:
             await asyncio.wait(
@@ -505,12 +552,19 @@ class KafkaBroker:
         (the first partition's first batch comes whole even if larger, as in Kafka)."""
         out: list[Any] = []
         budget = max(max_bytes, 1)
-        for topic, p, offset, partition_max in wanted:
+        for topic, p, offset, partition_max, leader_epoch in wanted:
             if budget <= 0:
                 out.append((None, b""))
                 continue
             request = api.FetchRequest(
-                topic, p, offset, max(1, min(partition_max, budget)), 0, 0, replica_read
+                topic,
+                p,
+                offset,
+                max(1, min(partition_max, budget)),
+                0,
+                0,
+                replica_read,
+                leader_epoch=leader_epoch,
             )
             try:
                 response, payload = await self._call(principal, request)
@@ -524,7 +578,7 @@ class KafkaBroker:
             (_empty_fetch(self, t, p), b"")
             if not isinstance(r, TidelogError) and r[0] is None
             else r
-            for (t, p, _, _), r in zip(wanted, out, strict=True)
+            for (t, p, *_), r in zip(wanted, out, strict=True)
         ]
 
     async def list_offsets(self, principal: Principal, req: KafkaRequest) -> Answer:
@@ -551,7 +605,13 @@ class KafkaBroker:
                     try:
                         found = await self._call(
                             principal,
-                            api.ListOffsetsRequest(topic.name, part.partition_index, spec, ts),
+                            api.ListOffsetsRequest(
+                                topic.name,
+                                part.partition_index,
+                                spec,
+                                ts,
+                                leader_epoch=int(getattr(part, "current_leader_epoch", -1)),
+                            ),
                         )
                         entry["offset"] = found.offset
                         if spec == "timestamp" and found.offset >= found.high_watermark:
@@ -567,6 +627,52 @@ class KafkaBroker:
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time_ms": 0, "topics": topics}
+
+    async def offset_for_leader_epoch(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """Where the leader's log ends each epoch asked about (KIP-320): a consumer that learns
+        of a new leader checks that its position is not past the end of the epoch it read it
+        in (a truncated log). Answered by the leader only, fenced by current_leader_epoch."""
+        topics = []
+        for topic in req.body.topics:
+            partitions = []
+            for part in topic.partitions:
+                entry: dict[str, Any] = {
+                    "partition": part.partition,
+                    "error_code": kerr.NONE,
+                    "leader_epoch": -1,
+                    "end_offset": -1,
+                }
+                try:
+                    entry["leader_epoch"], entry["end_offset"] = await self._epoch_end(
+                        principal,
+                        topic.topic,
+                        part.partition,
+                        int(part.current_leader_epoch),
+                        int(part.leader_epoch),
+                    )
+                except TidelogError as exc:
+                    entry["error_code"] = kafka_code(exc)
+                partitions.append(entry)
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _epoch_end(
+        self, principal: Principal, topic: str, partition: int, current_epoch: int, epoch: int
+    ) -> tuple[int, int]:
+        """(epoch, end offset) for OffsetForLeaderEpoch. The core's ListOffsets authorizes the
+        read, refuses a node that does not lead the partition and fences current_epoch; the
+        epoch's end is then read from this node's log."""
+        await self._call(
+            principal, api.ListOffsetsRequest(topic, partition, leader_epoch=current_epoch)
+        )
+        found = self.view.epoch_end_offset(topic, partition, epoch)
+        if found is None:
+            raise NotLeader(f"node {self.core.node_id} no longer holds {topic}/{partition}")
+        known, end = found
+        # An epoch older than every one the log still holds (retention removed them) ends
+        # where the log's first one starts, as Kafka answers: never "undefined", which makes
+        # a consumer reset its position by auto.offset.reset.
+        return (known if known >= 0 else epoch), end
 
     async def _timestamp_at(
         self, principal: Principal, topic: str, partition: int, offset: int, asked: int
@@ -1114,10 +1220,18 @@ def _empty_fetch(broker: KafkaBroker, topic: str, partition: int) -> api.FetchRe
     return api.FetchResponse(hw, start, hw, -1, broker.view.node_id)
 
 
-def fetched_topics(wanted: Wanted, results: list[Any], ids: dict[str, Any]) -> list[dict[str, Any]]:
-    """A fetch answer's topics: each partition's records and marks, or its error's code."""
+def fetched_topics(
+    wanted: Wanted,
+    results: list[Any],
+    ids: dict[str, Any],
+    leader: Callable[[str, int], tuple[int, int]],
+) -> list[dict[str, Any]]:
+    """A fetch answer's topics: each partition's records and marks, or its error's code. A
+    partition refused because the client's leader is not the leader, or its leader epoch is
+    older than this replica's, names the leader and epoch this node knows (current_leader,
+    Fetch 12+: KIP-951), as Kafka's brokers do."""
     by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (topic, p, _, _), result in zip(wanted, results, strict=True):
+    for (topic, p, *_), result in zip(wanted, results, strict=True):
         entry: dict[str, Any] = {
             "partition_index": p,
             "error_code": kerr.NONE,
@@ -1130,6 +1244,10 @@ def fetched_topics(wanted: Wanted, results: list[Any], ids: dict[str, Any]) -> l
         }
         if isinstance(result, TidelogError):
             entry["error_code"] = kafka_code(result)
+            if entry["error_code"] in (kerr.NOT_LEADER_OR_FOLLOWER, kerr.FENCED_LEADER_EPOCH):
+                known, epoch = leader(topic, p)
+                if known >= 0 and epoch >= 0:
+                    entry["current_leader"] = {"leader_id": known, "leader_epoch": epoch}
             if "high_watermark" in result.details:
                 entry["high_watermark"] = int(result.details["high_watermark"])
                 entry["log_start_offset"] = int(result.details.get("log_start", -1))

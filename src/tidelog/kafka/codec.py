@@ -55,6 +55,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     20: (1, 6),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 4),  # InitProducerId
+    23: (2, 4),  # OffsetForLeaderEpoch (KIP-320: consumers validate positions after a new leader)
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs (kafkajs has only this one)
     36: (0, 2),  # SaslAuthenticate

@@ -70,6 +70,8 @@ UNKNOWN_TOPIC_ID = 100
 GROUP_AUTHORIZATION_FAILED = 30  # Fetch 13+: a topic id no topic has (deleted, or never)
 LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 75
 REQUEST_TIMED_OUT = 7
 COORDINATOR_NOT_AVAILABLE = 15
 NOT_COORDINATOR = 16
@@ -113,8 +115,8 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     NotEnoughNodes: INVALID_REPLICATION_FACTOR,
     UnsupportedApi: UNSUPPORTED_VERSION,
     Timeout: REQUEST_TIMED_OUT,
-    FencedLeaderEpoch: 74,  # FENCED_LEADER_EPOCH
-    UnknownLeaderEpoch: 75,  # UNKNOWN_LEADER_EPOCH
+    FencedLeaderEpoch: FENCED_LEADER_EPOCH,
+    UnknownLeaderEpoch: UNKNOWN_LEADER_EPOCH,
     # A group whose cursor was invalidated reads from a position the log no longer has: the
     # consumer resets by its auto.offset.reset, as after Kafka's retention passed it.
     CursorInvalidated: OFFSET_OUT_OF_RANGE,

@@ -248,6 +248,16 @@ class ClusterView:
             self._log_start_offset(host), hlog.high_watermark, hlog.log_end_offset
         )
 
+    def epoch_end_offset(self, topic: str, partition: int, epoch: int) -> tuple[int, int] | None:
+        """Where this replica's log ends a leader epoch (KIP-279): (the largest epoch <= epoch
+        it holds, -1 if none; the offset after that epoch's last entry); None: no replica here.
+        (The Kafka listener's OffsetForLeaderEpoch.)"""
+        host = self._hosts.get(f"{topic}/{partition}")
+        if host is None:
+            return None
+        hlog = host.log
+        return hlog.epochs.end_offset_for(epoch, hlog.log_end_offset)
+
     def quiesced_replicas(self) -> int:
         """Replicas of idle groups that stopped talking (the metadata log's included)."""
         return sum(1 for h in self._hosts.values() if h.replica.quiescent)
