@@ -2,10 +2,11 @@
 are what they claim: the systemd unit passes `systemd-analyze verify` and runs a command line
 `tidelog serve` takes, each node's TOML file is accepted by the node's own config loader, every
 key a known setting, the three nodes agreeing on what they must share, and the firewall table
-passes `nft -c`."""
+passes `nft -c`. The docs show the files as they are."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import shlex
 import shutil
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "systemd" / "tidelog.service"
 NODE_CONFIGS = [ROOT / "deploy" / "config" / f"node{n}.toml" for n in (1, 2, 3)]
 FIREWALL = ROOT / "deploy" / "nftables" / "tidelog.nft"
+OPERATIONS = ROOT / "docs" / "operations.md"
 INSTALLED_TIDELOG = "/opt/tidelog/bin/tidelog"  # where the unit expects the package's script
 CONFIG_PATH = "/etc/tidelog/tidelog.toml"
 # The settings that name files on the hosts: the test gives them real files of its own.
@@ -181,3 +183,9 @@ def test_the_firewall_table_passes_nft_check(tmp_path: Path) -> None:
     table = FIREWALL.read_text()
     assert problems(table) == ""
     assert "dportt" in problems(table.replace("tcp dport 9100", "tcp dportt 9100"))
+
+
+def test_the_docs_show_the_files_as_they_are() -> None:
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", OPERATIONS.read_text(), re.S)
+    assert NODE_CONFIGS[0].read_text() in blocks
+    assert FIREWALL.read_text() in blocks
