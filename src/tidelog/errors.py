@@ -25,6 +25,7 @@
     ├── UnknownCursor
     ├── StorageFull                         retriable: writes resume when space returns
     ├── StorageError                        a file could not be written or read as a whole
+    ├── UnsupportedFormatVersion(format)    a file, record or peer in a version this one cannot read
     ├── DuplicateSequence                   an idempotent producer's replay (harmless)
     ├── OutOfOrderSequence
     ├── NetworkError                        retriable: the connection broke (client side only)
@@ -276,6 +277,15 @@ class StorageError(TidelogError):
     """A disk operation failed for a reason other than space (Kafka's KAFKA_STORAGE_ERROR)."""
 
     code = 56
+
+
+class UnsupportedFormatVersion(TidelogError):
+    """A file, a metadata-log record, an archive object or a peer is in a format version this
+    tidelog does not read (tidelog/formats.py): written by a newer tidelog, most likely. Never
+    read as damaged and skipped: details name the format, the version found, the versions this
+    one reads and where."""
+
+    code = 122
 
 
 class DataLoss(TidelogError):

@@ -24,6 +24,11 @@ immutable part objects (TOPIC/TOPIC_ID/PARTITION/manifest-parts/BASE-END-NONCE.j
 before the manifest that names them), which the manifest lists by key and range. A manifest
 without parts is format 1, as before (older readers read it); one with parts is format 2. In
 memory a Manifest holds every entry; readers load the parts (immutable: cached by key).
+
+tidelog 0.1.0 reads format 1 only (format 2 is to it a corrupt manifest), so parts are sealed
+only once the feature level allows format 2 (tidelog/formats.py): until then the manifest names
+every object itself, as 0.1.0's did. A manifest, part or cluster.json of a format newer than
+this build reads is refused by name (UnsupportedFormatVersion), never read as corrupt.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tidelog.errors import ArchiveCorrupt, CorruptRecord
+from tidelog.formats import check_version, write_version
 from tidelog.record.batch import BatchHeader, crc32c, iter_headers
 
 FORMAT = 1  # a manifest without parts
 FORMAT_PARTS = 2  # a manifest naming part objects
+CLUSTER_FORMAT = 1  # of cluster.json
 PART_ENTRIES = 100  # entries sealed into one part
 HEAD_MAX = 2 * PART_ENTRIES  # entries the manifest itself holds before the oldest are sealed
 CLUSTER_KEY = "cluster.json"
@@ -127,9 +134,32 @@ def part_bytes(entries: tuple[ArchivedSegment, ...]) -> bytes:
 def part_entries(raw: bytes, key: str) -> tuple[ArchivedSegment, ...]:
     try:
         data = json.loads(raw)
+        _check_format("archive-manifest", data, key)
         return tuple(ArchivedSegment.from_json(s) for s in data["segments"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ArchiveCorrupt(f"{key}: not a manifest part ({exc})", key=key) from None
+
+
+def cluster_marker(raw: bytes, key: str = CLUSTER_KEY) -> dict[str, Any]:
+    """cluster.json's fields, its format checked (UnsupportedFormatVersion if newer than this
+    build reads; ArchiveCorrupt if it is no JSON object)."""
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+    except (ValueError, TypeError) as exc:
+        raise ArchiveCorrupt(f"{key}: not a tidelog archive's ({exc})", key=key) from None
+    _check_format("archive-cluster", data, key)
+    return data
+
+
+def _check_format(name: str, data: Any, key: str) -> int:
+    """The "format" of an archive object's JSON, if this build reads it (a missing one is
+    ArchiveCorrupt, a newer one UnsupportedFormatVersion naming the key)."""
+    found = data.get("format") if isinstance(data, dict) else None
+    if not isinstance(found, int) or isinstance(found, bool):
+        raise ArchiveCorrupt(f"{key}: format {found!r}", key=key)
+    return check_version(name, found, f"archive object {key}")
 
 
 @dataclass(frozen=True)
@@ -166,10 +196,14 @@ class Manifest:
         sealed_end = self.parts[-1].end_offset  # (entries are in offset order: a bisection)
         return self.segments[bisect_left(self.segments, sealed_end, key=_base_offset) :]
 
-    def to_seal(self) -> tuple[ArchivedSegment, ...]:
-        """The oldest PART_ENTRIES of the head, once it holds more than HEAD_MAX: the next part."""
+    def to_seal(self, version: int | None = None) -> tuple[ArchivedSegment, ...]:
+        """The oldest PART_ENTRIES of the head, once it holds more than HEAD_MAX: the next part
+        (none while the manifest is written in format 1, which has no parts; version: default,
+        what the process's feature level writes)."""
+        if version is None:
+            version = write_version("archive-manifest")
         head = self.head
-        return head[:PART_ENTRIES] if len(head) > HEAD_MAX else ()
+        return head[:PART_ENTRIES] if len(head) > HEAD_MAX and version >= FORMAT_PARTS else ()
 
     def sealed(self, part: ManifestPart) -> Manifest:
         return replace(self, parts=(*self.parts, part))
@@ -277,8 +311,7 @@ class Manifest:
         read_part(key) (a store's get, or a cache of it: parts never change)."""
         try:
             data = json.loads(raw)
-            if int(data.get("format", -1)) not in (FORMAT, FORMAT_PARTS):
-                raise ArchiveCorrupt(f"{key}: manifest format {data.get('format')!r}", key=key)
+            _check_format("archive-manifest", data, key)
             parts = tuple(
                 ManifestPart(
                     str(p["key"]), int(p["base_offset"]), int(p["end_offset"]), int(p["count"])

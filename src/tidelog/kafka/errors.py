@@ -59,6 +59,7 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
     UnsupportedApi,
     UnsupportedCompression,
+    UnsupportedFormatVersion,
 )
 from tidelog.node.access import Operation
 
@@ -123,6 +124,7 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     UnknownCursor: GROUP_ID_NOT_FOUND,
     StorageFull: 56,  # KAFKA_STORAGE_ERROR: retriable, as writes resume when space returns
     StorageError: 56,
+    UnsupportedFormatVersion: 56,  # KAFKA_STORAGE_ERROR: a file this node cannot read
     DuplicateSequence: 46,  # DUPLICATE_SEQUENCE_NUMBER
     OutOfOrderSequence: 45,  # OUT_OF_ORDER_SEQUENCE_NUMBER
     NetworkError: 13,  # NETWORK_EXCEPTION

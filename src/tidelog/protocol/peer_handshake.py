@@ -19,6 +19,13 @@ tells a peer that kept its disk from one that came back empty (replication/direc
 Nothing but these two requests is read on a peer connection until it is bound. Under TLS the
 channel is mutual TLS as well, and the secret is still proved: a certificate from the CA proves
 a machine, the secret proves a member.
+
+The peer protocol's version (tidelog/formats.py, "peer-protocol") is negotiated here: the hello
+offers the newest the dialer speaks, the answer says the one the connection speaks (the lower of
+the two ends'); absent, either is version 1, tidelog 0.1.0's, which ignores both fields. Version
+1's listener proof binds no cluster id (0.1.0's dialer checks it so), and a cluster id its
+answer carries is then not taken for proved. An answer in a newer version than the dialer
+offered is refused by name (UnsupportedFormatVersion, naming the peer).
 """
 
 from __future__ import annotations
@@ -29,9 +36,12 @@ import os
 from dataclasses import dataclass
 
 from tidelog.errors import InconsistentClusterId, InvalidRequest
+from tidelog.formats import FORMATS, check_version
 
-PROTOCOL = b"tidelog-peer-v1"
+PROTOCOL = b"tidelog-peer-v1"  # the MAC's domain: the same in every peer protocol version
 NONCE_BYTES = 16
+PEER_VERSION = FORMATS["peer-protocol"].reads[1]  # the newest this build speaks
+CLUSTER_BOUND_VERSION = 2  # from this version the listener's proof binds its cluster id
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class PeerHello:
     nonce: str  # hex
     cluster_id: str = ""
     directory_id: str = ""
+    version: int = 1  # the newest peer protocol the dialer speaks (0.1.0 sends none: 1)
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,7 @@ class PeerHelloResponse:
     nonce: str
     proof: str
     cluster_id: str = ""  # the listener's; "" while it is not formatted yet
+    version: int = 1  # the peer protocol the connection speaks (0.1.0 sends none: 1)
 
 
 @dataclass(frozen=True)
@@ -110,10 +122,13 @@ class ListenerHandshake:
         self.dialer_directory = ""
         self._dialer_ids = ""
         self._nonces: tuple[str, str] | None = None
+        self.version = 1  # the peer protocol version the connection speaks, once negotiated
 
     def hello(self, msg: PeerHello) -> PeerHelloResponse:
         if self._nonces is not None:
             raise InvalidRequest("peer handshake: hello sent twice")
+        if msg.version < 1:
+            raise InvalidRequest(f"peer handshake: peer protocol version {msg.version}")
         check_nonce(msg.nonce)
         if msg.to != self.node_id:
             raise InvalidRequest(f"peer handshake: this is node {self.node_id}, not {msg.to}")
@@ -129,13 +144,14 @@ class ListenerHandshake:
         self.dialer_directory = msg.directory_id
         self._dialer_ids = _ids(msg.cluster_id, msg.directory_id)
         self._nonces = (msg.nonce, mine)
+        self.version = min(msg.version, PEER_VERSION)
+        bound = self.cluster_id if self.version >= CLUSTER_BOUND_VERSION else ""
         return PeerHelloResponse(
             self.node_id,
             mine,
-            proof(
-                self.secret, "listener", msg.node_id, self.node_id, msg.nonce, mine, self.cluster_id
-            ),
+            proof(self.secret, "listener", msg.node_id, self.node_id, msg.nonce, mine, bound),
             self.cluster_id,
+            self.version,
         )
 
     def auth(self, msg: PeerAuth) -> int:
@@ -165,24 +181,32 @@ class DialerHandshake:
         self.cluster_id = cluster_id
         self.directory_id = directory_id
         self.nonce = new_nonce()
+        self.version = 1  # the peer protocol version the connection speaks, once answered
 
     def hello(self) -> PeerHello:
-        return PeerHello(self.node_id, self.to, self.nonce, self.cluster_id, self.directory_id)
+        return PeerHello(
+            self.node_id, self.to, self.nonce, self.cluster_id, self.directory_id, PEER_VERSION
+        )
 
     def listener_cluster(self, msg: PeerHelloResponse) -> str:
-        """The listener's cluster id ("" if not formatted), once it proved the secret."""
+        """The listener's cluster id ("" if not formatted, or not bound into its proof: a
+        version 1 listener's), once it proved the secret."""
+        # (an answer newer than offered: the listener broke the negotiation, or is no tidelog)
+        check_version("peer-protocol", msg.version, f"peer node {self.to}'s handshake")
         check_nonce(msg.nonce)
         check_proof(msg.proof)
         if msg.node_id != self.to:
             raise InvalidRequest(f"peer handshake: expected node {self.to}, reached {msg.node_id}")
+        bound = msg.cluster_id if msg.version >= CLUSTER_BOUND_VERSION else ""
         expected = proof(
-            self.secret, "listener", self.node_id, self.to, self.nonce, msg.nonce, msg.cluster_id
+            self.secret, "listener", self.node_id, self.to, self.nonce, msg.nonce, bound
         )
         if not hmac.compare_digest(expected, msg.proof):
             raise InvalidRequest(
                 f"peer handshake: node {self.to} did not prove it holds the cluster secret"
             )
-        return msg.cluster_id
+        self.version = msg.version
+        return bound
 
     def answer(self, msg: PeerHelloResponse) -> PeerAuth:
         theirs = self.listener_cluster(msg)

@@ -12,6 +12,12 @@ the default applying gave it, and a value is converted as applying converted it.
 cannot be read so (not an object, an unknown kind, no field naming what it acts on, a value that
 does not convert) is MalformedCommand. Every command was validated before it was proposed, so
 that only happens across versions; every node skips it alike.
+
+A command's format version is its "v" (absent: 1, the only version so far and what tidelog
+0.1.0 wrote; 0.1.0 ignores the field). A command of a newer version than this build reads is not
+skipped: applying the log on without it would be a misread, so decoding raises
+UnsupportedFormatVersion and the node stops (Kafka's brokers stop so on a metadata record of an
+unknown version). A newer version is written only once the feature level allows it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, TypeVar
+
+from tidelog.formats import check_version
 
 T = TypeVar("T")
 
@@ -594,10 +602,15 @@ NODE_COMMANDS = frozenset(c.KIND for c in (RegisterNodes, AddNode, DrainNode, Re
 
 
 def decode_command(data: object) -> MetadataCommand:
-    """The command a record holds (MalformedCommand if it holds none this version knows)."""
+    """The command a record holds (MalformedCommand if it holds none this version knows;
+    UnsupportedFormatVersion if it is of a newer version than this build reads)."""
     if not isinstance(data, dict):
         raise MalformedCommand("not an object")
     kind = data.get("type")
+    version = data.get("v", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise MalformedCommand(f"version {version!r} is not a number")
+    check_version("metadata-command", version, f"metadata command {kind!r}")
     command = COMMANDS.get(kind) if isinstance(kind, str) else None
     if command is None:
         raise MalformedCommand(f"unknown kind {kind!r}")

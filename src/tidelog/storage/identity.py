@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.errors import InconsistentClusterId, NodeIdentityError, StorageError
+from tidelog.formats import check_version
 from tidelog.storage.checkpoint import read_checkpoint
 from tidelog.storage.durable import write_file
 
 META_FILE = "meta.properties"
 LEGACY_NODE_FILE = "node.checkpoint"  # before directory ids: {"node_id": N}
-VERSION = 1
+VERSION = 1  # of meta.properties (tidelog/formats.py); 0.1.0 wrote 1 and never checked it
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,12 @@ def read_identity(data_dir: Path) -> DirectoryIdentity | None:
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             values[key.strip()] = value.strip()
+    path = data_dir / META_FILE
+    try:
+        version = int(values.get("version", "1"))
+    except ValueError as exc:
+        raise StorageError(f"{path} is damaged (bad version {values['version']!r})") from exc
+    check_version("meta.properties", version, str(path))
     try:
         return DirectoryIdentity(
             values["cluster.id"],
@@ -130,4 +137,4 @@ def read_identity(data_dir: Path) -> DirectoryIdentity | None:
             initial_directories=values.get("initial.directories", ""),
         )
     except (KeyError, ValueError) as exc:
-        raise StorageError(f"{data_dir / META_FILE} is damaged (missing or bad {exc})") from exc
+        raise StorageError(f"{path} is damaged (missing or bad {exc})") from exc

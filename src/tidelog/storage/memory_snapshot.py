@@ -1,30 +1,40 @@
 """Snapshots kept in memory, for the simulator: the same file format and the same answers as
 SnapshotStore. A snapshot written whole is durable at once (the file store fsyncs it before
-write() returns); chunks received from a leader are not, and a crash loses them."""
+write() returns); chunks received from a leader are not, and a crash loses them. The epoch of a
+version 1 snapshot is kept beside it, as the file store keeps it in `<offset>.epoch`.
+
+It writes the newest snapshot version unless told otherwise: the simulator runs a cluster whose
+upgrade is finalized (its seeds replay as they always did)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tidelog.errors import CorruptRecord
+from tidelog.formats import FORMATS
 from tidelog.storage.snapshot import (
     SnapshotMeta,
     decode_snapshot,
     encode_snapshot,
     snapshot_epoch,
+    snapshot_version,
 )
 
 
 class MemorySnapshotStore:
-    def __init__(self, retain: int) -> None:
+    def __init__(self, retain: int, version: int = FORMATS["snapshot"].reads[1]) -> None:
         self.retain = max(1, retain)
+        self.version = version
         self._files: dict[int, bytes] = {}
         self._partial: dict[int, bytearray] = {}
+        self._epochs: dict[int, int] = {}  # beside version 1 snapshots
 
-    @staticmethod
-    def _meta(offset: int, data: bytes) -> SnapshotMeta:
+    def _meta(self, offset: int, data: bytes) -> SnapshotMeta:
         name = f"{offset:020d}.snapshot"
-        return SnapshotMeta(offset, len(data), Path(name), snapshot_epoch(data, offset, name))
+        epoch = snapshot_epoch(data, offset, name)
+        if snapshot_version(data, name) == 1:
+            epoch = self._epochs.get(offset, -1)
+        return SnapshotMeta(offset, len(data), Path(name), epoch)
 
     @property
     def largest(self) -> int:
@@ -37,14 +47,21 @@ class MemorySnapshotStore:
         offset = max(self._files)
         return self._meta(offset, self._files[offset])
 
-    def write(self, offset: int, payload: bytes, epoch: int = -1) -> SnapshotMeta:
-        self._files[offset] = encode_snapshot(offset, payload, epoch)
+    def write(
+        self, offset: int, payload: bytes, epoch: int = -1, version: int | None = None
+    ) -> SnapshotMeta:
+        self._epochs[offset] = epoch
+        self._files[offset] = encode_snapshot(
+            offset, payload, epoch, self.version if version is None else version
+        )
         self._prune()
         return self._meta(offset, self._files[offset])
 
     def _prune(self) -> None:
         for offset in sorted(self._files)[: -self.retain]:
             del self._files[offset]
+        for offset in [o for o in self._epochs if o not in self._files]:
+            del self._epochs[offset]
 
     def load(self, meta: SnapshotMeta) -> bytes:
         data = self._files.get(meta.offset)
@@ -69,9 +86,10 @@ class MemorySnapshotStore:
         partial += data
         return len(partial)
 
-    def finish(self, offset: int) -> SnapshotMeta:
+    def finish(self, offset: int, epoch: int = -1) -> SnapshotMeta:
         data = bytes(self._partial.pop(offset, b""))
         decode_snapshot(data, offset, f"{offset:020d}.snapshot.partial")
+        self._epochs[offset] = epoch
         self._files[offset] = data
         self._prune()
         return self._meta(offset, data)

@@ -13,6 +13,12 @@ syncs one WAL for all its entries and CockroachDB one write-ahead log for all it
     file: records, each  length (4 bytes BE) | CRC-32C of the body (4) | body
     body: {"g": KEY, "s": STATE} as JSON, STATE null for a replica that was deleted
 
+Version 1 (tidelog 0.1.0) is records only. From version 2 (written from feature level 2), the
+first record is the journal's format instead: {"format": "quorum-journal", "v": 2,
+"written_by": TIDELOG VERSION}. tidelog 0.1.0 reads that record as a damaged one and does not
+start: this file is opened before any partition's, so a node that goes back to 0.1.0 after the
+upgrade was finalized stops before it could misread a newer checkpoint as a damaged one.
+
 Opening replays the records (the last one for each key wins). A record cut short at the end is
 a write a crash interrupted: nothing was sent on its strength (its batch never finished its
 fsync), so the journal is cut back before it. A damaged record with whole records after it is
@@ -37,11 +43,14 @@ from typing import Any
 import crc32c as _crc32c
 
 from tidelog.errors import CorruptRecord
+from tidelog.formats import check_version, write_version
 from tidelog.storage.durable import fsync_dir, translate_os_error, write_all, write_file
+from tidelog.version import __version__
 
 log = logging.getLogger(__name__)
 
 JOURNAL_FILE = "quorum-states"
+FORMAT = "quorum-journal"
 RECORD = struct.Struct(">II")
 COMPACT_MIN_BYTES = 1024 * 1024
 
@@ -51,7 +60,18 @@ Submit = Callable[[Callable[[], None], Done], None]
 
 
 def encode_record(key: str, state: State | None) -> bytes:
-    body = json.dumps({"g": key, "s": state}, sort_keys=True, separators=(",", ":")).encode()
+    return _record({"g": key, "s": state})
+
+
+def encode_format(version: int) -> bytes:
+    """The record that opens a journal of version 2 and later (version 1 has none)."""
+    if version < 2:
+        return b""
+    return _record({"format": FORMAT, "v": version, "written_by": __version__})
+
+
+def _record(body_json: dict[str, Any]) -> bytes:
+    body = json.dumps(body_json, sort_keys=True, separators=(",", ":")).encode()
     return RECORD.pack(len(body), _crc32c.crc32c(body)) + body
 
 
@@ -60,6 +80,7 @@ class QuorumJournal:
         self.path = directory / JOURNAL_FILE
         self._submit = submit
         self.states: dict[str, State] = {}
+        self.version = 1  # of the file as it is (its first record says, from version 2)
         created = not self.path.exists()
         self._size = self._replay()
         self._compacted_size = max(self._size, 1)
@@ -70,6 +91,8 @@ class QuorumJournal:
         if created:
             fsync_dir(directory)
         self._pending: list[tuple[bytes, Done]] = []
+        # A journal in an older version than the write level is rewritten at its next write.
+        self._version_wanted = max(self.version, write_version(FORMAT))
         self._writing = False
         self.batches = 0  # fdatasyncs: one per batch of states
 
@@ -100,6 +123,10 @@ class QuorumJournal:
                 break  # the last record, torn
             try:
                 record = json.loads(body)
+                if position == 0 and "v" in record and "g" not in record:
+                    self.version = self._check_format(record)
+                    position = end
+                    continue
                 key, state = record["g"], record["s"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise CorruptRecord(f"{self.path}: record at {position}: {exc}") from exc
@@ -115,7 +142,24 @@ class QuorumJournal:
             os.truncate(self.path, position)
         return position
 
+    def _check_format(self, record: dict[str, Any]) -> int:
+        version = record["v"]
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TypeError(f"format version {version!r}")
+        return check_version(FORMAT, version, str(self.path))
+
     # -- writing ----------------------------------------------------------------------------
+
+    def upgrade(self, done: Done, version: int | None = None) -> None:
+        """Rewrite the journal in `version` (default: what the process's feature level writes),
+        then done(None). A node raising its write level does this first, and raises it for the
+        other files only once done: the journal's format record, which 0.1.0 refuses, is then
+        on disk before any file 0.1.0 would misread."""
+        wanted = write_version(FORMAT) if version is None else version
+        self._version_wanted = max(self._version_wanted, wanted)
+        self._pending.append((b"", done))
+        if not self._writing:
+            self._start()
 
     def write(self, key: str, state: State | None, done: Done) -> None:
         """Queue this state (None: the replica is gone); done(None) once it is durable, or
@@ -133,13 +177,18 @@ class QuorumJournal:
         self._writing = True
         data = b"".join(record for record, _ in batch)
         snapshot = None
-        if self._size + len(data) > max(COMPACT_MIN_BYTES, 4 * self._compacted_size):
+        version = self._version_wanted
+        if (
+            self._size + len(data) > max(COMPACT_MIN_BYTES, 4 * self._compacted_size)
+            or version != self.version
+        ):
             snapshot = dict(self.states)
         self._submit(
-            lambda: self._append(data, snapshot), lambda error: self._finished(batch, error)
+            lambda: self._append(data, snapshot, version),
+            lambda error: self._finished(batch, error),
         )
 
-    def _append(self, data: bytes, snapshot: dict[str, State] | None) -> None:
+    def _append(self, data: bytes, snapshot: dict[str, State] | None, version: int) -> None:
         """On a flush thread (one batch at a time)."""
         try:
             write_all(self._fd, data)
@@ -148,8 +197,11 @@ class QuorumJournal:
             raise translate_os_error(exc, f"writing {self.path.name}") from exc
         self._size += len(data)
         if snapshot is not None:
-            body = b"".join(encode_record(k, v) for k, v in sorted(snapshot.items()))
+            body = encode_format(version) + b"".join(
+                encode_record(k, v) for k, v in sorted(snapshot.items())
+            )
             write_file(self.path, body)  # temp, fsync, rename, directory fsync
+            self.version = version
             old, self._fd = self._fd, os.open(self.path, os.O_WRONLY | os.O_APPEND)
             os.close(old)
             self._size = self._compacted_size = len(body)

@@ -8,10 +8,15 @@
         8   payload length
         ..  payload           (the state machine's own encoding)
 
-Version 1 ("TLSNAP1\\n") had no epoch, and is still read (as epoch -1). The epoch is the last
-epoch of a log that starts over at the snapshot: a replica that restarts with its snapshot
-ahead of its log (taken from records its crash then lost) still knows it, or it would vote as
-a log ending in epoch -1 (fresh seed 898038519).
+Version 1 ("TLSNAP1\\n", tidelog 0.1.0's) has no epoch field. The epoch is the last epoch of a
+log that starts over at the snapshot: a replica that restarts with its snapshot ahead of its log
+(taken from records its crash then lost) still knows it, or it would vote as a log ending in
+epoch -1 (fresh seed 898038519). tidelog 0.1.0 reads only version 1 (a version 2 file is to it
+a damaged one, skipped; a leader's version 2 chunks a snapshot its followers cannot install), so
+until the feature level allows version 2 (tidelog/formats.py) snapshots are written as version
+1, and the epoch goes beside it, in `<offset>.epoch` (a checkpoint, written first; 0.1.0 ignores
+it). A magic "TLSNAP<n>\\n" of a newer version is refused by name (UnsupportedFormatVersion),
+never skipped as damaged.
 
 Written atomically (temp, fsync, rename, fsync dir); `snapshot.retain` newest are kept. A
 follower receiving one from its leader writes chunks into `<offset>.snapshot.partial`, which
@@ -28,6 +33,8 @@ from pathlib import Path
 import crc32c as _crc32c
 
 from tidelog.errors import CorruptRecord
+from tidelog.formats import check_version, write_version
+from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.durable import fsync_dir, translated, write_all, write_file
 
 MAGIC_V1 = b"TLSNAP1\n"
@@ -36,6 +43,7 @@ MAGIC = b"TLSNAP2\n"
 HEADER = struct.Struct(">8sqqIq")
 SUFFIX = ".snapshot"
 PARTIAL = ".snapshot.partial"
+EPOCH_SUFFIX = ".epoch"  # beside a version 1 snapshot: the epoch its header cannot hold
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,18 @@ class SnapshotMeta:
     epoch: int = -1  # of the record at offset - 1 (-1: not known)
 
 
-def encode_snapshot(offset: int, payload: bytes, epoch: int = -1) -> bytes:
-    return HEADER.pack(MAGIC, offset, epoch, _crc32c.crc32c(payload), len(payload)) + payload
+def encode_snapshot(
+    offset: int, payload: bytes, epoch: int = -1, version: int | None = None
+) -> bytes:
+    """A snapshot file's bytes, in `version` (default: what the process's feature level writes;
+    version 1 has no epoch)."""
+    if version is None:
+        version = write_version("snapshot")
+    check_version("snapshot", version, "a snapshot to write")
+    crc = _crc32c.crc32c(payload)
+    if version == 1:
+        return HEADER_V1.pack(MAGIC_V1, offset, crc, len(payload)) + payload
+    return HEADER.pack(MAGIC, offset, epoch, crc, len(payload)) + payload
 
 
 def decode_snapshot(data: bytes, offset: int, name: str) -> bytes:
@@ -60,18 +78,28 @@ def snapshot_epoch(data: bytes, offset: int, name: str) -> int:
     return _decode(data, offset, name)[1]
 
 
+def snapshot_version(data: bytes, name: str) -> int:
+    """The version its magic says, if this build reads it: UnsupportedFormatVersion for a
+    newer one, CorruptRecord for a magic that is no snapshot's."""
+    magic = data[: len(MAGIC)]
+    digit = magic[6:7]
+    if magic[:6] != b"TLSNAP" or magic[7:] != b"\n" or not digit.isdigit():
+        raise CorruptRecord(f"snapshot {name} has a bad header")
+    return check_version("snapshot", int(digit), f"snapshot {name}")
+
+
 def _decode(data: bytes, offset: int, name: str) -> tuple[bytes, int]:
-    version_1 = data[:8] == MAGIC_V1
+    version_1 = snapshot_version(data, name) == 1
     header = HEADER_V1 if version_1 else HEADER
     if len(data) < header.size:
         raise CorruptRecord(f"snapshot {name} is cut short")
     if version_1:
-        magic, stored_offset, crc, length = header.unpack_from(data)
+        _, stored_offset, crc, length = header.unpack_from(data)
         epoch = -1
     else:
-        magic, stored_offset, epoch, crc, length = header.unpack_from(data)
+        _, stored_offset, epoch, crc, length = header.unpack_from(data)
     payload = data[header.size :]
-    if magic not in (MAGIC, MAGIC_V1) or stored_offset != offset or length != len(payload):
+    if stored_offset != offset or length != len(payload):
         raise CorruptRecord(f"snapshot {name} has a bad header")
     if _crc32c.crc32c(payload) != crc:
         raise CorruptRecord(f"snapshot {name} fails its CRC")
@@ -98,25 +126,59 @@ class SnapshotStore:
         return sorted(metas, key=lambda m: m.offset)
 
     def latest(self) -> SnapshotMeta | None:
-        """The newest snapshot that reads back whole (a damaged one is skipped)."""
+        """The newest snapshot that reads back whole (a damaged one is skipped; one of a newer
+        version than this build reads is refused: UnsupportedFormatVersion)."""
         for meta in reversed(self.all()):
             try:
-                epoch = snapshot_epoch(meta.path.read_bytes(), meta.offset, meta.path.name)
-                return SnapshotMeta(meta.offset, meta.size_bytes, meta.path, epoch)
+                data = meta.path.read_bytes()
+                epoch = snapshot_epoch(data, meta.offset, meta.path.name)
             except CorruptRecord:
                 continue
+            if snapshot_version(data, meta.path.name) == 1:
+                epoch = self._epoch_beside(meta.offset)
+            return SnapshotMeta(meta.offset, meta.size_bytes, meta.path, epoch)
         return None
 
-    def write(self, offset: int, payload: bytes, epoch: int = -1) -> SnapshotMeta:
+    def write(
+        self, offset: int, payload: bytes, epoch: int = -1, version: int | None = None
+    ) -> SnapshotMeta:
+        """version: the file's (default: what the process's feature level writes)."""
+        if version is None:
+            version = write_version("snapshot")
         path = self._path(offset)
-        data = encode_snapshot(offset, payload, epoch)
+        data = encode_snapshot(offset, payload, epoch, version)
+        if version == 1:
+            self._keep_epoch_beside(offset, epoch)
         write_file(path, data)
         self.prune()
         return SnapshotMeta(offset, len(data), path, epoch)
 
+    def _epoch_path(self, offset: int) -> Path:
+        return self.directory / f"{offset:020d}{EPOCH_SUFFIX}"
+
+    def _keep_epoch_beside(self, offset: int, epoch: int) -> None:
+        """Before a version 1 snapshot is in place: its epoch, which its header cannot hold."""
+        if epoch >= 0:
+            write_checkpoint(self._epoch_path(offset), {"epoch": epoch})
+        else:
+            self._epoch_path(offset).unlink(missing_ok=True)
+
+    def _epoch_beside(self, offset: int) -> int:
+        try:
+            data = read_checkpoint(self._epoch_path(offset))
+        except CorruptRecord:
+            return -1  # as a version 1 snapshot without one: the epoch is not known
+        return int(data.get("epoch", -1)) if data is not None else -1
+
     def prune(self) -> None:
-        for meta in self.all()[: -self.retain]:
+        kept = self.all()
+        for meta in kept[: -self.retain]:
             meta.path.unlink(missing_ok=True)
+        offsets = {meta.offset for meta in kept[-self.retain :]}
+        for beside in self.directory.glob(f"*{EPOCH_SUFFIX}"):
+            stem = beside.name[: -len(EPOCH_SUFFIX)]
+            if not stem.isdigit() or int(stem) not in offsets:
+                beside.unlink(missing_ok=True)
 
     def load(self, meta: SnapshotMeta) -> bytes:
         """The payload, checked against its header and CRC."""
@@ -152,17 +214,24 @@ class SnapshotStore:
                 os.close(fd)
         return size + len(data)
 
-    def finish(self, offset: int) -> SnapshotMeta:
-        """Check the received file whole, then make it this replica's snapshot."""
+    def finish(self, offset: int, epoch: int = -1) -> SnapshotMeta:
+        """Check the received file whole, then make it this replica's snapshot. epoch: the
+        leader's word for it (FetchSnapshotResponse.snapshot_epoch), kept beside a version 1
+        file, whose header has none."""
         partial = self.directory / f"{offset:020d}{PARTIAL}"
         with translated("syncing a received snapshot"), open(partial, "rb+") as f:
             os.fsync(f.fileno())
         size = partial.stat().st_size
         try:
-            epoch = snapshot_epoch(partial.read_bytes(), offset, partial.name)
+            data = partial.read_bytes()
+            stored_epoch = snapshot_epoch(data, offset, partial.name)
         except CorruptRecord:
             partial.unlink(missing_ok=True)
             raise
+        if snapshot_version(data, partial.name) == 1:
+            self._keep_epoch_beside(offset, epoch)
+        else:
+            epoch = stored_epoch
         final = self._path(offset)
         with translated("installing a received snapshot"):
             os.replace(partial, final)
