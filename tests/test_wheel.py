@@ -4,18 +4,21 @@ installed into a fresh virtual environment outside the checkout, and tidelog run
 How, and why so:
 - `python -m build` makes the sdist, then the wheel from that sdist, as `make dist` does: the
   wheel carries the compiled record codecs and the commit the sdist baked in.
-- The fresh environment is `python -m venv --without-pip` in pytest's temporary directory (not
-  under the checkout), and the repo's own pinned pip installs into it (`pip --python`): a fresh
-  environment needs no pip of its own to be one, and ensurepip cost seconds here.
+- The fresh environment is `python -m venv --without-pip` in a temporary directory of its own
+  (not under the checkout), and the repo's own pinned pip installs into it (`pip --python`): a
+  fresh environment needs no pip of its own to be one, and ensurepip cost seconds here.
 - `pip install <wheel>[spark]` resolves the wheel's dependencies from the package index as a
   user's install does, pinned by the wheel's own metadata. Nothing is shared with the repo's
-  environment; `--no-compile` only skips writing .pyc files ahead (pyspark alone is half a
-  gigabyte of them, and Python compiles what it imports anyway).
+  environment; `--no-compile` only skips byte-compiling every installed module ahead of time
+  (pyspark, pandas and pyarrow hold thousands; Python compiles what it imports anyway), which
+  halved the install.
 - Every command then runs with the fresh environment's interpreter or its `tidelog` script, from
   a directory that is not the checkout and without PYTHONPATH, and checks that the tidelog it ran
   is the installed one.
-Measured on a shared 2-core machine: build ~10 s, fresh install with the spark extra ~25 s, the
-whole module ~80 s."""
+Measured on a shared 2-core machine busy with other work (load average 5 to 8): the build
+10-20 s, the install 25-45 s, the Spark read 26-88 s (the JVM alone 18 s of CPU), the module
+130-200 s in all. It costs about 70 s of CPU (pytest's children 45 s, the JVM 18 s, Spark's
+Python workers), so about a minute on a quiet 2-core machine."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -138,8 +142,16 @@ def build(out: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Install:
-    base = tmp_path_factory.mktemp("wheel")
+def installed() -> Iterator[Install]:
+    # A directory of its own, removed after the module: the environment is a gigabyte with
+    # pyspark (pytest keeps its last three temp directories), and other pytest sessions on the
+    # machine prune pytest's.
+    with tempfile.TemporaryDirectory(prefix="tidelog-wheel-") as name:
+        yield install_the_wheel(Path(name))
+
+
+def install_the_wheel(base: Path) -> Install:
+    """Build, make the fresh environment under base and install the wheel into it."""
     assert not base.resolve().is_relative_to(ROOT), "the fresh environment must be outside"
     commit = checkout_commit(ROOT)
     assert commit is not None, "the test builds from a git checkout"
