@@ -15,7 +15,7 @@ How, and why so:
 - Every command then runs with the fresh environment's interpreter or its `tidelog` script, from
   a directory that is not the checkout and without PYTHONPATH, and checks that the tidelog it ran
   is the installed one.
-Measured on a shared 2-core machine: 67 s in all with a load average about 2 (the build and
+Measured on a shared 2-core machine: 67-72 s in all with a load average of 1 to 2 (the build and
 the install 31 s, the Spark read 28 s, cluster up 4 s), and 130-200 s while other work kept the
 load average at 5 to 8."""
 
