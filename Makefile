@@ -8,7 +8,7 @@ QUICK_STAMP := $(VENV)/.installed-quick
 JS_STAMP := tests/js/node_modules/.installed
 
 .PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep fuzz \
-  spark-kills
+  spark-kills dist wheel-check
 
 setup: $(STAMP) $(JS_STAMP)
 
@@ -114,5 +114,18 @@ spark-kills: setup
 	TIDELOG_SPARK_DRIVER_KILLS=$(SPARK_KILLS) $(BIN)/pytest -q -s tests/test_spark.py \
 	  -k test_streaming_exactly_once_through_leader_and_driver_kills
 
+# A release's files (docs/releasing.md): the sdist, then the wheel built from it (with the compiled
+# record codecs and the commit the sdist names), both in dist/.
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	@ls -l dist
+
+# The wheel installed into a fresh virtual environment outside the checkout, then serve, the
+# client, cluster up and the Spark source run from it (tests/test_wheel.py; `make test` runs it
+# too).
+wheel-check: setup
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_wheel.py --durations=0
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist

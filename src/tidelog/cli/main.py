@@ -34,7 +34,7 @@ from tidelog.logs import configure as configure_logs
 from tidelog.node.failstop import EXIT_CODE as FAIL_STOP_EXIT_CODE
 from tidelog.protocol.api import CONSISTENCIES, LINEARIZABLE
 from tidelog.record.batch import Record
-from tidelog.version import __version__
+from tidelog.version import version_line
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7100"
 
@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tidelog", description="A replicated, segmented commit log."
     )
-    parser.add_argument("--version", action="version", version=f"tidelog {__version__}")
+    parser.add_argument(
+        "--version", action=VersionAction, help="print the version and the commit, and exit"
+    )
     sub = parser.add_subparsers(dest="command")
     add_serve_command(sub)
     add_cluster_commands(sub, with_bootstrap)
@@ -79,6 +81,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_archive_commands(sub, with_bootstrap)
     add_demo_command(sub)
     return parser
+
+
+class VersionAction(argparse.Action):
+    """`--version`: the version and the commit it was built from. The commit is looked up only
+    when asked (in a checkout that runs git), not each time the parser is built."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def with_bootstrap(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
