@@ -7,7 +7,7 @@ TEST_JOBS ?= 2
 QUICK_STAMP := $(VENV)/.installed-quick
 JS_STAMP := tests/js/node_modules/.installed
 
-.PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep fuzz \
+.PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep soak fuzz \
   spark-kills dist wheel-check
 
 setup: $(STAMP) $(JS_STAMP)
@@ -106,6 +106,14 @@ sim-sweep: setup
 FUZZ_SECONDS ?= 600
 fuzz: setup
 	TIDELOG_DECODER_FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/pytest -q -s tests/test_fuzz_decoders.py
+
+# The checks from outside, longer than CI runs them: the kill/pause nemesis, real network
+# partitions (needs `unshare -rn`) and the protocol fuzzer, SOAK_SECONDS each.
+SOAK_SECONDS ?= 300
+soak: setup
+	TIDELOG_SOAK_SECONDS=$(SOAK_SECONDS) TIDELOG_PARTITION_SECONDS=$(SOAK_SECONDS) \
+	  TIDELOG_FUZZ_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -q -s -p no:cacheprovider \
+	  tests/test_jepsen.py tests/test_network_partitions.py tests/test_fuzz.py
 
 # The Spark streaming kill test with SPARK_KILLS drivers SIGKILLed mid-run, each at whatever
 # point it reached, besides the crash point's driver and the leader that every run kills.

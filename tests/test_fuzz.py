@@ -11,7 +11,7 @@ the runs: each example is a seed (printed when it fails) and a number of frames.
 Afterwards: the node never died, its peak RSS stayed bounded, every batch in every segment
 passes the validator, its log holds no traceback, and a well-formed client still works.
 
-It runs for TIDELOG_FUZZ_SECONDS (default 40, what CI runs; set it higher for a soak) and prints
+It runs for TIDELOG_FUZZ_SECONDS (default 30, what CI runs; set it higher for a soak) and prints
 its executions per second.
 """
 
@@ -46,7 +46,7 @@ from tidelog.storage.scrub import check_batch
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
-FUZZ_SECONDS = float(os.environ.get("TIDELOG_FUZZ_SECONDS", "40"))
+FUZZ_SECONDS = float(os.environ.get("TIDELOG_FUZZ_SECONDS", "30"))
 KEYS = [int(k) for k in ApiKey]
 CLIENT_KEYS = [int(k) for k in api.REQUEST_TYPES]
 HINTS = {key: typing.get_type_hints(cls) for key, cls in api.REQUEST_TYPES.items()}

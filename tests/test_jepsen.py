@@ -26,7 +26,7 @@ from tidelog.record import ProducerRecord
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
-SOAK_SECONDS = float(os.environ.get("TIDELOG_SOAK_SECONDS", "30"))
+SOAK_SECONDS = float(os.environ.get("TIDELOG_SOAK_SECONDS", "20"))
 PARTITIONS = 3
 
 

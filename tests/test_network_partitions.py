@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 SECONDS = float(os.environ.get("TIDELOG_PARTITION_SECONDS", "20"))
-TABLE_SECONDS = float(os.environ.get("TIDELOG_PARTITION_SECONDS", "30"))
+TABLE_SECONDS = float(os.environ.get("TIDELOG_PARTITION_SECONDS", "20"))
 LAB = Path(__file__).with_name("netlab.py")
 
 
