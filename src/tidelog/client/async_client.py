@@ -12,9 +12,9 @@ written". With `idempotent=False`, such an attempt is not retried at all.
 
 `AsyncClient` is a facade: each method is documented here and done by one role, which the
 client composes: routing.py (connections, the metadata cache, retries to the right node),
-admin.py (topics, nodes, leaders, cursors, principals, ACLs, quotas, the archive), produce.py
-with idempotence.py (writes, as one idempotent producer), consume.py (fetches and consuming)
-and tables.py (table reads).
+admin.py (topics, nodes, leaders, cursors, principals, ACLs, quotas, the archive, feature
+levels), produce.py with idempotence.py (writes, as one idempotent producer), consume.py
+(fetches and consuming) and tables.py (table reads).
 """
 
 from __future__ import annotations
