@@ -29,14 +29,18 @@ from tidelog.archive.manifest import (
     part_bytes,
     part_entries,
 )
+from tidelog.archive.store import open_store
+from tidelog.archive.verify import verify_archive
 from tidelog.errors import (
     ArchiveCorrupt,
+    ArchiveError,
     CorruptRecord,
     InvalidRequest,
     StorageError,
     UnsupportedFormatVersion,
 )
 from tidelog.formats import FORMATS, check_version, write_version
+from tidelog.node.archiver import claim_archive
 from tidelog.protocol.peer_handshake import (
     PEER_VERSION,
     DialerHandshake,
@@ -304,6 +308,17 @@ def test_archive_objects_of_a_newer_format_are_refused_naming_the_key() -> None:
     assert cluster_marker(json.dumps(marker).encode()) == marker
     with pytest.raises(UnsupportedFormatVersion, match=r"cluster\.json"):
         cluster_marker(json.dumps({**marker, "format": 2}).encode())
+
+
+def test_a_newer_archive_is_named_by_verify_and_never_claimed(tmp_path: Path) -> None:
+    """A newer tidelog's cluster.json: `archive verify` names it, and a node's archiver refuses
+    to claim (and so to write into) the store, by name, rather than taking it for another's."""
+    store = open_store(f"file://{tmp_path}")
+    store.put("cluster.json", json.dumps({"format": 3, "cluster_id": "c"}).encode())
+    report = verify_archive(store)
+    assert any("format version 3" in p for p in report.problems), report.problems
+    with pytest.raises(ArchiveError, match=r"cluster\.json is in archive-cluster format version 3"):
+        claim_archive(store, "c", "")
 
 
 # -- the peer handshake ---------------------------------------------------------------------------

@@ -5,15 +5,20 @@ epochs never decreasing), and that one cluster owns it all."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.archive.manifest import CLUSTER_KEY, Manifest, check_object, holds_until
+from tidelog.archive.manifest import (
+    CLUSTER_KEY,
+    Manifest,
+    check_object,
+    cluster_marker,
+    holds_until,
+)
 from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
-from tidelog.errors import ArchiveError, ArchiveObjectMissing
+from tidelog.errors import ArchiveError, ArchiveObjectMissing, UnsupportedFormatVersion
 
 
 @dataclass
@@ -66,7 +71,7 @@ def verify_archive(store: ArchiveStore, topic: str | None = None) -> VerifyRepor
     problems: list[str] = []
     cluster_id = archive_id = ""
     try:
-        claimed = json.loads(store.get(CLUSTER_KEY))
+        claimed = cluster_marker(store.get(CLUSTER_KEY))
         cluster_id = str(claimed["cluster_id"])
         archive_id = str(claimed.get("archive_id", ""))
     except ArchiveObjectMissing:
@@ -75,9 +80,9 @@ def verify_archive(store: ArchiveStore, topic: str | None = None) -> VerifyRepor
             "held, or this is not a tidelog archive (--bootstrap compares it with what the "
             "cluster recorded)"
         )
-    except ArchiveError as exc:
+    except (ArchiveError, UnsupportedFormatVersion) as exc:
         problems.append(f"{CLUSTER_KEY}: {exc.message}")
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         problems.append(f"{CLUSTER_KEY} is not a tidelog archive's")
     reports = []
     for key in manifest_keys(store, topic):

@@ -45,6 +45,7 @@ from tidelog.archive.manifest import (
     Manifest,
     ManifestPart,
     check_object,
+    cluster_marker,
     describe_object,
     holds_until,
     manifest_key,
@@ -56,11 +57,13 @@ from tidelog.archive.reader import read_chunk
 from tidelog.archive.store import ArchiveStore, VersionConflict, open_store
 from tidelog.errors import (
     ArchiveClusterMismatch,
+    ArchiveCorrupt,
     ArchiveError,
     ArchiveLagExceeded,
     ArchiveLost,
     StorageError,
     TidelogError,
+    UnsupportedFormatVersion,
 )
 from tidelog.features import ARCHIVE_REPORTS_LEVEL, MAX_LEVEL
 from tidelog.invariant import InvariantBroken
@@ -928,9 +931,12 @@ def claim_archive(store: ArchiveStore, cluster_id: str, recorded_archive_id: str
         if versioned is None:
             raise ArchiveError(f"{store.url}: {CLUSTER_KEY} vanished", url=store.url)
     try:
-        claimed = dict(json.loads(versioned.data))
+        claimed = cluster_marker(versioned.data)
         owner = str(claimed["cluster_id"])
-    except (ValueError, KeyError, TypeError):
+    except UnsupportedFormatVersion as exc:
+        # A newer tidelog's archive: never written over (uploads wait, the error names it).
+        raise ArchiveError(f"{store.url}: {exc.message}", url=store.url) from None
+    except (ArchiveCorrupt, KeyError, TypeError):
         raise ArchiveClusterMismatch(
             f"{store.url}: {CLUSTER_KEY} is not a tidelog archive's", url=store.url
         ) from None
