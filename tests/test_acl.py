@@ -197,6 +197,7 @@ def tidelog_requests() -> list[tuple[str, ApiKey, Any, bytes]]:
         ),
         ("revoke", ApiKey.ACLS, api.AclsRequest("remove", acl), b""),
         ("list acls", ApiKey.ACLS, api.AclsRequest("list"), b""),
+        ("upgrade features", ApiKey.FEATURES, api.FeaturesRequest("upgrade"), b""),
         (
             "set a quota",
             ApiKey.QUOTAS,
