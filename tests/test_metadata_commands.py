@@ -30,6 +30,7 @@ from tidelog.replication.metadata_commands import (
     DeleteCursor,
     DeleteTopic,
     DrainNode,
+    FeatureLevel,
     GroupRecord,
     InvalidateCursor,
     MalformedCommand,
@@ -178,6 +179,16 @@ SAMPLES: list[tuple[MetadataCommand, dict[str, Any]]] = [
     (
         ArchiveLossAccepted("C", [ArchiveLoss("t", 0, 7, 20, 150, -1, -1)]),
         {"type": "archive_loss_accepted", "archive_id": "C", "lost": [LOSS]},
+    ),
+    (
+        FeatureLevel("tidelog.version", 2, True, 1000),
+        {
+            "type": "feature_level",
+            "name": "tidelog.version",
+            "level": 2,
+            "new_cluster": True,
+            "at_ms": 1000,
+        },
     ),
 ]
 

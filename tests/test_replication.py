@@ -50,8 +50,17 @@ def test_the_core_does_no_io() -> None:
                 names = [node.module.split(".")[0]]
                 if node.module.startswith("tidelog."):
                     layer = node.module.split(".")[1]
-                    # (formats: the table of format versions, no IO: decoders check versions)
-                    allowed = {"record", "replication", "errors", "invariant", "config", "formats"}
+                    # (formats: the table of format versions; features: the feature levels
+                    # rules; neither does IO)
+                    allowed = {
+                        "record",
+                        "replication",
+                        "errors",
+                        "invariant",
+                        "config",
+                        "formats",
+                        "features",
+                    }
                     assert layer in allowed, (
                         f"{path.name} imports {node.module}: the core sees storage only through "
                         "its interface"

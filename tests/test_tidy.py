@@ -14,7 +14,13 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # Lowest first: a module may import its own layer and those below, never one above. A module
 # belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
-    ("tidelog.errors", "tidelog.version", "tidelog.invariant", "tidelog.formats"),
+    (
+        "tidelog.errors",
+        "tidelog.version",
+        "tidelog.invariant",
+        "tidelog.formats",
+        "tidelog.features",
+    ),
     ("tidelog.logs", "tidelog.config", "tidelog.acls", "tidelog.tls", "tidelog.scram"),
     ("tidelog.principals",),
     ("tidelog.record",),

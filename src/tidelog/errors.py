@@ -47,6 +47,8 @@
     │   └── ArchiveLost                     the store lost what the cluster recorded it held
     │                                       (also an OffsetOutOfRange, for a read of that range)
     ├── ArchiveLagExceeded                  retriable: produce refused, the archive is too far behind
+    ├── UnsupportedFeatureLevel             a node does not support a feature level (tidelog/features.py)
+    │   └── UnsafeFeatureDowngrade          going back from a level whose formats older nodes cannot read
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
 """
@@ -389,6 +391,22 @@ class ArchiveLagExceeded(TidelogError):
 
     code = 117
     retriable = True
+
+
+class UnsupportedFeatureLevel(TidelogError):
+    """A feature level some node does not support: a node whose range does not include the
+    cluster's finalized level (refused at start and at join), or an upgrade to a level a
+    registered node does not support or that a node not live cannot be asked about (Kafka's
+    UpdateFeatures refusals)."""
+
+    code = 123
+
+
+class UnsafeFeatureDowngrade(UnsupportedFeatureLevel):
+    """A downgrade past a level at which nodes may have written formats a lower level cannot
+    read (tidelog/features.py says which levels allow going back)."""
+
+    code = 124
 
 
 _BY_CODE: dict[int, type[TidelogError]] = {}

@@ -23,6 +23,7 @@ from tidelog.cli.cluster import add_cluster_commands
 from tidelog.cli.connect import add_connection_options, add_tls_options, client_of
 from tidelog.cli.demo import add_demo_command
 from tidelog.cli.elect import add_partitions_command
+from tidelog.cli.features import add_features_commands
 from tidelog.cli.progress import Progress
 from tidelog.cli.tables import add_watch_option, show, table_lines
 from tidelog.client.async_client import AsyncClient
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_access_commands(sub, with_bootstrap)
     add_dev_certs_command(sub)
     add_archive_commands(sub, with_bootstrap)
+    add_features_commands(sub, with_bootstrap)
     add_demo_command(sub)
     return parser
 
@@ -915,13 +917,25 @@ def cmd_status(args: argparse.Namespace) -> int:
                         for n in nodes
                     ],
                 }
-                return value, status_text(rows)
+                return value, status_text(rows) + feature_levels_text(nodes)
 
             await show(render, args.json, args.watch)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run())
     return 0
+
+
+def feature_levels_text(nodes: list[dict[str, Any]]) -> str:
+    """The cluster's finalized feature levels, as the nodes that answered applied them."""
+    levels: dict[str, set[int]] = {}
+    for n in nodes:
+        for feature, said in dict((n.get("metadata") or {}).get("features", {})).items():
+            levels.setdefault(feature, set()).add(int(said["finalized_level"]))
+    return "".join(
+        f"\n{feature} finalized at level {'/'.join(str(v) for v in sorted(values))}"
+        for feature, values in sorted(levels.items())
+    )
 
 
 STATUS_HEADINGS = (

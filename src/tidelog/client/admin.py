@@ -1,5 +1,5 @@
 """Administering the cluster: topics and their moves, nodes and leaders, cursors, principals,
-ACLs, quotas and the archive record. Changes go through the metadata log's leader (routing's
+ACLs, quotas, the archive record and feature levels. Changes go through the metadata log's leader (routing's
 `to_metadata_leader`), and so do the reads that must see them (read-your-writes); waits poll
 the metadata leader until the change is done."""
 
@@ -151,6 +151,7 @@ class Admin:
             list(resp.metadata_learners),
             list(resp.metadata_base_voters),
             list(resp.removed_nodes),
+            dict(resp.finalized_features),
         )
 
     async def add_node(
@@ -326,3 +327,15 @@ class Admin:
         request = api.ArchiveRequest("accept_loss")
         header = await self._to_metadata_leader(ApiKey.ARCHIVE, request)
         return api.decode(api.ArchiveResponse, header)
+
+    # -- feature levels ---------------------------------------------------------------------------
+
+    async def describe_features(self) -> api.FeaturesResponse:
+        request = api.FeaturesRequest("describe")
+        header = await self._to_metadata_leader(ApiKey.FEATURES, request)  # read-your-writes
+        return api.decode(api.FeaturesResponse, header)
+
+    async def update_features(self, level: int, downgrade: bool) -> api.FeaturesResponse:
+        request = api.FeaturesRequest("downgrade" if downgrade else "upgrade", level)
+        header = await self._to_metadata_leader(ApiKey.FEATURES, request)
+        return api.decode(api.FeaturesResponse, header)

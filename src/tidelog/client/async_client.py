@@ -12,9 +12,9 @@ written". With `idempotent=False`, such an attempt is not retried at all.
 
 `AsyncClient` is a facade: each method is documented here and done by one role, which the
 client composes: routing.py (connections, the metadata cache, retries to the right node),
-admin.py (topics, nodes, leaders, cursors, principals, ACLs, quotas, the archive), produce.py
-with idempotence.py (writes, as one idempotent producer), consume.py (fetches and consuming)
-and tables.py (table reads).
+admin.py (topics, nodes, leaders, cursors, principals, ACLs, quotas, the archive, feature
+levels), produce.py with idempotence.py (writes, as one idempotent producer), consume.py
+(fetches and consuming) and tables.py (table reads).
 """
 
 from __future__ import annotations
@@ -359,6 +359,24 @@ class AsyncClient:
         """An operator's word that the archive's store holds what it holds now: every range it
         lost is recorded (and refused to readers by name), and uploads go on."""
         return await self._admin.accept_archive_loss()
+
+    # -- feature levels (admin.py) ----------------------------------------------------------------
+
+    async def describe_features(self) -> api.FeaturesResponse:
+        """The cluster's finalized level of tidelog.version (tidelog/features.py), this build's
+        levels and what each registered node announced it supports, from the metadata
+        leader."""
+        return await self._admin.describe_features()
+
+    async def update_features(
+        self, level: int = 0, downgrade: bool = False
+    ) -> api.FeaturesResponse:
+        """Finalize another level of tidelog.version (Kafka's updateFeatures). An upgrade
+        (level 0: the highest every node supports) is refused with UnsupportedFeatureLevel,
+        naming the node, unless every registered node is live and supports it; a downgrade
+        (level 0: one lower) with UnsafeFeatureDowngrade past a level that does not allow
+        going back."""
+        return await self._admin.update_features(level, downgrade)
 
     # -- tables (tables.py) -----------------------------------------------------------------------
 

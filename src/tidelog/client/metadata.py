@@ -44,6 +44,9 @@ class NodeInfo:
     peer_port: int  # 0: learnt from its client listener
     draining: bool  # being removed: its replicas move off
     metadata_role: str  # in the metadata log: "voter", "learner" (catching up) or ""
+    # feature -> [min, max] levels the node announced it supports (empty: never heard, or
+    # the answering node is of tidelog 0.1.0)
+    supported_features: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def of_wire(cls, node: dict[str, Any]) -> NodeInfo:
@@ -55,6 +58,10 @@ class NodeInfo:
             int(node.get("peer_port", 0)),
             bool(node.get("draining", False)),
             str(node.get("metadata_role", "")),
+            {
+                str(k): [int(v) for v in r]
+                for k, r in dict(node.get("supported_features", {})).items()
+            },
         )
 
 
@@ -67,6 +74,8 @@ class ClusterInfo:
     metadata_learners: list[int]
     metadata_base_voters: list[int]  # the metadata log's membership at its log start
     removed_nodes: list[int]
+    # feature -> the level the cluster finalized (absent: its lowest, tidelog/features.py)
+    finalized_features: dict[str, int] = field(default_factory=dict)
 
     def node(self, node_id: int) -> NodeInfo | None:
         return next((n for n in self.nodes if n.node_id == node_id), None)

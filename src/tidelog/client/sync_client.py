@@ -436,6 +436,12 @@ class Client:
     def accept_archive_loss(self) -> api.ArchiveResponse:
         return self._run(self._async.accept_archive_loss())
 
+    def describe_features(self) -> api.FeaturesResponse:
+        return self._run(self._async.describe_features())
+
+    def update_features(self, level: int = 0, downgrade: bool = False) -> api.FeaturesResponse:
+        return self._run(self._async.update_features(level, downgrade))
+
     def set_quota(self, principal: str, limits: dict[str, float]) -> dict[str, Any]:
         return self._run(self._async.set_quota(principal, limits))
 

@@ -57,8 +57,10 @@ from tidelog.errors import (
     UnknownLeaderEpoch,
     UnknownNode,
     UnknownTopicOrPartition,
+    UnsafeFeatureDowngrade,
     UnsupportedApi,
     UnsupportedCompression,
+    UnsupportedFeatureLevel,
     UnsupportedFormatVersion,
 )
 from tidelog.node.access import Operation
@@ -146,6 +148,8 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     ArchiveCorrupt: 2,  # CORRUPT_MESSAGE: a damaged archived batch is never served
     ArchiveLost: OFFSET_OUT_OF_RANGE,  # the client's auto.offset.reset decides, as for retention
     ArchiveLagExceeded: 56,  # retriable, as writes resume when the archive catches up
+    UnsupportedFeatureLevel: 95,  # INVALID_UPDATE_VERSION (KIP-584's UpdateFeatures refusal)
+    UnsafeFeatureDowngrade: 95,
 }
 
 

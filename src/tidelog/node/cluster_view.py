@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from tidelog.node.archiver import Archiver
 from tidelog.node.cleaner import Cleaner
 from tidelog.node.config import NodeConfig
+from tidelog.node.feature_levels import FeatureLevels
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.metrics import Counters, Histograms, Labels
 from tidelog.node.partition import PartitionHost
@@ -98,6 +99,7 @@ class ClusterView:
         hosts: Mapping[str, PartitionHost],
         registry: NodeRegistry,
         liveness: Liveness,
+        features: FeatureLevels,
         cleaner: Cleaner,
         archiver: Archiver | None,
         log_start_offset: Callable[[PartitionHost], int],
@@ -112,6 +114,7 @@ class ClusterView:
         self._hosts = hosts
         self._registry = registry
         self._liveness = liveness
+        self._features = features
         self._cleaner = cleaner
         self._archiver = archiver
         self._log_start_offset = log_start_offset
@@ -172,6 +175,12 @@ class ClusterView:
     def applied_offset(self) -> int:
         """Metadata log entries this node has applied."""
         return self._metadata.state.applied_offset
+
+    @property
+    def finalized_level(self) -> int:
+        """The cluster's finalized level of tidelog.version, as this node applied it
+        (tidelog/features.py; node/feature_levels.py's subscribe follows its changes)."""
+        return self._features.finalized
 
     @property
     def topics(self) -> Mapping[str, TopicMeta]:

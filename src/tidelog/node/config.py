@@ -33,6 +33,7 @@ from typing import Any
 
 from tidelog.acls import ANONYMOUS
 from tidelog.config import InvalidConfig, TopicConfig, parse_address
+from tidelog.features import MAX_LEVEL, MIN_LEVEL
 from tidelog.node.access import Authorization
 from tidelog.principals import PRINCIPAL_NAME
 from tidelog.tls import TlsFiles
@@ -136,6 +137,10 @@ class NodeConfig:
     # node alone, so a new cluster's first admin needs no principal in the metadata log yet.
     admin_token: tuple[str, str] | None = field(default=None, repr=False)
     insecure: bool = False  # listen beyond loopback without TLS and ACLs, said out loud
+    # feature.max.level: the highest tidelog.version level this node announces and runs at
+    # (0: this build's highest). For testing upgrades only: a node that acts as an older build
+    # (docs/operations.md, "Feature levels and upgrades").
+    feature_max_level: int = 0
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -169,6 +174,12 @@ class NodeConfig:
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
         self.check_batch_fits(self.topic_defaults.max_message_bytes)
+        if self.feature_max_level and not MIN_LEVEL <= self.feature_max_level <= MAX_LEVEL:
+            raise InvalidConfig(
+                f"feature.max.level must be {MIN_LEVEL}..{MAX_LEVEL} (0: {MAX_LEVEL}), got "
+                f"{self.feature_max_level}",
+                key="feature.max.level",
+            )
         if self.tls is not None:
             self.tls.server_context(self.tls_client_auth)  # refuses bad files now, by name
             self.tls.server_context("required")  # the peer listener's mutual TLS
@@ -484,6 +495,7 @@ _SETTINGS: tuple[Reader, ...] = (
     _int("request_receive_timeout_ms", "request.receive.timeout.ms"),
     _int("fd_reserve", "fd.reserve"),
     _int("fetch_max_bytes", "fetch.max.bytes"),
+    _int("feature_max_level", "feature.max.level"),
     Setting("zero_copy", ("zero_copy",), _flag, every=True),
     Setting("quiesce", ("quiesce",), _flag, every=True),
     Setting("peer_listen", ("peer_listen",), _address),

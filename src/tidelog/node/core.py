@@ -31,6 +31,7 @@ from tidelog.errors import (
     InvalidRequest,
     UnsupportedApi,
 )
+from tidelog.features import FEATURE, build_range
 from tidelog.invariant import InvariantBroken
 from tidelog.logs import event
 from tidelog.node.access import Access, Operation, Principal
@@ -41,6 +42,7 @@ from tidelog.node.cleaner import Cleaner
 from tidelog.node.cluster_view import ClusterView, disk_usage
 from tidelog.node.config import NodeConfig
 from tidelog.node.failstop import FailStop
+from tidelog.node.feature_levels import FeatureLevels
 from tidelog.node.flusher import Flusher
 from tidelog.node.login_guard import LoginGuard
 from tidelog.node.metadata_log import MetadataLog
@@ -48,6 +50,7 @@ from tidelog.node.metrics import Counters, Histograms, RequestMetrics
 from tidelog.node.ops.cluster_admin import ClusterAdmin
 from tidelog.node.ops.cursors import CursorOps
 from tidelog.node.ops.data import DataOps
+from tidelog.node.ops.features import FeatureOps
 from tidelog.node.ops.metadata_answer import MetadataAnswers
 from tidelog.node.ops.security import Security
 from tidelog.node.ops.topic_admin import TopicAdmin
@@ -113,6 +116,7 @@ QUOTA_CHARGES: dict[type[Any], str] = {
             api.AclsRequest,
             api.QuotasRequest,
             api.ArchiveRequest,
+            api.FeaturesRequest,
         ),
         ADMIN_REQUEST_RATE,
     ),
@@ -129,6 +133,10 @@ def on_cluster(operation: Operation) -> Scope:
 
 
 def archive_scope(req: api.ArchiveRequest) -> tuple[Operation, Resource, str]:
+    return (Operation.DESCRIBE if req.op == "describe" else Operation.ALTER), Resource.cluster(), ""
+
+
+def features_scope(req: api.FeaturesRequest) -> tuple[Operation, Resource, str]:
     return (Operation.DESCRIBE if req.op == "describe" else Operation.ALTER), Resource.cluster(), ""
 
 
@@ -206,6 +214,7 @@ class NodeCore:
             hosts=self.hosts,
             registry=self.registry,
             liveness=self.liveness,
+            features=self.features,
             cleaner=self.cleaner,
             archiver=self.archiver,
             log_start_offset=self.data.log_start_offset,
@@ -220,11 +229,13 @@ class NodeCore:
         # what its metadata leader said (the Node sets it before start).
         self.initial_voters = self.config.voters
         self.on_nodes_changed: Callable[[], None] = lambda: None  # the peer channel follows
+        self.joined = False  # the Node sets it: this node joined a running cluster (--join)
         self.metadata_machine = MetadataMachine(
             lambda name: self.topics.on_topic_changed(name),
             lambda state: self.topics.on_reset(state),
             lambda: self.on_nodes_changed(),
             lambda name: self.on_principal_changed(name),
+            lambda command: self.features.on_applied(command),
         )
         self.metadata_log = MetadataLog(
             self.config.node_id, self.hosts, self.metadata_machine, send_to_peer, self.background
@@ -240,6 +251,16 @@ class NodeCore:
         self.registry = NodeRegistry(
             self.metadata_log, lambda: self.config, lambda: self.on_nodes_changed()
         )
+        # The feature levels this node supports, those its peers announce, the cluster's
+        # finalized level and its one hook, `features.subscribe` (node/feature_levels.py).
+        self.features = FeatureLevels(
+            self.config.node_id,
+            build_range(self.config.feature_max_level),
+            self.metadata_log,
+            self.registry,
+            self.liveness,
+            self.fail_stop,
+        )
         self.peer_liveness = PeerLiveness(
             self.liveness,
             self.clock,
@@ -247,6 +268,8 @@ class NodeCore:
             send_to_peer,
             self.groups,
             self.counters,
+            self.features.announcement,
+            self.features.on_heartbeat,
         )
         self.metadata_answers = MetadataAnswers(
             self.config.node_id, self.metadata_log, self.registry, self.hosts
@@ -295,7 +318,9 @@ class NodeCore:
             self.archiver,
             lambda: self.identity,
             self.directories.current,
+            self.features,
         )
+        self.feature_ops = FeatureOps(self.node_id, self.metadata_log, self.features)
 
     def _handler_table(self) -> dict[type[Any], tuple[Handler, Scope]]:
         """Request type -> (its handler, what it does to which resource: for Access)."""
@@ -350,6 +375,7 @@ class NodeCore:
             api.AclsRequest: (self.security.acls, on_cluster(Operation.GRANT)),
             api.QuotasRequest: (self.security.quotas, on_cluster(Operation.GRANT)),
             api.ArchiveRequest: (self.cluster_admin.archive, archive_scope),
+            api.FeaturesRequest: (self.feature_ops.features_request, features_scope),
         }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -365,9 +391,15 @@ class NodeCore:
             snapshot_entries=self.config.metadata_snapshot_entries,
             snapshot_catchup_entries=max(1, self.config.metadata_snapshot_entries // 2),
         )
+        # No metadata log yet, in a cluster this node did not join: a new cluster's, whose
+        # first leader finalizes its feature level (node/feature_levels.py).
+        new_log = not (self.config.data_dir / f"{METADATA_TOPIC}-0").exists() and not self.joined
         metadata = self.open_host(
             METADATA_TOPIC, 0, self.initial_voters, metadata_config, self.metadata_machine
         )
+        # A node that does not support the cluster's finalized level is refused here, with the
+        # metadata log's committed records applied.
+        self.features.check_at_start(new_log)
         self.topics.sweep()
         if metadata.replica.epoch == 0 and self.node_id == min(self.initial_voters):
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout
@@ -413,6 +445,7 @@ class NodeCore:
             await asyncio.sleep(CHECKS_EVERY_S)
             self.topics.check_moves()
             self.registry.check()
+            self.features.check()
 
     def stored_bytes(self) -> int:
         return self.groups.stored_bytes()
@@ -679,6 +712,13 @@ class NodeCore:
             "cursors": len(self.metadata.cursors),
             "storage_bytes": self.stored_bytes(),
             "storage_max_bytes": self.config.storage_max_bytes,
+            # tidelog/features.py: the cluster's level as this node applied it, and its range
+            "features": {
+                FEATURE: {
+                    "finalized_level": self.features.finalized,
+                    "supported": self.features.supported.to_wire(),
+                }
+            },
         }
         node = {
             **disk_usage(self.config.data_dir),

@@ -29,6 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from tidelog.features import FEATURE
 from tidelog.invariant import InvariantBroken
 from tidelog.node.cluster_view import ArchiveFigures, ClusterView, PartitionFigures
 from tidelog.node.turns import Turns
@@ -125,6 +126,7 @@ class NodeCollector:
         view = self.view
         yield _node_info(view)
         yield from (metric.family(view) for metric in METADATA_AND_STORAGE)
+        yield _feature_level(view)
         yield from _disk(view)
         yield _peers_alive(view)
         yield from (metric.family(view) for metric in REPLICAS_AND_FILES)
@@ -280,6 +282,17 @@ def _node_info(view: ClusterView) -> Family:
         },
     )
     return info
+
+
+def _feature_level(view: ClusterView) -> Family:
+    level = Family(
+        "gauge",
+        "tidelog_feature_level",
+        "The cluster's finalized level of a feature, as this node applied it",
+        ["feature"],
+    )
+    level.add_metric([FEATURE], view.finalized_level)
+    return level
 
 
 def _disk(view: ClusterView) -> Iterator[Family]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from tidelog.config import InvalidConfig
 from tidelog.errors import TidelogError
+from tidelog.features import DEFAULT_LEVEL, FEATURE, build_range, check_supported
 from tidelog.node.config import NodeConfig
 from tidelog.node.registry import node_entries
 from tidelog.replication.metadata import NodeEntry
@@ -115,6 +116,9 @@ async def join_cluster(config: NodeConfig) -> Joined:
                 f"--listen {me.host}:{me.port}",
                 key="listen",
             )
+        # A node that could not run at the cluster's finalized level is refused now, by name.
+        finalized = info.finalized_features.get(FEATURE, DEFAULT_LEVEL)
+        check_supported(finalized, build_range(config.feature_max_level), config.node_id)
         joined = Joined(info.cluster_id, tuple(info.metadata_base_voters), node_entries(info))
         config.data_dir.mkdir(parents=True, exist_ok=True)
         write_checkpoint(config.data_dir / JOINED_FILE, joined.to_wire())

@@ -32,8 +32,14 @@ class PeerLiveness:
         send_to_peer: PeerSender,
         groups: ReplicaGroups,
         counters: Counters,
+        announcement: Callable[[], dict[str, Any]] = dict,
+        on_announced: Callable[[int, Any], None] = lambda sender, features: None,
     ) -> None:
         self.liveness = liveness
+        # What this node announces of itself in every heartbeat (the feature levels it
+        # supports), and who hears what peers announce (node/feature_levels.py).
+        self.announcement = announcement
+        self.on_announced = on_announced
         self.clock = clock
         self.peers = peers  # every node the peer channel dials (this one too)
         self.send_to_peer = send_to_peer
@@ -46,7 +52,11 @@ class PeerLiveness:
         while True:
             if liveness.heartbeat_due():
                 heartbeat = liveness.heartbeat()
-                header = {"node": heartbeat.node, "incarnation": heartbeat.incarnation}
+                header = {
+                    "node": heartbeat.node,
+                    "incarnation": heartbeat.incarnation,
+                    "features": self.announcement(),
+                }
                 for peer in self.peers():
                     if peer != liveness.node_id:
                         self.send_to_peer(peer, ApiKey.LIVENESS, header, None)
@@ -61,6 +71,8 @@ class PeerLiveness:
         node, incarnation = header.get("node"), header.get("incarnation")
         if not isinstance(node, int) or not isinstance(incarnation, int):
             raise InvalidRequest("a liveness heartbeat needs integer node and incarnation")
+        if node == sender:  # nobody speaks for another node
+            self.on_announced(sender, header.get("features"))
         self.liveness.on_heartbeat(sender, Heartbeat(node, incarnation))
         self.changed()
 

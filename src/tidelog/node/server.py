@@ -125,6 +125,7 @@ class Node:
         if joined is not None:
             self.config = self.core.config = joined.config(self.config)
             self.core.initial_voters = joined.metadata_voters
+            self.core.joined = True
         await self._check_identity(data)
         config = self.config
         tls = config.tls

@@ -16,6 +16,7 @@ from tidelog.replication.log_interface import ReplicaLog
 from tidelog.replication.metadata import MetadataState
 from tidelog.replication.metadata_commands import (
     NODE_COMMANDS,
+    MetadataCommand,
     PutPrincipal,
     RemovePrincipal,
     decode_command,
@@ -99,8 +100,11 @@ class MetadataMachine:
         on_reset: Callable[[MetadataState], None],
         on_nodes: Callable[[], None] = lambda: None,
         on_principal: Callable[[str], None] = lambda name: None,
+        on_applied: Callable[[MetadataCommand | None], None] = lambda command: None,
     ) -> None:
         self.state = MetadataState()
+        # Every command applied (None: a snapshot installed): feature levels follow them.
+        self._on_applied = on_applied
         self._on_topic = on_topic
         self._on_reset = on_reset
         self._on_nodes = on_nodes
@@ -125,6 +129,7 @@ class MetadataMachine:
                 self._on_nodes()
             if isinstance(command, PutPrincipal | RemovePrincipal):
                 self._on_principal(command.name)
+            self._on_applied(command)
         self.state.applied_offset = max(self.state.applied_offset, next_offset)
 
     def snapshot(self) -> bytes:
@@ -138,6 +143,7 @@ class MetadataMachine:
         state.applied_offset = offset
         self.state = state
         self._on_reset(state)
+        self._on_applied(None)
         self._on_nodes()
 
 

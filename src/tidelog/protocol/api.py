@@ -52,6 +52,7 @@ class ApiKey(enum.IntEnum):
     PEER_BATCH = 113  # the one-way messages a node has for one peer at once, in one frame
     ARCHIVE = 114  # the archive as the cluster recorded it; an operator accepts a loss
     ARCHIVE_REPORT = 115  # a partition leader tells the metadata leader its archive's extent
+    FEATURES = 116  # describe, upgrade, downgrade feature levels (Kafka: UpdateFeatures, KIP-584)
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -235,6 +236,9 @@ class DescribeClusterResponse:
     # joining node opens its replica of the metadata log with it.
     metadata_base_voters: list[int]
     removed_nodes: list[int] = field(default_factory=list)
+    # The cluster's finalized feature levels as the answering node applied them (none: every
+    # feature at its lowest level; an answer from a node of 0.1.0, which knew no levels).
+    finalized_features: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -431,6 +435,32 @@ class ArchiveResponse:
     accepted: list[dict[str, Any]]  # accept_loss: what was recorded lost now
 
 
+@dataclass(frozen=True)
+class FeaturesRequest:
+    """describe: the cluster's finalized level of the feature and what each node supports.
+    upgrade, downgrade: finalize another level (to the metadata leader; refused unless every
+    registered node is live and supports it, and for a downgrade unless every level passed
+    over allows going back: tidelog/features.py)."""
+
+    op: str  # describe | upgrade | downgrade
+    level: int = 0  # upgrade: 0 is the highest every node supports; downgrade: 0 is one lower
+    feature: str = "tidelog.version"
+
+
+@dataclass(frozen=True)
+class FeaturesResponse:
+    feature: str
+    finalized_level: int
+    recorded: bool  # False: no level in the metadata log (a cluster from before levels: 1)
+    # this build's levels: level, meaning, downgrade_safe (may a cluster go back from it)
+    levels: list[dict[str, Any]]
+    # per registered node: node_id, min_level, max_level (-1: never heard), live
+    nodes: list[dict[str, Any]]
+    upgradable_to: int  # the highest level every registered node, live, supports now
+    changed: bool = False  # upgrade, downgrade: a new level was finalized now
+    node_id: int = -1  # who answered
+
+
 # How current a table read is (etcd's names; docs/design.md, "Reads that are current").
 LINEARIZABLE = "linearizable"  # ReadIndex: a majority confirms the leader; the default
 LEASE = "lease"  # the leader's lease, no round trip: safe under bounded clock drift
@@ -488,6 +518,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.ACLS: AclsRequest,
     ApiKey.QUOTAS: QuotasRequest,
     ApiKey.ARCHIVE: ArchiveRequest,
+    ApiKey.FEATURES: FeaturesRequest,
 }
 
 T = TypeVar("T")

@@ -27,6 +27,7 @@ from tidelog.errors import (
     UnknownNode,
     UnknownTopicOrPartition,
 )
+from tidelog.features import DEFAULT_LEVEL, FEATURE
 from tidelog.invariant import InvariantBroken
 from tidelog.replication.metadata_commands import (
     AddNode,
@@ -41,6 +42,7 @@ from tidelog.replication.metadata_commands import (
     DeleteCursor,
     DeleteTopic,
     DrainNode,
+    FeatureLevel,
     GroupRecord,
     InvalidateCursor,
     MetadataCommand,
@@ -201,6 +203,13 @@ class MetadataState:
     # [[start, end], ...]}. A store that comes back without it is ArchiveLost (node/archiver.py).
     archive_id: str = ""
     archive_extents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Finalized feature levels by feature (tidelog/features.py); none recorded: DEFAULT_LEVEL.
+    features: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finalized_level(self) -> int:
+        """The cluster's finalized level of tidelog.version."""
+        return self.features.get(FEATURE, DEFAULT_LEVEL)
 
     def topic(self, name: str) -> TopicMeta:
         meta = self.topics.get(name)
@@ -458,6 +467,13 @@ class MetadataState:
             "lost": lost,
         }
 
+    # -- feature levels -------------------------------------------------------------------------
+
+    def _feature_level(self, offset: int, command: FeatureLevel) -> None:
+        if command.new_cluster and command.name in self.features:
+            return  # a new cluster's level, proposed again by a later leader: the first holds
+        self.features[command.name] = command.level
+
     # Each kind's handler: (state, the command's offset, the command) -> the topic it changed.
     HANDLERS: ClassVar[dict[str, Callable[[MetadataState, int, Any], str | None]]] = {
         CreateTopic.KIND: _create_topic,
@@ -484,6 +500,7 @@ class MetadataState:
         ArchiveClaimed.KIND: _archive_claimed,
         ArchiveLossAccepted.KIND: _archive_loss_accepted,
         ArchiveExtent.KIND: _archive_extent,
+        FeatureLevel.KIND: _feature_level,
     }
 
     def hosted_on(self, node_id: int) -> list[tuple[str, int]]:
@@ -509,6 +526,7 @@ class MetadataState:
             "acls": list(self.acls.values()),
             "quotas": self.quotas,
             "archive": {"archive_id": self.archive_id, "extents": self.archive_extents},
+            "features": dict(self.features),
         }
 
     @staticmethod
@@ -537,6 +555,7 @@ class MetadataState:
         for a in data.get("acls", []):
             acl = {str(k): str(v) for k, v in dict(a).items()}
             state.acls[acl_key(acl)] = acl
+        state.features = {str(k): int(v) for k, v in dict(data.get("features", {})).items()}
         return state
 
 

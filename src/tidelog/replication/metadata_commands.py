@@ -569,6 +569,28 @@ class ArchiveLossAccepted(MetadataCommand):
         return cls(fields.text("archive_id", ""), fields.read("lost", _losses, []))
 
 
+@dataclass(frozen=True)
+class FeatureLevel(MetadataCommand):
+    """The cluster's finalized level of a feature (Kafka's FeatureLevelRecord; tidelog/
+    features.py). new_cluster: proposed by the first leader of a new cluster, which finalizes
+    the highest level its nodes support at once; it changes nothing once a level is recorded."""
+
+    KIND: ClassVar[str] = "feature_level"
+    name: str
+    level: int
+    new_cluster: bool
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("name"),
+            fields.integer("level"),
+            fields.read("new_cluster", bool, False),
+            fields.at_ms(),
+        )
+
+
 COMMANDS: dict[str, type[MetadataCommand]] = {
     c.KIND: c
     for c in (
@@ -596,6 +618,7 @@ COMMANDS: dict[str, type[MetadataCommand]] = {
         ArchiveClaimed,
         ArchiveExtent,
         ArchiveLossAccepted,
+        FeatureLevel,
     )
 }
 NODE_COMMANDS = frozenset(c.KIND for c in (RegisterNodes, AddNode, DrainNode, RemoveNode))

@@ -15,7 +15,9 @@ from tidelog.errors import (
     NotLeader,
     UnknownTopicOrPartition,
 )
+from tidelog.features import announcement
 from tidelog.node.archiver import Archiver
+from tidelog.node.feature_levels import FeatureLevels
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.ops.base import MetadataOps
 from tidelog.node.partition import PartitionHost
@@ -44,6 +46,7 @@ class ClusterAdmin(MetadataOps):
         archiver: Archiver | None,
         identity: Callable[[], DirectoryIdentity],
         peer_current_directories: dict[int, str],
+        features: FeatureLevels,
     ) -> None:
         self.node_id = node_id
         self.metadata_log = metadata_log
@@ -52,6 +55,7 @@ class ClusterAdmin(MetadataOps):
         self.archiver = archiver
         self._identity = identity
         self.peer_current_directories = peer_current_directories  # as their handshakes said
+        self.features = features
 
     @property
     def identity(self) -> DirectoryIdentity:
@@ -67,7 +71,11 @@ class ClusterAdmin(MetadataOps):
         nodes = []
         for n, entry in sorted(self.registry.nodes().items()):
             role = "voter" if n in current.voters else "learner" if n in current.learners else ""
-            nodes.append({**entry.to_wire(), "metadata_role": role})
+            announced = self.features.last_announced(n)
+            supported = {} if announced is None else announcement(announced)
+            nodes.append(
+                {**entry.to_wire(), "metadata_role": role, "supported_features": supported}
+            )
         return api.DescribeClusterResponse(
             self.identity.cluster_id,
             self.node_id,
@@ -77,6 +85,7 @@ class ClusterAdmin(MetadataOps):
             list(current.learners),
             list(replica.history.entries[0].voters),
             sorted(self.metadata.removed_nodes),
+            dict(self.metadata.features),
         )
 
     async def add_node(self, req: api.AddNodeRequest, payload: bytes) -> api.NodeChangeResponse:
