@@ -27,7 +27,6 @@ over the five restarts."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 import secrets
@@ -62,7 +61,6 @@ LOAD_S = float(os.environ.get("TIDELOG_UPGRADE_LOAD_SECONDS", "20"))
 NODES = (1, 2, 3)
 TOPIC, COPY, GROUP, CURSOR = "load", "copy", "upgrade-group", "upgrade-cursor"
 THIS_BUILD = "this build"
-FINALIZE = importlib.util.find_spec("tidelog.cli.features") is not None
 
 
 @pytest.fixture(scope="module")
@@ -333,17 +331,24 @@ class Upgrade:
         return lines
 
 
-def finalize(cluster: RollingCluster) -> str:
+def features_upgrade(cluster: RollingCluster, *to: str) -> subprocess.CompletedProcess[str]:
     """`tidelog features upgrade`, from this build's CLI."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tidelog", "features", "upgrade", "--bootstrap", cluster.bootstrap],
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tidelog",
+            "features",
+            "upgrade",
+            *to,
+            "--bootstrap",
+            cluster.bootstrap,
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         timeout=60,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def journal_version_2(cluster: RollingCluster, n: int) -> bool:
@@ -406,17 +411,21 @@ def test_a_rolling_upgrade_under_load_loses_nothing_and_finalizes(
                 upgrade.restart(n, THIS_BUILD)
             # Before finalizing, a node may go back to the previous release, and forward again.
             upgrade.restart(3, previous.version)
+            # Finalizing waits for the last node of the previous release: level 2 is refused.
+            early = features_upgrade(cluster, "--to", "2")
+            assert early.returncode != 0, f"finalized with a {previous.version} node: {early}"
+            print(early.stderr)
             upgrade.restart(3, THIS_BUILD)
-            # FINALIZE: `tidelog features` comes with the features branch (TODO: drop the guard).
-            refusal = ""
-            if FINALIZE:
-                print(finalize(cluster))
-                for n in NODES:
-                    wait_for(
-                        f"node {n}'s journal in version 2",
-                        lambda n=n: journal_version_2(cluster, n),
-                    )
-                refusal = upgrade.restart(1, THIS_BUILD, refused=previous.version)
+            finalized = features_upgrade(cluster)
+            assert finalized.returncode == 0, finalized.stdout + finalized.stderr
+            assert "finalized at 2" in finalized.stdout, finalized.stdout
+            print(finalized.stdout)
+            for n in NODES:
+                wait_for(
+                    f"node {n}'s quorum journal in version 2",
+                    lambda n=n: journal_version_2(cluster, n),
+                )
+            refusal = upgrade.restart(1, THIS_BUILD, refused=previous.version)
             time.sleep(upgrade.pause_s)
             load.halt.set()
             load.join(60)
@@ -437,8 +446,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing_and_finalizes(
         f"acknowledged {len(load.acked)} of {load.sent} sent; retriable errors "
         f"{len(load.retriable)}; test {time.monotonic() - began:.0f}s"
     )
-    if FINALIZE:
-        assert f"{JOURNAL_FILE}" in refusal and "CorruptRecord" in refusal, refusal
+    assert f"{JOURNAL_FILE}" in refusal and "CorruptRecord" in refusal, refusal
 
 
 def check_everything(
