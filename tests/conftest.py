@@ -58,3 +58,13 @@ def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _formats_written_at_the_default_level() -> Iterator[None]:
+    """A node in this process raises the formats' write level to its cluster's finalized feature
+    level (one per process, as a node is one: tidelog/formats.py); the next test starts at 1."""
+    yield
+    from tidelog import formats
+
+    formats.set_write_level(formats.LEVEL_MIN)

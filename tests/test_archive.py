@@ -1159,10 +1159,10 @@ def test_a_store_that_comes_back_empty_is_archive_lost_until_an_operator_decides
 
 @pytest.mark.timeout(240)
 def test_a_long_archive_seals_parts_and_reads_whole_after_a_restart(tmp_path: Path) -> None:
-    """A live archive past HEAD_MAX objects, read whole after a restart, verify passes. At
-    feature level 1 (the default until the cluster's upgrade is finalized) the manifest names
-    every object itself, as tidelog 0.1.0 reads it; parts are sealed from level 2 (the unit test
-    above covers them)."""
+    """A live archive past HEAD_MAX objects: a new cluster finalizes feature level 2, so parts
+    are written before the manifest names them (at level 1 the manifest names every object
+    itself, as tidelog 0.1.0 reads it: the unit test above); a restarted node reads the whole
+    archive back through them, verify passes."""
     from tidelog.archive.manifest import HEAD_MAX
 
     archive = tmp_path / "archive"
@@ -1182,8 +1182,8 @@ def test_a_long_archive_seals_parts_and_reads_whole_after_a_restart(tmp_path: Pa
             assert total < 20_000, status_row(client, "long")
         key = next(k for k in open_store(url).list("long") if k.endswith("manifest.json"))
         written = json.loads((archive / key).read_text())
-        assert written["format"] == 1 and not written.get("parts")
-        assert len(written["segments"]) > HEAD_MAX
+        assert written["format"] == 2 and written["parts"]
+        assert len(written["segments"]) <= HEAD_MAX
         cluster.stop(1)
         cluster.start(1)
         cluster.wait_ready()

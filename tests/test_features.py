@@ -39,6 +39,7 @@ from tidelog.node.state_machine import MetadataMachine
 from tidelog.record.batch import Record
 from tidelog.replication.metadata import MetadataState
 from tidelog.replication.metadata_commands import FeatureLevel
+from tidelog.storage.quorum_journal import JOURNAL_FILE, RECORD
 
 ONE_TWO = SupportedRange(1, 2)
 CAPPED = ["--set", "feature.max.level=1"]  # a node that acts as a build of level 1 only
@@ -201,6 +202,19 @@ def test_a_new_cluster_starts_at_the_highest_level_every_node_supports(tmp_path:
         assert "UnsafeFeatureDowngrade" in out and "before finalizing" in out
 
 
+def journal_versions(cluster: LocalCluster) -> set[int]:
+    """Each node's quorum journal's format version (its first record names one from 2 on)."""
+    versions = set()
+    for n in cluster.node_ids:
+        raw = (cluster.data_dir / f"node-{n}" / JOURNAL_FILE).read_bytes()
+        if len(raw) < RECORD.size:
+            versions.add(1)
+            continue
+        first = raw[RECORD.size : RECORD.size + RECORD.unpack_from(raw)[0]]
+        versions.add(json.loads(first).get("v", 1) if b'"format"' in first else 1)
+    return versions
+
+
 @pytest.mark.process
 def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path: Path) -> None:
     """Every node starts as a build of level 1 (the cluster finalizes 1); nodes 1 and 2 get the
@@ -210,6 +224,7 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
     cluster = LocalCluster(tmp_path, nodes=3, serve_args=CAPPED)
     with cluster, Client(cluster.bootstrap) as client:
         finalized(client, 1)
+        assert journal_versions(cluster) == {1}  # what 0.1.0 writes and reads
         client.create_topic("t", partitions=1, replication_factor=3)
         client.produce("t", [b"before"])
         for n in (1, 2):
@@ -234,6 +249,8 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         out = tidelog("features", "upgrade", "--bootstrap", cluster.bootstrap)
         assert "upgraded: finalized at 2" in out
         wait_for_value("every node applied level 2", lambda: node_levels(client), {2}.__eq__)
+        # The quorum journal, rewritten first: the record 0.1.0 refuses (formats.py).
+        wait_for_value("journals of version 2", lambda: journal_versions(cluster), {2}.__eq__)
 
         # The old build of node 3 again: refused at start, with the reason.
         cluster.stop(3)

@@ -426,7 +426,7 @@ class MemorySnapshots:
         self.partial[offset] = self.partial.get(offset, b"") + data
         return len(self.partial[offset])
 
-    def finish_snapshot(self, offset: int) -> bool:
+    def finish_snapshot(self, offset: int, epoch: int = -1) -> bool:
         ok = self.partial.pop(offset) == b"S" * 50
         self.installed = offset if ok else None
         return ok

@@ -56,6 +56,11 @@ LEVELS: dict[int, Level] = {
 MIN_LEVEL = min(LEVELS)
 MAX_LEVEL = max(LEVELS)
 
+# What a node sends and proposes only once the cluster is finalized at this level, because a
+# 0.1.0 node refuses it: the archive's reports to the metadata leader (peer message
+# ARCHIVE_REPORT, metadata commands archive_claimed and archive_extent).
+ARCHIVE_REPORTS_LEVEL = 2
+
 
 @dataclass(frozen=True)
 class SupportedRange:

@@ -22,10 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tidelog.errors import UnsupportedFormatVersion
+from tidelog.features import MAX_LEVEL, MIN_LEVEL
 from tidelog.version import __version__
 
-LEVEL_MIN = 1  # tidelog 0.1.0's formats
-LEVEL_MAX = 2  # the newest level this build knows
+# The feature levels (tidelog/features.py): 1 writes tidelog 0.1.0's formats, the newest level
+# this build knows writes its newest.
+LEVEL_MIN = MIN_LEVEL
+LEVEL_MAX = MAX_LEVEL
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from tidelog.errors import (
     StorageError,
     TidelogError,
 )
+from tidelog.features import ARCHIVE_REPORTS_LEVEL, MAX_LEVEL
 from tidelog.invariant import InvariantBroken
 from tidelog.logs import event
 from tidelog.node.metadata_log import MetadataLog
@@ -155,8 +156,12 @@ class Archiver:
         cluster_id: Callable[[], str],
         url: str,
         endpoint: str = "",
+        finalized_level: Callable[[], int] = lambda: MAX_LEVEL,
     ) -> None:
         self.metadata = metadata
+        # The cluster's feature level: below ARCHIVE_REPORTS_LEVEL the archive works as in
+        # 0.1.0, with no reports (so no loss of the store is detected: docs/formats.md).
+        self.finalized_level = finalized_level
         self.hosts = hosts  # the node's replica groups (shared)
         self.counters = counters
         self.cluster_id = cluster_id  # the node's, once its data directory is read
@@ -553,6 +558,8 @@ class Archiver:
         self._report(command, f"{host.group} archived [{start}, {end})")
 
     def _report(self, command: MetadataCommand, what: str) -> None:
+        if self.finalized_level() < ARCHIVE_REPORTS_LEVEL:
+            return  # a 0.1.0 metadata leader would refuse the message (features.py)
         self.metadata.report(f"archive {what}", ApiKey.ARCHIVE_REPORT, command)
 
     def on_report_message(self, header: dict[str, object], sender: int) -> None:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tidelog import formats
 from tidelog.acls import Resource
 from tidelog.config import TopicConfig
 from tidelog.errors import (
@@ -83,6 +84,7 @@ from tidelog.replication.metadata import (
 )
 from tidelog.replication.metadata_commands import MetadataCommand
 from tidelog.storage.identity import DirectoryIdentity
+from tidelog.storage.quorum_journal import FORMAT as QUORUM_JOURNAL_FORMAT
 from tidelog.storage.quorum_journal import QuorumJournal
 from tidelog.version import __version__
 
@@ -283,6 +285,7 @@ class NodeCore:
                 lambda: self.identity.cluster_id,
                 self.config.archive,
                 self.config.archive_endpoint,
+                lambda: self.features.finalized,
             )
             if self.config.archive
             else None
@@ -378,6 +381,27 @@ class NodeCore:
             api.FeaturesRequest: (self.feature_ops.features_request, features_scope),
         }
 
+    def _write_formats_of(self, level: int) -> None:
+        """Write the formats of the cluster's finalized feature level (formats.py): the quorum
+        journal first, whose format record tidelog 0.1.0 refuses, and every other file only once
+        that record is on disk, so an old binary put back on this data stops before it can
+        misread a file it would take for damaged."""
+        journal = self.quorum_journal
+        if journal is None or level <= formats.write_level():
+            return
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                log.error(
+                    "feature level %d: the quorum journal was not rewritten: %s", level, error
+                )
+                return
+            if level > formats.write_level():
+                formats.set_write_level(level)
+                log.info("writing the formats of feature level %d", level)
+
+        journal.upgrade(done, formats.write_version(QUORUM_JOURNAL_FORMAT, level))
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -400,6 +424,7 @@ class NodeCore:
         # A node that does not support the cluster's finalized level is refused here, with the
         # metadata log's committed records applied.
         self.features.check_at_start(new_log)
+        self.features.subscribe(self._write_formats_of)
         self.topics.sweep()
         if metadata.replica.epoch == 0 and self.node_id == min(self.initial_voters):
             metadata.replica.campaign()  # a new cluster need not wait out an election timeout

@@ -162,7 +162,7 @@ class SnapshotFiles(Protocol):
 
     def write_chunk(self, offset: int, position: int, data: bytes) -> int: ...
 
-    def finish(self, offset: int) -> SnapshotMeta: ...
+    def finish(self, offset: int, epoch: int = -1) -> SnapshotMeta: ...
 
 
 class StateMachineDriver:
@@ -238,9 +238,11 @@ class StateMachineDriver:
     def write_snapshot_chunk(self, offset: int, position: int, data: bytes) -> int:
         return self.store.write_chunk(offset, position, data)
 
-    def finish_snapshot(self, offset: int) -> bool:
+    def finish_snapshot(self, offset: int, epoch: int = -1) -> bool:
         try:
-            meta = self.store.finish(offset)
+            # (A version 1 snapshot's header has no epoch: the store keeps the leader's beside
+            # it, so a restart before the log starts over at it still knows the epoch.)
+            meta = self.store.finish(offset, epoch)
             self.machine.restore(self.store.load(meta), offset)
         except CorruptRecord as exc:
             log.warning(

@@ -78,6 +78,7 @@ class SnapshotAccess(Protocol):
 
     def write_snapshot_chunk(self, offset: int, position: int, data: bytes) -> int: ...
 
-    def finish_snapshot(self, offset: int) -> bool:
-        """Verify the received snapshot and load it into the state machine."""
+    def finish_snapshot(self, offset: int, epoch: int = -1) -> bool:
+        """Verify the received snapshot and load it into the state machine. epoch: the leader's
+        word for the epoch of the last entry it covers (kept with the snapshot)."""
         ...

@@ -51,7 +51,7 @@ class SnapshotFetch:
                 return False
             received = self.store.write_snapshot_chunk(offset, resp.position, resp.records.read())
             if received >= resp.size:
-                if self.store.finish_snapshot(offset):
+                if self.store.finish_snapshot(offset, resp.snapshot_epoch):
                     return True
                 self.offset = -1  # it did not verify: fetch it again
         return False
