@@ -286,7 +286,8 @@ def cursor_positions(client: Client) -> dict[int, int]:
 class Restart:
     node: int
     to: str
-    stopped_at: float
+    stopped_at: float  # SIGTERM sent
+    exited_at: float = 0.0
     started_at: float = 0.0
     in_sync_at: float = 0.0
     gap_s: float = 0.0  # the longest time without an acknowledged produce around it
@@ -304,8 +305,10 @@ class Upgrade:
         """Stop node n, start it with version, wait until it is in sync. With refused: first
         start it with that version, which must refuse to start: what it printed."""
         time.sleep(self.pause_s)
-        restart = Restart(n, version, time.monotonic())
+        restart = Restart(n, f"{version} ({refused} refused)" if refused else version, 0.0)
+        restart.stopped_at = time.monotonic()
         self.cluster.stop(n)
+        restart.exited_at = time.monotonic()
         printed = self.cluster.refused_start(n, refused) if refused else ""
         restart.started_at = time.monotonic()
         self.cluster.start(n, version)
@@ -321,11 +324,11 @@ class Upgrade:
         return printed
 
     def table(self) -> list[str]:
-        lines = ["node  to               gap (s)  stop (s)  in sync after start (s)"]
+        lines = ["node  to                          gap (s)  stop (s)  in sync after start (s)"]
         for r in self.restarts:
             r.gap_s = self.load.longest_gap(r.stopped_at - 1, r.in_sync_at + 1)
             lines.append(
-                f"{r.node:<5} {r.to:<16} {r.gap_s:>7.2f}  {r.started_at - r.stopped_at:>8.2f}  "
+                f"{r.node:<5} {r.to:<27} {r.gap_s:>7.2f}  {r.exited_at - r.stopped_at:>8.2f}  "
                 f"{r.in_sync_at - r.started_at:>23.2f}"
             )
         return lines
@@ -446,6 +449,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing_and_finalizes(
         f"acknowledged {len(load.acked)} of {load.sent} sent; retriable errors "
         f"{len(load.retriable)}; test {time.monotonic() - began:.0f}s"
     )
+    print(f"{previous.version} on node 1's data after finalizing:", refusal.strip()[-300:])
     assert f"{JOURNAL_FILE}" in refusal and "CorruptRecord" in refusal, refusal
 
 
