@@ -12,9 +12,11 @@ The Spark driver and the clients run this build's client code throughout, as cli
 upgraded on their own schedule.
 
 Before finalizing, one node goes back to the previous release and catches up (a downgrade is
-allowed until then), then forward again. `tidelog features upgrade` then finalizes; from then
-on the nodes write version 2 of their quorum journal, and the previous release refuses to start
-on that data, naming the file.
+allowed until then); meanwhile finalizing is refused, and the metadata commands this build's
+leader writes (a topic created, the cursor committed) are applied by the old node as written.
+Then it goes forward again, and `tidelog features upgrade` finalizes; from then on the nodes
+write version 2 of their quorum journal, and the previous release refuses to start on that
+data, naming the file.
 
 Throughout: no acknowledged record lost (everything read back and compared with what was
 acknowledged, offset by offset), no error a client cannot retry, the sink's output holds every
@@ -59,7 +61,8 @@ pytestmark = [pytest.mark.process, pytest.mark.spark]  # tiers: pyproject.toml's
 ROOT = Path(__file__).resolve().parent.parent
 LOAD_S = float(os.environ.get("TIDELOG_UPGRADE_LOAD_SECONDS", "20"))
 NODES = (1, 2, 3)
-TOPIC, COPY, GROUP, CURSOR = "load", "copy", "upgrade-group", "upgrade-cursor"
+TOPIC, COPY, MIXED = "load", "copy", "made-while-mixed"
+GROUP, CURSOR = "upgrade-group", "upgrade-cursor"
 THIS_BUILD = "this build"
 
 
@@ -371,6 +374,33 @@ def mark_positions(client: Client, cluster: RollingCluster, load: KafkaLoad) -> 
     return positions
 
 
+def metadata_while_mixed(client: Client, old: int, marked: dict[int, int]) -> dict[int, int]:
+    """While node old runs the previous release, this build's metadata leader writes commands
+    it must apply as written: a new topic (its replica made on node old, which then takes
+    acks=all writes) and the cursor committed further on. The cursor's new positions."""
+    client.create_topic(MIXED, 1, replication_factor=3)
+    client.wait_for_leaders(MIXED)
+    retry(
+        f"a write to {MIXED}",
+        lambda: client.produce(MIXED, [b"m"], 0),
+        30,
+        tolerating=(TidelogError,),
+    )
+
+    def held_by_old() -> list[bytes | None]:
+        records = client.consume(
+            MIXED, 0, "earliest", reset="none", replica_read=True, prefer_node=old
+        )
+        return [r.value for r in records]
+
+    wait_for(
+        f"node {old} to hold {MIXED}", lambda: held_by_old() == [b"m"], tolerating=(TidelogError,)
+    )
+    further = {p: o + 1 for p, o in marked.items()}
+    client.commit_cursor(CURSOR, further)
+    return further
+
+
 def read_back(client: Client, topic: str) -> dict[tuple[int, int], bytes]:
     return {
         (p, r.offset): r.value or b""
@@ -414,6 +444,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing_and_finalizes(
                 upgrade.restart(n, THIS_BUILD)
             # Before finalizing, a node may go back to the previous release, and forward again.
             upgrade.restart(3, previous.version)
+            cursor_at = metadata_while_mixed(client, 3, marked)
             # Finalizing waits for the last node of the previous release: level 2 is refused.
             early = features_upgrade(cluster, "--to", "2")
             assert early.returncode != 0, f"finalized with a {previous.version} node: {early}"
@@ -438,7 +469,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing_and_finalizes(
             )
             time.sleep(2)  # a duplicate would land now, if any
             query.stop()
-            check_everything(client, cluster, load, marked)
+            check_everything(client, cluster, load, marked, cursor_at)
     finally:
         load.halt.set()
         if query is not None and query.isActive:
@@ -454,7 +485,11 @@ def test_a_rolling_upgrade_under_load_loses_nothing_and_finalizes(
 
 
 def check_everything(
-    client: Client, cluster: RollingCluster, load: KafkaLoad, marked: dict[int, int]
+    client: Client,
+    cluster: RollingCluster,
+    load: KafkaLoad,
+    marked: dict[int, int],
+    cursor_at: dict[int, int],
 ) -> None:
     assert load.fatal == [], f"errors a client cannot retry: {load.fatal}"
     log = read_back(client, TOPIC)
@@ -464,5 +499,5 @@ def check_everything(
     assert max(values.values()) == 1, "the idempotent producer's retries wrote twice"
     copied = Counter(read_back(client, COPY).values())
     assert copied == values, "the exactly-once sink lost or duplicated records"
-    assert cursor_positions(client) == marked
+    assert cursor_positions(client) == cursor_at
     assert group_offsets(cluster.kafka_bootstrap) == marked
