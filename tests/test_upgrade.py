@@ -21,8 +21,9 @@ data, naming the file.
 Throughout: no acknowledged record lost (everything read back and compared with what was
 acknowledged, offset by offset), no error a client cannot retry, the sink's output holds every
 input record exactly once, the cursor and the group's offsets unchanged. Printed: for each
-restart, the longest gap between acknowledged produces around it and how long the node took to
-be in sync.
+restart, the longest gap between acknowledged produces around it (about an election timeout
+where the stopped node led partitions), how long the node took to stop, to answer (the
+interpreter starting, most of it) and to be in sync.
 
 The load runs TIDELOG_UPGRADE_LOAD_SECONDS (20 in CI; `make upgrade-soak` runs longer), spread
 over the five restarts."""
@@ -48,7 +49,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from helpers import retry, wait_for
+from helpers import retry, wait_for, wait_for_value
 from releases import PREVIOUS_RELEASE, Installed, install_release
 from tidelog.cli.cluster import free_ports
 from tidelog.client.sync_client import Client
@@ -160,19 +161,19 @@ class RollingCluster:
         self.procs.clear()
 
 
-def in_sync(client: Client, n: int) -> bool:
-    """Every node answers, and no partition (the metadata log's too) is under-replicated, with
-    node n's replica of each in sync, as `tidelog status` and `tidelog status __metadata` say."""
+def lagging(client: Client, n: int) -> list[str]:
+    """What is not in sync yet, as `tidelog status` and `tidelog status __metadata` say: a node
+    that does not answer, a partition under-replicated or with node n's replica out of sync."""
+    behind: list[str] = []
     for topics in (None, ["__metadata"]):
         nodes = client.status(topics)
-        if any("error" in node for node in nodes) or len(nodes) < len(NODES):
-            return False
-        rows = partition_rows(nodes, None)
-        if not rows or any(row.under_replicated for row in rows):
-            return False
-        if any(n not in row.replicas or not row.replicas[n].in_sync for row in rows):
-            return False
-    return True
+        behind += [f"node {node['node_id']} does not answer" for node in nodes if "error" in node]
+        for row in partition_rows(nodes, None):
+            replica = row.replicas.get(n)
+            if row.under_replicated or replica is None or not replica.in_sync:
+                synced = [r for r, rep in row.replicas.items() if rep.in_sync]
+                behind.append(f"{row.group} (leader {row.leader}, in sync {synced})")
+    return sorted(set(behind))
 
 
 # -- the load ----------------------------------------------------------------------------------
@@ -292,6 +293,7 @@ class Restart:
     stopped_at: float  # SIGTERM sent
     exited_at: float = 0.0
     started_at: float = 0.0
+    answering_at: float = 0.0  # its status first came back
     in_sync_at: float = 0.0
     gap_s: float = 0.0  # the longest time without an acknowledged produce around it
 
@@ -315,9 +317,17 @@ class Upgrade:
         printed = self.cluster.refused_start(n, refused) if refused else ""
         restart.started_at = time.monotonic()
         self.cluster.start(n, version)
-        wait_for(
+
+        def behind() -> list[str]:
+            left = lagging(self.client, n)
+            if not restart.answering_at and f"node {n} does not answer" not in left:
+                restart.answering_at = time.monotonic()
+            return left
+
+        wait_for_value(
             f"node {n} ({version}) in sync",
-            lambda: in_sync(self.client, n),
+            behind,
+            lambda left: left == [],
             90,
             every_s=0.2,
             tolerating=(TidelogError,),
@@ -327,12 +337,15 @@ class Upgrade:
         return printed
 
     def table(self) -> list[str]:
-        lines = ["node  to                          gap (s)  stop (s)  in sync after start (s)"]
+        lines = [
+            "node  to                          gap (s)  stop (s)  answers after start (s)  "
+            "in sync after start (s)"
+        ]
         for r in self.restarts:
             r.gap_s = self.load.longest_gap(r.stopped_at - 1, r.in_sync_at + 1)
             lines.append(
                 f"{r.node:<5} {r.to:<27} {r.gap_s:>7.2f}  {r.exited_at - r.stopped_at:>8.2f}  "
-                f"{r.in_sync_at - r.started_at:>23.2f}"
+                f"{r.answering_at - r.started_at:>24.2f}  {r.in_sync_at - r.started_at:>23.2f}"
             )
         return lines
 
