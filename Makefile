@@ -8,7 +8,7 @@ QUICK_STAMP := $(VENV)/.installed-quick
 JS_STAMP := tests/js/node_modules/.installed
 
 .PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep soak fuzz \
-  spark-kills dist wheel-check
+  spark-kills dist wheel-check upgrade-soak
 
 setup: $(STAMP) $(JS_STAMP)
 
@@ -121,6 +121,13 @@ SPARK_KILLS ?= 3
 spark-kills: setup
 	TIDELOG_SPARK_DRIVER_KILLS=$(SPARK_KILLS) $(BIN)/pytest -q -s tests/test_spark.py \
 	  -k test_streaming_exactly_once_through_leader_and_driver_kills
+
+# The rolling upgrade from the previous release (tests/test_upgrade.py, which `make test` runs with
+# 20 s of load) under UPGRADE_SECONDS of load, spread over its five restarts.
+UPGRADE_SECONDS ?= 300
+upgrade-soak: setup
+	TIDELOG_UPGRADE_LOAD_SECONDS=$(UPGRADE_SECONDS) $(BIN)/pytest -q -s -p no:cacheprovider \
+	  tests/test_upgrade.py
 
 # A release's files (docs/releasing.md): the sdist, then the wheel built from it (with the compiled
 # record codecs and the commit the sdist names), both in dist/.

@@ -2,19 +2,16 @@
 reads is refused by name (UnsupportedFormatVersion, naming the file or peer and the versions),
 never taken for damage; version 1 is tidelog 0.1.0's bytes; version 2 round-trips.
 
-The tests marked `process` run tidelog 0.1.0 itself (commit 0070a26, taken from this checkout's
-history) next to this build: its writers' bytes, its readers' answers, and a cluster of both."""
+The tests marked `process` run tidelog 0.1.0 itself (its commit named in tests/releases.py, taken
+from this checkout's history) next to this build: its writers' bytes, its readers' answers, and a cluster of both."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from typing import Any
 import crc32c
 import pytest
 
+from releases import release_source
 from tidelog import formats
 from tidelog.archive.manifest import (
     Manifest,
@@ -57,7 +55,6 @@ from tidelog.storage.snapshot import MAGIC_V1, SnapshotStore, encode_snapshot
 from tidelog.version import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
-RELEASE = "0070a26"  # tidelog 0.1.0, the release users run
 
 
 def refused(name: str, where: str, version: int) -> Callable[[UnsupportedFormatVersion], None]:
@@ -382,26 +379,7 @@ def test_a_0_1_0_listeners_answer_is_checked_and_its_cluster_id_not_taken() -> N
 def release_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tidelog 0.1.0's source tree, from this checkout's history, with this build's compiled
     codecs (their C sources are the same: checked)."""
-    root = tmp_path_factory.mktemp("tidelog-0.1.0")
-    try:
-        tar = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", RELEASE, "src"], capture_output=True, check=True
-        ).stdout
-        for name in ("_codec.c", "_scan.c", "_wire.h"):
-            old = subprocess.run(
-                ["git", "-C", str(ROOT), "show", f"{RELEASE}:src/tidelog/record/{name}"],
-                capture_output=True,
-                check=True,
-            ).stdout
-            if old != (ROOT / "src" / "tidelog" / "record" / name).read_bytes():
-                pytest.skip(f"record/{name} changed since 0.1.0: its build is not this one's")
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("tidelog 0.1.0's commit is not in this checkout")
-    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
-        archive.extractall(root, filter="data")
-    for built in (ROOT / "src" / "tidelog" / "record").glob("*.so"):
-        shutil.copy(built, root / "src" / "tidelog" / "record")
-    return root / "src"
+    return release_source("0.1.0", tmp_path_factory.mktemp("tidelog-0.1.0"))
 
 
 def run_release(src: Path, code: str) -> str:
