@@ -111,6 +111,12 @@ class BatchHeader(NamedTuple):
         return bool(self.attributes & CONTROL_BIT)
 
     @property
+    def is_transactional(self) -> bool:
+        """Written inside a transaction (data or its marker): read_committed readers look for
+        the transaction's outcome before they hand it out."""
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
     def timestamp_type(self) -> int:
         return 1 if self.attributes & TIMESTAMP_TYPE_BIT else 0
 
@@ -235,6 +241,7 @@ def build_batch(
     compression: int = COMPRESSION_NONE,
     now_ms: int | None = None,
     control: bool = False,
+    transactional: bool = False,
 ) -> bytes:
     """Encode records into one batch (the producer's job; brokers never re-encode)."""
     recs = records if isinstance(records, list | tuple) else list(records)
@@ -257,6 +264,7 @@ def build_batch(
         base_sequence=base_sequence,
         compression=compression,
         control=control,
+        transactional=transactional,
     )
 
 
@@ -287,12 +295,17 @@ def batch_from_section(
     base_sequence: int = NO_SEQUENCE,
     compression: int = COMPRESSION_NONE,
     control: bool = False,
+    transactional: bool = False,
 ) -> bytes:
     """A batch around an encoded record section of count records (offset deltas 0..count-1)."""
     if compression not in codecs.CODEC_NAMES:
         raise ValueError(f"unsupported compression codec {compression}")
     payload = codecs.compress(compression, body)
-    attributes = (compression & COMPRESSION_MASK) | (CONTROL_BIT if control else 0)
+    attributes = (
+        (compression & COMPRESSION_MASK)
+        | (CONTROL_BIT if control else 0)
+        | (TRANSACTIONAL_BIT if transactional else 0)
+    )
     out = bytearray(HEADER_SIZE)
     out.extend(payload)
     batch_length = len(out) - LOG_OVERHEAD
