@@ -19,7 +19,7 @@ from typing import Any
 import crc32c
 import pytest
 
-from releases import release_source
+from releases import RELEASES, Release, git, release_source, revision
 from tidelog import formats
 from tidelog.archive.manifest import (
     Manifest,
@@ -373,6 +373,27 @@ def test_a_0_1_0_listeners_answer_is_checked_and_its_cluster_id_not_taken() -> N
 
 
 # -- tidelog 0.1.0 itself -------------------------------------------------------------------------
+
+
+@pytest.mark.process  # runs git
+def test_a_release_is_taken_from_its_tag_or_else_its_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tests/releases.py names 0.1.0 by its tag, v0.1.0; a clone without the tag falls back to
+    the commit, and a tag on another commit is refused rather than tested."""
+    at = revision("0.1.0")
+    assert at in ("v0.1.0", "0070a26")
+    try:
+        found = git("rev-parse", "--verify", "--quiet", f"{at}^{{commit}}").decode()
+    except subprocess.CalledProcessError:
+        pytest.skip("0.1.0 is not in this checkout (a shallow clone)")
+    assert found.startswith("0070a26")
+    monkeypatch.setitem(RELEASES, "0.0.9", Release("0.0.9", "v0.0.9-never-tagged", "0070a26"))
+    assert revision("0.0.9") == "0070a26"
+    if at == "v0.1.0":
+        monkeypatch.setitem(RELEASES, "0.0.8", Release("0.0.8", "v0.1.0", "24df97b"))
+        with pytest.raises(AssertionError, match=r"tag v0\.1\.0 points at 0070a26"):
+            revision("0.0.8")
 
 
 @pytest.fixture(scope="module")
