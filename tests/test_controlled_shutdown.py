@@ -28,7 +28,7 @@ pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 TOPIC = "load"
 # Longer than the default 800 ms, so that a gap of an election timeout and one of a hand-over
 # stay far apart on a busy 2-core machine.
-ELECTION_TIMEOUT_MS = 1500
+ELECTION_TIMEOUT_MS = 2000
 
 
 @dataclass
@@ -168,4 +168,83 @@ def test_without_a_controlled_shutdown_the_stop_costs_an_election_timeout(
         check_nothing_lost(cluster, producer)
     finally:
         producer.halt.set()
+        cluster.stop_all()
+
+
+def stop_time(cluster: LocalCluster, node: int) -> tuple[float, str]:
+    """SIGTERM to node: how long it took to exit (with status 0), and its log."""
+    signalled = time.monotonic()
+    cluster.signal(node, signal.SIGTERM)
+    code = cluster.procs[node].wait(timeout=120)
+    took = time.monotonic() - signalled
+    assert code == 0, f"node {node} exited with {code}"
+    return took, cluster.log_path(node).read_text(errors="replace")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_with_nobody_to_hand_over_to_the_node_does_not_wait(tmp_path: Path, nodes: int) -> None:
+    """The only replica, or one whose followers' nodes are gone (SIGKILL: the liveness knows at
+    once, their connections closed), hands nothing over and stops without waiting for the
+    timeout."""
+    timeout_ms = 60_000
+    cluster = LocalCluster(
+        tmp_path, nodes=nodes, serve_args=["--set", f"controlled.shutdown.timeout.ms={timeout_ms}"]
+    )
+    cluster.start()
+    cluster.wait_ready()
+    try:
+        with Client(cluster.bootstrap) as client:
+            client.create_topic(TOPIC, 3, replication_factor=nodes)
+            client.wait_for_leaders(TOPIC)
+            rows = partition_rows(client.status([TOPIC]), TOPIC)
+        leader = rows[0].leader
+        for n in cluster.node_ids:
+            if n != leader:
+                cluster.kill(n)
+        took, log = stop_time(cluster, leader)
+        handed = re.search(r"handed (\d+) of (\d+) leaderships over in ([\d.]+) s", log)
+        assert handed is not None, log[-3000:]
+        print(f"{handed[0]}; stopped in {took:.2f} s")
+        assert int(handed[1]) == 0 and int(handed[2]) >= 1, handed[0]
+        assert float(handed[3]) < timeout_ms / 1000 / 10, handed[0]
+    finally:
+        cluster.stop_all()
+
+
+@pytest.mark.timeout(300)
+def test_a_second_sigterm_stops_waiting_for_the_hand_over(tmp_path: Path) -> None:
+    """The followers' processes frozen (SIGSTOP: their connections open, so they look alive
+    for an election timeout): the leader resigns to one that cannot stand, and would wait an
+    election timeout (10 s here) for it. A second SIGTERM a second later ends the wait."""
+    serve = ["--set", "election_timeout_ms=10000", "--set", "controlled.shutdown.timeout.ms=60000"]
+    cluster = LocalCluster(tmp_path, nodes=3, serve_args=serve)
+    cluster.start()
+    cluster.wait_ready()
+    try:
+        with Client(cluster.bootstrap) as client:
+            client.create_topic(TOPIC, 1, replication_factor=3)
+            client.wait_for_leaders(TOPIC)
+            leader = wait_for_value(
+                "every replica in sync",
+                lambda: leadership(client),
+                lambda row: row.leader > 0 and all(r.in_sync for r in row.replicas.values()),
+                60,
+                tolerating=(TidelogError,),
+            ).leader
+        for n in cluster.node_ids:
+            if n != leader:
+                cluster.freeze(n)
+        signalled = time.monotonic()
+        cluster.signal(leader, signal.SIGTERM)
+        time.sleep(1)
+        assert cluster.procs[leader].poll() is None, "it stopped without waiting"
+        cluster.signal(leader, signal.SIGTERM)
+        code = cluster.procs[leader].wait(timeout=60)
+        took = time.monotonic() - signalled
+        assert code == 0
+        log = cluster.log_path(leader).read_text(errors="replace")
+        assert "still under way, cut short" in log, log[-3000:]
+        assert took < 5, f"stopped {took:.2f} s after the first SIGTERM"
+    finally:
         cluster.stop_all()

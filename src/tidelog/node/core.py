@@ -472,7 +472,7 @@ class NodeCore:
         is not waited for. Logs how many leaderships went over, and how long that took."""
         started = time.monotonic()
         led = [host for host in self.hosts.values() if host.replica.is_leader]
-        asked: set[str] = set()  # (a group opened meanwhile is asked too: it never leads)
+        asked: set[str] = set()  # (a group opened meanwhile is asked too: it never stands)
         while True:
             under_way = 0
             turns = Turns()

@@ -337,6 +337,8 @@ class Node:
         timeout_ms = self.config.controlled_shutdown_timeout_ms
         if timeout_ms > 0:
             await self.core.hand_over_leaderships(timeout_ms / 1000, self._hurry)
+            if self._stopped.is_set():
+                return  # a fail-stop meanwhile: nothing graceful after it
         if self.http is not None:
             await self.http.close()
         self._close_kafka()
