@@ -96,6 +96,10 @@ class NodeConfig:
     # add-partitions past it are refused with PartitionLimitReached). 20,000: measured here,
     # 10,000 idle replicas cost a node 0.4 % of a core and ~18 KB each (bench/RESULTS.md).
     max_partitions_per_node: int = 20_000
+    # controlled.shutdown.timeout.ms: on SIGTERM the node first hands every leadership it holds
+    # to an in-sync replica (Kafka's controlled shutdown), waiting at most this long; 0: it
+    # stops at once, and the other nodes elect new leaders after an election timeout.
+    controlled_shutdown_timeout_ms: int = 5_000
     # -- the peer channel --------------------------------------------------------------------
     peer_listen: tuple[str, int] | None = None  # None: the listen host, a port the kernel picks
     peer_ports: dict[int, int] = field(default_factory=dict)  # fixed peer ports, by node id
@@ -172,6 +176,7 @@ class NodeConfig:
             ("request.receive.timeout.ms", self.request_receive_timeout_ms, 1),
             ("fd.reserve", self.fd_reserve, 0),
             ("fetch.max.bytes", self.fetch_max_bytes, 1024),
+            ("controlled.shutdown.timeout.ms", self.controlled_shutdown_timeout_ms, 0),
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
@@ -493,6 +498,7 @@ _SETTINGS: tuple[Reader, ...] = (
     _int("metadata_snapshot_entries"),
     _int("storage_max_bytes", "storage.max.bytes"),
     _int("max_partitions_per_node", "max.partitions.per.node"),
+    _int("controlled_shutdown_timeout_ms", "controlled.shutdown.timeout.ms"),
     _int("peer_handshake_timeout_ms"),
     _int("frame_bytes_max", "socket.request.max.bytes"),
     _int("queued_max_request_bytes", "queued.max.request.bytes"),
