@@ -65,8 +65,10 @@ def test_upgrades_need_every_registered_node_live_and_supporting_the_level() -> 
     assert refused.value.details["nodes"] == [2]
     with pytest.raises(UnsupportedFeatureLevel, match=r"node\(s\) \[3\] are not live"):
         check_upgrade(1, 2, {1: ONE_TWO, 2: ONE_TWO, 3: None})
-    with pytest.raises(UnsupportedFeatureLevel, match="not 3"):
-        check_upgrade(1, 3, {1: ONE_TWO})
+    with pytest.raises(UnsupportedFeatureLevel, match="node 1 supports 1-2"):
+        check_upgrade(1, 3, {1: ONE_TWO})  # a node of level 1..2 cannot join a cluster at 3
+    with pytest.raises(UnsupportedFeatureLevel, match=f"not {MAX_LEVEL + 1}"):
+        check_upgrade(1, MAX_LEVEL + 1, {1: ONE_TWO})
     with pytest.raises(InvalidRequest, match="downgrade"):
         check_upgrade(2, 1, {1: ONE_TWO})
     assert highest_common({1: ONE_TWO, 2: ONE_TWO}) == 2
@@ -95,7 +97,7 @@ def test_a_node_outside_the_finalized_level_is_refused_by_name() -> None:
 def test_feature_max_level_is_a_checked_node_setting(tmp_path: Path) -> None:
     config = node_config_from({"data": str(tmp_path), "feature.max.level": "1"})
     assert config.feature_max_level == 1
-    with pytest.raises(InvalidRequest, match=r"feature.max.level must be 1..2"):
+    with pytest.raises(InvalidRequest, match=rf"feature.max.level must be 1..{MAX_LEVEL}"):
         node_config_from({"data": str(tmp_path), "feature.max.level": "7"})
 
 
