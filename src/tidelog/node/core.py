@@ -69,6 +69,7 @@ from tidelog.node.registry import NodeRegistry
 from tidelog.node.replica_groups import ReplicaGroups
 from tidelog.node.state_machine import Machine, MetadataMachine
 from tidelog.node.topics import TopicReplicas
+from tidelog.node.transaction_coordinator import TransactionCoordinator
 from tidelog.node.transport import PeerSender
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -263,6 +264,16 @@ class NodeCore:
             self.liveness,
             self.fail_stop,
         )
+        # Kafka transactions: the coordinator (on the metadata leader) and a partition leader's
+        # markers (node/transaction_coordinator.py).
+        self.transactions = TransactionCoordinator(
+            self.config.node_id,
+            self.metadata_log,
+            self.hosts,
+            send_to_peer,
+            lambda: self.features.finalized,
+            self.background,
+        )
         self.peer_liveness = PeerLiveness(
             self.liveness,
             self.clock,
@@ -434,6 +445,7 @@ class NodeCore:
         self._tasks.append(loop.create_task(self.groups.checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
         self._tasks.append(loop.create_task(self._checks_loop()))
+        self._tasks.append(loop.create_task(self.transactions.run()))
         if self.archiver is not None:
             self._tasks.append(loop.create_task(self.archiver.run()))
         # The partitions the metadata gives this node open in a task that takes turns (the
@@ -587,6 +599,10 @@ class NodeCore:
         elif key == ApiKey.ARCHIVE_REPORT:
             if self.archiver is not None:
                 self.archiver.on_report_message(header, sender)
+        elif key == ApiKey.TXN_MARKERS:
+            self.transactions.on_markers(header, sender)
+        elif key == ApiKey.TXN_MARKERS_DONE:
+            self.transactions.on_markers_done(header, sender)
         elif key == ApiKey.LIVENESS:
             self.peer_liveness.on_heartbeat(sender, header)
         elif key == ApiKey.PEER_BATCH:
