@@ -423,7 +423,9 @@ class KafkaTransactions:
                     entry.update(described(txn))
             except TidelogError as exc:
                 entry["error_code"] = self.code(exc)
-            entry.setdefault("transaction_start_time", start_time(-1))
+            # An entry refused carries the schema's default, 0, as Kafka's does; a transaction
+            # with nothing open says -1 (described()), as Kafka's coordinator does.
+            entry.setdefault("transaction_start_time", start_time(0))
             entry.setdefault("transaction_state", "")
             states.append(entry)
         return {"throttle_time": 0, "transaction_states": states}

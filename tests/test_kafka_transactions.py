@@ -1,0 +1,337 @@
+"""Kafka transactions from clients nobody here wrote (confluent-kafka's librdkafka, kafkajs)
+against a 3-node cluster's Kafka ports: commits and aborts end with a marker in every partition
+of the transaction, offsets sent to a transaction are committed only when it commits, a second
+producer with the same transactional.id fences the first, transaction.timeout.ms aborts a
+forgotten transaction, and a coordinator SIGKILLed between EndTxn and the markers is finished
+by the next one. The markers are read back from the log (read_uncommitted) with
+record/markers.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from helpers import wait_for, wait_for_value
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
+from tidelog.record.markers import Marker, read_marker
+
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("kafka-txn"), 3, kafka=True) as c:
+        yield c
+
+
+def create_topic(
+    cluster: LocalCluster, topic: str, partitions: int, replication_factor: int = 3
+) -> dict[int, list[int]]:
+    """The topic, created by a Kafka admin client; each partition's replicas."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, replication_factor)])[topic].result(30)
+    with Client(cluster.bootstrap) as client:
+        client.wait_for_leaders(topic)
+    described = admin.list_topics(topic, timeout=10).topics[topic].partitions
+    return {p: list(meta.replicas) for p, meta in described.items()}
+
+
+def producer(cluster: LocalCluster, transactional_id: str, **extra: Any) -> Any:
+    return confluent_kafka.Producer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "transactional.id": transactional_id,
+            **extra,
+        }
+    )
+
+
+def log_of(cluster: LocalCluster, topic: str, partition: int) -> tuple[list[Marker], int]:
+    """The partition's markers and how many data records it holds (read_uncommitted)."""
+    with Client(cluster.bootstrap) as client:
+        fetched = client.fetch(topic, partition, 0)
+    found, records = [], 0
+    for pos, header in fetched.batches:
+        marker = read_marker(fetched.raw, header, pos)
+        if marker is not None:
+            found.append(marker)
+        elif not header.is_control:
+            records += header.records_count
+    return found, records
+
+
+def kinds(markers: list[Marker]) -> list[str]:
+    return ["commit" if m.commit else "abort" for m in markers]
+
+
+def kafka_ask(cluster: LocalCluster, node: int, api_key: int, values: dict[str, Any]) -> Any:
+    """One request at the highest version served, to one node's Kafka port; its answer."""
+    version = SUPPORTED_VERSIONS[api_key][1]
+    schema = load_request_schema(api_key, version)
+    head = schema.__header_schema__(
+        request_api_key=api_key, request_api_version=version, correlation_id=7, client_id="t"
+    )
+    out = bytearray()
+
+    class Sink:
+        def write(self, data: bytes) -> None:
+            out.extend(data)
+
+    entity_writer(schema.__header_schema__)(Sink(), head)
+    entity_writer(schema)(Sink(), build(schema, values))
+    with socket.create_connection(("127.0.0.1", cluster.kafka_ports[node]), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(out)) + out)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "the node closed the connection"
+            data += chunk
+    response = load_response_schema(api_key, version)
+    view = memoryview(data)[4:]
+    _, used = entity_reader(response.__header_schema__)(view, 0)
+    body, _ = entity_reader(response)(view[used:], 0)
+    return dataclasses.asdict(body)
+
+
+def metadata_leader(cluster: LocalCluster) -> int:
+    with Client(cluster.bootstrap) as client:
+        return client.describe_cluster(leader_only=True).metadata_leader
+
+
+def state_of(cluster: LocalCluster, transactional_id: str) -> str:
+    """The transaction's state, as ListTransactions gives it."""
+    listed = kafka_ask(cluster, metadata_leader(cluster), 66, {"state_filters": []})
+    return next(
+        str(t["transaction_state"])
+        for t in listed["transaction_states"]
+        if t["transactional_id"] == transactional_id
+    )
+
+
+def described(cluster: LocalCluster, transactional_id: str) -> dict[str, Any]:
+    """DescribeTransactions, asked of the coordinator, of an open or prepared transaction (a
+    complete one has no start time: Kafka's -1, which kio's reader here does not parse)."""
+    leader = metadata_leader(cluster)
+    answer = kafka_ask(cluster, leader, 65, {"transactional_ids": [transactional_id]})
+    state: dict[str, Any] = answer["transaction_states"][0]
+    return state
+
+
+def test_commit_and_abort_end_with_a_marker_in_every_partition(cluster: LocalCluster) -> None:
+    create_topic(cluster, "txn-out", 3)
+    p = producer(cluster, "txn-basic")
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(9):
+        p.produce("txn-out", key=b"k%d" % i, value=b"committed-%d" % i, partition=i % 3)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for partition in (0, 2):
+        p.produce("txn-out", value=b"aborted", partition=partition)
+    p.flush(30)
+    p.abort_transaction(30)
+
+    def ended() -> bool:
+        return all(len(log_of(cluster, "txn-out", q)[0]) == (2 if q != 1 else 1) for q in range(3))
+
+    wait_for("the markers in every partition", ended, 30)
+    for partition in range(3):
+        markers, records = log_of(cluster, "txn-out", partition)
+        expected = ["commit", "abort"] if partition != 1 else ["commit"]
+        assert kinds(markers) == expected, (partition, markers)
+        assert records == 3 + (1 if partition != 1 else 0)
+        assert len({(m.producer_id, m.producer_epoch) for m in markers}) == 1
+    assert state_of(cluster, "txn-basic") == "CompleteAbort"
+
+
+def test_offsets_sent_to_a_transaction_commit_only_with_it(cluster: LocalCluster) -> None:
+    """A consume-transform-produce loop: the group's offsets move when its output commits,
+    and stay where they were when it aborts."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    create_topic(cluster, "txn-in", 1)
+    create_topic(cluster, "txn-loop-out", 1)
+    with Client(cluster.bootstrap) as client:
+        client.produce("txn-in", [b"a", b"b", b"c", b"d"], partition=0)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "txn-loop",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe(["txn-in"])
+    p = producer(cluster, "txn-loop")
+    p.init_transactions(30)
+    try:
+        got: list[Any] = []
+        wait_for("two records", lambda: read_some(consumer, got, 2), 30, every_s=0)
+        p.begin_transaction()
+        for m in got:
+            p.produce("txn-loop-out", value=m.value().upper(), partition=0)
+        p.send_offsets_to_transaction(
+            [TopicPartition("txn-in", 0, got[-1].offset() + 1)],
+            consumer.consumer_group_metadata(),
+            30,
+        )
+        p.commit_transaction(30)
+        assert committed_offset(cluster, "txn-loop") == got[-1].offset() + 1
+
+        more: list[Any] = []
+        wait_for("two more records", lambda: read_some(consumer, more, 2), 30, every_s=0)
+        p.begin_transaction()
+        p.produce("txn-loop-out", value=b"never", partition=0)
+        p.send_offsets_to_transaction(
+            [TopicPartition("txn-in", 0, more[-1].offset() + 1)],
+            consumer.consumer_group_metadata(),
+            30,
+        )
+        p.abort_transaction(30)
+        assert committed_offset(cluster, "txn-loop") == got[-1].offset() + 1
+    finally:
+        consumer.close()
+    markers, records = wait_for_value(
+        "both markers", lambda: log_of(cluster, "txn-loop-out", 0), lambda v: len(v[0]) == 2
+    )
+    assert kinds(markers) == ["commit", "abort"] and records == 3
+
+
+def read_some(consumer: Any, got: list[Any], n: int) -> bool:
+    m = consumer.poll(0.5)
+    if m is not None and not m.error():
+        got.append(m)
+    return len(got) >= n
+
+
+def committed_offset(cluster: LocalCluster, group: str) -> int:
+    with Client(cluster.bootstrap) as client:
+        cursors = {c["name"]: c for c in client.cursors()}
+    return int(cursors[group]["positions"]["0"]) if group in cursors else -1
+
+
+def test_a_second_producer_with_the_same_id_fences_the_first(cluster: LocalCluster) -> None:
+    create_topic(cluster, "txn-zombie", 1)
+    zombie = producer(cluster, "txn-zombie")
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce("txn-zombie", value=b"from the zombie", partition=0)
+    zombie.flush(30)
+    successor = producer(cluster, "txn-zombie")
+    successor.init_transactions(30)  # aborts the zombie's open transaction first
+    with pytest.raises(confluent_kafka.KafkaException) as fenced:
+        zombie.commit_transaction(30)
+    assert fenced.value.args[0].fatal() or fenced.value.args[0].txn_requires_abort()
+    successor.begin_transaction()
+    successor.produce("txn-zombie", value=b"from the successor", partition=0)
+    successor.commit_transaction(30)
+    markers, records = wait_for_value(
+        "the abort and the commit",
+        lambda: log_of(cluster, "txn-zombie", 0),
+        lambda v: len(v[0]) == 2,
+    )
+    assert kinds(markers) == ["abort", "commit"] and records == 2
+    assert markers[0].producer_epoch < markers[1].producer_epoch  # the abort fenced epoch 0
+    assert state_of(cluster, "txn-zombie") == "CompleteCommit"
+
+
+def test_transaction_timeout_aborts_a_forgotten_transaction(cluster: LocalCluster) -> None:
+    create_topic(cluster, "txn-forgotten", 1)
+    p = producer(cluster, "txn-forgotten", **{"transaction.timeout.ms": 2000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("txn-forgotten", value=b"forgotten", partition=0)
+    p.flush(30)
+    state = described(cluster, "txn-forgotten")
+    assert state["transaction_state"] == "Ongoing" and list(state["topics"][0]["partitions"]) == [0]
+    epoch = state["producer_epoch"]
+    markers, _ = wait_for_value(
+        "the coordinator's abort",
+        lambda: log_of(cluster, "txn-forgotten", 0),
+        lambda v: len(v[0]) == 1,
+        15,
+    )
+    assert kinds(markers) == ["abort"] and markers[0].producer_epoch == epoch + 1
+    assert state_of(cluster, "txn-forgotten") == "CompleteAbort"
+    with pytest.raises(confluent_kafka.KafkaException):
+        p.commit_transaction(10)  # fenced by the abort's epoch
+
+
+def test_a_new_coordinator_completes_what_the_killed_one_decided(cluster: LocalCluster) -> None:
+    """The partition's only replica is frozen (SIGSTOP) so its marker cannot be written; the
+    producer commits (EndTxn answers once PrepareCommit is committed); the coordinator is
+    SIGKILLed; the partition's node comes back: the next metadata leader writes the marker."""
+    coordinator = metadata_leader(cluster)
+    replicas = create_topic(cluster, "txn-failover", 3, replication_factor=1)
+    partition, [holder] = next((p, r) for p, r in replicas.items() if r != [coordinator])
+    p = producer(cluster, "txn-failover")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("txn-failover", value=b"decided", partition=partition)
+    p.flush(30)
+    cluster.freeze(holder)
+    try:
+        p.commit_transaction(30)
+        assert described(cluster, "txn-failover")["transaction_state"] == "PrepareCommit"
+        cluster.kill(coordinator)
+    finally:
+        cluster.resume(holder)
+    try:
+        markers, records = wait_for_value(
+            "the commit marker, from the new coordinator",
+            lambda: log_of(cluster, "txn-failover", partition),
+            lambda v: len(v[0]) == 1,
+            60,
+            tolerating=(Exception,),
+        )
+        assert kinds(markers) == ["commit"] and records == 1
+        assert metadata_leader(cluster) != coordinator
+        wait_for_value(
+            "the transaction complete",
+            lambda: state_of(cluster, "txn-failover"),
+            "CompleteCommit".__eq__,
+            30,
+            tolerating=(Exception,),
+        )
+    finally:
+        cluster.start(coordinator)
+        cluster.wait_ready()
+
+
+JS = Path(__file__).parent / "js"
+
+
+def test_kafkajs_transactions_commit_and_abort(cluster: LocalCluster) -> None:
+    """kafkajs 2.2.4's transactional producer: a commit and an abort over three partitions."""
+    create_topic(cluster, "txn-js", 3)
+    done = subprocess.run(
+        ["node", str(JS / "kafkajs_transactions.js"), cluster.kafka_bootstrap, "txn-js"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    time.sleep(0.5)
+    for partition in range(3):
+        markers, records = wait_for_value(
+            f"both markers in txn-js/{partition}",
+            lambda q=partition: log_of(cluster, "txn-js", q),  # type: ignore[misc]
+            lambda v: len(v[0]) == 2,
+        )
+        assert kinds(markers) == ["commit", "abort"] and records == 2
