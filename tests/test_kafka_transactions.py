@@ -24,7 +24,9 @@ from kio.serial import entity_reader, entity_writer
 from helpers import wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
+from tidelog.errors import TransactionsNotEnabled
 from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
+from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.markers import Marker, read_marker
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
@@ -335,3 +337,34 @@ def test_kafkajs_transactions_commit_and_abort(cluster: LocalCluster) -> None:
             lambda v: len(v[0]) == 2,
         )
         assert kinds(markers) == ["commit", "abort"] and records == 2
+
+
+def test_transactions_are_refused_by_name_until_feature_level_3(tmp_path: Path) -> None:
+    """A cluster finalized at level 2 (its node acts as a build of levels 1..2): ApiVersions
+    lists no transaction API (librdkafka finds "no brokers available for Transactions" and
+    init_transactions times out, as against a Kafka without them), FindCoordinator for a
+    transactional id answers UNSUPPORTED_VERSION naming the level, and a transactional batch
+    from tidelog's protocol is TransactionsNotEnabled; nothing is written."""
+    capped = ["--set", "feature.max.level=2"]
+    with LocalCluster(tmp_path, 1, kafka=True, serve_args=capped) as early:
+        served = {a["api_key"] for a in kafka_ask(early, 1, 18, {})["api_keys"]}
+        assert 22 in served and not served & {24, 25, 26, 28, 65, 66}
+        answer = kafka_ask(early, 1, 10, {"key_type": 1, "coordinator_keys": ["early"]})
+        coordinator = answer["coordinators"][0]
+        assert coordinator["error_code"] == 35  # UNSUPPORTED_VERSION
+        assert "feature level 3" in coordinator["error_message"]
+        p = producer(early, "early")
+        with pytest.raises(confluent_kafka.KafkaException):
+            p.init_transactions(3)
+        with Client(early.bootstrap) as client:
+            client.create_topic("early", 1)
+            batch = build_batch(
+                [ProducerRecord(b"k", b"v")],
+                producer_id=7,
+                producer_epoch=0,
+                base_sequence=0,
+                transactional=True,
+            )
+            with pytest.raises(TransactionsNotEnabled):
+                client.produce_batch("early", 0, batch, producer_id=7)
+            assert client.fetch("early", 0, 0).high_watermark == 0

@@ -36,12 +36,13 @@ from tidelog.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.kafka import errors as kerr
 from tidelog.kafka.codec import KafkaRequest, api_version_list, millis
 from tidelog.kafka.errors import kafka_code
 from tidelog.kafka.groups import GroupCoordinator, GroupError
 from tidelog.kafka.routing import Routing
-from tidelog.kafka.transactions import KafkaTransactions
+from tidelog.kafka.transactions import TRANSACTION_APIS, KafkaTransactions
 from tidelog.node.access import Operation, Principal
 from tidelog.node.cluster_view import CursorRecord
 from tidelog.node.core import NodeCore
@@ -162,6 +163,7 @@ class KafkaBroker:
             core.propose_metadata,
             self._check_group_member,
             group_cursor,
+            lambda: core.config.transaction_max_timeout_ms,
         )
         self.handlers: dict[int, Handler] = {
             0: self.produce,
@@ -255,7 +257,13 @@ class KafkaBroker:
     # -- cluster ------------------------------------------------------------------------------
 
     async def api_versions(self, principal: Principal, req: KafkaRequest) -> Answer:
-        return {"error_code": kerr.NONE, "api_keys": api_version_list(), "throttle_time_ms": 0}
+        """What is served; the transaction APIs only once the cluster is at feature level 3
+        (as a KRaft broker lists what its finalized metadata.version allows), so that clients
+        say at once that the cluster does not support transactions."""
+        served = api_version_list()
+        if self.view.finalized_level < TRANSACTIONS_LEVEL:
+            served = [a for a in served if a["api_key"] not in TRANSACTION_APIS]
+        return {"error_code": kerr.NONE, "api_keys": served, "throttle_time_ms": 0}
 
     @property
     def metadata_leader(self) -> int:

@@ -53,8 +53,9 @@ from tidelog.replication.metadata_commands import (
 from tidelog.replication.metadata_transactions import Transaction, TxnState
 
 PROPOSE_TIMEOUT_S = 30.0
-# Kafka's transaction.max.timeout.ms default: a producer may not ask for a longer timeout.
-TRANSACTION_MAX_TIMEOUT_MS = 900_000
+# AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions,
+# ListTransactions: listed by ApiVersions only from feature level 3.
+TRANSACTION_APIS = frozenset({24, 25, 26, 28, 65, 66})
 OPERATION_NOT_ATTEMPTED = 55
 
 Answer = dict[str, Any]
@@ -75,6 +76,7 @@ class KafkaTransactions:
         propose: Callable[[MetadataCommand, float], Awaitable[int]],
         check_group_member: Callable[[str, str, int], None],
         group_cursor: Callable[[Mapping[str, CursorRecord], str, str], str],
+        max_timeout_ms: Callable[[], int],
     ) -> None:
         self.view = view
         self.authorize = authorize
@@ -82,6 +84,7 @@ class KafkaTransactions:
         self.propose = propose
         self.check_group_member = check_group_member  # group, member, generation: GroupError
         self.group_cursor = group_cursor
+        self.max_timeout_ms = max_timeout_ms  # the node's transaction.max.timeout.ms
         self._init_locks: dict[str, asyncio.Lock] = {}
 
     # -- common checks ------------------------------------------------------------------------
@@ -146,7 +149,7 @@ class KafkaTransactions:
         try:
             self.coordinator(principal, transactional_id)
             timeout_ms = millis(body.transaction_timeout)
-            if not 1 <= timeout_ms <= TRANSACTION_MAX_TIMEOUT_MS:
+            if not 1 <= timeout_ms <= self.max_timeout_ms():
                 answer["error_code"] = kerr.INVALID_TRANSACTION_TIMEOUT
                 return answer
             expected = (

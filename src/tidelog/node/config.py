@@ -141,6 +141,10 @@ class NodeConfig:
     # (0: this build's highest). For testing upgrades only: a node that acts as an older build
     # (docs/operations.md, "Feature levels and upgrades").
     feature_max_level: int = 0
+    # transaction.max.timeout.ms: the longest transaction.timeout.ms a Kafka transactional
+    # producer may ask for (Kafka's broker setting and default); longer is refused with
+    # INVALID_TRANSACTION_TIMEOUT. The coordinator aborts a transaction open past its timeout.
+    transaction_max_timeout_ms: int = 900_000
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -170,6 +174,7 @@ class NodeConfig:
             ("request.receive.timeout.ms", self.request_receive_timeout_ms, 1),
             ("fd.reserve", self.fd_reserve, 0),
             ("fetch.max.bytes", self.fetch_max_bytes, 1024),
+            ("transaction.max.timeout.ms", self.transaction_max_timeout_ms, 1),
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
@@ -496,6 +501,7 @@ _SETTINGS: tuple[Reader, ...] = (
     _int("fd_reserve", "fd.reserve"),
     _int("fetch_max_bytes", "fetch.max.bytes"),
     _int("feature_max_level", "feature.max.level"),
+    _int("transaction_max_timeout_ms", "transaction.max.timeout.ms"),
     Setting("zero_copy", ("zero_copy",), _flag, every=True),
     Setting("quiesce", ("quiesce",), _flag, every=True),
     Setting("peer_listen", ("peer_listen",), _address),

@@ -273,6 +273,7 @@ class NodeCore:
             send_to_peer,
             lambda: self.features.finalized,
             self.background,
+            self.counters,
         )
         self.peer_liveness = PeerLiveness(
             self.liveness,

@@ -134,6 +134,11 @@ class MetadataLog:
             await asyncio.wait_for(future, timeout_s)
         return info.last_offset
 
+    @property
+    def proposing(self) -> frozenset[str]:
+        """The keys of the background proposals under way."""
+        return frozenset(self._background_proposals)
+
     def propose_in_background(self, key: str, command: MetadataCommand) -> None:
         """Propose a command a periodic check found due, one at a time per key: a failure is
         logged and the next check proposes it again (if it is still due)."""

@@ -34,6 +34,7 @@ from tidelog.errors import TidelogError
 from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.node.background import BackgroundTasks
 from tidelog.node.metadata_log import MetadataLog
+from tidelog.node.metrics import Counters
 from tidelog.node.partition import PartitionHost
 from tidelog.node.transport import PeerSender
 from tidelog.protocol import api
@@ -89,6 +90,7 @@ class TransactionCoordinator:
         send_to_peer: PeerSender,
         finalized_level: Callable[[], int],
         background: BackgroundTasks,
+        counters: Counters,
     ) -> None:
         self.node_id = node_id
         self.metadata_log = metadata_log
@@ -96,11 +98,11 @@ class TransactionCoordinator:
         self.send_to_peer = send_to_peer
         self.finalized_level = finalized_level
         self.background = background
+        self.counters = counters
         self.jobs: dict[tuple[str, int], MarkerJob] = {}  # (transactional id, prepared offset)
         # This node's marker appends as a partition leader: (group, transactional id, prepared
         # offset) -> the append's wait, so that an ask repeated meanwhile appends nothing more.
         self._appending: dict[tuple[str, str, int], asyncio.Future[bool]] = {}
-        self.markers_written = 0
 
     @property
     def leads(self) -> bool:
@@ -135,9 +137,10 @@ class TransactionCoordinator:
                 command = TxnEnd(
                     txn.transactional_id, txn.producer_id, txn.epoch, False, True, now_ms
                 )
-                self.metadata_log.propose_in_background(
-                    f"abort of transactional id {txn.transactional_id} past its timeout", command
-                )
+                what = f"abort of transactional id {txn.transactional_id} past its timeout"
+                if what not in self.metadata_log.proposing:
+                    self.counters.inc("tidelog_transactions_timed_out_total")
+                self.metadata_log.propose_in_background(what, command)
         for key in [k for k in self.jobs if k not in prepared]:
             del self.jobs[key]  # completed (or superseded)
         for job in self.jobs.values():
@@ -250,5 +253,6 @@ class TransactionCoordinator:
         info = host.replica.propose(marker)
         host.process_ready()
         await host.wait_for_ack(info.last_offset, api.ACKS_ALL, MARKER_ACK_TIMEOUT_S)
-        self.markers_written += 1
+        kind = "commit" if header["commit"] else "abort"
+        self.counters.inc("tidelog_transaction_markers_total", marker=kind)
         return True
