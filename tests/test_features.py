@@ -180,25 +180,26 @@ def test_a_new_cluster_starts_at_the_highest_level_every_node_supports(tmp_path:
         finalized(client, MAX_LEVEL)
         answer = client.describe_features()
         assert answer.recorded and answer.feature == FEATURE
-        every = {n: (1, 2, True) for n in (1, 2, 3)}
+        every = {n: (1, MAX_LEVEL, True) for n in (1, 2, 3)}
         wait_for_value("every node's range", lambda: ranges(client), every.__eq__)
         out = tidelog("features", "describe", "--bootstrap", cluster.bootstrap)
-        assert "tidelog.version finalized at level 2" in out
+        assert f"tidelog.version finalized at level {MAX_LEVEL}" in out
         assert "2: versioned formats (docs/formats.md)" in out
+        assert "3: transactions" in out
         described = json.loads(
             tidelog("features", "describe", "--json", "--bootstrap", cluster.bootstrap)
         )
-        assert described["finalized_level"] == 2 and len(described["nodes"]) == 3
+        assert described["finalized_level"] == MAX_LEVEL and len(described["nodes"]) == 3
         info = client.describe_cluster()
-        assert info.finalized_features == {FEATURE: 2}
-        assert all(n.supported_features == {FEATURE: [1, 2]} for n in info.nodes)
+        assert info.finalized_features == {FEATURE: MAX_LEVEL}
+        assert all(n.supported_features == {FEATURE: [1, MAX_LEVEL]} for n in info.nodes)
         for n in cluster.node_ids:
             metrics = scrape(cluster.http_url(n))
-            assert value(metrics, "tidelog_feature_level", feature=FEATURE) == 2.0
-        assert "tidelog.version finalized at level 2" in tidelog(
+            assert value(metrics, "tidelog_feature_level", feature=FEATURE) == MAX_LEVEL
+        assert f"tidelog.version finalized at level {MAX_LEVEL}" in tidelog(
             "status", "--bootstrap", cluster.bootstrap
         )
-        # Nothing higher to go to; nothing lower that level 2 allows.
+        # Nothing higher to go to; nothing lower that levels 2 and 3 allow.
         assert "nothing to do" in tidelog("features", "upgrade", "--bootstrap", cluster.bootstrap)
         out = tidelog("features", "downgrade", "--bootstrap", cluster.bootstrap, ok=False)
         assert "UnsafeFeatureDowngrade" in out and "before finalizing" in out
@@ -231,7 +232,7 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         client.produce("t", [b"before"])
         for n in (1, 2):
             start_capped(cluster, n, capped=False)
-        mixed = {1: (1, 2, True), 2: (1, 2, True), 3: (1, 1, True)}
+        mixed = {1: (1, MAX_LEVEL, True), 2: (1, MAX_LEVEL, True), 3: (1, 1, True)}
         wait_for_value("nodes 1 and 2 upgraded", lambda: ranges(client), mixed.__eq__)
         assert client.describe_features().upgradable_to == 1
         with pytest.raises(UnsupportedFeatureLevel, match="node 3 supports 1-1"):
@@ -247,10 +248,12 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         with pytest.raises(UnsupportedFeatureLevel, match=r"\[3\] are not live"):
             client.update_features(2)
         start_capped(cluster, 3, capped=False)
-        wait_for_value("node 3 upgraded", lambda: ranges(client)[3], (1, 2, True).__eq__)
+        wait_for_value("node 3 upgraded", lambda: ranges(client)[3], (1, MAX_LEVEL, True).__eq__)
         out = tidelog("features", "upgrade", "--bootstrap", cluster.bootstrap)
-        assert "upgraded: finalized at 2" in out
-        wait_for_value("every node applied level 2", lambda: node_levels(client), {2}.__eq__)
+        assert f"upgraded: finalized at {MAX_LEVEL}" in out
+        wait_for_value(
+            "every node applied the level", lambda: node_levels(client), {MAX_LEVEL}.__eq__
+        )
         # The quorum journal, rewritten first: the record 0.1.0 refuses (formats.py).
         wait_for_value("journals of version 2", lambda: journal_versions(cluster), {2}.__eq__)
 
@@ -262,16 +265,16 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         assert cluster.procs[3].wait(60) == 1
         log = cluster.log_path(3).read_text()
         assert (
-            "UnsupportedFeatureLevel: cluster finalized tidelog.version=2; node 3 supports 1-1"
-            in log
+            f"UnsupportedFeatureLevel: cluster finalized tidelog.version={MAX_LEVEL}; node 3 "
+            "supports 1-1" in log
         )
         start_capped(cluster, 3, capped=False)
 
         # Every node restarted: the level is in the metadata log.
         for n in cluster.node_ids:
             start_capped(cluster, n, capped=False)
-        finalized(client, 2)
-        # What was written at level 1 reads the same at level 2.
+        finalized(client, MAX_LEVEL)
+        # What was written at level 1 reads the same at the new level.
         records = retry(
             "a fetch", lambda: client.fetch("t", 0, 0).records, tolerating=(TidelogError,)
         )
@@ -284,6 +287,7 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         cluster.start(n)
         cluster.serve_args = []
         assert cluster.procs[n].wait(60) == 1
-        assert "UnsupportedFeatureLevel: cluster finalized tidelog.version=2; node 4" in (
-            cluster.log_path(n).read_text()
+        assert (
+            f"UnsupportedFeatureLevel: cluster finalized tidelog.version={MAX_LEVEL}; node 4"
+            in (cluster.log_path(n).read_text())
         )
