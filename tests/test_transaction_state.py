@@ -10,7 +10,12 @@ import json
 import pytest
 
 from tidelog import formats
-from tidelog.errors import InvalidTxnState, ProducerFenced, UnsupportedFormatVersion
+from tidelog.errors import (
+    InvalidTxnState,
+    ProducerFenced,
+    UnknownTransactionalId,
+    UnsupportedFormatVersion,
+)
 from tidelog.replication.metadata import MetadataState
 from tidelog.replication.metadata_commands import (
     CreateCursor,
@@ -144,21 +149,28 @@ def test_a_timeout_abort_bumps_the_epoch_and_fences_the_producer() -> None:
     log.apply(TxnAddPartitions("tx", PID, 0, {"out": [0]}, 30))
     log.apply(TxnEnd("tx", PID, 0, False, True, 90_000))
     assert (log.txn().state, log.txn().epoch) == (TxnState.PREPARE_ABORT, 1)
-    refusal = verify_transactional_batch(log.state.transactions, PID, 0, "out", 0)
+    refusal = verify_transactional_batch(log.state.transactions, "tx", PID, 0, "out", 0)
     assert isinstance(refusal, ProducerFenced)
 
 
 def test_a_partition_leader_appends_only_what_an_ongoing_transaction_holds() -> None:
     log = started()
     txns = log.state.transactions
-    assert isinstance(verify_transactional_batch(txns, PID, 0, "out", 0), InvalidTxnState)
+    assert isinstance(verify_transactional_batch(txns, "tx", PID, 0, "out", 0), InvalidTxnState)
     log.apply(TxnAddPartitions("tx", PID, 0, {"out": [0]}, 30))
-    assert verify_transactional_batch(txns, PID, 0, "out", 0) is None
-    assert isinstance(verify_transactional_batch(txns, PID, 0, "out", 1), InvalidTxnState)
-    assert isinstance(verify_transactional_batch(txns, PID, 1, "out", 0), InvalidTxnState)
-    assert isinstance(verify_transactional_batch(txns, 12345, 0, "out", 0), InvalidTxnState)
+    assert verify_transactional_batch(txns, "tx", PID, 0, "out", 0) is None
+    assert isinstance(verify_transactional_batch(txns, "tx", PID, 0, "out", 1), InvalidTxnState)
+    assert isinstance(verify_transactional_batch(txns, "tx", PID, 1, "out", 0), InvalidTxnState)
+    # Another producer id, another transactional id, or none: not this transaction's batch.
+    assert isinstance(
+        verify_transactional_batch(txns, "tx", 12345, 0, "out", 0), UnknownTransactionalId
+    )
+    assert isinstance(
+        verify_transactional_batch(txns, "other", PID, 0, "out", 0), UnknownTransactionalId
+    )
+    assert isinstance(verify_transactional_batch(txns, "", PID, 0, "out", 0), InvalidTxnState)
     log.apply(TxnEnd("tx", PID, 0, True, False, 40))
-    refusal = verify_transactional_batch(txns, PID, 0, "out", 0)
+    refusal = verify_transactional_batch(txns, "tx", PID, 0, "out", 0)
     assert isinstance(refusal, InvalidTxnState), "a batch after the decision is refused"
 
 

@@ -377,17 +377,13 @@ class KafkaBroker:
         for topic in body.topic_data:
             for part in topic.partition_data:
                 pending.append((topic.name, part.index, part.records))
-        transactional_id = body.transactional_id
-        try:
-            if transactional_id is not None:
-                # A transactional produce needs write on its transactional id, as in Kafka.
-                resource = Resource.transactional_id(str(transactional_id))
-                self.core.access.authorize(principal, Operation.TRANSACTION, resource)
-            outcomes: list[Any] = await asyncio.gather(
-                *(self._produce_one(principal, t, p, r, acks, timeout_ms) for t, p, r in pending)
+        transactional_id = str(body.transactional_id or "")
+        outcomes: list[Any] = await asyncio.gather(
+            *(
+                self._produce_one(principal, t, p, r, acks, timeout_ms, transactional_id)
+                for t, p, r in pending
             )
-        except NotAuthorized as exc:
-            outcomes = [exc for _ in pending]
+        )
         if acks == 0:
             return None
         by_topic: dict[str, list[dict[str, Any]]] = {}
@@ -424,11 +420,18 @@ class KafkaBroker:
         records: bytes | None,
         acks: int,
         timeout_ms: int,
+        transactional_id: str = "",
     ) -> Any:
         try:
             if not records:
                 raise InvalidRequest("a produce request with no records")
-            request = api.ProduceRequest(topic, partition, acks, min(timeout_ms, 300_000))
+            request = api.ProduceRequest(
+                topic,
+                partition,
+                acks,
+                min(timeout_ms, 300_000),
+                transactional_id=transactional_id,
+            )
             return await self._call(principal, request, records)
         except TidelogError as exc:
             log.info(

@@ -706,6 +706,10 @@ class NodeCore:
             raise UnsupportedApi(f"{type(request).__name__} is not a request the core serves")
         handler, scope = entry
         self.access.authorize(principal, *scope(request))
+        if isinstance(request, api.ProduceRequest) and request.transactional_id:
+            # A transactional produce uses its transactional id too (Kafka's WRITE on it).
+            resource = Resource.transactional_id(request.transactional_id)
+            self.access.authorize(principal, Operation.TRANSACTION, resource)
         return handler
 
     @property

@@ -87,6 +87,9 @@ class ProduceRequest:
     acks: int = ACKS_ALL
     timeout_ms: int = 30_000
     producer_id: int = -1  # idempotent producers: (producer_id, sequence) deduplicated
+    # A transactional producer's transactional id (Kafka's): its batches with the transactional
+    # bit must be that id's producer id's, and the principal needs write on the id.
+    transactional_id: str = ""
 
 
 @dataclass(frozen=True)

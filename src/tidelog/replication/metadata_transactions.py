@@ -22,7 +22,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.errors import InvalidTxnState, ProducerFenced, TidelogError
+from tidelog.errors import (
+    InvalidTxnState,
+    ProducerFenced,
+    TidelogError,
+    UnknownTransactionalId,
+)
 from tidelog.replication.metadata_commands import (
     TransactionCommand,
     TxnAddGroup,
@@ -278,16 +283,27 @@ def apply_complete(txns: Transactions, offset: int, command: TxnComplete) -> Non
 
 
 def verify_transactional_batch(
-    txns: Transactions, producer_id: int, epoch: int, topic: str, partition: int
+    txns: Transactions,
+    transactional_id: str,
+    producer_id: int,
+    epoch: int,
+    topic: str,
+    partition: int,
 ) -> TidelogError | None:
     """Why a partition leader may not append a transactional batch of this producer (None: it
-    may): its transactional id's transaction must be Ongoing at this epoch and hold the
-    partition (KIP-890's verification, which keeps a late batch from opening a transaction no
-    coordinator will ever end); an older epoch is fenced."""
-    txn = txns.of_producer(producer_id)
-    if txn is None or txn.producer_id != producer_id:
+    may): the batch's producer id must be its transactional id's, and that id's transaction
+    Ongoing at this epoch and holding the partition (KIP-890's verification, which keeps a late
+    batch from opening a transaction no coordinator will ever end); an older epoch is fenced."""
+    txn = txns.get(transactional_id)
+    if not transactional_id:
         return InvalidTxnState(
-            f"producer {producer_id} belongs to no transactional id",
+            f"a transactional batch of producer {producer_id} names no transactional id",
+            producer_id=producer_id,
+        )
+    if txn is None or txn.producer_id != producer_id:
+        return UnknownTransactionalId(
+            f"transactional id {transactional_id!r} does not have producer id {producer_id}",
+            transactional_id=transactional_id,
             producer_id=producer_id,
         )
     if epoch < txn.epoch:

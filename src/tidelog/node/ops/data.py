@@ -153,6 +153,7 @@ class DataOps(ConfiguredOps):
             if header.is_transactional:
                 refusal = verify_transactional_batch(
                     self.metadata.transactions,
+                    req.transactional_id,
                     header.producer_id,
                     header.producer_epoch,
                     req.topic,
