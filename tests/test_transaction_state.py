@@ -26,6 +26,7 @@ from tidelog.replication.metadata_commands import (
     TxnAddPartitions,
     TxnComplete,
     TxnEnd,
+    TxnExpire,
     TxnInit,
     TxnOffsets,
 )
@@ -33,6 +34,7 @@ from tidelog.replication.metadata_transactions import (
     EPOCH_MAX,
     Transaction,
     TxnState,
+    expired,
     verify_transactional_batch,
 )
 
@@ -191,3 +193,17 @@ def test_the_snapshot_holds_the_transactions_as_version_2() -> None:
         formats._WriteLevel.level = 1
     with pytest.raises(UnsupportedFormatVersion):
         MetadataState.from_snapshot({**snapshot, "v": 3})
+
+
+def test_an_idle_transactional_id_expires_and_an_open_one_does_not() -> None:
+    log = started()
+    log.apply(TxnAddPartitions("tx", PID, 0, {"out": [0]}, 30))
+    assert not expired(log.txn(), 10**12, 1000), "an open transaction never expires"
+    log.apply(TxnExpire("tx", PID, 0, 40))
+    assert log.state.transactions.get("tx") is not None
+    at = log.apply(TxnEnd("tx", PID, 0, False, False, 50))
+    log.apply(TxnComplete("tx", PID, 0, at, 60))
+    assert not expired(log.txn(), 1000, 1000) and expired(log.txn(), 1061, 1000)
+    log.apply(TxnExpire("tx", PID, 0, 2000))
+    assert log.state.transactions.get("tx") is None
+    assert log.state.transactions.of_producer(PID) is None

@@ -145,6 +145,9 @@ class NodeConfig:
     # producer may ask for (Kafka's broker setting and default); longer is refused with
     # INVALID_TRANSACTION_TIMEOUT. The coordinator aborts a transaction open past its timeout.
     transaction_max_timeout_ms: int = 900_000
+    # transactional.id.expiration.ms: a transactional id with no transaction open, unused this
+    # long, is forgotten by the coordinator (Kafka's setting and default: 7 days).
+    transactional_id_expiration_ms: int = 604_800_000
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -175,6 +178,7 @@ class NodeConfig:
             ("fd.reserve", self.fd_reserve, 0),
             ("fetch.max.bytes", self.fetch_max_bytes, 1024),
             ("transaction.max.timeout.ms", self.transaction_max_timeout_ms, 1),
+            ("transactional.id.expiration.ms", self.transactional_id_expiration_ms, 1),
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
@@ -502,6 +506,7 @@ _SETTINGS: tuple[Reader, ...] = (
     _int("fetch_max_bytes", "fetch.max.bytes"),
     _int("feature_max_level", "feature.max.level"),
     _int("transaction_max_timeout_ms", "transaction.max.timeout.ms"),
+    _int("transactional_id_expiration_ms", "transactional.id.expiration.ms"),
     Setting("zero_copy", ("zero_copy",), _flag, every=True),
     Setting("quiesce", ("quiesce",), _flag, every=True),
     Setting("peer_listen", ("peer_listen",), _address),

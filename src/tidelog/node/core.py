@@ -274,6 +274,7 @@ class NodeCore:
             lambda: self.features.finalized,
             self.background,
             self.counters,
+            lambda: self.config.transactional_id_expiration_ms,
         )
         self.peer_liveness = PeerLiveness(
             self.liveness,

@@ -10,7 +10,9 @@ The coordinator is the metadata log's leader; the transactions' state is the met
   change or this coordinator's (a new metadata leader resumes every prepared transaction from
   the log) only delays it. Once every partition answered, TxnComplete is proposed;
 - every Ongoing transaction open longer than its timeout is aborted at a new epoch (TxnEnd
-  with bump), which fences its producer.
+  with bump), which fences its producer;
+- every transactional id with nothing open, unused for transactional.id.expiration.ms, is
+  forgotten (TxnExpire), as Kafka's are.
 
 A partition leader appends a marker only when its own replica of the metadata log says the
 transaction is prepared with that decision (it waits briefly for its replica to apply it), and
@@ -40,8 +42,8 @@ from tidelog.node.transport import PeerSender
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.record.markers import build_marker
-from tidelog.replication.metadata_commands import TxnComplete, TxnEnd
-from tidelog.replication.metadata_transactions import Transaction, TxnState
+from tidelog.replication.metadata_commands import TxnComplete, TxnEnd, TxnExpire
+from tidelog.replication.metadata_transactions import Transaction, TxnState, expired
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class TransactionCoordinator:
         finalized_level: Callable[[], int],
         background: BackgroundTasks,
         counters: Counters,
+        expiration_ms: Callable[[], int],
     ) -> None:
         self.node_id = node_id
         self.metadata_log = metadata_log
@@ -99,6 +102,7 @@ class TransactionCoordinator:
         self.finalized_level = finalized_level
         self.background = background
         self.counters = counters
+        self.expiration_ms = expiration_ms  # transactional.id.expiration.ms
         self.jobs: dict[tuple[str, int], MarkerJob] = {}  # (transactional id, prepared offset)
         # This node's marker appends as a partition leader: (group, transactional id, prepared
         # offset) -> the append's wait, so that an ask repeated meanwhile appends nothing more.
@@ -133,6 +137,11 @@ class TransactionCoordinator:
                 prepared.add(key)
                 if key not in self.jobs:
                     self.jobs[key] = MarkerJob(txn, self._partitions_of(txn))
+            elif expired(txn, now_ms, self.expiration_ms()):
+                self.metadata_log.propose_in_background(
+                    f"expiry of transactional id {txn.transactional_id}",
+                    TxnExpire(txn.transactional_id, txn.producer_id, txn.epoch, now_ms),
+                )
             elif txn.state is TxnState.ONGOING and now_ms - txn.started_ms > txn.timeout_ms:
                 command = TxnEnd(
                     txn.transactional_id, txn.producer_id, txn.epoch, False, True, now_ms

@@ -62,6 +62,7 @@ from tidelog.replication.metadata_commands import (
     TxnAddPartitions,
     TxnComplete,
     TxnEnd,
+    TxnExpire,
     TxnInit,
     TxnOffsets,
 )
@@ -73,6 +74,7 @@ from tidelog.replication.metadata_transactions import (
     apply_add_partitions,
     apply_complete,
     apply_end,
+    apply_expire,
     apply_init,
     apply_offsets,
 )
@@ -515,6 +517,9 @@ class MetadataState:
     def _txn_complete(self, offset: int, command: TxnComplete) -> None:
         apply_complete(self.transactions, offset, command)
 
+    def _txn_expire(self, offset: int, command: TxnExpire) -> None:
+        apply_expire(self.transactions, offset, command)
+
     def _commit_transaction_offsets(self, txn: Transaction, at_ms: int) -> None:
         """A committing transaction's offsets become its groups' cursors, in the command that
         commits it. A cursor the cleaner invalidated is created anew (the group reads again);
@@ -570,6 +575,7 @@ class MetadataState:
         TxnOffsets.KIND: _txn_offsets,
         TxnEnd.KIND: _txn_end,
         TxnComplete.KIND: _txn_complete,
+        TxnExpire.KIND: _txn_expire,
     }
 
     def hosted_on(self, node_id: int) -> list[tuple[str, int]]:

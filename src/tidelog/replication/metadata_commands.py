@@ -754,7 +754,33 @@ class TxnComplete(TransactionCommand):
         )
 
 
-TRANSACTION_COMMANDS = (TxnInit, TxnAddPartitions, TxnAddGroup, TxnOffsets, TxnEnd, TxnComplete)
+@dataclass(frozen=True)
+class TxnExpire(TransactionCommand):
+    """A transactional id with no transaction open, not used for transactional.id.expiration.ms,
+    is forgotten (Kafka's expiration): its next producer starts at a new producer id."""
+
+    KIND: ClassVar[str] = "txn_expire"
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch"),
+            fields.at_ms(),
+        )
+
+
+TRANSACTION_COMMANDS = (
+    TxnInit,
+    TxnAddPartitions,
+    TxnAddGroup,
+    TxnOffsets,
+    TxnEnd,
+    TxnComplete,
+    TxnExpire,
+)
 
 COMMANDS: dict[str, type[MetadataCommand]] = {
     c.KIND: c

@@ -34,6 +34,7 @@ from tidelog.replication.metadata_commands import (
     TxnAddPartitions,
     TxnComplete,
     TxnEnd,
+    TxnExpire,
     TxnInit,
     TxnOffsets,
 )
@@ -52,6 +53,11 @@ class TxnState(enum.Enum):
     @property
     def prepared(self) -> bool:
         return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+    @property
+    def idle(self) -> bool:
+        """No transaction open or being completed."""
+        return self in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
 
     @property
     def open(self) -> bool:
@@ -280,6 +286,19 @@ def apply_complete(txns: Transactions, offset: int, command: TxnComplete) -> Non
     txn.partitions, txn.groups, txn.pending_offsets = {}, [], {}
     txn.started_ms = 0
     txn.updated_ms = command.at_ms
+
+
+def apply_expire(txns: Transactions, offset: int, command: TxnExpire) -> None:
+    txn = _current(txns, command)
+    if txn is None or not txn.state.idle:
+        return  # used again meanwhile
+    del txns.by_id[txn.transactional_id]
+    txns.by_producer.pop(txn.producer_id, None)
+
+
+def expired(txn: Transaction, now_ms: int, expiration_ms: int) -> bool:
+    """Whether a transactional id may be forgotten: nothing open, unused for expiration_ms."""
+    return txn.state.idle and now_ms - txn.updated_ms > expiration_ms
 
 
 def verify_transactional_batch(
