@@ -205,8 +205,11 @@ def test_offsets_sent_to_a_transaction_commit_only_with_it(cluster: LocalCluster
             consumer.consumer_group_metadata(),
             30,
         )
+        # KIP-447: while the offsets are pending, a stable fetch of them is refused.
+        assert stable_offset(cluster, "txn-loop") == (88, got[-1].offset() + 1)
         p.abort_transaction(30)
         assert committed_offset(cluster, "txn-loop") == got[-1].offset() + 1
+        assert stable_offset(cluster, "txn-loop") == (0, got[-1].offset() + 1)
     finally:
         consumer.close()
     markers, records = wait_for_value(
@@ -220,6 +223,17 @@ def read_some(consumer: Any, got: list[Any], n: int) -> bool:
     if m is not None and not m.error():
         got.append(m)
     return len(got) >= n
+
+
+def stable_offset(cluster: LocalCluster, group: str) -> tuple[int, int]:
+    """OffsetFetch with require_stable of txn-in/0: (its error code, its offset)."""
+    asked = {
+        "groups": [{"group_id": group, "topics": [{"name": "txn-in", "partition_indexes": [0]}]}],
+        "require_stable": True,
+    }
+    answer = kafka_ask(cluster, metadata_leader(cluster), 9, asked)
+    partition = answer["groups"][0]["topics"][0]["partitions"][0]
+    return int(partition["error_code"]), int(partition["committed_offset"])
 
 
 def committed_offset(cluster: LocalCluster, group: str) -> int:

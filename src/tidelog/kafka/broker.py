@@ -42,7 +42,7 @@ from tidelog.kafka.codec import KafkaRequest, api_version_list, millis
 from tidelog.kafka.errors import kafka_code
 from tidelog.kafka.groups import GroupCoordinator, GroupError
 from tidelog.kafka.routing import Routing
-from tidelog.kafka.transactions import TRANSACTION_APIS, KafkaTransactions
+from tidelog.kafka.transactions import TRANSACTION_APIS, KafkaTransactions, pending_offsets
 from tidelog.node.access import Operation, Principal
 from tidelog.node.cluster_view import CursorRecord
 from tidelog.node.core import NodeCore
@@ -1207,19 +1207,23 @@ class KafkaBroker:
     async def offset_fetch(self, principal: Principal, req: KafkaRequest) -> Answer:
         """A group's committed offsets (its cursors); v8+ asks for several groups at once."""
         body = req.body
+        stable = bool(getattr(body, "require_stable", False))  # KIP-447 (v7+)
         if req.api_version < 8:
-            topics, code = self._group_offsets(principal, body.group_id, body.topics)
+            topics, code = self._group_offsets(principal, body.group_id, body.topics, stable)
             return {"throttle_time_ms": 0, "topics": topics, "error_code": code}
         groups = []
         for group in body.groups:
-            topics, code = self._group_offsets(principal, group.group_id, group.topics)
+            topics, code = self._group_offsets(principal, group.group_id, group.topics, stable)
             groups.append({"group_id": group.group_id, "topics": topics, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
 
     def _group_offsets(
-        self, principal: Principal, group_id: str, asked: Any
+        self, principal: Principal, group_id: str, asked: Any, stable: bool = False
     ) -> tuple[list[dict[str, Any]], int]:
-        """One group's offsets for the topics asked (None: every topic it has offsets on)."""
+        """One group's offsets for the topics asked (None: every topic it has offsets on).
+        stable (KIP-447's require_stable): a partition whose offset an open transaction will
+        commit is UNSTABLE_OFFSET_COMMIT until it ends, so a consumer taking it over does not
+        start from the offset before the transaction's."""
         if not self._may_use_group(principal, group_id):
             return [], kerr.GROUP_AUTHORIZATION_FAILED
         try:
@@ -1239,6 +1243,7 @@ class KafkaBroker:
             listed = sorted(positions) if partitions is None else partitions
             # A group's offsets are read on their topic, as its cursor's are.
             code = kerr.NONE
+            unstable = pending_offsets(self.view.transactions, group_id, name) if stable else set()
             try:
                 self.core.access.authorize(principal, Operation.READ, Resource.topic(name))
             except TidelogError as exc:
@@ -1254,7 +1259,7 @@ class KafkaBroker:
                             "committed_offset": positions.get(p, -1),
                             "committed_leader_epoch": -1,
                             "metadata": "",
-                            "error_code": code,
+                            "error_code": kerr.UNSTABLE_OFFSET_COMMIT if p in unstable else code,
                         }
                         for p in listed
                     ],

@@ -487,3 +487,14 @@ def described(txn: Transaction) -> Answer:
             {"topic": t, "partitions": list(ps)} for t, ps in sorted(txn.partitions.items())
         ],
     }
+
+
+def pending_offsets(transactions: Mapping[str, Transaction], group: str, topic: str) -> set[int]:
+    """The partitions of a topic whose offsets an open transaction will commit for a group."""
+    found: set[int] = set()
+    for txn in transactions.values():
+        if txn.state is TxnState.ONGOING and group in txn.groups:
+            for entry in txn.pending_offsets.values():
+                if entry["topic"] == topic:
+                    found.update(entry["positions"])
+    return found
