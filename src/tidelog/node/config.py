@@ -33,9 +33,11 @@ from typing import Any
 
 from tidelog.acls import ANONYMOUS
 from tidelog.config import InvalidConfig, TopicConfig, parse_address
+from tidelog.errors import StorageError
 from tidelog.features import MAX_LEVEL, MIN_LEVEL
 from tidelog.node.access import Authorization
 from tidelog.principals import PRINCIPAL_NAME
+from tidelog.storage import versioned_text
 from tidelog.tls import TlsFiles
 
 MiB = 1024 * 1024
@@ -323,9 +325,15 @@ MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))' > FILE"
 
 
 def read_secret(path: Path) -> bytes:
-    return check_cluster_secret(
-        _read_secret_file(path, "cluster_secret_file", "the cluster secret"), str(path)
-    )
+    """The cluster secret in a file: the secret alone (what an operator makes, and every
+    release reads), or the versioned form `cluster up` writes from feature level 2
+    (storage/versioned_text.py; one of a newer version is UnsupportedFormatVersion)."""
+    raw = _read_secret_file(path, "cluster_secret_file", "the cluster secret")
+    try:
+        secret = versioned_text.decode(versioned_text.CLUSTER_SECRET, raw, str(path)).value
+    except StorageError as exc:
+        raise InvalidConfig(exc.message, key="cluster_secret_file") from exc
+    return check_cluster_secret(secret, str(path))
 
 
 def check_cluster_secret(secret: bytes, source: str) -> bytes:
