@@ -105,8 +105,8 @@ def test_level_2_allows_no_downgrade_and_level_1_has_nothing_below() -> None:
         check_downgrade(1, 0, {1: ONE_TWO})
     with pytest.raises(InvalidRequest, match="lowest level"):
         check_downgrade(1, 2, {1: ONE_TWO})
-    with pytest.raises(UnsupportedFeatureLevel, match="not 3"):
-        check_downgrade(2, 3, {1: ONE_TWO})
+    with pytest.raises(UnsupportedFeatureLevel, match=f"not {MAX_LEVEL + 1}"):
+        check_downgrade(2, MAX_LEVEL + 1, {1: ONE_TWO})
 
 
 def test_a_node_outside_the_finalized_level_is_refused_by_name() -> None:

@@ -766,7 +766,10 @@ def test_a_node_writes_the_text_files_of_its_level_and_refuses_a_newer_one(
     from tidelog.client.sync_client import Client
     from tidelog.storage.quorum_journal import journal_version
 
-    for version, extra in ((1, ["--set", "feature.max.level=1"]), (2, [])):
+    for version, extra in (
+        (1, ["--set", "feature.max.level=1"]),
+        (2, ["--set", "feature.max.level=2"]),  # level 3 writes these files alike
+    ):
         data = tmp_path / f"level-{version}"
         proc, address = start_node(data, *extra)
         try:
