@@ -175,12 +175,12 @@ class NodeConfig:
             ("max.inflight.requests.per.connection", self.max_inflight_requests, 1),
             ("max.connections", self.max_connections, 1),
             ("max.connections.per.ip", self.max_connections_per_ip, 1),
+            ("transaction.max.timeout.ms", self.transaction_max_timeout_ms, 1),
+            ("transactional.id.expiration.ms", self.transactional_id_expiration_ms, 1),
             ("connections.max.idle.ms", self.idle_timeout_ms, 1),
             ("request.receive.timeout.ms", self.request_receive_timeout_ms, 1),
             ("fd.reserve", self.fd_reserve, 0),
             ("fetch.max.bytes", self.fetch_max_bytes, 1024),
-            ("transaction.max.timeout.ms", self.transaction_max_timeout_ms, 1),
-            ("transactional.id.expiration.ms", self.transactional_id_expiration_ms, 1),
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
