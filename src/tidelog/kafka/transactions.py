@@ -85,7 +85,9 @@ class KafkaTransactions:
         self.check_group_member = check_group_member  # group, member, generation: GroupError
         self.group_cursor = group_cursor
         self.max_timeout_ms = max_timeout_ms  # the node's transaction.max.timeout.ms
-        self._init_locks: dict[str, asyncio.Lock] = {}
+        # Per transactional id: its InitProducerIds one at a time, and how many wait (the entry
+        # goes with the last, so that ids used once cost nothing).
+        self._init_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     # -- common checks ------------------------------------------------------------------------
 
@@ -156,9 +158,15 @@ class KafkaTransactions:
                 int(getattr(body, "producer_id", -1)),
                 int(getattr(body, "producer_epoch", -1)),
             )
-            lock = self._init_locks.setdefault(transactional_id, asyncio.Lock())
-            async with lock:
-                txn = await self._init(principal, transactional_id, timeout_ms, expected)
+            lock, users = self._init_locks.setdefault(transactional_id, (asyncio.Lock(), [0]))
+            users[0] += 1
+            try:
+                async with lock:
+                    txn = await self._init(principal, transactional_id, timeout_ms, expected)
+            finally:
+                users[0] -= 1
+                if not users[0]:
+                    del self._init_locks[transactional_id]
             answer["producer_id"], answer["producer_epoch"] = txn.producer_id, txn.epoch
         except TidelogError as exc:
             answer["error_code"] = self.code(exc)
