@@ -330,6 +330,49 @@ def test_a_new_coordinator_completes_what_the_killed_one_decided(cluster: LocalC
         cluster.wait_ready()
 
 
+def test_a_new_partition_leader_writes_the_marker_its_frozen_leader_could_not(
+    cluster: LocalCluster,
+) -> None:
+    """The partition's leader is frozen (SIGSTOP) before the commit: the coordinator's asks go
+    unanswered until the partition elects another leader, which writes the marker. Re-sent asks
+    may leave more than one COMMIT marker, never anything else."""
+    from confluent_kafka.admin import AdminClient
+
+    create_topic(cluster, "txn-partition-failover", 3)
+    coordinator = metadata_leader(cluster)
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    leaders = {
+        p: meta.leader
+        for p, meta in admin.list_topics("txn-partition-failover", timeout=10)
+        .topics["txn-partition-failover"]
+        .partitions.items()
+    }
+    partition, leader = next((p, n) for p, n in leaders.items() if n != coordinator)
+    p = producer(cluster, "txn-partition-failover")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("txn-partition-failover", value=b"kept", partition=partition)
+    p.flush(30)
+    cluster.freeze(leader)
+    try:
+        p.commit_transaction(30)
+
+        def committed_elsewhere() -> bool:
+            return state_of(cluster, "txn-partition-failover") == "CompleteCommit"
+
+        wait_for("the marker from a new leader", committed_elsewhere, 60, tolerating=(Exception,))
+    finally:
+        cluster.resume(leader)
+    markers, records = wait_for_value(
+        "the partition's log",
+        lambda: log_of(cluster, "txn-partition-failover", partition),
+        lambda v: len(v[0]) >= 1,
+        30,
+        tolerating=(Exception,),
+    )
+    assert set(kinds(markers)) == {"commit"} and records == 1, markers
+
+
 JS = Path(__file__).parent / "js"
 
 
