@@ -341,13 +341,17 @@ def test_a_new_partition_leader_writes_the_marker_its_frozen_leader_could_not(
     create_topic(cluster, "txn-partition-failover", 3)
     coordinator = metadata_leader(cluster)
     admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
-    leaders = {
-        p: meta.leader
-        for p, meta in admin.list_topics("txn-partition-failover", timeout=10)
-        .topics["txn-partition-failover"]
-        .partitions.items()
-    }
-    partition, leader = next((p, n) for p, n in leaders.items() if n != coordinator)
+
+    def leaders() -> dict[int, int]:
+        topic = admin.list_topics("txn-partition-failover", timeout=10).topics
+        return {p: meta.leader for p, meta in topic["txn-partition-failover"].partitions.items()}
+
+    known = wait_for_value(
+        "every partition's leader",
+        leaders,
+        lambda found: all(n >= 0 for n in found.values()) and set(found.values()) - {coordinator},
+    )
+    partition, leader = next((p, n) for p, n in known.items() if n != coordinator)
     p = producer(cluster, "txn-partition-failover")
     p.init_transactions(30)
     p.begin_transaction()
