@@ -24,7 +24,8 @@ from kio.serial import entity_reader, entity_writer
 from helpers import wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
-from tidelog.errors import TransactionsNotEnabled
+from tidelog.errors import TidelogError, TransactionsNotEnabled
+from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.markers import Marker, read_marker
@@ -37,6 +38,12 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("kafka-txn"), 3, kafka=True) as c:
+        with Client(c.bootstrap) as client:  # a new cluster finalizes its level just after
+            wait_for_value(
+                "feature level 3",
+                lambda: client.describe_features().finalized_level,
+                TRANSACTIONS_LEVEL.__eq__,
+            )
         yield c
 
 
@@ -429,3 +436,72 @@ def test_transactions_are_refused_by_name_until_feature_level_3(tmp_path: Path) 
             with pytest.raises(TransactionsNotEnabled):
                 client.produce_batch("early", 0, batch, producer_id=7)
             assert client.fetch("early", 0, 0).high_watermark == 0
+
+
+def test_the_coordinators_answers_to_requests_out_of_turn(cluster: LocalCluster) -> None:
+    """What raw requests get that well-behaved clients never send: another producer id, a
+    fenced epoch, an EndTxn with nothing open or against the decision, a retried EndTxn, a
+    timeout over transaction.max.timeout.ms, and a transactional batch for a partition its
+    transaction did not add."""
+    create_topic(cluster, "txn-raw", 1)
+    node = metadata_leader(cluster)
+
+    def ask(api_key: int, values: dict[str, Any]) -> Any:
+        return kafka_ask(cluster, node, api_key, values)
+
+    def init(timeout_ms: int = 60_000) -> Any:
+        return ask(22, {"transactional_id": "raw", "transaction_timeout": timeout_ms,
+                        "producer_id": -1, "producer_epoch": -1})  # fmt: skip
+
+    assert init(10**9)["error_code"] == 50  # INVALID_TRANSACTION_TIMEOUT
+    first = init()
+    pid, epoch = first["producer_id"], first["producer_epoch"]
+    assert first["error_code"] == 0 and pid > 0
+
+    def end(producer_id: int, producer_epoch: int, commit: bool) -> int:
+        answer = ask(
+            26,
+            {
+                "transactional_id": "raw",
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "committed": commit,
+            },
+        )
+        return int(answer["error_code"])
+
+    def add(producer_id: int, producer_epoch: int) -> int:
+        answer = ask(
+            24,
+            {
+                "v3_and_below_transactional_id": "raw",
+                "v3_and_below_producer_id": producer_id,
+                "v3_and_below_producer_epoch": producer_epoch,
+                "v3_and_below_topics": [{"name": "txn-raw", "partitions": [0]}],
+            },
+        )
+        return int(answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0][
+            "partition_error_code"])  # fmt: skip
+
+    assert end(pid, epoch, True) == 48  # INVALID_TXN_STATE: nothing open
+    assert add(pid + 1, epoch) == 49  # INVALID_PRODUCER_ID_MAPPING
+    assert add(pid, epoch) == 0
+    assert end(pid, epoch, True) == 0
+    assert end(pid, epoch, True) == 0, "a retried EndTxn gets the same answer"
+    assert end(pid, epoch, False) == 48, "an abort of what committed"
+    # A batch for a partition the transaction did not add: refused by the partition's leader.
+    with Client(cluster.bootstrap) as client:
+        batch = build_batch(
+            [ProducerRecord(b"k", b"v")],
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=0,
+            transactional=True,
+        )
+        with pytest.raises(TidelogError) as refused:
+            client.produce_batch("txn-raw", 0, batch, producer_id=pid)
+        assert refused.value.name == "InvalidTxnState", refused.value
+    second = init()
+    assert (second["producer_id"], second["producer_epoch"]) == (pid, epoch + 1)
+    assert add(pid, epoch) == 90  # PRODUCER_FENCED
+    assert end(pid, epoch, False) == 90
