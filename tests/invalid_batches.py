@@ -156,7 +156,9 @@ INVALID: list[Invalid] = [
     Invalid("snappy_bit_on_plain_data", _attributes(2), CorruptRecord, "compression"),
     Invalid("gzip_bit_on_plain_data", _attributes(1), CorruptRecord, "compression"),
     Invalid("control_bit_from_a_client", _attributes(0x20), InvalidRecord, "control"),
-    Invalid("transactional_bit", _attributes(0x10), InvalidRecord, "transactional"),
+    Invalid(
+        "transactional_bit_without_a_producer_id", _attributes(0x10), InvalidRecord, "transactional"
+    ),
     Invalid("log_append_time_from_a_client", _attributes(0x08), InvalidRecord, "timestamp_type"),
     Invalid(
         "record_length_varint_corrupt",

@@ -515,7 +515,7 @@ def kafka_exchange(
 
 def error_codes(value: Any) -> set[int]:
     if isinstance(value, dict):
-        found = {int(value["error_code"])} if "error_code" in value else set()
+        found = {int(value[k]) for k in ("error_code", "partition_error_code") if k in value}
         for item in value.values():
             found |= error_codes(item)
         return found
@@ -524,7 +524,8 @@ def error_codes(value: Any) -> set[int]:
     return set()
 
 
-KAFKA_AUTHORIZATION_FAILED = {29, 30, 31}  # TOPIC_, GROUP_, CLUSTER_AUTHORIZATION_FAILED
+# TOPIC_, GROUP_, CLUSTER_, TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+KAFKA_AUTHORIZATION_FAILED = {29, 30, 31, 53}
 
 
 def kafka_requests(topic_id: Any = None) -> dict[int, tuple[str, dict[str, Any]]]:
@@ -637,6 +638,48 @@ def kafka_requests(topic_id: Any = None) -> dict[int, tuple[str, dict[str, Any]]
                 "validate_only": False,
             },
         ),
+        24: (
+            "add partitions to a transaction",
+            {
+                "v3_and_below_transactional_id": "guarded-txn",
+                "v3_and_below_producer_id": 1,
+                "v3_and_below_producer_epoch": 0,
+                "v3_and_below_topics": [{"name": GUARDED, "partitions": [0]}],
+            },
+        ),
+        25: (
+            "add offsets to a transaction",
+            {
+                "transactional_id": "guarded-txn",
+                "producer_id": 1,
+                "producer_epoch": 0,
+                "group_id": "guarded-cursor",
+            },
+        ),
+        26: (
+            "end a transaction",
+            {
+                "transactional_id": "guarded-txn",
+                "producer_id": 1,
+                "producer_epoch": 0,
+                "committed": True,
+            },
+        ),
+        28: (
+            "commit offsets in a transaction",
+            {
+                "transactional_id": "guarded-txn",
+                "group_id": "guarded-cursor",
+                "producer_id": 1,
+                "producer_epoch": 0,
+                "generation_id": -1,
+                "member_id": "",
+                "topics": [
+                    {"name": GUARDED, "partitions": [{"partition_index": 0, "committed_offset": 3}]}
+                ],
+            },
+        ),
+        65: ("describe transactions", {"transactional_ids": ["guarded-txn"]}),
         42: ("delete groups", {"groups_names": ["guarded-cursor"]}),
         44: (
             "alter configs",
@@ -655,9 +698,9 @@ def kafka_requests(topic_id: Any = None) -> dict[int, tuple[str, dict[str, Any]]
 
 # Open on the Kafka port as on tidelog's: ApiVersions, Metadata (without auto-creation: that
 # is a create), FindCoordinator (a node's address), DescribeConfigs (a topic's settings),
-# DescribeCluster; ListGroups answers, listing only the groups one may use (as Kafka's lists
-# only those one may describe).
-KAFKA_OPEN = {18, 3, 10, 32, 60, 17, 36, 16}  # and SaslHandshake, SaslAuthenticate
+# DescribeCluster; ListGroups and ListTransactions answer, listing only the groups and
+# transactional ids one may use or describe (as Kafka's list only those one may describe).
+KAFKA_OPEN = {18, 3, 10, 32, 60, 17, 36, 16, 66}  # and SaslHandshake, SaslAuthenticate
 
 
 def test_every_kafka_request_is_refused_by_name_and_changes_nothing(secured: Secured) -> None:

@@ -66,8 +66,10 @@ def test_upgrades_need_every_registered_node_live_and_supporting_the_level() -> 
     assert refused.value.details["nodes"] == [2]
     with pytest.raises(UnsupportedFeatureLevel, match=r"node\(s\) \[3\] are not live"):
         check_upgrade(1, 2, {1: ONE_TWO, 2: ONE_TWO, 3: None})
-    with pytest.raises(UnsupportedFeatureLevel, match="not 3"):
-        check_upgrade(1, 3, {1: ONE_TWO})
+    with pytest.raises(UnsupportedFeatureLevel, match="node 1 supports 1-2"):
+        check_upgrade(1, 3, {1: ONE_TWO})  # a node of level 1..2 cannot join a cluster at 3
+    with pytest.raises(UnsupportedFeatureLevel, match=f"not {MAX_LEVEL + 1}"):
+        check_upgrade(1, MAX_LEVEL + 1, {1: ONE_TWO})
     with pytest.raises(InvalidRequest, match="downgrade"):
         check_upgrade(2, 1, {1: ONE_TWO})
     assert highest_common({1: ONE_TWO, 2: ONE_TWO}) == 2
@@ -103,8 +105,8 @@ def test_level_2_allows_no_downgrade_and_level_1_has_nothing_below() -> None:
         check_downgrade(1, 0, {1: ONE_TWO})
     with pytest.raises(InvalidRequest, match="lowest level"):
         check_downgrade(1, 2, {1: ONE_TWO})
-    with pytest.raises(UnsupportedFeatureLevel, match="not 3"):
-        check_downgrade(2, 3, {1: ONE_TWO})
+    with pytest.raises(UnsupportedFeatureLevel, match=f"not {MAX_LEVEL + 1}"):
+        check_downgrade(2, MAX_LEVEL + 1, {1: ONE_TWO})
 
 
 def test_a_node_outside_the_finalized_level_is_refused_by_name() -> None:
@@ -118,7 +120,7 @@ def test_a_node_outside_the_finalized_level_is_refused_by_name() -> None:
 def test_feature_max_level_is_a_checked_node_setting(tmp_path: Path) -> None:
     config = node_config_from({"data": str(tmp_path), "feature.max.level": "1"})
     assert config.feature_max_level == 1
-    with pytest.raises(InvalidRequest, match=r"feature.max.level must be 1..2"):
+    with pytest.raises(InvalidRequest, match=rf"feature.max.level must be 1..{MAX_LEVEL}"):
         node_config_from({"data": str(tmp_path), "feature.max.level": "7"})
 
 
@@ -201,45 +203,58 @@ def test_a_new_cluster_starts_at_the_highest_level_every_node_supports(tmp_path:
         finalized(client, MAX_LEVEL)
         answer = client.describe_features()
         assert answer.recorded and answer.feature == FEATURE
-        every = {n: (1, 2, True) for n in (1, 2, 3)}
+        every = {n: (1, MAX_LEVEL, True) for n in (1, 2, 3)}
         wait_for_value("every node's range", lambda: ranges(client), every.__eq__)
         out = tidelog("features", "describe", "--bootstrap", cluster.bootstrap)
-        assert "tidelog.version finalized at level 2" in out
+        assert f"tidelog.version finalized at level {MAX_LEVEL}" in out
         assert "2: versioned formats (docs/formats.md)" in out
+        assert "3: transactions" in out
         described = json.loads(
             tidelog("features", "describe", "--json", "--bootstrap", cluster.bootstrap)
         )
-        assert described["finalized_level"] == 2 and len(described["nodes"]) == 3
+        assert described["finalized_level"] == MAX_LEVEL and len(described["nodes"]) == 3
         info = client.describe_cluster()
-        assert info.finalized_features == {FEATURE: 2}
-        assert all(n.supported_features == {FEATURE: [1, 2]} for n in info.nodes)
+        assert info.finalized_features == {FEATURE: MAX_LEVEL}
+        assert all(n.supported_features == {FEATURE: [1, MAX_LEVEL]} for n in info.nodes)
         for n in cluster.node_ids:
             metrics = scrape(cluster.http_url(n))
-            assert value(metrics, "tidelog_feature_level", feature=FEATURE) == 2.0
-        assert "tidelog.version finalized at level 2" in tidelog(
+            assert value(metrics, "tidelog_feature_level", feature=FEATURE) == MAX_LEVEL
+        assert f"tidelog.version finalized at level {MAX_LEVEL}" in tidelog(
             "status", "--bootstrap", cluster.bootstrap
         )
         # Nothing higher to go to: a success that says it changed nothing (exit status 0).
-        nothing = "tidelog.version is already finalized at level 2; nothing to upgrade"
+        nothing = f"tidelog.version is already finalized at level {MAX_LEVEL}; nothing to upgrade"
         assert nothing in tidelog("features", "upgrade", "--bootstrap", cluster.bootstrap)
         assert nothing in tidelog(
-            "features", "upgrade", "--to", "2", "--bootstrap", cluster.bootstrap
+            "features", "upgrade", "--to", str(MAX_LEVEL), "--bootstrap", cluster.bootstrap
         )
         unchanged = json.loads(
-            tidelog("features", "upgrade", "--to", "2", "--json", "--bootstrap", cluster.bootstrap)
+            tidelog(
+                "features",
+                "upgrade",
+                "--to",
+                str(MAX_LEVEL),
+                "--json",
+                "--bootstrap",
+                cluster.bootstrap,
+            )
         )
-        assert unchanged["changed"] is False and unchanged["finalized_level"] == 2
-        out = tidelog("features", "downgrade", "--to", "2", "--bootstrap", cluster.bootstrap)
-        assert "tidelog.version is already finalized at level 2; nothing to downgrade" in out
-        assert client.update_features(2).changed is False
-        assert client.update_features(2, downgrade=True).changed is False
-        # Nothing lower that level 2 allows, nor a level that does not exist: refused (status 1).
+        assert unchanged["changed"] is False and unchanged["finalized_level"] == MAX_LEVEL
+        out = tidelog(
+            "features", "downgrade", "--to", str(MAX_LEVEL), "--bootstrap", cluster.bootstrap
+        )
+        assert f"already finalized at level {MAX_LEVEL}; nothing to downgrade" in out
+        assert client.update_features(MAX_LEVEL).changed is False
+        assert client.update_features(MAX_LEVEL, downgrade=True).changed is False
+        # Nothing lower that levels 2 and 3 allow, nor a level that does not exist: refused
+        # (status 1).
         out = tidelog("features", "downgrade", "--bootstrap", cluster.bootstrap, ok=False)
         assert "UnsafeFeatureDowngrade" in out and "before finalizing" in out
+        beyond = str(MAX_LEVEL + 1)
         out = tidelog(
-            "features", "upgrade", "--to", "3", "--bootstrap", cluster.bootstrap, ok=False
+            "features", "upgrade", "--to", beyond, "--bootstrap", cluster.bootstrap, ok=False
         )
-        assert "UnsupportedFeatureLevel" in out and "not 3" in out
+        assert "UnsupportedFeatureLevel" in out and f"not {beyond}" in out
 
 
 def journal_versions(cluster: LocalCluster) -> set[int]:
@@ -269,7 +284,7 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         client.produce("t", [b"before"])
         for n in (1, 2):
             start_capped(cluster, n, capped=False)
-        mixed = {1: (1, 2, True), 2: (1, 2, True), 3: (1, 1, True)}
+        mixed = {1: (1, MAX_LEVEL, True), 2: (1, MAX_LEVEL, True), 3: (1, 1, True)}
         wait_for_value("nodes 1 and 2 upgraded", lambda: ranges(client), mixed.__eq__)
         assert client.describe_features().upgradable_to == 1
         with pytest.raises(UnsupportedFeatureLevel, match="node 3 supports 1-1"):
@@ -288,12 +303,14 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
             client.update_features()  # the highest every node supports: unknown
         assert client.update_features(1).changed is False  # where it is: asks no node
         start_capped(cluster, 3, capped=False)
-        wait_for_value("node 3 upgraded", lambda: ranges(client)[3], (1, 2, True).__eq__)
+        wait_for_value("node 3 upgraded", lambda: ranges(client)[3], (1, MAX_LEVEL, True).__eq__)
         upgraded = json.loads(
             tidelog("features", "upgrade", "--json", "--bootstrap", cluster.bootstrap)
         )
-        assert upgraded["changed"] is True and upgraded["finalized_level"] == 2
-        wait_for_value("every node applied level 2", lambda: node_levels(client), {2}.__eq__)
+        assert upgraded["changed"] is True and upgraded["finalized_level"] == MAX_LEVEL
+        wait_for_value(
+            "every node applied the level", lambda: node_levels(client), {MAX_LEVEL}.__eq__
+        )
         # The quorum journal, rewritten first: the record 0.1.0 refuses (formats.py).
         wait_for_value("journals of version 2", lambda: journal_versions(cluster), {2}.__eq__)
 
@@ -305,16 +322,16 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         assert cluster.procs[3].wait(60) == 1
         log = cluster.log_path(3).read_text()
         assert (
-            "UnsupportedFeatureLevel: cluster finalized tidelog.version=2; node 3 supports 1-1"
-            in log
+            f"UnsupportedFeatureLevel: cluster finalized tidelog.version={MAX_LEVEL}; node 3 "
+            "supports 1-1" in log
         )
         start_capped(cluster, 3, capped=False)
 
         # Every node restarted: the level is in the metadata log.
         for n in cluster.node_ids:
             start_capped(cluster, n, capped=False)
-        finalized(client, 2)
-        # What was written at level 1 reads the same at level 2.
+        finalized(client, MAX_LEVEL)
+        # What was written at level 1 reads the same at the new level.
         records = retry(
             "a fetch", lambda: client.fetch("t", 0, 0).records, tolerating=(TidelogError,)
         )
@@ -327,6 +344,7 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         cluster.start(n)
         cluster.serve_args = []
         assert cluster.procs[n].wait(60) == 1
-        assert "UnsupportedFeatureLevel: cluster finalized tidelog.version=2; node 4" in (
-            cluster.log_path(n).read_text()
+        assert (
+            f"UnsupportedFeatureLevel: cluster finalized tidelog.version={MAX_LEVEL}; node 4"
+            in (cluster.log_path(n).read_text())
         )

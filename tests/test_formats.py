@@ -111,8 +111,8 @@ def test_a_newer_version_is_refused_naming_where_and_the_versions_known() -> Non
     assert "version 3" in message and f"tidelog ({__version__}) reads versions 1-2" in message
     assert "upgrade tidelog" in message
     assert not caught.value.retriable and caught.value.code == 122
-    with pytest.raises(UnsupportedFormatVersion, match="reads version 1:"):
-        check_version("metadata-command", 2, "metadata command 'create_topic'")
+    with pytest.raises(UnsupportedFormatVersion, match="reads versions 1-2:"):
+        check_version("metadata-command", 3, "metadata command 'create_topic'")
 
 
 def test_the_write_level_picks_each_writers_version() -> None:
@@ -436,11 +436,11 @@ def test_a_metadata_command_of_a_newer_version_stops_the_node_not_skipped() -> N
     with pytest.raises(MalformedCommand):
         decode_command({**command, "v": "2"})
     with pytest.raises(UnsupportedFormatVersion) as caught:
-        decode_command({**command, "v": 2, "a_field_of_v2": True})
-    refused("metadata-command", "metadata command 'delete_cursor'", 2)(caught.value)
+        decode_command({**command, "v": 3, "a_field_of_v3": True})
+    refused("metadata-command", "metadata command 'delete_cursor'", 3)(caught.value)
 
     machine = MetadataMachine(on_topic=lambda name: None, on_reset=lambda state: None)
-    record = Record(7, 0, None, json.dumps({**command, "v": 2}).encode(), ())
+    record = Record(7, 0, None, json.dumps({**command, "v": 3}).encode(), ())
     with pytest.raises(UnsupportedFormatVersion):
         machine.apply([record], 8)
     assert machine.applied_offset < 8, "not applied past it"
@@ -766,7 +766,10 @@ def test_a_node_writes_the_text_files_of_its_level_and_refuses_a_newer_one(
     from tidelog.client.sync_client import Client
     from tidelog.storage.quorum_journal import journal_version
 
-    for version, extra in ((1, ["--set", "feature.max.level=1"]), (2, [])):
+    for version, extra in (
+        (1, ["--set", "feature.max.level=1"]),
+        (2, ["--set", "feature.max.level=2"]),  # level 3 writes these files alike
+    ):
         data = tmp_path / f"level-{version}"
         proc, address = start_node(data, *extra)
         try:

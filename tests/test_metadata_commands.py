@@ -46,6 +46,13 @@ from tidelog.replication.metadata_commands import (
     RemoveNode,
     RemovePrincipal,
     RemoveQuota,
+    TxnAddGroup,
+    TxnAddPartitions,
+    TxnComplete,
+    TxnEnd,
+    TxnExpire,
+    TxnInit,
+    TxnOffsets,
     decode_command,
 )
 
@@ -190,6 +197,93 @@ SAMPLES: list[tuple[MetadataCommand, dict[str, Any]]] = [
             "at_ms": 1000,
         },
     ),
+    # The transaction coordinator's commands (version 2: feature level 3) had no earlier form.
+    (
+        TxnInit("tx", 77, -1, 60000, "app", 1000),
+        {
+            "type": "txn_init",
+            "transactional_id": "tx",
+            "producer_id": 77,
+            "producer_epoch": -1,
+            "timeout_ms": 60000,
+            "owner": "app",
+            "at_ms": 1000,
+            "v": 2,
+        },
+    ),
+    (
+        TxnAddPartitions("tx", 77, 0, {"t": [0, 2]}, 1000),
+        {
+            "type": "txn_add_partitions",
+            "transactional_id": "tx",
+            "producer_id": 77,
+            "producer_epoch": 0,
+            "partitions": {"t": [0, 2]},
+            "at_ms": 1000,
+            "v": 2,
+        },
+    ),
+    (
+        TxnAddGroup("tx", 77, 0, "g", 1000),
+        {
+            "type": "txn_add_group",
+            "transactional_id": "tx",
+            "producer_id": 77,
+            "producer_epoch": 0,
+            "group": "g",
+            "at_ms": 1000,
+            "v": 2,
+        },
+    ),
+    (
+        TxnOffsets("tx", 77, 0, "g", {"g": {"topic": "t", "positions": {0: 5}}}, 1000),
+        {
+            "type": "txn_offsets",
+            "transactional_id": "tx",
+            "producer_id": 77,
+            "producer_epoch": 0,
+            "group": "g",
+            "offsets": {"g": {"topic": "t", "positions": {"0": 5}}},
+            "at_ms": 1000,
+            "v": 2,
+        },
+    ),
+    (
+        TxnEnd("tx", 77, 0, True, False, 1000),
+        {
+            "type": "txn_end",
+            "transactional_id": "tx",
+            "producer_id": 77,
+            "producer_epoch": 0,
+            "commit": True,
+            "bump": False,
+            "at_ms": 1000,
+            "v": 2,
+        },
+    ),
+    (
+        TxnComplete("tx", 77, 0, 12, 1000),
+        {
+            "type": "txn_complete",
+            "transactional_id": "tx",
+            "producer_id": 77,
+            "producer_epoch": 0,
+            "prepared_offset": 12,
+            "at_ms": 1000,
+            "v": 2,
+        },
+    ),
+    (
+        TxnExpire("tx", 77, 3, 1000),
+        {
+            "type": "txn_expire",
+            "transactional_id": "tx",
+            "producer_id": 77,
+            "producer_epoch": 3,
+            "at_ms": 1000,
+            "v": 2,
+        },
+    ),
 ]
 
 
@@ -287,6 +381,16 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     ),
     "dict[str, Any]": st.dictionaries(st.text(), JSON_VALUES, max_size=4),
     "dict[str, Any] | None": st.none() | st.dictionaries(st.text(), JSON_VALUES, max_size=4),
+    "dict[str, list[int]]": st.dictionaries(st.text(), st.lists(st.integers(), max_size=4)),
+    "dict[str, dict[str, Any]]": st.dictionaries(
+        st.text(),
+        st.builds(
+            lambda topic, positions: {"topic": topic, "positions": positions},
+            st.text(),
+            st.dictionaries(st.integers(), st.integers()),
+        ),
+        max_size=3,
+    ),
     "NodeEntry": NODES,
     "list[NodeEntry]": st.lists(NODES, max_size=4),
     "list[ArchiveLoss]": st.lists(

@@ -55,6 +55,7 @@ from tidelog.cli.cluster import free_ports
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import partition_rows
 from tidelog.errors import TidelogError
+from tidelog.features import MAX_LEVEL
 from tidelog.storage.quorum_journal import JOURNAL_FILE, encode_format
 
 pytestmark = [pytest.mark.process, pytest.mark.spark]  # tiers: pyproject.toml's markers
@@ -465,7 +466,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing_and_finalizes(
             upgrade.restart(3, THIS_BUILD)
             finalized = features_upgrade(cluster)
             assert finalized.returncode == 0, finalized.stdout + finalized.stderr
-            assert "finalized at 2" in finalized.stdout, finalized.stdout
+            assert f"finalized at {MAX_LEVEL}" in finalized.stdout, finalized.stdout
             print(finalized.stdout)
             for n in NODES:
                 wait_for(

@@ -17,6 +17,13 @@ Permissions on a Kafka consumer group (Kafka's GROUP resource), by name or prefi
   read   join, sync, heartbeat, leave, commit and fetch its offsets, describe and list it
   admin  delete it
 A member also needs read on each topic whose offsets it commits or fetches, as in Kafka.
+
+Permissions on a transactional id (Kafka's TRANSACTIONAL_ID resource), by name or prefix:
+  write  use it: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn
+         (Kafka's WRITE; it implies describe, as Kafka's does)
+  read   describe it: DescribeTransactions, ListTransactions (Kafka's DESCRIBE)
+The producer also needs write on each topic it produces to, and its offsets read on the group
+and the topics, as in Kafka.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class ResourceKind(enum.Enum):
     TOPIC = "topic"
     CLUSTER = "cluster"
     GROUP = "group"  # a Kafka consumer group
+    TRANSACTIONAL_ID = "transactional_id"  # a Kafka transactional producer's id
 
 
 class Pattern(enum.Enum):
@@ -68,6 +76,10 @@ class Resource:
     @staticmethod
     def group(name: str) -> Resource:
         return Resource(ResourceKind.GROUP, name)
+
+    @staticmethod
+    def transactional_id(name: str) -> Resource:
+        return Resource(ResourceKind.TRANSACTIONAL_ID, name)
 
     def __str__(self) -> str:
         return (
@@ -100,6 +112,10 @@ class Acl:
             )
         elif self.kind is ResourceKind.GROUP and self.permission is Permission.WRITE:
             raise InvalidRequest("a group has two permissions: read (use it), admin (delete it)")
+        elif self.kind is ResourceKind.TRANSACTIONAL_ID and self.permission is Permission.ADMIN:
+            raise InvalidRequest(
+                "a transactional id has two permissions: write (use it), read (describe it)"
+            )
 
     @staticmethod
     def of(
@@ -110,14 +126,17 @@ class Acl:
         cluster: bool = False,
         group: str | None = None,
         group_prefix: str | None = None,
+        transactional_id: str | None = None,
+        transactional_id_prefix: str | None = None,
     ) -> Acl:
         """An ACL as a user names it: a permission on a topic, on every topic starting with a
-        prefix, on a consumer group or every group starting with a prefix, or admin on the
-        cluster (exactly one)."""
-        given = (topic, prefix, group, group_prefix)
+        prefix, on a consumer group or every group starting with a prefix, on a transactional
+        id or every one starting with a prefix, or admin on the cluster (exactly one)."""
+        given = (topic, prefix, group, group_prefix, transactional_id, transactional_id_prefix)
         if sum(g is not None for g in given) + cluster != 1:
             raise InvalidRequest(
-                "an ACL is on one of: a topic, a topic prefix, a group, a group prefix, the cluster"
+                "an ACL is on one of: a topic, a topic prefix, a group, a group prefix, "
+                "a transactional id, a transactional id prefix, the cluster"
             )
         try:
             granted = Permission(permission)
@@ -131,6 +150,11 @@ class Acl:
             return Acl(principal, granted, ResourceKind.GROUP, group)
         if group_prefix is not None:
             return Acl(principal, granted, ResourceKind.GROUP, group_prefix, Pattern.PREFIX)
+        if transactional_id is not None:
+            return Acl(principal, granted, ResourceKind.TRANSACTIONAL_ID, transactional_id)
+        if transactional_id_prefix is not None:
+            kind = ResourceKind.TRANSACTIONAL_ID
+            return Acl(principal, granted, kind, transactional_id_prefix, Pattern.PREFIX)
         if prefix is not None:
             return Acl(principal, granted, ResourceKind.TOPIC, prefix, Pattern.PREFIX)
         return Acl(principal, granted, ResourceKind.TOPIC, str(topic))
@@ -138,7 +162,15 @@ class Acl:
     def covers(self, permission: Permission, resource: Resource) -> bool:
         if self.kind is ResourceKind.CLUSTER:
             return True  # cluster admin: everything
-        if resource.kind is not self.kind or permission is not self.permission:
+        if resource.kind is not self.kind:
+            return False
+        # Using a transactional id implies describing it, as Kafka's WRITE implies DESCRIBE.
+        implied = (
+            self.kind is ResourceKind.TRANSACTIONAL_ID
+            and permission is Permission.READ
+            and self.permission is Permission.WRITE
+        )
+        if permission is not self.permission and not implied:
             return False
         if self.pattern is Pattern.PREFIX:
             return resource.name.startswith(self.name)

@@ -49,6 +49,11 @@
     ├── ArchiveLagExceeded                  retriable: produce refused, the archive is too far behind
     ├── UnsupportedFeatureLevel             a node does not support a feature level (tidelog/features.py)
     │   └── UnsafeFeatureDowngrade          going back from a level whose formats older nodes cannot read
+    ├── TransactionsNotEnabled              a transactional request before feature level 3 is finalized
+    ├── ProducerFenced(transactional_id)    a newer epoch of the transactional id took over
+    ├── InvalidTxnState(transactional_id)   the transaction is not in a state that allows the request
+    ├── ConcurrentTransactions              retriable: the previous transaction is still being completed
+    └── UnknownTransactionalId              no transaction (or another producer id) under that id
 
 OS errors are translated once, at the edge (storage and node), never leaked to callers.
 """
@@ -407,6 +412,46 @@ class UnsafeFeatureDowngrade(UnsupportedFeatureLevel):
     read (tidelog/features.py says which levels allow going back)."""
 
     code = 124
+
+
+class TransactionsNotEnabled(TidelogError):
+    """A transactional request (a transactional id, a transactional batch) before the cluster
+    finalized feature level 3, `transactions` (tidelog/features.py): nodes of a lower level
+    could not read the markers and metadata commands transactions write."""
+
+    code = 130
+
+
+class ProducerFenced(TidelogError):
+    """A transactional producer's epoch is older than its transactional id's: another producer
+    with the same transactional.id (or the coordinator, aborting a transaction past its
+    timeout) started a newer epoch, which fences this one (Kafka's PRODUCER_FENCED and
+    INVALID_PRODUCER_EPOCH)."""
+
+    code = 131
+
+
+class InvalidTxnState(TidelogError):
+    """The transaction is not in a state that allows the request: a transactional batch for a
+    partition its transaction does not hold (or with no open transaction), an EndTxn with no
+    transaction, or a commit of a transaction being aborted (Kafka's INVALID_TXN_STATE)."""
+
+    code = 132
+
+
+class ConcurrentTransactions(TidelogError):
+    """The transactional id's previous transaction is still being completed (its markers are
+    being written): retry shortly (Kafka's CONCURRENT_TRANSACTIONS)."""
+
+    code = 133
+    retriable = True
+
+
+class UnknownTransactionalId(TidelogError):
+    """No transaction under that transactional id, or one whose producer id is not the
+    request's (Kafka's TRANSACTIONAL_ID_NOT_FOUND and INVALID_PRODUCER_ID_MAPPING)."""
+
+    code = 134
 
 
 _BY_CODE: dict[int, type[TidelogError]] = {}

@@ -51,6 +51,9 @@ LEVELS: dict[int, Level] = {
         # Nodes may write new format versions from here (docs/formats.md): a node of a lower
         # level could not read them, so a cluster finalized here never goes back.
         Level(2, "versioned formats (docs/formats.md)", downgrade_safe=False),
+        # Transactional batches and markers in segments, the coordinator's metadata commands
+        # (version 2) and snapshots holding transactions: nothing of level 2 reads them.
+        Level(3, "transactions (Kafka's KIP-98; docs/design.md)", downgrade_safe=False),
     )
 }
 MIN_LEVEL = min(LEVELS)
@@ -60,6 +63,9 @@ MAX_LEVEL = max(LEVELS)
 # 0.1.0 node refuses it: the archive's reports to the metadata leader (peer message
 # ARCHIVE_REPORT, metadata commands archive_claimed and archive_extent).
 ARCHIVE_REPORTS_LEVEL = 2
+# Transactions (a transactional id, a transactional batch, a marker) are refused by name
+# (TransactionsNotEnabled) until the cluster is finalized at this level.
+TRANSACTIONS_LEVEL = 3
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,15 @@ FORMATS: dict[str, Format] = {
             "metadata-command",
             "the records of the metadata log (__metadata-0)",
             'the command\'s "v" (absent: 1)',
-            (1, 1),
-            (1, 1),
+            (1, 2),
+            (1, 1, 2),  # 2: the transaction coordinator's commands, only from level 3
+        ),
+        Format(
+            "metadata-snapshot",
+            "the payload of the metadata log's snapshots (MetadataState.to_snapshot)",
+            '"v" in its JSON (absent: 1)',
+            (1, 2),
+            (1, 1, 2),  # 2: adds "transactions"
         ),
         Format(
             "peer-protocol",

@@ -11,8 +11,8 @@ Where Kafka and tidelog differ:
   topic): they hold the low-water mark as every tidelog cursor does, within
   cursor.max.lag.bytes and cursor.max.idle.ms. Committed metadata strings are not kept.
 - The group coordinator and the controller are the metadata log's leader.
-- last_stable_offset is the high-water mark (no transactions); transactional requests are
-  refused with UNSUPPORTED_VERSION.
+- The transaction coordinator is the metadata log's leader too (kafka/transactions.py);
+  transactions need feature level 3, and are refused with UNSUPPORTED_VERSION before it.
 """
 
 from __future__ import annotations
@@ -31,15 +31,18 @@ from tidelog.errors import (
     NetworkError,
     NotAuthorized,
     NotLeader,
+    ProducerFenced,
     TidelogError,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.kafka import errors as kerr
 from tidelog.kafka.codec import KafkaRequest, api_version_list, millis
 from tidelog.kafka.errors import kafka_code
 from tidelog.kafka.groups import GroupCoordinator, GroupError
 from tidelog.kafka.routing import Routing
+from tidelog.kafka.transactions import TRANSACTION_APIS, KafkaTransactions, pending_offsets
 from tidelog.node.access import Operation, Principal
 from tidelog.node.cluster_view import CursorRecord
 from tidelog.node.core import NodeCore
@@ -153,6 +156,15 @@ class KafkaBroker:
         self.groups = GroupCoordinator(self._keep_group)
         self._coordinator_epoch = -1
         self._names_by_id: tuple[int, dict[Any, str]] = (-1, {})
+        self.transactions = KafkaTransactions(
+            core.view,
+            core.access.authorize,
+            core.access.allows,
+            core.propose_metadata,
+            self._check_group_member,
+            group_cursor,
+            lambda: core.config.transaction_max_timeout_ms,
+        )
         self.handlers: dict[int, Handler] = {
             0: self.produce,
             1: self.fetch,
@@ -173,12 +185,18 @@ class KafkaBroker:
             21: self.delete_records,
             22: self.init_producer_id,
             23: self.offset_for_leader_epoch,
+            24: self.transactions.add_partitions,
+            25: self.transactions.add_offsets,
+            26: self.transactions.end_txn,
+            28: self.transactions.txn_offset_commit,
             32: self.describe_configs,
             33: self.alter_configs,
             37: self.create_partitions,
             42: self.delete_groups,
             44: self.incremental_alter_configs,
             60: self.describe_cluster,
+            65: self.transactions.describe,
+            66: self.transactions.list,
         }
 
     def start(self) -> None:
@@ -239,7 +257,13 @@ class KafkaBroker:
     # -- cluster ------------------------------------------------------------------------------
 
     async def api_versions(self, principal: Principal, req: KafkaRequest) -> Answer:
-        return {"error_code": kerr.NONE, "api_keys": api_version_list(), "throttle_time_ms": 0}
+        """What is served; the transaction APIs only once the cluster is at feature level 3
+        (as a KRaft broker lists what its finalized metadata.version allows), so that clients
+        say at once that the cluster does not support transactions."""
+        served = api_version_list()
+        if self.view.finalized_level < TRANSACTIONS_LEVEL:
+            served = [a for a in served if a["api_key"] not in TRANSACTION_APIS]
+        return {"error_code": kerr.NONE, "api_keys": served, "throttle_time_ms": 0}
 
     @property
     def metadata_leader(self) -> int:
@@ -353,12 +377,13 @@ class KafkaBroker:
         for topic in body.topic_data:
             for part in topic.partition_data:
                 pending.append((topic.name, part.index, part.records))
-        if body.transactional_id is not None:
-            outcomes: list[Any] = [TidelogError("transactions are not supported") for _ in pending]
-        else:
-            outcomes = await asyncio.gather(
-                *(self._produce_one(principal, t, p, r, acks, timeout_ms) for t, p, r in pending)
+        transactional_id = str(body.transactional_id or "")
+        outcomes: list[Any] = await asyncio.gather(
+            *(
+                self._produce_one(principal, t, p, r, acks, timeout_ms, transactional_id)
+                for t, p, r in pending
             )
+        )
         if acks == 0:
             return None
         by_topic: dict[str, list[dict[str, Any]]] = {}
@@ -374,8 +399,8 @@ class KafkaBroker:
             }
             if isinstance(outcome, TidelogError):
                 code = kafka_code(outcome)
-                if body.transactional_id is not None:
-                    code = kerr.UNSUPPORTED_VERSION
+                if isinstance(outcome, ProducerFenced):
+                    code = kerr.INVALID_PRODUCER_EPOCH  # a partition leader's word, as Kafka's
                 entry["error_code"] = code
                 entry["error_message"] = outcome.message[:1000]
             elif outcome is not None:
@@ -395,11 +420,18 @@ class KafkaBroker:
         records: bytes | None,
         acks: int,
         timeout_ms: int,
+        transactional_id: str = "",
     ) -> Any:
         try:
             if not records:
                 raise InvalidRequest("a produce request with no records")
-            request = api.ProduceRequest(topic, partition, acks, min(timeout_ms, 300_000))
+            request = api.ProduceRequest(
+                topic,
+                partition,
+                acks,
+                min(timeout_ms, 300_000),
+                transactional_id=transactional_id,
+            )
             return await self._call(principal, request, records)
         except TidelogError as exc:
             log.info(
@@ -412,12 +444,7 @@ class KafkaBroker:
         draws its ids (the partition leaders keep each id's sequence state; KIP-360's epoch
         bump is answered with a fresh id, which the producer takes as it takes a new epoch)."""
         if req.body.transactional_id is not None:
-            return {
-                "throttle_time_ms": 0,
-                "error_code": kerr.UNSUPPORTED_VERSION,
-                "producer_id": -1,
-                "producer_epoch": -1,
-            }
+            return {"throttle_time": 0, **await self.transactions.init_producer_id(principal, req)}
         return {
             "throttle_time_ms": 0,
             "error_code": kerr.NONE,
@@ -907,9 +934,9 @@ class KafkaBroker:
                 "error_code": kerr.NONE,
                 "error_message": None,
             }
-            if key_type != 0:
-                entry["error_code"] = kerr.UNSUPPORTED_VERSION  # transaction coordinators
-                entry["error_message"] = "transactions are not supported"
+            refused = self._transaction_coordinator_refused(principal, key_type, key)
+            if refused is not None:
+                entry["error_code"], entry["error_message"] = refused
             elif found is None:
                 entry["error_code"] = kerr.COORDINATOR_NOT_AVAILABLE
             else:
@@ -917,6 +944,30 @@ class KafkaBroker:
             coordinators.append(entry)
         first = coordinators[0] if coordinators else {}
         return {"throttle_time_ms": 0, "coordinators": coordinators, **first}
+
+    def _transaction_coordinator_refused(
+        self, principal: Principal, key_type: int, key: str
+    ) -> tuple[int, str] | None:
+        """Why FindCoordinator may not name the coordinator of a key (None: it may): a group
+        (key type 0) always may; a transactional id (1) needs transactions enabled and may be
+        asked by who may describe it; other types do not exist here."""
+        if key_type == 0:
+            return None
+        if key_type != 1:
+            return kerr.INVALID_REQUEST, f"coordinator key type {key_type}"
+        try:
+            self.transactions.enabled()
+            resource = Resource.transactional_id(key)
+            self.core.access.authorize(principal, Operation.DESCRIBE_TRANSACTION, resource)
+        except TidelogError as exc:
+            return kafka_code(exc), exc.message[:1000]
+        return None
+
+    def _check_group_member(self, group_id: str, member_id: str, generation: int) -> None:
+        """A member of the group at its generation (KIP-447's TxnOffsetCommit), asked of this
+        node as the group coordinator."""
+        self._check_coordinator()
+        self.groups.check_member(group_id, member_id, generation)
 
     async def _keep_group(self, group_id: str, record: dict[str, Any] | None) -> None:
         command = GroupRecord(group_id, record)
@@ -1156,19 +1207,23 @@ class KafkaBroker:
     async def offset_fetch(self, principal: Principal, req: KafkaRequest) -> Answer:
         """A group's committed offsets (its cursors); v8+ asks for several groups at once."""
         body = req.body
+        stable = bool(getattr(body, "require_stable", False))  # KIP-447 (v7+)
         if req.api_version < 8:
-            topics, code = self._group_offsets(principal, body.group_id, body.topics)
+            topics, code = self._group_offsets(principal, body.group_id, body.topics, stable)
             return {"throttle_time_ms": 0, "topics": topics, "error_code": code}
         groups = []
         for group in body.groups:
-            topics, code = self._group_offsets(principal, group.group_id, group.topics)
+            topics, code = self._group_offsets(principal, group.group_id, group.topics, stable)
             groups.append({"group_id": group.group_id, "topics": topics, "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
 
     def _group_offsets(
-        self, principal: Principal, group_id: str, asked: Any
+        self, principal: Principal, group_id: str, asked: Any, stable: bool = False
     ) -> tuple[list[dict[str, Any]], int]:
-        """One group's offsets for the topics asked (None: every topic it has offsets on)."""
+        """One group's offsets for the topics asked (None: every topic it has offsets on).
+        stable (KIP-447's require_stable): a partition whose offset an open transaction will
+        commit is UNSTABLE_OFFSET_COMMIT until it ends, so a consumer taking it over does not
+        start from the offset before the transaction's."""
         if not self._may_use_group(principal, group_id):
             return [], kerr.GROUP_AUTHORIZATION_FAILED
         try:
@@ -1188,6 +1243,7 @@ class KafkaBroker:
             listed = sorted(positions) if partitions is None else partitions
             # A group's offsets are read on their topic, as its cursor's are.
             code = kerr.NONE
+            unstable = pending_offsets(self.view.transactions, group_id, name) if stable else set()
             try:
                 self.core.access.authorize(principal, Operation.READ, Resource.topic(name))
             except TidelogError as exc:
@@ -1203,7 +1259,7 @@ class KafkaBroker:
                             "committed_offset": positions.get(p, -1),
                             "committed_leader_epoch": -1,
                             "metadata": "",
-                            "error_code": code,
+                            "error_code": kerr.UNSTABLE_OFFSET_COMMIT if p in unstable else code,
                         }
                         for p in listed
                     ],

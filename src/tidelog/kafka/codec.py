@@ -56,6 +56,14 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     21: (0, 2),  # DeleteRecords
     22: (0, 4),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320: consumers validate positions after a new leader)
+    # Transactions (kafka/transactions.py). AddPartitionsToTxn v4+ is KIP-890's batched,
+    # broker-to-broker form (tidelog's partition leaders verify against the metadata log
+    # instead); EndTxn, AddOffsetsToTxn and TxnOffsetCommit v5 are KIP-890 part 2, an epoch
+    # bump per transaction that needs Produce 12.
+    24: (0, 3),  # AddPartitionsToTxn
+    25: (0, 4),  # AddOffsetsToTxn
+    26: (0, 4),  # EndTxn
+    28: (0, 4),  # TxnOffsetCommit (3+: KIP-447's group metadata)
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs (kafkajs has only this one)
     36: (0, 2),  # SaslAuthenticate
@@ -63,6 +71,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
     60: (0, 1),  # DescribeCluster
+    65: (0, 0),  # DescribeTransactions (KIP-664)
+    66: (0, 1),  # ListTransactions (2 filters by a pattern of ids: not served)
 }
 API_VERSIONS = 18
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id

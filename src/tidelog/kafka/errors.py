@@ -22,6 +22,7 @@ from tidelog.errors import (
     ArchiveObjectMissing,
     ArchiveUnavailable,
     AuthenticationFailed,
+    ConcurrentTransactions,
     CorruptRecord,
     CursorInvalidated,
     DataLoss,
@@ -34,6 +35,7 @@ from tidelog.errors import (
     InvalidReplicaAssignment,
     InvalidReplicationFactor,
     InvalidRequest,
+    InvalidTxnState,
     NetworkError,
     NodeAlreadyExists,
     NodeIdentityError,
@@ -46,6 +48,7 @@ from tidelog.errors import (
     OutcomeUnknown,
     OutOfOrderSequence,
     PartitionLimitReached,
+    ProducerFenced,
     RecordTooLarge,
     RestorePointOutside,
     StorageError,
@@ -53,10 +56,12 @@ from tidelog.errors import (
     TidelogError,
     Timeout,
     TopicAlreadyExists,
+    TransactionsNotEnabled,
     UnknownCursor,
     UnknownLeaderEpoch,
     UnknownNode,
     UnknownTopicOrPartition,
+    UnknownTransactionalId,
     UnsafeFeatureDowngrade,
     UnsupportedApi,
     UnsupportedCompression,
@@ -95,6 +100,15 @@ INVALID_CONFIG = 40
 GROUP_ID_NOT_FOUND = 69
 NON_EMPTY_GROUP = 68
 MEMBER_ID_REQUIRED = 79
+INVALID_PRODUCER_EPOCH = 47
+INVALID_TXN_STATE = 48
+INVALID_PRODUCER_ID_MAPPING = 49
+INVALID_TRANSACTION_TIMEOUT = 50
+CONCURRENT_TRANSACTIONS = 51
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+PRODUCER_FENCED = 90
+UNSTABLE_OFFSET_COMMIT = 88
+TRANSACTIONAL_ID_NOT_FOUND = 105
 
 # Most specific class first is not needed: kafka_code walks each error's class hierarchy.
 KAFKA_CODES: dict[type[TidelogError], int] = {
@@ -150,6 +164,15 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     ArchiveLagExceeded: 56,  # retriable, as writes resume when the archive catches up
     UnsupportedFeatureLevel: 95,  # INVALID_UPDATE_VERSION (KIP-584's UpdateFeatures refusal)
     UnsafeFeatureDowngrade: 95,
+    # Transactions before feature level 3: what a Kafka broker without transactions answers
+    # (clients report that the broker does not support them, and do not retry).
+    TransactionsNotEnabled: UNSUPPORTED_VERSION,
+    # To the coordinator's requests; a produce of a fenced epoch is INVALID_PRODUCER_EPOCH,
+    # as Kafka's partition leaders answer (the broker says so where it answers a produce).
+    ProducerFenced: PRODUCER_FENCED,
+    InvalidTxnState: INVALID_TXN_STATE,
+    ConcurrentTransactions: CONCURRENT_TRANSACTIONS,
+    UnknownTransactionalId: INVALID_PRODUCER_ID_MAPPING,
 }
 
 
@@ -164,6 +187,8 @@ def kafka_code(error: TidelogError, not_leader: int = NOT_LEADER_OR_FOLLOWER) ->
             return 30  # GROUP_AUTHORIZATION_FAILED
         if error.details.get("resource") == "cluster":
             return 31  # CLUSTER_AUTHORIZATION_FAILED
+        if error.details.get("resource") == "transactional_id":
+            return TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     if isinstance(error, NotEnoughReplicas) and error.details.get("appended"):
         return NOT_ENOUGH_REPLICAS_AFTER_APPEND
     for cls in type(error).__mro__:

@@ -49,6 +49,10 @@ class Operation(enum.Enum):
     GROUP = "use consumer group"
     DELETE_GROUP = "delete consumer group"
     PRODUCER_ID = "get a producer id"
+    # Kafka's transactional ids (Resource.transactional_id): write to use one, read to
+    # describe one (write implies it).
+    TRANSACTION = "use transactional id"
+    DESCRIBE_TRANSACTION = "describe transactional id"
     PRINCIPAL = "principal"  # add (or renew), list, remove principals' tokens
     REPLICATE = "replicate"  # replication and cursor-invalidation messages between peers
 
@@ -63,6 +67,8 @@ NEEDS = {
     Operation.DELETE: Permission.ADMIN,
     Operation.GRANT: Permission.ADMIN,
     Operation.DELETE_GROUP: Permission.ADMIN,
+    Operation.TRANSACTION: Permission.WRITE,
+    Operation.DESCRIBE_TRANSACTION: Permission.READ,
 }
 
 
@@ -144,7 +150,12 @@ class Access:
                 what = f" principal {target!r}"
             elif operation is Operation.PRODUCER_ID:
                 what = ""
-            elif operation in (Operation.GROUP, Operation.DELETE_GROUP):
+            elif operation in (
+                Operation.GROUP,
+                Operation.DELETE_GROUP,
+                Operation.TRANSACTION,
+                Operation.DESCRIBE_TRANSACTION,
+            ):
                 what = f" {resource.name!r}"
             else:
                 what = f" {resource}"

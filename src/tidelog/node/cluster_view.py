@@ -29,6 +29,7 @@ from tidelog.node.registry import NodeRegistry
 from tidelog.node.status import PartitionStatus
 from tidelog.replication.liveness import Liveness
 from tidelog.replication.metadata import NodeEntry, TopicMeta, validate_alter
+from tidelog.replication.metadata_transactions import Transaction
 from tidelog.storage.identity import DirectoryIdentity
 
 
@@ -198,6 +199,12 @@ class ClusterView:
     @property
     def cursors(self) -> Mapping[str, CursorRecord]:
         return MappingProxyType(self._metadata.state.cursors)
+
+    @property
+    def transactions(self) -> Mapping[str, Transaction]:
+        """Kafka transactions by transactional id, as this node applied them (do not change
+        them: replication/metadata_transactions.py)."""
+        return MappingProxyType(self._metadata.state.transactions.by_id)
 
     @property
     def kafka_groups(self) -> Mapping[str, Mapping[str, Any]]:

@@ -147,6 +147,13 @@ class NodeConfig:
     # (0: this build's highest). For testing upgrades only: a node that acts as an older build
     # (docs/operations.md, "Feature levels and upgrades").
     feature_max_level: int = 0
+    # transaction.max.timeout.ms: the longest transaction.timeout.ms a Kafka transactional
+    # producer may ask for (Kafka's broker setting and default); longer is refused with
+    # INVALID_TRANSACTION_TIMEOUT. The coordinator aborts a transaction open past its timeout.
+    transaction_max_timeout_ms: int = 900_000
+    # transactional.id.expiration.ms: a transactional id with no transaction open, unused this
+    # long, is forgotten by the coordinator (Kafka's setting and default: 7 days).
+    transactional_id_expiration_ms: int = 604_800_000
 
     def __post_init__(self) -> None:
         if self.node_id < 0:
@@ -172,6 +179,8 @@ class NodeConfig:
             ("max.inflight.requests.per.connection", self.max_inflight_requests, 1),
             ("max.connections", self.max_connections, 1),
             ("max.connections.per.ip", self.max_connections_per_ip, 1),
+            ("transaction.max.timeout.ms", self.transaction_max_timeout_ms, 1),
+            ("transactional.id.expiration.ms", self.transactional_id_expiration_ms, 1),
             ("connections.max.idle.ms", self.idle_timeout_ms, 1),
             ("request.receive.timeout.ms", self.request_receive_timeout_ms, 1),
             ("fd.reserve", self.fd_reserve, 0),
@@ -510,6 +519,8 @@ _SETTINGS: tuple[Reader, ...] = (
     _int("fd_reserve", "fd.reserve"),
     _int("fetch_max_bytes", "fetch.max.bytes"),
     _int("feature_max_level", "feature.max.level"),
+    _int("transaction_max_timeout_ms", "transaction.max.timeout.ms"),
+    _int("transactional_id_expiration_ms", "transactional.id.expiration.ms"),
     Setting("zero_copy", ("zero_copy",), _flag, every=True),
     Setting("quiesce", ("quiesce",), _flag, every=True),
     Setting("peer_listen", ("peer_listen",), _address),

@@ -70,6 +70,7 @@ from tidelog.node.registry import NodeRegistry
 from tidelog.node.replica_groups import ReplicaGroups
 from tidelog.node.state_machine import Machine, MetadataMachine
 from tidelog.node.topics import TopicReplicas
+from tidelog.node.transaction_coordinator import TransactionCoordinator
 from tidelog.node.transport import PeerSender
 from tidelog.node.turns import Turns
 from tidelog.protocol import api
@@ -266,6 +267,18 @@ class NodeCore:
             self.liveness,
             self.fail_stop,
         )
+        # Kafka transactions: the coordinator (on the metadata leader) and a partition leader's
+        # markers (node/transaction_coordinator.py).
+        self.transactions = TransactionCoordinator(
+            self.config.node_id,
+            self.metadata_log,
+            self.hosts,
+            send_to_peer,
+            lambda: self.features.finalized,
+            self.background,
+            self.counters,
+            lambda: self.config.transactional_id_expiration_ms,
+        )
         self.peer_liveness = PeerLiveness(
             self.liveness,
             self.clock,
@@ -437,6 +450,7 @@ class NodeCore:
         self._tasks.append(loop.create_task(self.groups.checkpoint_loop()))
         self._tasks.append(loop.create_task(self.cleaner.run()))
         self._tasks.append(loop.create_task(self._checks_loop()))
+        self._tasks.append(loop.create_task(self.transactions.run()))
         if self.archiver is not None:
             self._tasks.append(loop.create_task(self.archiver.run()))
         # The partitions the metadata gives this node open in a task that takes turns (the
@@ -630,6 +644,10 @@ class NodeCore:
         elif key == ApiKey.ARCHIVE_REPORT:
             if self.archiver is not None:
                 self.archiver.on_report_message(header, sender)
+        elif key == ApiKey.TXN_MARKERS:
+            self.transactions.on_markers(header, sender)
+        elif key == ApiKey.TXN_MARKERS_DONE:
+            self.transactions.on_markers_done(header, sender)
         elif key == ApiKey.LIVENESS:
             self.peer_liveness.on_heartbeat(sender, header)
         elif key == ApiKey.PEER_BATCH:
@@ -732,6 +750,10 @@ class NodeCore:
             raise UnsupportedApi(f"{type(request).__name__} is not a request the core serves")
         handler, scope = entry
         self.access.authorize(principal, *scope(request))
+        if isinstance(request, api.ProduceRequest) and request.transactional_id:
+            # A transactional produce uses its transactional id too (Kafka's WRITE on it).
+            resource = Resource.transactional_id(request.transactional_id)
+            self.access.authorize(principal, Operation.TRANSACTION, resource)
         return handler
 
     @property

@@ -26,6 +26,8 @@ from tidelog.replication.metadata_commands import MetadataCommand
 
 log = logging.getLogger(__name__)
 
+APPLIED_POLL_S = 0.01
+
 
 class MetadataLog:
     def __init__(
@@ -104,6 +106,18 @@ class MetadataLog:
                 keep.append((offset, future))
         self._waiters = keep
 
+    async def applied_past(self, offset: int, timeout_s: float) -> bool:
+        """Whether this node has applied the command at offset, waiting up to timeout_s for
+        its replica of the metadata log to catch up (a follower learns of commits a little
+        after its leader)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.state.applied_offset <= offset:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(APPLIED_POLL_S)
+        return True
+
     async def propose(self, command: MetadataCommand, timeout_s: float) -> int:
         """Commit command (this node must lead the metadata log) and wait until this node has
         applied it; its offset."""
@@ -119,6 +133,11 @@ class MetadataLog:
             self._waiters.append((info.last_offset, future))
             await asyncio.wait_for(future, timeout_s)
         return info.last_offset
+
+    @property
+    def proposing(self) -> frozenset[str]:
+        """The keys of the background proposals under way."""
+        return frozenset(self._background_proposals)
 
     def propose_in_background(self, key: str, command: MetadataCommand) -> None:
         """Propose a command a periodic check found due, one at a time per key: a failure is

@@ -53,6 +53,10 @@ class ApiKey(enum.IntEnum):
     ARCHIVE = 114  # the archive as the cluster recorded it; an operator accepts a loss
     ARCHIVE_REPORT = 115  # a partition leader tells the metadata leader its archive's extent
     FEATURES = 116  # describe, upgrade, downgrade feature levels (Kafka: UpdateFeatures, KIP-584)
+    # The transaction coordinator asks a partition's leader to append a transaction's marker
+    # (Kafka's WriteTxnMarkers); the leader answers with TXN_MARKERS_DONE once it is committed.
+    TXN_MARKERS = 117
+    TXN_MARKERS_DONE = 118
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -65,6 +69,8 @@ PEER_ONLY_MESSAGES = frozenset(
         ApiKey.LIVENESS,
         ApiKey.PEER_BATCH,
         ApiKey.ARCHIVE_REPORT,
+        ApiKey.TXN_MARKERS,
+        ApiKey.TXN_MARKERS_DONE,
     }
 )
 
@@ -81,6 +87,9 @@ class ProduceRequest:
     acks: int = ACKS_ALL
     timeout_ms: int = 30_000
     producer_id: int = -1  # idempotent producers: (producer_id, sequence) deduplicated
+    # A transactional producer's transactional id (Kafka's): its batches with the transactional
+    # bit must be that id's producer id's, and the principal needs write on the id.
+    transactional_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ wrote a batch every reader can read. A batch that passes `validate_produced` is 
 (`batch.decode_records`), the compactor, table topics and the Spark source read without error:
 its header agrees with its records, every record parses exactly to the batch end, the codec is one
 tidelog reads and the batch inflates within a bound, and it carries nothing only the log may set
-(control and transactional bits, LogAppendTime).
+(the control bit, LogAppendTime; the transactional bit only with a producer id).
 
 Each refusal is a named error that says which rule failed (`details["rule"]`):
 
@@ -157,8 +157,12 @@ def check_header(header: BatchHeader, batch: int, rules: BatchRules) -> None:
         raise _refuse(UnsupportedCompression, "compression", why, batch, codec=codec)
     if attributes & CONTROL_BIT:
         raise _refuse(InvalidRecord, "control", "control batches are written by the log", batch)
-    if attributes & TRANSACTIONAL_BIT:
-        raise _refuse(InvalidRecord, "transactional", "transactions are not supported", batch)
+    if attributes & TRANSACTIONAL_BIT and header.producer_id < 0:
+        # A transactional batch is a transactional producer's: whether its transaction holds
+        # the partition is the partition leader's check (node/ops/data.py), not the codec's.
+        raise _refuse(
+            InvalidRecord, "transactional", "a transactional batch needs a producer id", batch
+        )
     if attributes & TIMESTAMP_TYPE_BIT:
         raise _refuse(
             InvalidRecord,

@@ -28,6 +28,7 @@ from tidelog.errors import (
     UnknownTopicOrPartition,
 )
 from tidelog.features import DEFAULT_LEVEL, FEATURE
+from tidelog.formats import check_version, write_version
 from tidelog.invariant import InvariantBroken
 from tidelog.replication.metadata_commands import (
     AddNode,
@@ -57,8 +58,26 @@ from tidelog.replication.metadata_commands import (
     RemovePrincipal,
     RemoveQuota,
     TopicCommand,
+    TxnAddGroup,
+    TxnAddPartitions,
+    TxnComplete,
+    TxnEnd,
+    TxnExpire,
+    TxnInit,
+    TxnOffsets,
 )
 from tidelog.replication.metadata_commands import NodeEntry as NodeEntry
+from tidelog.replication.metadata_transactions import (
+    Transaction,
+    Transactions,
+    apply_add_group,
+    apply_add_partitions,
+    apply_complete,
+    apply_end,
+    apply_expire,
+    apply_init,
+    apply_offsets,
+)
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule; matched with fullmatch
 NODE_ID_MAX = 2**31 - 1
@@ -205,6 +224,8 @@ class MetadataState:
     archive_extents: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Finalized feature levels by feature (tidelog/features.py); none recorded: DEFAULT_LEVEL.
     features: dict[str, int] = field(default_factory=dict)
+    # Kafka transactions by transactional id (replication/metadata_transactions.py).
+    transactions: Transactions = field(default_factory=Transactions)
 
     @property
     def finalized_level(self) -> int:
@@ -474,6 +495,53 @@ class MetadataState:
             return  # a new cluster's level, proposed again by a later leader: the first holds
         self.features[command.name] = command.level
 
+    # -- transactions (replication/metadata_transactions.py) -------------------------------------
+
+    def _txn_init(self, offset: int, command: TxnInit) -> None:
+        apply_init(self.transactions, offset, command)
+
+    def _txn_add_partitions(self, offset: int, command: TxnAddPartitions) -> None:
+        apply_add_partitions(self.transactions, offset, command)
+
+    def _txn_add_group(self, offset: int, command: TxnAddGroup) -> None:
+        apply_add_group(self.transactions, offset, command)
+
+    def _txn_offsets(self, offset: int, command: TxnOffsets) -> None:
+        apply_offsets(self.transactions, offset, command)
+
+    def _txn_end(self, offset: int, command: TxnEnd) -> None:
+        committed = apply_end(self.transactions, offset, command)
+        if committed is not None:
+            self._commit_transaction_offsets(committed, command.at_ms)
+
+    def _txn_complete(self, offset: int, command: TxnComplete) -> None:
+        apply_complete(self.transactions, offset, command)
+
+    def _txn_expire(self, offset: int, command: TxnExpire) -> None:
+        apply_expire(self.transactions, offset, command)
+
+    def _commit_transaction_offsets(self, txn: Transaction, at_ms: int) -> None:
+        """A committing transaction's offsets become its groups' cursors, in the command that
+        commits it. A cursor the cleaner invalidated is created anew (the group reads again);
+        a name that now holds a cursor on another topic, or a topic gone, takes nothing."""
+        for name, entry in txn.pending_offsets.items():
+            meta = self.topics.get(entry["topic"])
+            if meta is None:
+                continue
+            positions = {
+                p: o for p, o in entry["positions"].items() if 0 <= p < meta.partitions and o >= 0
+            }
+            cursor = self.cursors.get(name)
+            if cursor is not None and cursor.live and cursor.topic != meta.name:
+                continue
+            if cursor is None or not cursor.live or cursor.topic != meta.name:
+                self.cursors[name] = Cursor(
+                    name, meta.name, positions, False, at_ms, at_ms, owner=txn.owner
+                )
+                continue
+            cursor.positions.update(positions)
+            cursor.committed_ms = at_ms
+
     # Each kind's handler: (state, the command's offset, the command) -> the topic it changed.
     HANDLERS: ClassVar[dict[str, Callable[[MetadataState, int, Any], str | None]]] = {
         CreateTopic.KIND: _create_topic,
@@ -501,6 +569,13 @@ class MetadataState:
         ArchiveLossAccepted.KIND: _archive_loss_accepted,
         ArchiveExtent.KIND: _archive_extent,
         FeatureLevel.KIND: _feature_level,
+        TxnInit.KIND: _txn_init,
+        TxnAddPartitions.KIND: _txn_add_partitions,
+        TxnAddGroup.KIND: _txn_add_group,
+        TxnOffsets.KIND: _txn_offsets,
+        TxnEnd.KIND: _txn_end,
+        TxnComplete.KIND: _txn_complete,
+        TxnExpire.KIND: _txn_expire,
     }
 
     def hosted_on(self, node_id: int) -> list[tuple[str, int]]:
@@ -513,7 +588,16 @@ class MetadataState:
         ]
 
     def to_snapshot(self) -> dict[str, Any]:
+        """The state as the metadata-snapshot format's version (formats.py) holds it: version 2
+        (feature level 3) adds the transactions, and is written whenever there are some."""
+        version = write_version("metadata-snapshot")
+        if self.transactions.by_id:
+            version = max(version, 2)
+        extra: dict[str, Any] = {}
+        if version >= 2:
+            extra = {"v": version, "transactions": self.transactions.to_wire()}
         return {
+            **extra,
             "applied_offset": self.applied_offset,
             "topics": [
                 {**t.to_wire(), "created_offset": t.created_offset} for t in self.topics.values()
@@ -531,7 +615,12 @@ class MetadataState:
 
     @staticmethod
     def from_snapshot(data: dict[str, Any]) -> MetadataState:
+        version = data.get("v", 1)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise InvalidRequest(f"a metadata snapshot of version {version!r}")
+        check_version("metadata-snapshot", version, "the metadata snapshot")
         state = MetadataState(applied_offset=int(data["applied_offset"]))
+        state.transactions = Transactions.from_wire(list(data.get("transactions", [])))
         for t in data.get("topics", []):
             state.topics[str(t["name"])] = TopicMeta.from_wire(t)
         for c in data.get("cursors", []):

@@ -591,6 +591,197 @@ class FeatureLevel(MetadataCommand):
         )
 
 
+# -- transactions (Kafka's KIP-98 coordinator state; replication/metadata.py applies them) --------
+
+TRANSACTION_COMMAND_VERSION = 2  # proposed only at feature level 3 (transactions)
+
+
+def _partition_sets(value: Any) -> dict[str, list[int]]:
+    return {str(t): _replicas(ps) for t, ps in dict(value).items()}
+
+
+def _pending_offsets(value: Any) -> dict[str, dict[str, Any]]:
+    """cursor name -> {"topic": name, "positions": {partition: offset}}."""
+    return {
+        str(name): {"topic": str(entry["topic"]), "positions": _positions(entry["positions"])}
+        for name, entry in dict(value).items()
+    }
+
+
+@dataclass(frozen=True)
+class TransactionCommand(MetadataCommand):
+    """A change to one transactional id's transaction. Version 2 of the metadata-command
+    format: a build that reads only version 1 stops on it rather than skip it, and it is
+    proposed only once the cluster finalized feature level 3. A command whose producer id
+    and epoch are no longer the transactional id's (fenced between proposal and commit)
+    changes nothing."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+    def encode(self) -> dict[str, Any]:
+        return {**super().encode(), "v": TRANSACTION_COMMAND_VERSION}
+
+
+@dataclass(frozen=True)
+class TxnInit(TransactionCommand):
+    """InitProducerId for a transactional id: a new id starts at epoch 0 with producer_id (the
+    proposer drew it); a known one bumps its epoch, fencing every older one (with a fresh
+    producer_id once the epoch would pass Kafka's int16), and an open transaction of the older
+    epoch is aborted first (PrepareAbort at the new epoch; the producer asks again once it is
+    complete). producer_epoch: the epoch the proposer saw (-1: none), so that two inits
+    racing bump once each."""
+
+    KIND: ClassVar[str] = "txn_init"
+    timeout_ms: int
+    owner: str
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch", -1),
+            fields.integer("timeout_ms"),
+            fields.text("owner", ""),
+            fields.at_ms(),
+        )
+
+
+@dataclass(frozen=True)
+class TxnAddPartitions(TransactionCommand):
+    """AddPartitionsToTxn: the partitions join the transaction (which begins, Ongoing, with its
+    first partition or group)."""
+
+    KIND: ClassVar[str] = "txn_add_partitions"
+    partitions: dict[str, list[int]]  # topic -> partitions
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch"),
+            fields.read("partitions", _partition_sets, {}),
+            fields.at_ms(),
+        )
+
+
+@dataclass(frozen=True)
+class TxnAddGroup(TransactionCommand):
+    """AddOffsetsToTxn: the consumer group's offsets will be committed with the transaction."""
+
+    KIND: ClassVar[str] = "txn_add_group"
+    group: str
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch"),
+            fields.text("group"),
+            fields.at_ms(),
+        )
+
+
+@dataclass(frozen=True)
+class TxnOffsets(TransactionCommand):
+    """TxnOffsetCommit: offsets pending until the transaction ends (committed with it, dropped
+    if it aborts), by the cursor that keeps the group's offsets on each topic."""
+
+    KIND: ClassVar[str] = "txn_offsets"
+    group: str
+    offsets: dict[str, dict[str, Any]]  # cursor -> {"topic", "positions": {partition: offset}}
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch"),
+            fields.text("group"),
+            fields.read("offsets", _pending_offsets, {}),
+            fields.at_ms(),
+        )
+
+
+@dataclass(frozen=True)
+class TxnEnd(TransactionCommand):
+    """EndTxn's decision, the transaction's commit point: PrepareCommit (the pending offsets
+    become the groups' cursors in this same command) or PrepareAbort. bump: the coordinator
+    aborts a transaction past its timeout, at a new epoch that fences the producer."""
+
+    KIND: ClassVar[str] = "txn_end"
+    commit: bool
+    bump: bool
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch"),
+            fields.read("commit", bool),
+            fields.read("bump", bool, False),
+            fields.at_ms(),
+        )
+
+
+@dataclass(frozen=True)
+class TxnComplete(TransactionCommand):
+    """Every partition of the prepared transaction holds its marker (committed there): the
+    transaction is complete. prepared_offset names the decision it completes."""
+
+    KIND: ClassVar[str] = "txn_complete"
+    prepared_offset: int
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch"),
+            fields.integer("prepared_offset"),
+            fields.at_ms(),
+        )
+
+
+@dataclass(frozen=True)
+class TxnExpire(TransactionCommand):
+    """A transactional id with no transaction open, not used for transactional.id.expiration.ms,
+    is forgotten (Kafka's expiration): its next producer starts at a new producer id."""
+
+    KIND: ClassVar[str] = "txn_expire"
+    at_ms: int
+
+    @classmethod
+    def decode_fields(cls, fields: CommandFields) -> Self:
+        return cls(
+            fields.text("transactional_id"),
+            fields.integer("producer_id"),
+            fields.integer("producer_epoch"),
+            fields.at_ms(),
+        )
+
+
+TRANSACTION_COMMANDS = (
+    TxnInit,
+    TxnAddPartitions,
+    TxnAddGroup,
+    TxnOffsets,
+    TxnEnd,
+    TxnComplete,
+    TxnExpire,
+)
+
 COMMANDS: dict[str, type[MetadataCommand]] = {
     c.KIND: c
     for c in (
@@ -619,6 +810,7 @@ COMMANDS: dict[str, type[MetadataCommand]] = {
         ArchiveExtent,
         ArchiveLossAccepted,
         FeatureLevel,
+        *TRANSACTION_COMMANDS,
     )
 }
 NODE_COMMANDS = frozenset(c.KIND for c in (RegisterNodes, AddNode, DrainNode, RemoveNode))

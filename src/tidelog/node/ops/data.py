@@ -19,12 +19,15 @@ from tidelog.errors import (
     InvalidRequest,
     NotLeader,
     OffsetOutOfRange,
+    ProducerFenced,
     StorageFull,
     TidelogError,
+    TransactionsNotEnabled,
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
     from_wire,
 )
+from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.logs import event
 from tidelog.node.archiver import Archiver
 from tidelog.node.cleaner import Cleaner, wall_ms
@@ -37,11 +40,12 @@ from tidelog.node.state_machine import TableMachine
 from tidelog.protocol import api
 from tidelog.protocol.api import CONSISTENCIES, LEASE, SERIALIZABLE
 from tidelog.record.slices import BytesSlice
-from tidelog.record.validation import validate_produced
+from tidelog.record.validation import ValidatedBatches, validate_produced
 from tidelog.replication.metadata import (
     METADATA_TOPIC,
 )
 from tidelog.replication.metadata_commands import InvalidateCursor
+from tidelog.replication.metadata_transactions import verify_transactional_batch
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,9 @@ REQUEST_TIMEOUT_MS_MAX = 300_000
 # A read waits this long at most for a majority to confirm its leader. A leader cut off steps
 # down within check-quorum and answers NotLeader well before; this bounds anything else.
 READ_CONFIRM_TIMEOUT_S = 10.0
+# A transactional batch waits this long at most for this node's metadata to show its
+# transaction holding the partition (node/ops/data.py, DataOps._append_once_verified).
+TRANSACTION_VERIFY_WAIT_S = 1.0
 
 
 class DataOps(ConfiguredOps):
@@ -125,6 +132,68 @@ class DataOps(ConfiguredOps):
         except TidelogError as exc:
             self.counters.inc("tidelog_batches_refused_total", rule=str(exc.details.get("rule")))
             raise
+        if any(h.is_transactional for _, h in batches.headers):
+            refusal = self._transaction_refusal(req, batches)
+            if refusal is not None:
+                return self._append_once_verified(host, req, batches, timeout_s, refusal)
+        return self._append(host, req, batches, len(payload), timeout_s)
+
+    def _transaction_refusal(
+        self, req: api.ProduceRequest, batches: ValidatedBatches
+    ) -> TidelogError | None:
+        """Why this node's metadata does not let the payload's transactional batches in (None:
+        it does). Before feature level 3 transactions are refused outright."""
+        if self.metadata.finalized_level < TRANSACTIONS_LEVEL:
+            return TransactionsNotEnabled(
+                f"transactional batches need feature level {TRANSACTIONS_LEVEL} (transactions); "
+                f"the cluster is at {self.metadata.finalized_level}",
+                level=self.metadata.finalized_level,
+            )
+        for _, header in batches.headers:
+            if header.is_transactional:
+                refusal = verify_transactional_batch(
+                    self.metadata.transactions,
+                    req.transactional_id,
+                    header.producer_id,
+                    header.producer_epoch,
+                    req.topic,
+                    req.partition,
+                )
+                if refusal is not None:
+                    return refusal
+        return None
+
+    async def _append_once_verified(
+        self,
+        host: PartitionHost,
+        req: api.ProduceRequest,
+        batches: ValidatedBatches,
+        timeout_s: float,
+        refusal: TidelogError,
+    ) -> Any:
+        """A transactional batch this node's metadata does not let in yet: its replica of the
+        metadata log may lag the coordinator's (AddPartitionsToTxn was answered once committed
+        there), so it waits for that briefly before refusing. A fenced epoch is final."""
+        deadline = time.monotonic() + TRANSACTION_VERIFY_WAIT_S
+        while not isinstance(refusal, ProducerFenced | TransactionsNotEnabled):
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+            found = self._transaction_refusal(req, batches)
+            if found is None:
+                pending = self._append(host, req, batches, len(batches.data), timeout_s)
+                return await pending if pending is not None else None
+            refusal = found
+        raise refusal
+
+    def _append(
+        self,
+        host: PartitionHost,
+        req: api.ProduceRequest,
+        batches: ValidatedBatches,
+        size: int,
+        timeout_s: float,
+    ) -> Awaitable[Any] | None:
         # Appended before any await: pipelined requests on a connection keep their order.
         try:
             info = host.replica.propose(batches)
@@ -139,7 +208,7 @@ class DataOps(ConfiguredOps):
                 timeout_s,
                 duplicate=True,
             )
-        self._storage_bytes += len(payload)  # between recounts, count what we wrote
+        self._storage_bytes += size  # between recounts, count what we wrote
         try:
             host.process_ready()
             return self.acknowledge(host, req, info.first_offset, info.last_offset, timeout_s)
