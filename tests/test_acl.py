@@ -888,6 +888,52 @@ def test_kafka_clients_authenticate_with_sasl_and_are_held_to_their_acls(
     assert "SaslAuthenticationFailedError" in caplog.text
 
 
+def test_a_transactional_id_is_used_only_as_its_acls_allow(secured: Secured) -> None:
+    """Kafka's TRANSACTIONAL_ID resource, granted with the CLI: without write on the id, a
+    transactional producer is refused by name; with it (and write on the topic) it commits."""
+    from confluent_kafka import KafkaException, Producer
+
+    secret = secured.alice.partition(":")[2]
+    config = {
+        "bootstrap.servers": secured.cluster.kafka_bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "alice",
+        "sasl.password": secret,
+        "ssl.ca.location": str(secured.certs / "ca.pem"),
+        "transactional.id": "alice-txn",
+    }
+    refused = Producer(config)
+    with pytest.raises(KafkaException) as caught:
+        refused.init_transactions(20)
+    assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in str(caught.value), caught.value
+    token_file = secured.certs.parent / "admin.token.txn"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    admin = [
+        *("--bootstrap", secured.cluster.bootstrap, "--tls-ca", str(secured.certs / "ca.pem")),
+        *("--token-file", str(token_file)),
+    ]
+    grants = [
+        ("write", "--transactional-id", "alice-txn"),
+        ("write", "--topic", OPEN_TO_ALL),
+    ]
+    for permission, flag, name in grants:
+        done = run_tidelog("acl", "add", "alice", permission, flag, name, *admin)
+        assert done.returncode == 0, done.stderr
+    try:
+        listed = run_tidelog("acl", "list", "--principal", "alice", *admin)
+        assert "transactional_id alice-txn" in listed.stdout, listed.stdout
+        producer = Producer(config)
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(OPEN_TO_ALL, b"by alice, in a transaction", partition=0)
+        producer.commit_transaction(30)
+    finally:
+        for permission, flag, name in grants:
+            done = run_tidelog("acl", "remove", "alice", permission, flag, name, *admin)
+            assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.spark
 def test_spark_reads_and_writes_over_tls_with_a_token_as_its_acls_allow(
     secured: Secured, spark_session: Any

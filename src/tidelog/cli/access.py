@@ -14,7 +14,10 @@ from tidelog.cli.connect import client_of
 from tidelog.cli.tables import table_lines
 from tidelog.node.quotas import check_limits
 
-RESOURCE_HELP = "exactly one of --topic, --topic-prefix, --group, --group-prefix, --cluster"
+RESOURCE_HELP = (
+    "exactly one of --topic, --topic-prefix, --group, --group-prefix, --transactional-id, "
+    "--transactional-id-prefix, --cluster"
+)
 
 
 def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
@@ -41,7 +44,8 @@ def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
 
     acl = sub.add_parser(
         "acl",
-        help="grant, list and revoke permissions: read, write, admin on topics; cluster admin",
+        help="grant, list and revoke permissions: read, write, admin on topics, groups and "
+        "transactional ids; cluster admin",
     )
     asub = acl.add_subparsers(dest="acl_command")
     for name, text in (
@@ -62,6 +66,13 @@ def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
             "--group", help="one Kafka consumer group (read: use it; admin: delete it)"
         )
         where.add_argument("--group-prefix", help="every group whose name starts with this")
+        where.add_argument(
+            "--transactional-id",
+            help="one Kafka transactional id (write: use it; read: describe it)",
+        )
+        where.add_argument(
+            "--transactional-id-prefix", help="every transactional id starting with this"
+        )
         where.add_argument(
             "--cluster", action="store_true", help="the cluster (admin only: everything)"
         )
@@ -190,6 +201,8 @@ def cmd_acl(args: argparse.Namespace) -> int:
                     cluster=args.cluster,
                     group=args.group,
                     group_prefix=args.group_prefix,
+                    transactional_id=args.transactional_id,
+                    transactional_id_prefix=args.transactional_id_prefix,
                 )
                 return 0
             print_listing(

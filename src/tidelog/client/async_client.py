@@ -308,16 +308,30 @@ class AsyncClient:
         cluster: bool = False,
         group: str | None = None,
         group_prefix: str | None = None,
+        transactional_id: str | None = None,
+        transactional_id_prefix: str | None = None,
     ) -> dict[str, Any]:
         """Grant principal a permission (read, write, admin) on a topic, on every topic whose
         name starts with prefix, on a Kafka consumer group (read: use it; admin: delete it) or
-        every group whose name starts with group_prefix, or admin on the cluster. Adding one
-        twice keeps one."""
-        acl = Acl.of(principal, permission, topic, prefix, cluster, group, group_prefix)
+        every group whose name starts with group_prefix, on a Kafka transactional id or every
+        one starting with transactional_id_prefix (write: use it; read: describe it), or admin
+        on the cluster. Adding one twice keeps one."""
+        acl = Acl.of(
+            principal,
+            permission,
+            topic,
+            prefix,
+            cluster,
+            group,
+            group_prefix,
+            transactional_id,
+            transactional_id_prefix,
+        )
         return await self._admin.change_acl("add", acl)
 
     async def acls(self, principal: str | None = None) -> list[dict[str, Any]]:
-        """Every ACL (or one principal's): principal, permission, resource (topic|group|cluster),
+        """Every ACL (or one principal's): principal, permission, resource
+        (topic|group|transactional_id|cluster),
         name, pattern (literal|prefix)."""
         return await self._admin.acls(principal)
 
@@ -331,8 +345,20 @@ class AsyncClient:
         cluster: bool = False,
         group: str | None = None,
         group_prefix: str | None = None,
+        transactional_id: str | None = None,
+        transactional_id_prefix: str | None = None,
     ) -> None:
-        acl = Acl.of(principal, permission, topic, prefix, cluster, group, group_prefix)
+        acl = Acl.of(
+            principal,
+            permission,
+            topic,
+            prefix,
+            cluster,
+            group,
+            group_prefix,
+            transactional_id,
+            transactional_id_prefix,
+        )
         await self._admin.change_acl("remove", acl)
 
     async def set_quota(self, principal: str, limits: dict[str, float]) -> dict[str, Any]:

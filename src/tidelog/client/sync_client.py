@@ -391,6 +391,8 @@ class Client:
         cluster: bool = False,
         group: str | None = None,
         group_prefix: str | None = None,
+        transactional_id: str | None = None,
+        transactional_id_prefix: str | None = None,
     ) -> dict[str, Any]:
         return self._run(
             self._async.add_acl(
@@ -401,6 +403,8 @@ class Client:
                 cluster=cluster,
                 group=group,
                 group_prefix=group_prefix,
+                transactional_id=transactional_id,
+                transactional_id_prefix=transactional_id_prefix,
             )
         )
 
@@ -417,6 +421,8 @@ class Client:
         cluster: bool = False,
         group: str | None = None,
         group_prefix: str | None = None,
+        transactional_id: str | None = None,
+        transactional_id_prefix: str | None = None,
     ) -> None:
         self._run(
             self._async.remove_acl(
@@ -427,6 +433,8 @@ class Client:
                 cluster=cluster,
                 group=group,
                 group_prefix=group_prefix,
+                transactional_id=transactional_id,
+                transactional_id_prefix=transactional_id_prefix,
             )
         )
 
