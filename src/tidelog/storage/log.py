@@ -31,6 +31,7 @@ from tidelog.errors import (
 )
 from tidelog.invariant import InvariantBroken, invariant
 from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.record.markers import Marker, is_marker, read_marker
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_as_leader
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
@@ -39,12 +40,17 @@ from tidelog.storage.epoch_history import EpochEntry, EpochHistory
 from tidelog.storage.faults import crash_point
 from tidelog.storage.producer_state import ProducerEntry, ProducerState
 from tidelog.storage.segment import FileSlice, LogSegment
+from tidelog.storage.transactions import AbortedTransaction, TransactionState
 
 log = logging.getLogger(__name__)
 
 PARTITION_CHECKPOINT = "partition.checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PRODUCER_CHECKPOINT = "producer-state"
+TRANSACTION_CHECKPOINT = "transaction-state"
+# Past this many transactions the clean-close checkpoint is not written (it must stay under
+# checkpoint.py's size limit): the next open scans the log for them instead.
+TRANSACTION_CHECKPOINT_ENTRIES_MAX = 16_384
 CLEAN_SHUTDOWN = ".clean-shutdown"
 DELETED_SUFFIX = ".deleted"
 
@@ -124,6 +130,7 @@ class SegmentedLog:
         self.on_retired: Callable[[list[int], int], None] | None = None
         self.epochs = EpochHistory()
         self.producers = ProducerState()
+        self.transactions = TransactionState()
         self.recovery = RecoveryReport()
         self._open()
 
@@ -279,7 +286,8 @@ class SegmentedLog:
             )
 
     def _load_producers(self, clean: bool) -> None:
-        """From the checkpoint written at a clean close, else from every batch header."""
+        """Producers and transactions: from the checkpoint written at a clean close, else from
+        every batch header (and the one record of every marker)."""
         path = self.directory / PRODUCER_CHECKPOINT
         try:
             data = read_checkpoint(path) if clean else None
@@ -294,12 +302,49 @@ class SegmentedLog:
                 )
                 for pid, entry in dict(data.get("producers", {})).items()
             }
+            if not self._load_transactions(clean):
+                self.transactions.rebuild(self._scan_markers(), self.high_watermark, now)
             return
         self.rebuild_producers()
 
+    def _load_transactions(self, clean: bool) -> bool:
+        """The transactions as the clean close left them, if it wrote them for this log."""
+        path = self.directory / TRANSACTION_CHECKPOINT
+        try:
+            data = read_checkpoint(path) if clean else None
+        except CorruptRecord:
+            data = None
+        path.unlink(missing_ok=True)
+        if data is None or int(data.get("log_end_offset", -1)) != self.log_end_offset:
+            return False
+        self.transactions.load_checkpoint(data, self._clock_ms())
+        self.transactions.settle(self.high_watermark)
+        return True
+
+    def _scan_markers(self) -> list[tuple[BatchHeader, Marker | None]]:
+        return [
+            (header, self._marker_at(seg, pos, header))
+            for seg in self.segments
+            for pos, header in seg.scan()
+        ]
+
     def rebuild_producers(self) -> None:
+        """Producer and transaction state from every batch in the log (one scan for both; only
+        marker batches are read beyond their header)."""
         now = self._clock_ms()
-        self.producers.rebuild((h for seg in self.segments for _, h in seg.scan()), now)
+        batches = self._scan_markers()
+        self.producers.rebuild((header for header, _ in batches), now)
+        self.transactions.rebuild(batches, self.high_watermark, now)
+
+    @staticmethod
+    def _marker_at(seg: LogSegment, pos: int, header: BatchHeader) -> Marker | None:
+        if not is_marker(header):
+            return None
+        return read_marker(os.pread(seg.fd, header.size_bytes, pos), header)
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTransaction]:
+        """The aborted transactions with a batch in [start, end) (a read_committed answer's)."""
+        return self.transactions.aborted_transactions(start, end)
 
     def expire_producers(self) -> int:
         return self.producers.expire(self._clock_ms(), self.config.producer_id_expiration_ms)
@@ -378,8 +423,11 @@ class SegmentedLog:
             chunk.append((pos - chunk_start, header))
         end = len(view)
         self._write_chunk(view, chunk_start, end, chunk, now)
-        for _, header in headers:
+        transactions = self.transactions
+        for pos, header in headers:
             self.producers.record(header, now)
+            if header.is_transactional:  # (only markers are read further than the header)
+                transactions.observe(header, read_marker(view, header, pos), now)
         first = headers[0][1]
         last = headers[-1][1]
         records = sum(h.last_offset_delta + 1 for _, h in headers)
@@ -601,6 +649,7 @@ class SegmentedLog:
         self.recovery_point = offset
         self.epochs.start_at(offset, prefix_epoch)
         self.producers.rebuild([])
+        self.transactions.clear()
         self.write_state_checkpoint()
 
     def advance_log_start(self, offset: int) -> bool:
@@ -636,6 +685,7 @@ class SegmentedLog:
                 self.purge_retired()
             if self.on_retired is not None:
                 self.on_retired([seg.base_offset for seg in retired], freed)
+            self.transactions.drop_below(self.segments[0].base_offset)
         return [seg.base_offset for seg in retired]
 
     def _retire(self, seg: LogSegment, delay_ms: int) -> None:
@@ -728,6 +778,7 @@ class SegmentedLog:
                 f"[{self.log_start_offset}, {self.log_end_offset})"
             )
         self.high_watermark = hw
+        self.transactions.settle(hw)
 
     def close(self) -> None:
         """Flush everything, write indexes and checkpoints, and mark the shutdown clean."""
@@ -744,6 +795,7 @@ class SegmentedLog:
                     "producers": {str(p): list(e) for p, e in self.producers.producers.items()},
                 },
             )
+            self._write_transaction_checkpoint()
             (self.directory / CLEAN_SHUTDOWN).write_bytes(b"")
             fsync_dir(self.directory)
         except OSError as exc:
@@ -752,6 +804,19 @@ class SegmentedLog:
             self.purge_retired(force=True)
             for seg in self.segments:
                 seg.close()
+
+    def _write_transaction_checkpoint(self) -> None:
+        state = self.transactions
+        if not (state.open or state.ended or state.aborted):
+            return
+        if len(state.open) + len(state.ended) + len(state.aborted) > (
+            TRANSACTION_CHECKPOINT_ENTRIES_MAX
+        ):
+            return
+        write_checkpoint(
+            self.directory / TRANSACTION_CHECKPOINT,
+            {"log_end_offset": self.log_end_offset, **state.to_checkpoint()},
+        )
 
     def abandon(self) -> None:
         """Close every descriptor and write nothing: the log is being deleted (its directory

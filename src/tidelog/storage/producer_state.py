@@ -42,8 +42,9 @@ class ProducerState:
 
     def is_duplicate(self, header: BatchHeader) -> ProducerEntry | None:
         """The entry that makes this batch a replay (the replayed batch itself if it is one
-        of the producer's last few, else its newest), or None if it is new."""
-        if header.producer_id < 0:
+        of the producer's last few, else its newest), or None if it is new. A control batch
+        (a transaction marker) has no sequence and is never a replay of a data batch."""
+        if header.producer_id < 0 or header.is_control:
             return None
         entry = self.producers.get(header.producer_id)
         if entry is None:
