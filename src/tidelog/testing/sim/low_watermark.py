@@ -44,7 +44,10 @@ def clean(cluster: Cluster) -> None:
         if node.driver is None or node.paused_until > cluster.now:
             continue
         before = node.log.log_start_offset
-        node.driver.clean(functools.partial(facts, cluster, node))
+        lso = node.replica.last_stable_offset() if node.replica is not None else before
+        lwm = node.driver.clean(functools.partial(facts, cluster, node))
+        if lwm is not None:
+            cluster.checkers.watermarks.check_low_watermark(node, lwm, lso)
         node.log.delete_segments_below_log_start()
         if node.log.log_start_offset > before:
             cluster.stats.cleanings += 1

@@ -1,9 +1,11 @@
-"""The high-water marks: every replica keeps log start <= HW <= LEO, the HW never moves
+"""The watermarks: every replica keeps log start <= LSO <= HW <= LEO, the HW never moves
 backwards on a leader within its epoch, and no replica's HW exceeds the highest HW a leader has
-declared."""
+declared; the LWM a leader's cleaner decides is within log start <= LWM <= LSO (an open
+transaction holds the log as a cursor does)."""
 
 from __future__ import annotations
 
+from tidelog.replication.low_watermark import LowWatermark
 from tidelog.testing.sim.failure import Violations
 from tidelog.testing.sim.nodes import SimNode
 
@@ -20,6 +22,22 @@ class Watermarks:
         if not log.log_start_offset <= hw <= log.log_end_offset:
             self.violations.fail(
                 f"node {node.node_id}: log start {log.log_start_offset} <= HW {hw} <= LEO {log.log_end_offset} broken"
+            )
+
+    def check_stable(self, node: SimNode, lso: int) -> None:
+        log = node.log
+        if not log.log_start_offset <= lso <= log.high_watermark:
+            self.violations.fail(
+                f"node {node.node_id}: log start {log.log_start_offset} <= LSO {lso} <= HW "
+                f"{log.high_watermark} broken"
+            )
+
+    def check_low_watermark(self, node: SimNode, lwm: LowWatermark, lso: int) -> None:
+        """As the leader's cleaner decided it, before it moved the log start."""
+        if not node.log.log_start_offset <= lwm.offset <= lso:
+            self.violations.fail(
+                f"node {node.node_id}: log start {node.log.log_start_offset} <= LWM "
+                f"{lwm.offset} <= LSO {lso} broken (set by {lwm.hold.describe()})"
             )
 
     def check_hw(self, node: SimNode, leading: bool, led: bool) -> None:
