@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tidelog.config import TopicConfig
-from tidelog.record.batch import ProducerRecord, build_batch
+from tidelog.record.batch import ProducerRecord, build_batch, iter_headers
 from tidelog.record.markers import build_marker
+from tidelog.record.read_committed import committed_batches
 from tidelog.replication.faults import FAULT_LSO_IGNORES_OPEN_TRANSACTIONS
 from tidelog.replication.last_stable_offset import last_stable_offset
 from tidelog.replication.low_watermark import (
@@ -205,3 +206,23 @@ def test_opening_a_log_of_many_markers_is_cheap(tmp_path: Path) -> None:
     assert len(unclean.transactions.aborted) == 1000
     unclean.close()
     assert clean_s < 2.0 and unclean_s < 5.0, (clean_s, unclean_s)
+
+
+def test_a_reader_drops_an_aborted_transaction_and_keeps_the_producers_next() -> None:
+    """Kafka's consumer rule (record/read_committed.py): an aborted transaction is taken in
+    when the batches reach its first offset (markers included), and its ABORT marker ends it."""
+    log = MemoryLog(SMALL)
+    log.append_as_leader(txn_batch(7, 0, b"dropped"), 1)  # 0
+    log.append_as_leader(marker(7, commit=False), 1)  # 1
+    log.append_as_leader(txn_batch(7, 1, b"kept"), 1)  # 2: the producer's next transaction
+    log.append_as_leader(marker(7, commit=True), 1)  # 3
+    commit_all(log)
+    for start in (0, 1):
+        chunk = log.read(start, 1 << 20, log.high_watermark)
+        assert chunk is not None
+        data = chunk.read()
+        batches = list(iter_headers(data))
+        aborted = [(t.producer_id, t.first_offset) for t in log.aborted_transactions(start, 4)]
+        assert aborted == [(7, 0)]
+        kept = committed_batches(data, batches, aborted)
+        assert [h.base_offset for _, h in kept] == [2]
