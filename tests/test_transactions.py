@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tidelog.config import TopicConfig
-from tidelog.record.batch import ProducerRecord, build_batch, iter_headers
-from tidelog.record.markers import build_marker
+from tidelog.record.batch import BatchHeader, ProducerRecord, build_batch, iter_headers
+from tidelog.record.markers import Marker, build_marker
 from tidelog.record.read_committed import committed_batches
 from tidelog.replication.faults import FAULT_LSO_IGNORES_OPEN_TRANSACTIONS
 from tidelog.replication.last_stable_offset import last_stable_offset
@@ -226,3 +226,27 @@ def test_a_reader_drops_an_aborted_transaction_and_keeps_the_producers_next() ->
         assert aborted == [(7, 0)]
         kept = committed_batches(data, batches, aborted)
         assert [h.base_offset for _, h in kept] == [2]
+
+
+def test_a_clean_restart_of_a_log_without_transactions_scans_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SegmentedLog(tmp_path / "p-0", SMALL)
+    log.append_as_leader(plain(b"a"), 1)
+    commit_all(log)
+    log.close()
+    assert not (tmp_path / "p-0" / "transaction-state").exists()
+    scans: list[str] = []
+    real = SegmentedLog._scan_markers
+
+    def counted(self: SegmentedLog) -> list[tuple[BatchHeader, Marker | None]]:
+        scans.append(self.directory.name)
+        return real(self)
+
+    monkeypatch.setattr(SegmentedLog, "_scan_markers", counted)
+    reopened = SegmentedLog(tmp_path / "p-0", SMALL)
+    assert reopened.transactions.open == {} and scans == []
+    reopened.flush()
+    reopened.abandon()  # an unclean stop: the next open scans
+    SegmentedLog(tmp_path / "p-0", SMALL).close()
+    assert scans == ["p-0"]

@@ -48,7 +48,7 @@ PARTITION_CHECKPOINT = "partition.checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PRODUCER_CHECKPOINT = "producer-state"
 TRANSACTION_CHECKPOINT = "transaction-state"
-# Past this many transactions the clean-close checkpoint is not written (it must stay under
+# Past this many transactions the clean-close checkpoint says only "scan" (it must stay under
 # checkpoint.py's size limit): the next open scans the log for them instead.
 TRANSACTION_CHECKPOINT_ENTRIES_MAX = 16_384
 CLEAN_SHUTDOWN = ".clean-shutdown"
@@ -302,20 +302,27 @@ class SegmentedLog:
                 )
                 for pid, entry in dict(data.get("producers", {})).items()
             }
-            if not self._load_transactions(clean):
+            if not self._load_transactions():
                 self.transactions.rebuild(self._scan_markers(), self.high_watermark, now)
             return
+        (self.directory / TRANSACTION_CHECKPOINT).unlink(missing_ok=True)  # (as the above)
         self.rebuild_producers()
 
-    def _load_transactions(self, clean: bool) -> bool:
-        """The transactions as the clean close left them, if it wrote them for this log."""
+    def _load_transactions(self) -> bool:
+        """The transactions as the clean close (which wrote the producers' checkpoint) left
+        them: its checkpoint, or none when it wrote none (the log had no transaction; a log
+        of transactions is never closed by a build without this file, as transactions need
+        a feature level such a build refuses). False: scan the log."""
         path = self.directory / TRANSACTION_CHECKPOINT
         try:
-            data = read_checkpoint(path) if clean else None
+            data = read_checkpoint(path)
         except CorruptRecord:
-            data = None
+            data = {}
         path.unlink(missing_ok=True)
-        if data is None or int(data.get("log_end_offset", -1)) != self.log_end_offset:
+        if data is None:
+            self.transactions.clear()
+            return True
+        if data.get("scan") or int(data.get("log_end_offset", -1)) != self.log_end_offset:
             return False
         self.transactions.load_checkpoint(data, self._clock_ms())
         self.transactions.settle(self.high_watermark)
@@ -808,15 +815,14 @@ class SegmentedLog:
     def _write_transaction_checkpoint(self) -> None:
         state = self.transactions
         if not (state.open or state.ended or state.aborted):
-            return
-        if len(state.open) + len(state.ended) + len(state.aborted) > (
-            TRANSACTION_CHECKPOINT_ENTRIES_MAX
-        ):
-            return
-        write_checkpoint(
-            self.directory / TRANSACTION_CHECKPOINT,
-            {"log_end_offset": self.log_end_offset, **state.to_checkpoint()},
-        )
+            return  # (no file: the next open knows there is no transaction, without a scan)
+        listed = len(state.open) + len(state.ended) + len(state.aborted)
+        data: dict[str, object] = {"log_end_offset": self.log_end_offset}
+        if listed > TRANSACTION_CHECKPOINT_ENTRIES_MAX:
+            data["scan"] = 1
+        else:
+            data.update(state.to_checkpoint())
+        write_checkpoint(self.directory / TRANSACTION_CHECKPOINT, data)
 
     def abandon(self) -> None:
         """Close every descriptor and write nothing: the log is being deleted (its directory
