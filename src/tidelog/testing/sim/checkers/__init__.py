@@ -17,7 +17,8 @@ assertion deep in the core would trip:
     non-repeatable read); no read returns a record at or above the HW of the replica it read
     from
   - the watermarks (watermarks.py): the HW never moves backwards on a leader within its epoch,
-    and no replica's HW exceeds the highest HW a leader has declared
+    and no replica's HW exceeds the highest HW a leader has declared; log start <= LSO <= HW
+    everywhere, the LSO never moves back on a leader, and a cleaner's LWM is at most the LSO
   - log matching (log_matching.py): two logs holding a batch with the same offset and epoch are
     identical up to it
   - cursors (cursors.py): no leader's log start passes a cursor that is within its caps
@@ -97,7 +98,9 @@ class Checkers:
         if replica.is_leader:
             self.election.check_leader(node.node_id, replica.epoch)
             node.led_epoch = replica.epoch
-        self.watermarks.check_stable(node, replica.last_stable_offset())
+        self.watermarks.check_stable(
+            node, replica.last_stable_offset(), replica.is_leader, replica.epoch
+        )
         self.watermarks.check_hw(node, replica.is_leader, led)
         self.history.saw_below_hw(node, replica.epoch)
 
