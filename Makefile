@@ -130,10 +130,13 @@ upgrade-soak: setup
 	  tests/test_upgrade.py
 
 # A release's files (docs/releasing.md): the sdist, then the wheel built from it (with the compiled
-# record codecs and the commit the sdist names), both in dist/.
+# record codecs and the commit the sdist names), both in dist/. The wheel is then retagged so pip
+# installs it on other machines: manylinux by auditwheel (py3-none-any if built without the
+# codecs), by tests/portable_wheel.py, which tests/test_wheel.py runs too.
 dist: setup
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python tests/portable_wheel.py dist
 	@ls -l dist
 
 # The wheel installed into a fresh virtual environment outside the checkout, then serve, the

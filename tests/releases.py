@@ -1,9 +1,11 @@
 """tidelog's past releases, built from this checkout's own history, for the tests that run one
 beside this build (tests/test_formats.py, tests/test_upgrade.py).
 
-RELEASES names each release's commit (its tag, once releases are tagged), and PREVIOUS_RELEASE
-the one users run now, which the rolling-upgrade test upgrades from: this file is the one place
-that names them (docs/releasing.md says when to change it).
+RELEASES names each release by its git tag and the commit the tag points at, and
+PREVIOUS_RELEASE the one users run now, which the rolling-upgrade test upgrades from: this file
+is the one place that names them (docs/releasing.md says when to change it). A release is taken
+from its tag; a clone without tags (tags are not fetched by every CI or mirror) falls back to the
+commit, and a tag that points at another commit than the one named here fails the test.
 
 Two ways to run a release:
 - `release_source`: its `src/` tree from `git archive`, with this build's compiled record codecs
@@ -31,8 +33,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# version -> the git commit (or tag) it was released from. 0.1.0 was not tagged when it was made.
-RELEASES = {"0.1.0": "0070a26"}
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    tag: str  # an annotated tag, `git tag -a vX.Y.Z` (docs/releasing.md)
+    commit: str  # the commit the tag points at: what a clone without tags uses
+
+
+RELEASES = {
+    # Tagged after the fact: 0.1.0 was made before releases were tagged.
+    "0.1.0": Release("0.1.0", "v0.1.0", "0070a26"),
+}
 # The release users run now: what tests/test_upgrade.py upgrades from.
 PREVIOUS_RELEASE = "0.1.0"
 
@@ -45,13 +57,29 @@ def git(*argv: str) -> bytes:
     ).stdout
 
 
+def revision(version: str) -> str:
+    """What git names the release by here: its tag, or its commit in a clone without the tag.
+    A tag on another commit than RELEASES names is an error (a tag moved, or a typo)."""
+    release = RELEASES[version]
+    try:
+        tagged = git("rev-parse", "--verify", "--quiet", f"refs/tags/{release.tag}^{{commit}}")
+    except (OSError, subprocess.CalledProcessError):
+        return release.commit
+    assert tagged.decode().strip().startswith(release.commit), (
+        f"tag {release.tag} points at {tagged.decode().strip()}, not at tidelog {version}'s "
+        f"commit {release.commit} (tests/releases.py)"
+    )
+    return release.tag
+
+
 def archive(version: str, dest: Path, *paths: str) -> Path:
     """The release's tree (or the given paths of it) extracted under dest; skips the test where
-    the checkout does not hold the release's commit (a shallow clone)."""
+    the checkout holds neither the release's tag nor its commit (a shallow clone)."""
+    at = revision(version)
     try:
-        tar = git("archive", RELEASES[version], *paths)
+        tar = git("archive", at, *paths)
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"tidelog {version}'s commit {RELEASES[version]} is not in this checkout")
+        pytest.skip(f"tidelog {version} ({at}) is not in this checkout")
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(tar)) as tree:
         tree.extractall(dest, filter="data")
@@ -61,11 +89,12 @@ def archive(version: str, dest: Path, *paths: str) -> Path:
 def release_source(version: str, dest: Path) -> Path:
     """The release's src/ directory (for PYTHONPATH), with this build's compiled record codecs
     copied in; skips the test if their C sources changed since the release."""
+    at = revision(version)
     for name in CODEC_SOURCES:
         try:
-            old = git("show", f"{RELEASES[version]}:src/tidelog/record/{name}")
+            old = git("show", f"{at}:src/tidelog/record/{name}")
         except (OSError, subprocess.CalledProcessError):
-            pytest.skip(f"tidelog {version}'s commit {RELEASES[version]} is not in this checkout")
+            pytest.skip(f"tidelog {version} ({at}) is not in this checkout")
         if old != (ROOT / "src" / "tidelog" / "record" / name).read_bytes():
             pytest.skip(f"record/{name} changed since {version}: its build is not this one's")
     archive(version, dest, "src")

@@ -289,3 +289,6 @@ def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) 
             proc.kill()
     for n in (1, 2, 3):
         assert (tmp_path / f"node-{n}" / "t-0" / ".clean-shutdown").exists()
+    # Made bare before any node ran; rewritten at the stop, the new cluster being at level 2.
+    for name in ("cluster.id", "cluster.secret"):
+        assert (tmp_path / name).read_text().startswith(f"# tidelog {name}\nversion=2\n")

@@ -33,6 +33,7 @@ from tidelog.features import (
     check_supported,
     check_upgrade,
     highest_common,
+    upgrade_target,
 )
 from tidelog.node.config import node_config_from
 from tidelog.node.state_machine import MetadataMachine
@@ -74,14 +75,36 @@ def test_upgrades_need_every_registered_node_live_and_supporting_the_level() -> 
     assert highest_common({1: ONE_TWO, 2: None}) == 1
 
 
+def test_asking_for_the_finalized_level_passes_without_asking_the_nodes() -> None:
+    """Nothing changes, and every node had to support the finalized level to run: an upgrade
+    to it is not refused for a node that is down or capped below the next level."""
+    check_upgrade(2, 2, {1: ONE_TWO, 2: None})
+    check_upgrade(1, 1, {1: ONE_TWO, 2: SupportedRange(1, 1), 3: None})
+    check_downgrade(2, 2, {1: ONE_TWO, 2: None})
+    check_downgrade(1, 1, {1: ONE_TWO})
+
+
+def test_the_default_upgrade_is_the_highest_level_every_live_node_supports() -> None:
+    assert upgrade_target(1, 0, {1: ONE_TWO, 2: ONE_TWO}) == 2
+    assert upgrade_target(1, 0, {1: ONE_TWO, 2: SupportedRange(1, 1)}) == 1  # nothing to do
+    assert upgrade_target(1, 2, {1: ONE_TWO, 2: None}) == 2  # asked for: checked next
+    # A node down: whether it supports more is unknown, so the default is refused, naming it...
+    with pytest.raises(UnsupportedFeatureLevel, match=r"node\(s\) \[2\] are not live"):
+        upgrade_target(1, 0, {1: ONE_TWO, 2: None})
+    # ...unless this build knows no level above the finalized one: nothing to upgrade.
+    assert upgrade_target(MAX_LEVEL, 0, {1: ONE_TWO, 2: None}) == MAX_LEVEL
+
+
 def test_level_2_allows_no_downgrade_and_level_1_has_nothing_below() -> None:
     with pytest.raises(UnsafeFeatureDowngrade, match="from 2 to 1") as refused:
         check_downgrade(2, 1, {1: ONE_TWO})
     assert "before finalizing" in refused.value.message
     with pytest.raises(InvalidRequest, match="lowest level"):
         check_downgrade(1, 0, {1: ONE_TWO})
-    with pytest.raises(InvalidRequest, match="no downgrade"):
-        check_downgrade(2, 2, {1: ONE_TWO})
+    with pytest.raises(InvalidRequest, match="lowest level"):
+        check_downgrade(1, 2, {1: ONE_TWO})
+    with pytest.raises(UnsupportedFeatureLevel, match="not 3"):
+        check_downgrade(2, 3, {1: ONE_TWO})
 
 
 def test_a_node_outside_the_finalized_level_is_refused_by_name() -> None:
@@ -196,10 +219,27 @@ def test_a_new_cluster_starts_at_the_highest_level_every_node_supports(tmp_path:
         assert "tidelog.version finalized at level 2" in tidelog(
             "status", "--bootstrap", cluster.bootstrap
         )
-        # Nothing higher to go to; nothing lower that level 2 allows.
-        assert "nothing to do" in tidelog("features", "upgrade", "--bootstrap", cluster.bootstrap)
+        # Nothing higher to go to: a success that says it changed nothing (exit status 0).
+        nothing = "tidelog.version is already finalized at level 2; nothing to upgrade"
+        assert nothing in tidelog("features", "upgrade", "--bootstrap", cluster.bootstrap)
+        assert nothing in tidelog(
+            "features", "upgrade", "--to", "2", "--bootstrap", cluster.bootstrap
+        )
+        unchanged = json.loads(
+            tidelog("features", "upgrade", "--to", "2", "--json", "--bootstrap", cluster.bootstrap)
+        )
+        assert unchanged["changed"] is False and unchanged["finalized_level"] == 2
+        out = tidelog("features", "downgrade", "--to", "2", "--bootstrap", cluster.bootstrap)
+        assert "tidelog.version is already finalized at level 2; nothing to downgrade" in out
+        assert client.update_features(2).changed is False
+        assert client.update_features(2, downgrade=True).changed is False
+        # Nothing lower that level 2 allows, nor a level that does not exist: refused (status 1).
         out = tidelog("features", "downgrade", "--bootstrap", cluster.bootstrap, ok=False)
         assert "UnsafeFeatureDowngrade" in out and "before finalizing" in out
+        out = tidelog(
+            "features", "upgrade", "--to", "3", "--bootstrap", cluster.bootstrap, ok=False
+        )
+        assert "UnsupportedFeatureLevel" in out and "not 3" in out
 
 
 def journal_versions(cluster: LocalCluster) -> set[int]:
@@ -244,10 +284,15 @@ def test_a_rolling_upgrade_finalizes_once_every_node_supports_the_level(tmp_path
         wait_for_value("node 3 not live", lambda: ranges(client)[3][2], lambda live: not live)
         with pytest.raises(UnsupportedFeatureLevel, match=r"\[3\] are not live"):
             client.update_features(2)
+        with pytest.raises(UnsupportedFeatureLevel, match=r"\[3\] are not live"):
+            client.update_features()  # the highest every node supports: unknown
+        assert client.update_features(1).changed is False  # where it is: asks no node
         start_capped(cluster, 3, capped=False)
         wait_for_value("node 3 upgraded", lambda: ranges(client)[3], (1, 2, True).__eq__)
-        out = tidelog("features", "upgrade", "--bootstrap", cluster.bootstrap)
-        assert "upgraded: finalized at 2" in out
+        upgraded = json.loads(
+            tidelog("features", "upgrade", "--json", "--bootstrap", cluster.bootstrap)
+        )
+        assert upgraded["changed"] is True and upgraded["finalized_level"] == 2
         wait_for_value("every node applied level 2", lambda: node_levels(client), {2}.__eq__)
         # The quorum journal, rewritten first: the record 0.1.0 refuses (formats.py).
         wait_for_value("journals of version 2", lambda: journal_versions(cluster), {2}.__eq__)

@@ -19,7 +19,7 @@ from typing import Any
 import crc32c
 import pytest
 
-from releases import release_source
+from releases import RELEASES, Release, git, release_source, revision
 from tidelog import formats
 from tidelog.archive.manifest import (
     Manifest,
@@ -52,6 +52,17 @@ from tidelog.storage.checkpoint import encode_checkpoint, read_checkpoint, write
 from tidelog.storage.identity import DirectoryIdentity, read_identity
 from tidelog.storage.quorum_journal import JOURNAL_FILE, QuorumJournal, encode_format
 from tidelog.storage.snapshot import MAGIC_V1, SnapshotStore, encode_snapshot
+from tidelog.storage.versioned_text import (
+    CLEAN_SHUTDOWN,
+    CLUSTER_ID,
+    CLUSTER_SECRET,
+    TOPIC_ID,
+    TextFile,
+)
+from tidelog.storage.versioned_text import Contents as TextContents
+from tidelog.storage.versioned_text import decode as decode_text
+from tidelog.storage.versioned_text import encode as encode_text
+from tidelog.storage.versioned_text import read as read_text
 from tidelog.version import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,6 +192,159 @@ def test_meta_properties_of_a_newer_version_is_refused(tmp_path: Path) -> None:
     meta.write_text(identity.properties().replace("version=1", "version=two"))
     with pytest.raises(StorageError, match="bad version"):
         read_identity(tmp_path)
+
+
+# -- topic.id, .clean-shutdown, cluster.id, cluster.secret ----------------------------------------
+
+TEXT_FILES = (TOPIC_ID, CLEAN_SHUTDOWN, CLUSTER_ID, CLUSTER_SECRET)
+
+
+def versioned(file: TextFile, version: int, value: bytes = b"") -> bytes:
+    """The versioned form, spelled out here as docs/formats.md gives it."""
+    text = f"# tidelog {file.name}\nversion={version}\nwritten.by={__version__}\n".encode()
+    return text + (file.key.encode() + b"=" + value + b"\n" if file.key else b"")
+
+
+def test_the_text_files_are_bare_at_level_1_and_name_their_version_from_level_2() -> None:
+    for file in TEXT_FILES:
+        value = b"" if not file.key else b"17"
+        bare = value + b"\n" if file.key else b""  # tidelog 0.1.0's bytes
+        assert encode_text(file, value, write_version(file.name)) == bare, file.name
+        assert encode_text(file, value, write_version(file.name, 2)) == versioned(file, 2, value)
+        for raw, version in ((bare, 1), (versioned(file, 2, value), 2)):
+            assert decode_text(file, raw, "f") == TextContents(version, value), (file.name, raw)
+
+
+def test_a_text_file_of_a_newer_version_is_refused_and_a_damaged_one_named(
+    tmp_path: Path,
+) -> None:
+    for file in TEXT_FILES:
+        path = tmp_path / file.name
+        path.write_bytes(versioned(file, 3, b"17") + b"layout=whatever comes\n")
+        with pytest.raises(UnsupportedFormatVersion) as caught:
+            read_text(file, path)
+        refused(file.name, str(path), 3)(caught.value)
+        path.write_bytes(f"# tidelog {file.name}\n".encode())
+        with pytest.raises(StorageError, match=r"damaged \(no version=N line"):
+            read_text(file, path)
+    (tmp_path / "topic.id").write_bytes(versioned(TOPIC_ID, 2))
+    with pytest.raises(StorageError, match=r"damaged \(no topic\.id= line\)"):
+        read_text(TOPIC_ID, tmp_path / "topic.id")
+    # Only the header makes the versioned form: a secret made by hand is read whole.
+    hand_made = b"version=9 is no header\n"
+    assert decode_text(CLUSTER_SECRET, hand_made, "s") == TextContents(1, hand_made.strip())
+    assert read_text(CLUSTER_ID, tmp_path / "absent") is None
+
+
+def test_topic_id_is_read_in_both_forms_and_rewritten_at_a_claim_once_level_2(
+    tmp_path: Path,
+) -> None:
+    from tidelog.node.topics import TOPIC_ID_FILE, TopicReplicas, read_topic_id
+
+    directory = tmp_path / "t-0"
+    directory.mkdir()
+    assert read_topic_id(directory) is None
+    (directory / TOPIC_ID_FILE).write_bytes(b"17\n")
+    assert read_topic_id(directory) == 17
+    (directory / TOPIC_ID_FILE).write_bytes(versioned(TOPIC_ID, 2, b"17"))
+    assert read_topic_id(directory) == 17
+    (directory / TOPIC_ID_FILE).write_bytes(b"seventeen\n")  # unmarked, as 0.1.0 took it
+    assert read_topic_id(directory) is None
+    (directory / TOPIC_ID_FILE).write_bytes(versioned(TOPIC_ID, 3, b"17"))
+    with pytest.raises(UnsupportedFormatVersion):
+        read_topic_id(directory)  # never unmarked, and claimed over
+
+    # claim_directory touches only the directory here: the node's other parts are not needed.
+    topics = TopicReplicas(None, {}, None, None, None, None)  # type: ignore[arg-type]
+    fresh = tmp_path / "t-1"
+    assert topics.claim_directory(fresh, 17)
+    assert (fresh / TOPIC_ID_FILE).read_bytes() == b"17\n"
+    try:
+        formats.set_write_level(2)
+        assert topics.claim_directory(fresh, 17)  # claimed again, at level 2: rewritten
+        assert (fresh / TOPIC_ID_FILE).read_bytes() == versioned(TOPIC_ID, 2, b"17")
+        assert topics.claim_directory(tmp_path / "t-2", 18)
+        assert (tmp_path / "t-2" / TOPIC_ID_FILE).read_bytes() == versioned(TOPIC_ID, 2, b"18")
+        with pytest.raises(UnsupportedFormatVersion):
+            topics.claim_directory(directory, 17)
+    finally:
+        formats.set_write_level(1)
+
+
+def test_the_clean_shutdown_marker_is_empty_at_level_1_and_versioned_from_level_2(
+    tmp_path: Path,
+) -> None:
+    from tidelog.config import TopicConfig
+    from tidelog.storage.log import SegmentedLog
+
+    marker = tmp_path / CLEAN_SHUTDOWN.name
+    SegmentedLog(tmp_path, TopicConfig()).close()
+    assert marker.read_bytes() == b""
+    try:
+        formats.set_write_level(2)
+        reopened = SegmentedLog(tmp_path, TopicConfig())
+        assert reopened.recovery.clean_shutdown and not marker.exists()
+        reopened.close()
+    finally:
+        formats.set_write_level(1)
+    assert marker.read_bytes() == versioned(CLEAN_SHUTDOWN, 2)
+    reopened = SegmentedLog(tmp_path, TopicConfig())  # level 1 reads version 2
+    assert reopened.recovery.clean_shutdown
+    reopened.close()
+    marker.write_bytes(b"# tidelog .clean-shutdown\nvers")  # torn: recovered as after a crash
+    reopened = SegmentedLog(tmp_path, TopicConfig())
+    assert not reopened.recovery.clean_shutdown
+    reopened.close()
+    marker.write_bytes(versioned(CLEAN_SHUTDOWN, 3))
+    with pytest.raises(UnsupportedFormatVersion) as caught:
+        SegmentedLog(tmp_path, TopicConfig())
+    refused(".clean-shutdown", str(marker), 3)(caught.value)
+
+
+@pytest.mark.process  # LocalCluster takes free ports with sockets
+def test_cluster_up_files_stay_bare_until_every_node_took_up_level_2(tmp_path: Path) -> None:
+    from tidelog.cli.cluster import LocalCluster
+    from tidelog.config import InvalidConfig
+    from tidelog.node.config import read_secret
+
+    cluster = LocalCluster(tmp_path, nodes=2)
+    cluster_id, secret_path = cluster.cluster_id, cluster.secret_path
+    id_path = tmp_path / "cluster.id"
+    assert id_path.read_bytes() == cluster_id.encode() + b"\n"  # 0.1.0's form
+    secret = secret_path.read_bytes()
+    assert len(secret) == 65 and secret.endswith(b"\n") and secret_path.stat().st_mode & 0o077 == 0
+    assert read_secret(secret_path) == secret.strip()
+
+    def journal(node: int, version: int) -> None:
+        quorum = QuorumJournal(tmp_path / f"node-{node}", Inline())
+        quorum.upgrade(lambda error: None, version=version)
+        quorum.close()
+
+    cluster.update_file_versions()  # no node has run: no level
+    journal(1, 2)
+    journal(2, 1)
+    cluster.update_file_versions()  # node 2 has not taken up level 2
+    assert id_path.read_bytes() == cluster_id.encode() + b"\n"
+    assert secret_path.read_bytes() == secret
+    journal(2, 2)
+    cluster.update_file_versions()
+    assert id_path.read_bytes() == versioned(CLUSTER_ID, 2, cluster_id.encode())
+    assert secret_path.read_bytes() == versioned(CLUSTER_SECRET, 2, secret.strip())
+    assert secret_path.stat().st_mode & 0o077 == 0
+    again = LocalCluster(tmp_path, nodes=2)
+    assert again.cluster_id == cluster_id
+    assert read_secret(again.secret_path) == secret.strip()
+
+    secret_path.write_bytes(versioned(CLUSTER_SECRET, 3, secret.strip()))
+    with pytest.raises(UnsupportedFormatVersion) as caught:
+        read_secret(secret_path)
+    refused("cluster.secret", str(secret_path), 3)(caught.value)
+    secret_path.write_bytes(b"# tidelog cluster.secret\nversion=2\n")
+    with pytest.raises(InvalidConfig, match=r"damaged \(no secret= line\)"):
+        read_secret(secret_path)
+    id_path.write_bytes(versioned(CLUSTER_ID, 3, b"c"))
+    with pytest.raises(UnsupportedFormatVersion):
+        _ = again.cluster_id
 
 
 # -- the quorum journal ---------------------------------------------------------------------------
@@ -375,6 +539,27 @@ def test_a_0_1_0_listeners_answer_is_checked_and_its_cluster_id_not_taken() -> N
 # -- tidelog 0.1.0 itself -------------------------------------------------------------------------
 
 
+@pytest.mark.process  # runs git
+def test_a_release_is_taken_from_its_tag_or_else_its_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tests/releases.py names 0.1.0 by its tag, v0.1.0; a clone without the tag falls back to
+    the commit, and a tag on another commit is refused rather than tested."""
+    at = revision("0.1.0")
+    assert at in ("v0.1.0", "0070a26")
+    try:
+        found = git("rev-parse", "--verify", "--quiet", f"{at}^{{commit}}").decode()
+    except subprocess.CalledProcessError:
+        pytest.skip("0.1.0 is not in this checkout (a shallow clone)")
+    assert found.startswith("0070a26")
+    monkeypatch.setitem(RELEASES, "0.0.9", Release("0.0.9", "v0.0.9-never-tagged", "0070a26"))
+    assert revision("0.0.9") == "0070a26"
+    if at == "v0.1.0":
+        monkeypatch.setitem(RELEASES, "0.0.8", Release("0.0.8", "v0.1.0", "24df97b"))
+        with pytest.raises(AssertionError, match=r"tag v0\.1\.0 points at 0070a26"):
+            revision("0.0.8")
+
+
 @pytest.fixture(scope="module")
 def release_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tidelog 0.1.0's source tree, from this checkout's history, with this build's compiled
@@ -382,11 +567,11 @@ def release_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return release_source("0.1.0", tmp_path_factory.mktemp("tidelog-0.1.0"))
 
 
-def run_release(src: Path, code: str) -> str:
-    """Run code under tidelog 0.1.0; what it prints."""
+def run_release(src: Path, code: str, *argv: str) -> str:
+    """Run code under tidelog 0.1.0 (with argv as sys.argv[1:]); what it prints."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -412,6 +597,81 @@ def test_version_1_is_byte_for_byte_what_0_1_0_writes(release_src: Path, tmp_pat
     identity = DirectoryIdentity("blue", 1, "d" * 22, initial_directories="1=x,2=y")
     assert identity.properties() == (tmp_path / "old.properties").read_text()
     assert encode_snapshot(40, b"state", 7) == (tmp_path / "old.snapshot").read_bytes()
+
+
+OLD_TEXT_FILES = """
+import json, sys
+from pathlib import Path
+from tidelog.cli.cluster import LocalCluster
+from tidelog.config import TopicConfig
+from tidelog.node.topics import TopicReplicas, read_topic_id
+from tidelog.storage.log import SegmentedLog
+
+old, new, v2 = (Path(a) for a in sys.argv[1:4])
+TopicReplicas.claim_directory(None, old / "t-0", 17)  # touches only the directory
+SegmentedLog(old / "p", TopicConfig()).close()
+written = LocalCluster(old / "up", nodes=1)
+print(json.dumps({
+    "cluster_id": written.cluster_id,
+    "secret": str(written.secret_path),
+    # what 0.1.0 reads of this build's files
+    "topic_id": read_topic_id(new / "t-0"),
+    "clean": SegmentedLog(new / "p", TopicConfig()).recovery.clean_shutdown,
+    "new_cluster_id": LocalCluster(new / "up", nodes=1).cluster_id,
+    "v2_topic_id": read_topic_id(v2 / "t-0"),
+    "v2_clean": SegmentedLog(v2 / "p", TopicConfig()).recovery.clean_shutdown,
+    "v2_cluster_id": LocalCluster(v2 / "up", nodes=1).cluster_id,
+}))
+"""
+
+
+@pytest.mark.process
+def test_topic_id_markers_and_cluster_files_at_level_1_are_0_1_0s_bytes(
+    release_src: Path, tmp_path: Path
+) -> None:
+    """topic.id, .clean-shutdown, cluster.id and cluster.secret as tidelog 0.1.0's own code
+    writes and reads them: this build at level 1 writes the same bytes and each reads the
+    other's; what 0.1.0 makes of version 2 is what docs/formats.md says."""
+    from tidelog.cli.cluster import LocalCluster
+    from tidelog.config import TopicConfig
+    from tidelog.node.config import read_secret
+    from tidelog.node.topics import TopicReplicas, read_topic_id
+    from tidelog.storage.log import SegmentedLog
+
+    old, new, v2 = tmp_path / "old", tmp_path / "new", tmp_path / "v2"
+    topics = TopicReplicas(None, {}, None, None, None, None)  # type: ignore[arg-type]
+    topics.claim_directory(new / "t-0", 17)
+    SegmentedLog(new / "p", TopicConfig()).close()
+    made = LocalCluster(new / "up", nodes=1)
+    made_id, made_secret = made.cluster_id, made.secret_path.read_bytes()
+    try:
+        formats.set_write_level(2)
+        topics.claim_directory(v2 / "t-0", 17)
+        SegmentedLog(v2 / "p", TopicConfig()).close()
+    finally:
+        formats.set_write_level(1)
+    (v2 / "up").mkdir()
+    (v2 / "up" / "cluster.id").write_bytes(versioned(CLUSTER_ID, 2, made_id.encode()))
+    assert (new / "p" / ".clean-shutdown").read_bytes() == b""  # 0.1.0 opens it: it goes
+    seen = json.loads(run_release(release_src, OLD_TEXT_FILES, str(old), str(new), str(v2)))
+
+    assert (old / "t-0" / "topic.id").read_bytes() == (new / "t-0" / "topic.id").read_bytes()
+    assert (old / "p" / ".clean-shutdown").read_bytes() == b""
+    old_id, old_secret = (old / "up" / "cluster.id").read_bytes(), Path(seen["secret"])
+    assert old_id == seen["cluster_id"].encode() + b"\n"
+    assert (new / "up" / "cluster.id").read_bytes() == made_id.encode() + b"\n"
+    assert len(old_secret.read_bytes()) == len(made_secret) == 65
+    assert old_secret.stat().st_mode & 0o777 == made.secret_path.stat().st_mode & 0o777 == 0o600
+    # Each reads the other's.
+    assert read_topic_id(old / "t-0") == 17 == seen["topic_id"]
+    assert SegmentedLog(old / "p", TopicConfig()).recovery.clean_shutdown and seen["clean"]
+    assert LocalCluster(old / "up", nodes=1).cluster_id == seen["cluster_id"]
+    assert seen["new_cluster_id"] == made_id
+    assert read_secret(old_secret) == old_secret.read_bytes().strip()
+    # Version 2 in 0.1.0: topic.id unmarked, the marker a marker, the cluster id misread (and
+    # the data directories, formatted for the real one, refuse it).
+    assert seen["v2_topic_id"] is None and seen["v2_clean"] is True
+    assert seen["v2_cluster_id"] != made_id and seen["v2_cluster_id"].startswith("# tidelog")
 
 
 @pytest.mark.process
@@ -477,6 +737,72 @@ def test_a_node_refuses_to_start_on_a_checkpoint_of_a_newer_version(tmp_path: Pa
     assert "listening" not in refused_start.stdout
     assert "UnsupportedFormatVersion" in refused_start.stderr, refused_start.stderr
     assert str(checkpoint) in refused_start.stderr and "version 3" in refused_start.stderr
+
+
+def start_node(data: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`tidelog serve` of this build, one node on a port of its own: the process and its
+    client address ("" if it exited before listening: its stderr says why)."""
+    args = ["--data", str(data), "--listen", "127.0.0.1:0", "--node-id", "1", *extra]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidelog", "serve", *args, "--log-level", "WARNING"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the line that says it listens, or "" at its exit
+    return proc, line.split(" listening on ", 1)[1].split()[0] if " listening on " in line else ""
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+def test_a_node_writes_the_text_files_of_its_level_and_refuses_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    """A node capped at level 1 writes topic.id and .clean-shutdown as 0.1.0 did; a new
+    cluster, finalized at level 2 at birth, writes them in version 2; a topic.id of version 3
+    stops the node at start, naming the file."""
+    from helpers import wait_for_value
+    from tidelog.client.sync_client import Client
+    from tidelog.storage.quorum_journal import journal_version
+
+    for version, extra in ((1, ["--set", "feature.max.level=1"]), (2, [])):
+        data = tmp_path / f"level-{version}"
+        proc, address = start_node(data, *extra)
+        try:
+            assert address, proc.communicate(timeout=30)
+            with Client([address]) as client:
+                wait_for_value(
+                    f"level {version}",
+                    lambda client=client: client.describe_features().finalized_level,
+                    version.__eq__,
+                )
+                # Level 2 is written once the node rewrote its journal (core.py, formats.py).
+                wait_for_value(
+                    "the journal", lambda data=data: journal_version(data), version.__eq__
+                )
+                client.create_topic("t", partitions=1, replication_factor=1)
+                client.produce("t", [b"x"], partition=0, acks="all")
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        topic_id = read_text(TOPIC_ID, data / "t-0" / "topic.id")
+        marker = read_text(CLEAN_SHUTDOWN, data / "t-0" / ".clean-shutdown")
+        assert topic_id is not None and marker is not None
+        assert (topic_id.version, marker.version) == (version, version)
+        if version == 1:
+            assert (data / "t-0" / "topic.id").read_bytes() == topic_id.value + b"\n"
+            assert (data / "t-0" / ".clean-shutdown").read_bytes() == b""
+
+    newer = data / "t-0" / "topic.id"
+    newer.write_bytes(versioned(TOPIC_ID, 3, topic_id.value))
+    proc, address = start_node(data)
+    if address:
+        proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    assert not address and proc.returncode not in (0, None), err
+    assert "UnsupportedFormatVersion" in err and str(newer) in err and "version 3" in err, err
 
 
 @pytest.mark.process

@@ -22,8 +22,8 @@ Throughout: no acknowledged record lost (everything read back and compared with 
 acknowledged, offset by offset), no error a client cannot retry, the sink's output holds every
 input record exactly once, the cursor and the group's offsets unchanged. Printed: for each
 restart, the longest gap between acknowledged produces around it (about an election timeout
-where the stopped node led partitions), how long the node took to stop, to answer (the
-interpreter starting, most of it) and to be in sync.
+where a stopped 0.1.0 node led partitions; a 0.2.0 node hands its leaderships over first), how
+long the node took to stop, to answer (the interpreter starting, most of it) and to be in sync.
 
 The load runs TIDELOG_UPGRADE_LOAD_SECONDS (20 in CI; `make upgrade-soak` runs longer), spread
 over the five restarts."""

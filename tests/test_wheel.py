@@ -3,7 +3,9 @@ installed into a fresh virtual environment outside the checkout, and tidelog run
 
 How, and why so:
 - `python -m build` makes the sdist, then the wheel from that sdist, as `make dist` does: the
-  wheel carries the compiled record codecs and the commit the sdist baked in.
+  wheel carries the compiled record codecs and the commit the sdist baked in. Then, as `make
+  dist` does, tests/portable_wheel.py retags it manylinux (auditwheel), which pip installs on
+  other Linux machines than this one.
 - The fresh environment is `python -m venv --without-pip` in a temporary directory of its own
   (not under the checkout), and the repo's own pinned pip installs into it (`pip --python`): a
   fresh environment needs no pip of its own to be one, and ensurepip cost seconds here.
@@ -36,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from portable_wheel import make_portable
 from test_cli import ports_free
 from tidelog.version import __version__, checkout_commit
 
@@ -137,7 +140,16 @@ def build(out: Path) -> tuple[Path, Path]:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     (wheel,) = out.glob(f"tidelog-{__version__}-*.whl")
     (sdist,) = out.glob(f"tidelog-{__version__}.tar.gz")
-    return wheel, sdist
+    return make_portable(wheel), sdist
+
+
+def wheel_tags(wheel: Path) -> tuple[set[str], set[str]]:
+    """The platform tags in the wheel's file name, and the tags its WHEEL file lists."""
+    platforms = set(wheel.name.removesuffix(".whl").split("-")[-1].split("."))
+    with zipfile.ZipFile(wheel) as archive:
+        info = next(n for n in archive.namelist() if n.endswith(".dist-info/WHEEL"))
+        listed = archive.read(info).decode().splitlines()
+    return platforms, {line.split(": ", 1)[1] for line in listed if line.startswith("Tag: ")}
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +239,71 @@ def test_the_wheel_carries_the_compiled_codecs_and_the_commit(installed: Install
         sources = sdist.getnames()
     assert not [n for n in sources if n.endswith(".so")], "an sdist carries sources only"
     assert f"tidelog-{__version__}/src/tidelog/record/_wire.h" in sources
+
+
+def test_the_wheel_is_tagged_manylinux_and_pip_takes_it_for_an_older_linux(
+    installed: Install,
+) -> None:
+    """Not this machine's `linux_x86_64`, which pip elsewhere refuses: the manylinux tag
+    auditwheel found the codecs need, in the name and in the WHEEL file, and pip asked to
+    install for a machine of that tag's oldest glibc (2.17, manylinux2014) takes the wheel."""
+    platforms, listed = wheel_tags(installed.wheel)
+    assert platforms and all(p.startswith("manylinux") for p in platforms), installed.wheel.name
+    assert listed == {f"cp311-cp311-{p}" for p in platforms}, listed
+    oldest = min(platforms)  # manylinux2014_<arch> sorts before manylinux_2_17_<arch>
+    with tempfile.TemporaryDirectory(prefix="tidelog-platform-") as target:
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install"]
+        pip += ["--dry-run", "--no-deps", "--only-binary=:all:", "--target", target]
+        pip += ["--platform", oldest, "--python-version", "3.11", "--implementation", "cp"]
+        done = subprocess.run(
+            [*pip, str(installed.wheel)], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Would install tidelog-{__version__}" in done.stdout, done.stdout
+
+
+def test_built_without_a_compiler_the_wheel_is_pure_python_for_any_machine(
+    installed: Install,
+) -> None:
+    """The codecs are optional: from the sdist, with a C compiler that always fails, the wheel
+    holds no compiled code, is tagged py3-none-any, and the tidelog it installs runs the pure
+    Python rules."""
+    with tempfile.TemporaryDirectory(prefix="tidelog-pure-") as name:
+        base = Path(name)
+        build_wheel = [sys.executable, "-m", "build", "--wheel", "--outdir", str(base / "dist")]
+        done = subprocess.run(
+            [*build_wheel, str(installed.sdist)],
+            env={**os.environ, "CC": "/bin/false"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        (built,) = (base / "dist").glob("tidelog-*.whl")
+        wheel = make_portable(built)
+        assert wheel.name == f"tidelog-{__version__}-py3-none-any.whl"
+        assert wheel_tags(wheel)[1] == {"py3-none-any"}
+        target = base / "site"
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install"]
+        installed.run(*pip, "--quiet", "--no-deps", "--target", str(target), str(wheel))
+        # The dependencies are this environment's; tidelog is the one just installed.
+        check = (
+            "import json, tidelog\n"
+            "from tidelog.record.batch import COMPILED_CODEC\n"
+            "from tidelog.record.validation import COMPILED_SCANNER\n"
+            "print(json.dumps([tidelog.__file__, COMPILED_CODEC is None, COMPILED_SCANNER]))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", check],
+            env={**installed.env, "PYTHONPATH": str(target)},
+            cwd=installed.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        package, pure_codec, scanner = json.loads(done.stdout)
+        assert Path(package).is_relative_to(target) and pure_codec and scanner is None
 
 
 def test_version_names_the_version_and_the_commit(installed: Install) -> None:

@@ -172,23 +172,42 @@ def highest_common(nodes: Mapping[int, SupportedRange | None]) -> int:
     return min([MAX_LEVEL, *(r.max_level if r is not None else MIN_LEVEL for r in nodes.values())])
 
 
+def upgrade_target(
+    finalized: int, requested: int, nodes: Mapping[int, SupportedRange | None]
+) -> int:
+    """The level an upgrade finalizes: the one requested, or (0) the highest every node
+    supports. That is unknown while a registered node is not live, unless this build knows no
+    level above the finalized one: refused then, naming the nodes."""
+    if requested:
+        return requested
+    if finalized < MAX_LEVEL:
+        check_every_node(finalized + 1, {n: r for n, r in nodes.items() if r is None})
+    return max(highest_common(nodes), finalized)
+
+
 def check_upgrade(finalized: int, level: int, nodes: Mapping[int, SupportedRange | None]) -> None:
+    """Raises unless the level may be finalized. The finalized level itself passes without
+    asking the nodes: nothing changes, and every node had to support it to run."""
     check_known(level)
     if level < finalized:
         raise InvalidRequest(
             f"{FEATURE} is finalized at {finalized}; {level} is lower: that is a downgrade"
         )
-    check_every_node(level, nodes)
+    if level > finalized:
+        check_every_node(level, nodes)
 
 
 def check_downgrade(finalized: int, level: int, nodes: Mapping[int, SupportedRange | None]) -> None:
-    """A downgrade passes over every level above the target: each must allow going back."""
+    """A downgrade passes over every level above the target: each must allow going back. The
+    finalized level itself passes: nothing changes."""
+    if level == finalized:
+        return
     if finalized <= MIN_LEVEL:
         raise InvalidRequest(f"{FEATURE} is finalized at its lowest level, {finalized}")
     check_known(level)
-    if level >= finalized:
+    if level > finalized:
         raise InvalidRequest(
-            f"{FEATURE} is finalized at {finalized}; {level} is not lower: that is no downgrade"
+            f"{FEATURE} is finalized at {finalized}; {level} is higher: that is no downgrade"
         )
     for passed in range(finalized, level, -1):
         if not LEVELS[passed].downgrade_safe:

@@ -54,6 +54,35 @@ FORMATS: dict[str, Format] = {
             (1, 1),
         ),
         Format(
+            "topic.id",
+            "each partition directory's topic.id",
+            'a first line "# tidelog topic.id", then "version=" (none: version 1, the id alone)',
+            (1, 2),
+            (1, 2),
+        ),
+        Format(
+            ".clean-shutdown",
+            "each partition directory's .clean-shutdown marker",
+            'a first line "# tidelog .clean-shutdown", then "version=" (none: version 1, empty)',
+            (1, 2),
+            (1, 2),
+        ),
+        Format(
+            "cluster.id",
+            "`tidelog cluster up`'s DIR/cluster.id",
+            'a first line "# tidelog cluster.id", then "version=" (none: version 1, the id alone)',
+            (1, 2),
+            (1, 2),
+        ),
+        Format(
+            "cluster.secret",
+            "`tidelog cluster up`'s DIR/cluster.secret; any --cluster-secret-file",
+            'a first line "# tidelog cluster.secret", then "version=" (none: version 1, the '
+            "secret alone)",
+            (1, 2),
+            (1, 2),
+        ),
+        Format(
             "checkpoint",
             "partition.checkpoint, leader-epoch-checkpoint, quorum-state, producer-state, "
             "transaction-state, peer-directories, cluster.joined, node.checkpoint",

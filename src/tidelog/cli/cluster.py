@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.errors import Timeout
+from tidelog.formats import write_version
+from tidelog.storage import versioned_text
 from tidelog.storage.identity import META_FILE, format_cluster
+from tidelog.storage.quorum_journal import FORMAT as JOURNAL_FORMAT
+from tidelog.storage.quorum_journal import journal_version
+from tidelog.storage.versioned_text import CLUSTER_ID, CLUSTER_SECRET
 
 
 def free_ports(count: int) -> list[int]:
@@ -97,16 +102,18 @@ class LocalCluster:
         self.log_level = log_level
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
+    # Made before any node runs, so before the cluster has a feature level: in tidelog
+    # 0.1.0's form, which every release reads, until update_file_versions says otherwise.
+
     @property
     def secret_path(self) -> Path:
         """The cluster secret every node proves it holds on the peer channel: made once, kept
         with the cluster's data so that restarted nodes still belong."""
-        path = self.data_dir / "cluster.secret"
+        path = self.data_dir / CLUSTER_SECRET.name
         if not path.exists():
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32) + "\n")
+            secret = secrets.token_hex(32).encode()
+            versioned_text.write(CLUSTER_SECRET, path, secret, 1, mode=0o600, exclusive=True)
         return path
 
     @property
@@ -114,15 +121,34 @@ class LocalCluster:
         """The cluster's id, made once: every node's data directory is formatted for it then
         (with every node's directory id, so a replaced disk is known as one), and a directory
         from another cluster is refused."""
-        path = self.data_dir / "cluster.id"
-        if not path.exists():
+        path = self.data_dir / CLUSTER_ID.name
+        stored = versioned_text.read(CLUSTER_ID, path)
+        if stored is None:
             cluster_id = uuid.uuid4().hex[:22]
             dirs = {n: self.data_dir / f"node-{n}" for n in self.node_ids}
             if not any((d / META_FILE).exists() for d in dirs.values()):
                 format_cluster(cluster_id, dirs)
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(cluster_id + "\n")
-        return path.read_text().strip()
+            versioned_text.write(CLUSTER_ID, path, cluster_id.encode(), 1)
+            return cluster_id
+        return stored.value.decode()
+
+    def update_file_versions(self) -> None:
+        """cluster.id and cluster.secret in the form of the feature level the cluster is
+        finalized at, once that is 2 (tidelog/formats.py), while no node runs. The level is read
+        from the nodes' data: a node that applies level 2 rewrites its quorum journal in version
+        2 before it writes anything else of that level (and tidelog 0.1.0 refuses that journal,
+        so it could not run these nodes any more)."""
+        journals = [journal_version(self.data_dir / f"node-{n}") for n in self.node_ids]
+        if any(v is None or v < write_version(JOURNAL_FORMAT, 2) for v in journals):
+            return
+        for file, mode in ((CLUSTER_ID, 0o644), (CLUSTER_SECRET, 0o600)):
+            path = self.data_dir / file.name
+            stored = versioned_text.read(file, path)
+            if stored is not None and stored.version < write_version(file.name, 2):
+                versioned_text.write(
+                    file, path, stored.value, write_version(file.name, 2), mode=mode
+                )
 
     @property
     def peers(self) -> str:
@@ -343,6 +369,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         die_with_parent=True,
         kafka_ports=kafka_ports,
     )
+    cluster.update_file_versions()
     cluster.start()
     stopping = False
 
@@ -374,4 +401,5 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     finally:
         cluster.stop_all()
         print("cluster stopped", flush=True)
+    cluster.update_file_versions()  # a new cluster's are, once its nodes took up level 2
     return 0

@@ -14,6 +14,17 @@ from tidelog.cli.tables import table_lines
 from tidelog.protocol import api
 
 
+def exit_status_epilog(verb: str) -> str:
+    """What a script reads from `upgrade` and `downgrade` (docs/operations.md says the same)."""
+    return (
+        "Exit status 0 when the cluster is finalized at the level asked for afterwards, "
+        'whether this command finalized it (--json: "changed": true) or it already was '
+        f"(\"changed\": false, and it says 'nothing to {verb}'), so the step can be run "
+        "again; 1 when it is refused (a node not live or not supporting the level, a level "
+        "that allows no downgrade, a level that does not exist)."
+    )
+
+
 def add_features_commands(
     sub: Any, with_bootstrap: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 ) -> None:
@@ -33,6 +44,9 @@ def add_features_commands(
         verbs.add_parser(
             "upgrade",
             help="finalize a higher level, once every node is live and supports it",
+            description="Finalize a higher level of tidelog.version, once every registered "
+            "node is live and supports it.",
+            epilog=exit_status_epilog("upgrade"),
         )
     )
     upgrade.add_argument(
@@ -49,6 +63,10 @@ def add_features_commands(
             "downgrade",
             help="finalize a lower level, where every level passed over allows it (level 2 "
             "does not: downgrade binaries before finalizing instead)",
+            description="Finalize a lower level of tidelog.version, where every level passed "
+            "over allows going back (level 2 does not: downgrade binaries before finalizing "
+            "instead).",
+            epilog=exit_status_epilog("downgrade"),
         )
     )
     downgrade.add_argument(
@@ -78,13 +96,17 @@ def cmd_features_update(args: argparse.Namespace) -> int:
 
     answer = run_loop(run())
     if not args.json:
-        verb = "downgraded" if args.downgrade else "upgraded"
         if answer.changed:
+            verb = "downgraded" if args.downgrade else "upgraded"
             print(f"{answer.feature} {verb}: finalized at {answer.finalized_level}")
         else:
-            print(f"{answer.feature} stays finalized at {answer.finalized_level}: nothing to do")
+            verb = "downgrade" if args.downgrade else "upgrade"
+            print(
+                f"{answer.feature} is already finalized at level {answer.finalized_level}; "
+                f"nothing to {verb}"
+            )
     print_features(answer, args.json)
-    return 0
+    return 0  # also when nothing changed: the cluster is where it was asked to be
 
 
 def print_features(answer: api.FeaturesResponse, as_json: bool) -> None:

@@ -473,8 +473,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         node = Node(config)
         await node.start()
         loop = asyncio.get_running_loop()
+        # A second signal cuts the hand-overs short (Node.stop); the loop keeps only weak
+        # references to tasks, so these are held here until done.
+        stopping: set[asyncio.Task[None]] = set()
+
+        def stop() -> None:
+            task = loop.create_task(node.stop())
+            stopping.add(task)
+            task.add_done_callback(stopping.discard)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
+            loop.add_signal_handler(sig, stop)
         print(
             f"tidelog node {node.node_id} listening on {node.address[0]}:{node.address[1]} "
             f"(peers on {node.peer_address[0]}:{node.peer_address[1]}"

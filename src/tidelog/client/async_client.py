@@ -375,7 +375,8 @@ class AsyncClient:
         (level 0: the highest every node supports) is refused with UnsupportedFeatureLevel,
         naming the node, unless every registered node is live and supports it; a downgrade
         (level 0: one lower) with UnsafeFeatureDowngrade past a level that does not allow
-        going back."""
+        going back. The answer's `changed` is False when the cluster was finalized at that
+        level already: nothing was done, and that is no error (the step can be run again)."""
         return await self._admin.update_features(level, downgrade)
 
     # -- tables (tables.py) -----------------------------------------------------------------------

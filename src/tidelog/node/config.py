@@ -33,9 +33,11 @@ from typing import Any
 
 from tidelog.acls import ANONYMOUS
 from tidelog.config import InvalidConfig, TopicConfig, parse_address
+from tidelog.errors import StorageError
 from tidelog.features import MAX_LEVEL, MIN_LEVEL
 from tidelog.node.access import Authorization
 from tidelog.principals import PRINCIPAL_NAME
+from tidelog.storage import versioned_text
 from tidelog.tls import TlsFiles
 
 MiB = 1024 * 1024
@@ -94,6 +96,10 @@ class NodeConfig:
     # add-partitions past it are refused with PartitionLimitReached). 20,000: measured here,
     # 10,000 idle replicas cost a node 0.4 % of a core and ~18 KB each (bench/RESULTS.md).
     max_partitions_per_node: int = 20_000
+    # controlled.shutdown.timeout.ms: on SIGTERM the node first hands every leadership it holds
+    # to an in-sync replica (Kafka's controlled shutdown), waiting at most this long; 0: it
+    # stops at once, and the other nodes elect new leaders after an election timeout.
+    controlled_shutdown_timeout_ms: int = 5_000
     # -- the peer channel --------------------------------------------------------------------
     peer_listen: tuple[str, int] | None = None  # None: the listen host, a port the kernel picks
     peer_ports: dict[int, int] = field(default_factory=dict)  # fixed peer ports, by node id
@@ -170,6 +176,7 @@ class NodeConfig:
             ("request.receive.timeout.ms", self.request_receive_timeout_ms, 1),
             ("fd.reserve", self.fd_reserve, 0),
             ("fetch.max.bytes", self.fetch_max_bytes, 1024),
+            ("controlled.shutdown.timeout.ms", self.controlled_shutdown_timeout_ms, 0),
         ):
             if value < least:
                 raise InvalidConfig(f"{key} must be at least {least}, got {value}", key=key)
@@ -314,9 +321,15 @@ MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))' > FILE"
 
 
 def read_secret(path: Path) -> bytes:
-    return check_cluster_secret(
-        _read_secret_file(path, "cluster_secret_file", "the cluster secret"), str(path)
-    )
+    """The cluster secret in a file: the secret alone (what an operator makes, and every
+    release reads), or the versioned form `cluster up` writes from feature level 2
+    (storage/versioned_text.py; one of a newer version is UnsupportedFormatVersion)."""
+    raw = _read_secret_file(path, "cluster_secret_file", "the cluster secret")
+    try:
+        secret = versioned_text.decode(versioned_text.CLUSTER_SECRET, raw, str(path)).value
+    except StorageError as exc:
+        raise InvalidConfig(exc.message, key="cluster_secret_file") from exc
+    return check_cluster_secret(secret, str(path))
 
 
 def check_cluster_secret(secret: bytes, source: str) -> bytes:
@@ -485,6 +498,7 @@ _SETTINGS: tuple[Reader, ...] = (
     _int("metadata_snapshot_entries"),
     _int("storage_max_bytes", "storage.max.bytes"),
     _int("max_partitions_per_node", "max.partitions.per.node"),
+    _int("controlled_shutdown_timeout_ms", "controlled.shutdown.timeout.ms"),
     _int("peer_handshake_timeout_ms"),
     _int("frame_bytes_max", "socket.request.max.bytes"),
     _int("queued_max_request_bytes", "queued.max.request.bytes"),

@@ -18,6 +18,7 @@ gives it (the peer channel's outbound links).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import random
@@ -70,6 +71,7 @@ from tidelog.node.replica_groups import ReplicaGroups
 from tidelog.node.state_machine import Machine, MetadataMachine
 from tidelog.node.topics import TopicReplicas
 from tidelog.node.transport import PeerSender
+from tidelog.node.turns import Turns
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.peer_batch import decode_peer_batch
@@ -83,6 +85,7 @@ from tidelog.replication.metadata import (
     MetadataState,
 )
 from tidelog.replication.metadata_commands import MetadataCommand
+from tidelog.replication.replica_state import NO_LEADER
 from tidelog.storage.identity import DirectoryIdentity
 from tidelog.storage.quorum_journal import FORMAT as QUORUM_JOURNAL_FORMAT
 from tidelog.storage.quorum_journal import QuorumJournal
@@ -459,6 +462,46 @@ class NodeCore:
         if self.quorum_journal is not None:
             self.quorum_journal.close()
         self.asker.close()
+
+    async def hand_over_leaderships(self, timeout_s: float, cut_short: asyncio.Event) -> None:
+        """A controlled shutdown (Kafka's controlled.shutdown.enable): before the node stops,
+        every replica group it leads, the metadata log's too, hands its leadership to an in-sync
+        replica (Replica.hand_over), so that clients wait for a hand-over (milliseconds) rather
+        than an election timeout. Waits while any hand-over is under way, at most timeout_s or
+        until cut_short is set (a second SIGTERM); a group with nobody in sync to take it over
+        is not waited for. Logs how many leaderships went over, and how long that took."""
+        started = time.monotonic()
+        led = [host for host in self.hosts.values() if host.replica.is_leader]
+        asked: set[str] = set()  # (a group opened meanwhile is asked too: it never stands)
+        while True:
+            under_way = 0
+            turns = Turns()
+            for group, host in list(self.hosts.items()):
+                if host.closed:
+                    continue
+                if group not in asked:
+                    asked.add(group)
+                    host.driver.hand_over()
+                under_way += host.replica.handing_over
+                await turns.take()
+            left = started + timeout_s - time.monotonic()
+            if not under_way or left <= 0 or cut_short.is_set():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cut_short.wait(), min(left, self.config.tick_ms / 1000))
+        handed = sum(1 for h in led if h.replica.leader_id not in (NO_LEADER, self.node_id))
+        took = time.monotonic() - started
+        event(
+            log,
+            logging.INFO if not under_way else logging.WARNING,
+            "controlled_shutdown",
+            f"node {self.node_id} handed {handed} of {len(led)} leaderships over in {took:.3f} s"
+            + (f" ({under_way} still under way, cut short)" if under_way else ""),
+            led=len(led),
+            handed_over=handed,
+            seconds=round(took, 3),
+            still_under_way=under_way,
+        )
 
     def peer_connection_lost(self, peer: int) -> None:
         self.peer_liveness.connection_lost(peer)

@@ -80,6 +80,9 @@ class Node:
         self.http_address: tuple[str, int] | None = None
         self.peer_address: tuple[str, int] = ("", -1)
         self._stopped: asyncio.Event | None = None
+        self._stopping = False
+        # Set by a second stop (SIGTERM or Ctrl-C again): the hand-overs are waited for no more.
+        self._hurry = asyncio.Event()
         self.started_at = time.time()
         self.core.fail_stop.on_trip = self._fail_stop
         self.core.on_nodes_changed = self._nodes_changed
@@ -318,9 +321,24 @@ class Node:
             self.kafka.close()
 
     async def stop(self) -> None:
+        """Stop cleanly: first hand every leadership over (a controlled shutdown, at most
+        controlled.shutdown.timeout.ms: NodeCore.hand_over_leaderships), with every listener
+        still serving; then close the listeners and the peer channel, and close every replica
+        (flushed, checkpointed, marked cleanly shut). Called again meanwhile, it waits no more
+        for the hand-overs, and returns once the node has stopped."""
         if self._stopped is None or self._stopped.is_set():
             return
+        if self._stopping:
+            self._hurry.set()
+            await self._stopped.wait()
+            return
+        self._stopping = True
         log.info("node %d stopping", self.node_id)
+        timeout_ms = self.config.controlled_shutdown_timeout_ms
+        if timeout_ms > 0:
+            await self.core.hand_over_leaderships(timeout_ms / 1000, self._hurry)
+            if self._stopped.is_set():
+                return  # a fail-stop meanwhile: nothing graceful after it
         if self.http is not None:
             await self.http.close()
         self._close_kafka()

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.config import TopicConfig
+from tidelog.errors import StorageError
+from tidelog.formats import write_version
 from tidelog.node.config import NodeConfig
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.metrics import Counters
@@ -39,7 +41,8 @@ from tidelog.node.turns import Turns
 from tidelog.protocol.api import ApiKey
 from tidelog.replication.metadata import METADATA_TOPIC, MetadataState, TopicMeta
 from tidelog.replication.metadata_commands import ReassignmentDone
-from tidelog.storage.durable import fsync_dir, write_file
+from tidelog.storage import versioned_text
+from tidelog.storage.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +52,25 @@ PARTITION_DIR = re.compile(r"(.+)-(\d+)")
 
 
 def read_topic_id(directory: Path) -> int | None:
+    """The topic id the directory was claimed for; None if it has none, or one that does not
+    read (unmarked, as a directory from before topic ids); UnsupportedFormatVersion if a newer
+    tidelog wrote it."""
+    stored = _stored_topic_id(directory)
+    return None if stored is None else stored[1]
+
+
+def _stored_topic_id(directory: Path) -> tuple[int, int] | None:
+    """(the file's format version, the topic id) (storage/versioned_text.py)."""
+    path = directory / TOPIC_ID_FILE
     try:
-        return int((directory / TOPIC_ID_FILE).read_text().strip())
-    except (FileNotFoundError, ValueError):
+        raw = path.read_bytes()
+    except FileNotFoundError:
         return None
+    try:
+        contents = versioned_text.decode(versioned_text.TOPIC_ID, raw, str(path))
+        return contents.version, int(contents.value)
+    except (StorageError, ValueError):
+        return None  # damaged: unmarked (a file that cannot be read at all is an error)
 
 
 # Opens a replica of (topic, partition, initial voters, config, state machine, topic id).
@@ -231,8 +249,12 @@ class TopicReplicas:
         first; a new or unmarked one (from before topic ids) is marked. False: the directory
         belongs to a newer incarnation than this one (the metadata log is being replayed from
         before it was created), which must not be touched."""
-        found = read_topic_id(directory)
+        version, found = _stored_topic_id(directory) or (0, None)
         if found == topic_id:
+            if version < write_version(versioned_text.TOPIC_ID.name):
+                # Claimed before this node wrote the cluster's feature level: in that level's
+                # form from now on (the two say the same).
+                self._mark(directory, topic_id)
             return True
         if found is not None and found > topic_id:
             return False
@@ -245,8 +267,13 @@ class TopicReplicas:
             )
             self._discard(directory, found)
         directory.mkdir(parents=True, exist_ok=True)
-        write_file(directory / TOPIC_ID_FILE, f"{topic_id}\n".encode())
+        self._mark(directory, topic_id)
         return True
+
+    @staticmethod
+    def _mark(directory: Path, topic_id: int) -> None:
+        """topic.id in the form of the feature level this node writes (tidelog/formats.py)."""
+        versioned_text.write(versioned_text.TOPIC_ID, directory / TOPIC_ID_FILE, b"%d" % topic_id)
 
     def remove(self, host: PartitionHost, why: str) -> None:
         """Stop serving the replica now and move its directory out of the way at once (a new

@@ -230,6 +230,15 @@ class PartitionDriver(Generic[W]):
         if self.replica.set_target(voters, learner_bytes_per_tick):
             self.nudge()
 
+    def hand_over(self) -> bool:
+        """Its node is stopping (Replica.hand_over): hand the leadership over, and say whether
+        that is under way (the node waits while it is)."""
+        if self.stopped:
+            return False
+        self.replica.hand_over()
+        self.process_ready()
+        return self.replica.handing_over
+
     def nudge(self) -> None:
         """Something outside the replica changed (a peer's liveness): act at the next tick."""
         if not self.dirty and not self.stopped:

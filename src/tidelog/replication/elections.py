@@ -32,6 +32,12 @@ class Elections(Leading):
         return self.voters == (self.node_id,) and not self.is_learner and not self.is_observer
 
     @property
+    def _may_stand(self) -> bool:
+        """Stands when its election timer runs out: not a learner, not a replaced disk catching
+        up (an observer), not a replica whose node is stopping (leaving)."""
+        return not (self.is_observer or self.is_learner or self.leaving)
+
+    @property
     def _hears_leader(self) -> bool:
         """A follower that heard from its leader within an election timeout."""
         if self.role is not Role.FOLLOWER or self.leader_id == NO_LEADER:
@@ -196,5 +202,5 @@ class Elections(Leading):
         self.leader_id = NO_LEADER  # no longer alive, as far as pre-votes are concerned
         self.quiesced = False
         self.last_leader_contact = -(10**12)
-        if msg.successor == self.node_id and not self.is_learner:
+        if msg.successor == self.node_id and not (self.is_learner or self.leaving):
             self._start_election()

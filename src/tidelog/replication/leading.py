@@ -7,7 +7,8 @@ to what a quorum of voters holds (hw.policy=isr: what the in-sync ones hold, pad
 quorum), once an entry of its own epoch is among it (Raft's 5.4.2). It resends BeginEpoch to
 voters that do not fetch, wakes quiesced followers when it has news, steps down when it has
 not heard from a quorum for check_quorum_ticks (check-quorum), and walks the group towards
-its target voters one membership change at a time.
+its target voters one membership change at a time. When its node stops, it first hands its
+leadership to an in-sync voter (a controlled shutdown: Replica.hand_over).
 
 Invariants:
     the HW never decreases while it leads, and never passes its log end
@@ -88,8 +89,9 @@ class Leading(Following):
     # -- what is due ----------------------------------------------------------------------------
 
     def _leader_deadline(self) -> int | None:
-        if self._changing_membership():
-            # A membership change (and its throttled catch-up) walks tick by tick.
+        if self._changing_membership() or self.leaving:
+            # A membership change (and its throttled catch-up) walks tick by tick, and a hand-over
+            # looks every tick whether its successor is ready.
             return self.now + 1
         return next_due(
             self.progress,
@@ -151,6 +153,7 @@ class Leading(Following):
             if recent + (self.node_id in self.voters) < majority(len(self.voters)):
                 # Cut off from a quorum: stop taking writes that can never commit here.
                 self._become_follower(self.epoch, NO_LEADER)
+        self._maybe_hand_over()
 
     # -- serving fetches (fetch_serving.py, progress.py, snapshot_transfer.py) ------------------
 
@@ -383,8 +386,8 @@ class Leading(Following):
         return not (self.target == tuple(sorted(current.voters)) and not current.learners)
 
     def _maybe_change_membership(self) -> None:
-        if self.role is not Role.LEADER or not self._changing_membership():
-            return  # no target, or there already
+        if self.role is not Role.LEADER or not self._changing_membership() or self.leaving:
+            return  # no target, or there already (or handing over: the successor walks on)
         current = self.history.current
         if self.target is None:
             raise InvariantBroken("self.target is not None")
@@ -465,6 +468,50 @@ class Leading(Following):
         self._become_follower(self.epoch, NO_LEADER)
         for v in voters:
             self._send(v, Resign(self.epoch, self.node_id, successor))
+
+    def _successors(self) -> list[int]:
+        """The voters that may take over from this leader: in sync, and their node alive as far
+        as the liveness knows (a node that stopped a moment ago may still look in sync)."""
+        lag = self.config.replica_lag_ticks
+        return sorted(
+            v
+            for v in in_sync(self.progress, self.now, lag, self._counts)
+            if alive(self.liveness, v)
+        )
+
+    def _maybe_hand_over(self) -> None:
+        """Leaving (its node stops): resign in favour of an in-sync voter that holds everything
+        this leader holds, once every write it took is committed and durable here. Never in the
+        step that moved the HW: the driver releases the acks that HW owes first (a leadership
+        that ends fails every ack still owed), and the next tick resigns. Of several ready
+        voters the epoch picks one, so a node's leaderships spread over the others."""
+        if not self.leaving or self.role is not Role.LEADER:
+            return
+        end = self.log.log_end_offset
+        if (
+            self.log.high_watermark < end
+            or self.log.effective_durable_end < end
+            or self._ready.high_watermark_changed
+        ):
+            return
+        ready = [v for v in self._successors() if self.progress[v].match_offset >= end]
+        if ready:
+            self._resign(successor=ready[self.epoch % len(ready)])
+            self.handed_over_tick = self.now
+
+    @property
+    def handing_over(self) -> bool:
+        """A hand-over (Replica.hand_over) is under way: this replica leads and has an in-sync
+        voter to hand to, or resigned and no new leader is known yet, for at most an election
+        timeout (a successor that did not take over by then is not coming: it stopped too,
+        say; the group's own election timers take it from there)."""
+        if not self.leaving:
+            return False
+        if self.role is Role.LEADER:
+            return bool(self._successors())
+        if self.leader_id != NO_LEADER or self.handed_over_tick is None:
+            return False
+        return self.now - self.handed_over_tick < self.config.election_timeout_ticks
 
     def _on_transfer_leadership(self, sender: int, msg: TransferLeadership) -> None:
         """A voter that holds everything we hold may take over; one that does not yet asks

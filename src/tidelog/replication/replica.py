@@ -8,6 +8,8 @@ Driver API (etcd-raft's shape):
     replica.read(context)             leader only: a linearizable read; ready.reads hands it
                                       back with its read index once confirmed (read_index.py)
     replica.on_flushed()              the log's durable end moved (group commit finished)
+    replica.hand_over()               its node is stopping: hand the leadership to an in-sync
+                                      voter first; replica.handing_over while under way
     ready = replica.ready()           what to do now, in this order:
         1. persist ready.state (epoch, vote) durably      -- BEFORE any message is sent
         2. send ready.messages
@@ -135,8 +137,9 @@ class Replica(Elections):
                 if self._quiesced_leader_alive():
                     return  # nothing to do until the leader wakes us, or its node dies
                 self._unquiesce_follower(leader_dead=not alive(self.liveness, self.leader_id))
-            if self.now >= self.election_deadline and (self.is_observer or self.is_learner):
-                # A replaced disk or a learner catches up; it does not campaign.
+            if self.now >= self.election_deadline and not self._may_stand:
+                # A replaced disk or a learner catches up, a leaving replica waits for its node
+                # to stop; neither campaigns.
                 self._reset_election_timer()
             elif self.now >= self.election_deadline:
                 self._start_prevote()
@@ -148,7 +151,7 @@ class Replica(Elections):
                 self._maybe_send_fetch()
             elif not self.fetch_in_flight:
                 self._maybe_send_fetch()
-        elif self.now >= self.election_deadline and not (self.is_observer or self.is_learner):
+        elif self.now >= self.election_deadline and self._may_stand:
             self._start_prevote()
         else:
             self._ask_voters_come_alive()
@@ -164,13 +167,13 @@ class Replica(Elections):
         if self.role is Role.FOLLOWER:
             if self.quiesced:
                 return None  # the leader wakes us, or the liveness does (the node dirties us)
-            due = self.election_deadline  # (an observer or learner only re-arms its timer)
+            due = self.election_deadline  # (one that may not stand only re-arms its timer)
             if self.leader_id != NO_LEADER:
                 if not self.fetch_in_flight:
                     return now + 1
                 due = min(due, self.fetch_sent_tick + config.fetch_retry_ticks)
             return due
-        if self.is_observer or self.is_learner:
+        if not self._may_stand:
             return None
         return self.election_deadline
 
@@ -270,6 +273,11 @@ class Replica(Elections):
             raise NotLeader(
                 f"replica {self.node_id} is not the leader", leader_hint=self._leader_hint()
             )
+        if self.leaving:
+            # No hint: the successor is not the leader until it has won its election.
+            raise NotLeader(
+                f"replica {self.node_id} is handing its leadership over (its node is stopping)"
+            )
         info = self.log.append_as_leader(batches, self.epoch)
         self._after_leader_append()
         return info
@@ -299,8 +307,8 @@ class Replica(Elections):
     def campaign(self, pre_vote: bool = True) -> None:
         """Stand for election now instead of after a timeout (a new group's preferred leader,
         or a scripted scenario). pre_vote=False skips straight to a real election. A replica
-        that is no voter does not stand."""
-        if self.role is Role.LEADER or self.is_learner:
+        that is no voter, or whose node is stopping, does not stand."""
+        if self.role is Role.LEADER or self.is_learner or self.leaving:
             return
         if pre_vote:
             self._start_prevote()
@@ -311,12 +319,25 @@ class Replica(Elections):
         """Lead now, as an operator or a preferred leader asks: a live leader is asked to hand
         over (it does once we hold all it holds; a pre-vote would be refused while it lives),
         otherwise we campaign."""
-        if self.role is Role.LEADER or self.is_learner:
+        if self.role is Role.LEADER or self.is_learner or self.leaving:
             return
         if self._hears_leader:
             self._send(self.leader_id, TransferLeadership(self.epoch, self.node_id))
         else:
             self.campaign()
+
+    def hand_over(self) -> None:
+        """Its node is stopping (a controlled shutdown, as Kafka's controlled.shutdown.enable):
+        from now on this replica takes no write and never stands for election (a campaign
+        under way ends; it still votes). As leader it resigns in favour of the in-sync voter
+        that holds everything it holds, once every write it took is committed and durable
+        (Raft's leadership transfer; Resign is its TimeoutNow), and that voter stands at once.
+        `handing_over` says while that is under way; none is when the group has no other voter,
+        or none in sync. Called again, it only looks again whether the successor is ready."""
+        self.leaving = True
+        if self.role in (Role.PROSPECTIVE, Role.CANDIDATE):
+            self._become_follower(self.epoch, NO_LEADER)
+        self._maybe_hand_over()
 
     def check_min_insync(self, min_insync: int) -> None:
         """acks=all fails fast when fewer replicas than min.insync.replicas are in sync."""

@@ -111,6 +111,11 @@ class ReplicaState:
         self.leader_id = NO_LEADER
         self.election_deadline = 0
         self.forged_messages = 0  # dropped: they claimed to come from a node other than theirs
+        # Its node is stopping (Replica.hand_over, a controlled shutdown): it never stands for
+        # election again nor takes a write, and as leader it hands its leadership over (the
+        # tick it resigned for that: handed_over_tick).
+        self.leaving = False
+        self.handed_over_tick: int | None = None
         self._ready = Ready()  # the outputs not handed over yet
 
         self._leader_fields()

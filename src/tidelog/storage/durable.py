@@ -65,15 +65,17 @@ def write_file(
     exclusive: bool = False,
     sync: bool = True,
     sync_dir: bool = True,
+    mode: int = 0o644,
 ) -> None:
     """path holds exactly data, or (on any failure) what it held before: written to a temp
     file, fsynced, renamed over path, and the directory fsynced. exclusive: never replace an
     existing path (FileExistsError is raised as StorageError). sync=False only for a file
-    whose owner fsyncs it itself next (an index), so it is not fsynced twice."""
+    whose owner fsyncs it itself next (an index), so it is not fsynced twice. mode: the new
+    file's (0o600 for a secret: it is never readable by others, not even while written)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
             write_all(fd, data)
             if sync:

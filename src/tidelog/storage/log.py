@@ -29,10 +29,12 @@ from tidelog.errors import (
     StorageError,
     StorageFull,
 )
+from tidelog.formats import write_version
 from tidelog.invariant import InvariantBroken, invariant
 from tidelog.record.batch import BatchHeader, decode_records
 from tidelog.record.markers import Marker, is_marker, read_marker
 from tidelog.record.validation import ValidatedBatches
+from tidelog.storage import versioned_text
 from tidelog.storage.appending import check_follower_batches, stamp_as_leader
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.durable import fsync_dir, translate_os_error
@@ -171,7 +173,7 @@ class SegmentedLog:
         start, epochs and high watermark into the recovered log, and the producers last."""
         d = self.directory
         clean_marker = d / CLEAN_SHUTDOWN
-        clean = clean_marker.exists()
+        clean = self._closed_cleanly(clean_marker)
         report = RecoveryReport(clean_shutdown=clean)
         self._finish_interrupted_work()
         state = self._read_state_checkpoint()
@@ -787,6 +789,16 @@ class SegmentedLog:
         self.high_watermark = hw
         self.transactions.settle(hw)
 
+    def _closed_cleanly(self, marker: Path) -> bool:
+        """Whether the last close marked the shutdown clean. A marker of a newer version than
+        this build reads is refused (UnsupportedFormatVersion); a damaged one counts as no
+        marker: every segment past the recovery point is checked again."""
+        try:
+            return versioned_text.read(versioned_text.CLEAN_SHUTDOWN, marker) is not None
+        except StorageError as exc:
+            log.warning("%s: %s; recovering as after a crash", self.directory.name, exc.message)
+            return False
+
     def close(self) -> None:
         """Flush everything, write indexes and checkpoints, and mark the shutdown clean."""
         try:
@@ -803,7 +815,12 @@ class SegmentedLog:
                 },
             )
             self._write_transaction_checkpoint()
-            (self.directory / CLEAN_SHUTDOWN).write_bytes(b"")
+            # Not synced itself: what it vouches for already is, and one that a crash left empty
+            # reads as version 1, which still says the close got this far.
+            marker = versioned_text.encode(
+                versioned_text.CLEAN_SHUTDOWN, b"", write_version(CLEAN_SHUTDOWN)
+            )
+            (self.directory / CLEAN_SHUTDOWN).write_bytes(marker)
             fsync_dir(self.directory)
         except OSError as exc:
             raise translate_os_error(exc, "closing the log") from exc

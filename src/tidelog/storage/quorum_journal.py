@@ -70,6 +70,32 @@ def encode_format(version: int) -> bytes:
     return _record({"format": FORMAT, "v": version, "written_by": __version__})
 
 
+def journal_version(directory: Path) -> int | None:
+    """The version of the directory's journal, read from its first record alone, for a reader
+    that does not open it (`cluster up`, between runs of its nodes); None: no journal yet.
+    UnsupportedFormatVersion for one newer than this build reads."""
+    path = directory / JOURNAL_FILE
+    try:
+        with open(path, "rb") as f:
+            head = f.read(RECORD.size)
+            if len(head) < RECORD.size:
+                return 1  # nothing whole in it yet: written as version 1 so far
+            length, crc = RECORD.unpack(head)
+            body = f.read(length)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise translate_os_error(exc, f"reading {path}") from exc
+    try:
+        record = json.loads(body) if len(body) == length and _crc32c.crc32c(body) == crc else {}
+    except ValueError:
+        record = {}  # damaged: the node that opens it says so
+    version = record.get("v") if isinstance(record, dict) and "g" not in record else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        return 1  # its first record holds a replica's state: version 1 has no format record
+    return check_version(FORMAT, version, str(path))
+
+
 def _record(body_json: dict[str, Any]) -> bytes:
     body = json.dumps(body_json, sort_keys=True, separators=(",", ":")).encode()
     return RECORD.pack(len(body), _crc32c.crc32c(body)) + body

@@ -21,6 +21,8 @@ Commands:
                                      outside the group that a reassignment may move it onto
     campaign N [prevote=false]       stand for election now
     stand N                          lead now: ask a live leader to hand over, else campaign
+    hand-over N                      N's node is stopping (a controlled shutdown): N takes no
+                                     write and never stands again; as leader it hands over
     propose N VALUE [acks=all|1]     a producer writes VALUE to node N
     deliver A->B [count=K]           deliver queued messages on one link (all, or the first K)
     drop A->B | drop all             lose queued messages
@@ -209,6 +211,8 @@ class Scenario(Simulation):
                     head += " observer"
                 if r.is_learner:
                     head += " learner"
+                if r.leaving:
+                    head += " leaving" + (" handing-over" if r.handing_over else "")
                 if r.history.current.offset >= 0:
                     head += f" voters={','.join(map(str, r.voters))}"
             head += f" leo={log.log_end_offset} hw={log.high_watermark} durable={log.durable_end_offset}"
@@ -317,6 +321,14 @@ def _stand(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
     node, replica = _live_replica(sim, plain[0])
     replica.stand()
     sim.process_ready(node)
+
+
+def _hand_over(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
+    node, _ = _live_replica(sim, plain[0])
+    if node.driver is None:
+        raise InvariantBroken("node.driver is not None")
+    under_way = node.driver.hand_over()
+    sim.out.append(f"{plain[0]} {'is handing over' if under_way else 'has nothing to hand over'}")
 
 
 def _propose(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
@@ -436,6 +448,7 @@ def _check(sim: Scenario, plain: list[str], opts: dict[str, str]) -> None:
 COMMANDS: dict[str, Handler] = {
     "campaign": _campaign,
     "stand": _stand,
+    "hand-over": _hand_over,
     "propose": _propose,
     "deliver": _deliver,
     "drop": _drop,

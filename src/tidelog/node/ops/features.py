@@ -14,6 +14,7 @@ from tidelog.features import (
     check_downgrade,
     check_upgrade,
     highest_common,
+    upgrade_target,
 )
 from tidelog.node.feature_levels import FeatureLevels
 from tidelog.node.metadata_log import MetadataLog
@@ -46,15 +47,15 @@ class FeatureOps(MetadataOps):
         finalized = self.metadata.finalized_level
         ranges = self.features.ranges()
         if req.op == "upgrade":
-            # By default the highest every node supports (a node not live makes that unknown:
-            # the check names it).
-            level = req.level or max(highest_common(ranges), finalized)
+            level = upgrade_target(finalized, req.level, ranges)
             check_upgrade(finalized, level, ranges)
         else:
             level = req.level or finalized - 1
             check_downgrade(finalized, level, ranges)
         if level == finalized:
-            return self.describe()  # asked again, or nothing higher to go to
+            # Already there (asked again, or nothing higher every node supports): a success
+            # that changed nothing, as a script running the same step twice expects.
+            return self.describe(changed=False)
         command = FeatureLevel(FEATURE, level, False, int(time.time() * 1000))
         await self.propose_metadata(command, 30.0)
         log.warning("cluster: %s finalized at %d (%s from %d)", FEATURE, level, req.op, finalized)
