@@ -68,6 +68,9 @@ def test_a_scrape_reports_what_status_reports(node: tuple[LocalCluster, Client])
     start = row["log_start_offset"]
     assert value(families, "tidelog_partition_high_watermark", **labels) == 40
     assert value(families, "tidelog_partition_log_end_offset", **labels) == 40
+    # no transaction: the LSO is the HW (test_read_committed.py has one that holds it back)
+    assert value(families, "tidelog_partition_last_stable_offset", **labels) == 40
+    assert row["last_stable_offset"] == 40
     assert value(families, "tidelog_partition_log_start_offset", **labels) == start == 15
     assert value(families, "tidelog_partition_high_watermark", topic="m", partition="1") == 0
     assert row["high_watermark"] == 40 and row["segment_count"] > 1

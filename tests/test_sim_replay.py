@@ -47,6 +47,7 @@ import pytest
 from tidelog.replication.faults import (
     FAULT_DISCARD_PAST_SNAPSHOT,
     FAULT_EMPTY_LOG_FORGETS_EPOCH,
+    FAULT_LSO_IGNORES_OPEN_TRANSACTIONS,
     FAULT_READ_WITHOUT_INDEX,
     FAULT_TRUNCATE_TO_HW,
     FAULT_UNCOMMITTED_CHANGES,
@@ -108,7 +109,9 @@ def _final_state(sim: Simulation) -> list[str]:
     return lines
 
 
-def run_digest(seed: int, faults: frozenset[str] = frozenset()) -> tuple[str, str]:
+def run_digest(
+    seed: int, faults: frozenset[str] = frozenset(), transactions: bool = False
+) -> tuple[str, str]:
     """The sha256 of the whole run of a seed, as `python -m tidelog.testing` runs it, and how
     the run ended ("passed", or the failure's first line)."""
     digest = hashlib.sha256()
@@ -119,7 +122,7 @@ def run_digest(seed: int, faults: frozenset[str] = frozenset()) -> tuple[str, st
     def delivered(tick: int, src: int, dst: int, directory: str, m: Message | Heartbeat) -> None:
         note(f"{tick} {src}->{dst} {directory} {_message(m)}")
 
-    sim = Simulation(SimParams.from_seed(seed, faults), trace=note, observe=delivered)
+    sim = Simulation(SimParams.from_seed(seed, faults, transactions), trace=note, observe=delivered)
     try:
         note(f"passed {sim.run()}")
         outcome = "passed"
@@ -208,3 +211,34 @@ def test_a_seed_with_a_broken_rule_fails_as_it_always_did(
     assert digest == expected, (
         f"seed {seed} --fault {fault} ran differently: the simulator's behaviour changed"
     )
+
+
+# With the transactional workload (--transactions, issue 36): a seed that passes with
+# transactions committed and aborted under crashes and partitions, and the LSO that ignores
+# open transactions caught as an aborted read. Seeds without --transactions run as before (the
+# digests above did not change with it).
+TRANSACTION_RUNS = [
+    # crashes, two-way partitions, a replaced disk, drops, cleaning, quiescence
+    (10, frozenset(), "passed", "f39fcaabd8ff2ca8fe7724e618ba9977bc96287a6471e4788ffa7af75a4b8e44"),
+    (
+        5,
+        frozenset({FAULT_LSO_IGNORES_OPEN_TRANSACTIONS}),
+        "transactions: aborted read",
+        "e2ee2bd5d95ae4143f56dfd14f3392e12edb5cb7f5d6b9cb0de19132e522da1a",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("seed", "faults", "outcome", "expected"),
+    TRANSACTION_RUNS,
+    ids=[
+        f"{seed}-transactions-{'-'.join(sorted(f)) or 'ok'}" for seed, f, _, _ in TRANSACTION_RUNS
+    ],
+)
+def test_a_transactional_seed_replays_the_run_it_always_did(
+    seed: int, faults: frozenset[str], outcome: str, expected: str
+) -> None:
+    digest, ended = run_digest(seed, faults, transactions=True)
+    assert outcome in ended
+    assert digest == expected, f"seed {seed} --transactions ran differently"

@@ -28,6 +28,7 @@ class ReplicaRow:
     observer: bool
     in_sync: bool
     lag: int | None  # behind the leader's log end; None without a leader's view
+    last_stable_offset: int = -1  # -1: a node from before transactions
 
     @property
     def is_leader(self) -> bool:
@@ -55,6 +56,7 @@ class PartitionRow:
     invalid_batches: Sequence[Mapping[str, Any]] = ()
     local_log_start_offset: int = -1  # the leader's disk's first offset (archived topics)
     archive: Mapping[str, Any] = field(default_factory=dict)  # the leader's archive status
+    last_stable_offset: int = -1  # the leader's LSO (-1: a node from before transactions)
     wire: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the row as JSON
 
     @property
@@ -109,6 +111,7 @@ def _typed(row: dict[str, Any]) -> PartitionRow:
                 observer=bool(r["observer"]),
                 in_sync=bool(r["in_sync"]),
                 lag=r["lag"],
+                last_stable_offset=int(r.get("last_stable_offset", -1)),
             )
             for n, r in sorted(row["replicas"].items(), key=lambda kv: int(kv[0]))
         },
@@ -116,6 +119,7 @@ def _typed(row: dict[str, Any]) -> PartitionRow:
         local_log_start_offset=int(row.get("local_log_start_offset", row["log_start_offset"])),
         archive=row.get("archive") or {},
         high_watermark=int(row["high_watermark"]),
+        last_stable_offset=int(row.get("last_stable_offset", -1)),
         log_end_offset=int(row["log_end_offset"]),
         size_bytes=int(row["size_bytes"]),
         segment_count=int(row["segment_count"]),
@@ -167,6 +171,7 @@ def _add_replica(
         "epoch": st["epoch"],
         "log_end_offset": st["log_end_offset"],
         "high_watermark": st["high_watermark"],
+        "last_stable_offset": st.get("last_stable_offset", -1),
         "log_start_offset": st["log_start_offset"],
         "local_log_start_offset": st.get("local_log_start_offset", st["log_start_offset"]),
         "size_bytes": st["size_bytes"],
@@ -179,6 +184,7 @@ def _add_replica(
             log_start_offset=st["log_start_offset"],
             local_log_start_offset=st.get("local_log_start_offset", st["log_start_offset"]),
             high_watermark=st["high_watermark"],
+            last_stable_offset=st.get("last_stable_offset", -1),
             log_end_offset=st["log_end_offset"],
             size_bytes=st["size_bytes"],
             segment_count=st["segment_count"],
@@ -213,11 +219,12 @@ def _finished(row: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any
         for field in (
             "log_start_offset",
             "high_watermark",
+            "last_stable_offset",
             "log_end_offset",
             "size_bytes",
             "segment_count",
         ):
-            row[field] = any_rep[field]
+            row[field] = any_rep.get(field, -1)
     return row
 
 

@@ -85,7 +85,7 @@ FORMATS: dict[str, Format] = {
         Format(
             "checkpoint",
             "partition.checkpoint, leader-epoch-checkpoint, quorum-state, producer-state, "
-            "peer-directories, cluster.joined, node.checkpoint",
+            "transaction-state, peer-directories, cluster.joined, node.checkpoint",
             'the envelope\'s "version"',
             (1, 2),
             (1, 2),

@@ -321,6 +321,13 @@ def add_record_commands(sub: Any) -> None:
         action="store_true",
         help="pass over batches that cannot be read (see `tidelog status`) with a warning",
     )
+    consume.add_argument(
+        "--isolation-level",
+        choices=["read_uncommitted", "read_committed"],
+        default="read_uncommitted",
+        help="read_committed: stop at the last stable offset and leave out what aborted "
+        "transactions wrote (--from latest is the LSO)",
+    )
     consume.set_defaults(func=cmd_consume)
 
 
@@ -715,7 +722,16 @@ async def _consume_starts(client: AsyncClient, args: argparse.Namespace) -> dict
     partitions = [args.partition] if args.partition is not None else list(range(info.partitions))
     if not args.cursor:
         return dict.fromkeys(partitions, args.start)
-    cursor = await client.create_cursor(args.cursor, args.topic, args.start, if_not_exists=True)
+    start: str | dict[int, int] = args.start
+    if args.start == "latest" and args.isolation_level == "read_committed":
+        # A read_committed cursor never passes the LSO: it starts there, not at the HW.
+        start = {
+            p: await client.list_offsets(
+                args.topic, p, "latest", isolation_level=args.isolation_level
+            )
+            for p in range(info.partitions)
+        }
+    cursor = await client.create_cursor(args.cursor, args.topic, start, if_not_exists=True)
     return {p: int(cursor["positions"][str(p)]) for p in partitions}
 
 
@@ -739,6 +755,7 @@ async def _read_partition(
             cursor=args.cursor or "",
             skip_invalid=args.skip_invalid,
             consistent=args.consistent,
+            isolation_level=args.isolation_level,
         ):
             await out.put((partition, rec))
     except TidelogError as exc:
@@ -954,6 +971,7 @@ STATUS_HEADINGS = (
     "EPOCH",
     "LOG_START",
     "LWM",
+    "LSO",
     "HW",
     "LEO",
     "BYTES",
@@ -982,6 +1000,7 @@ def status_text(rows: list[PartitionRow]) -> str:
                 r.epoch,
                 r.log_start_offset,
                 lwm.get("offset", "-"),
+                r.last_stable_offset if r.last_stable_offset >= 0 else "-",
                 r.high_watermark,
                 r.log_end_offset,
                 r.size_bytes,
@@ -992,6 +1011,11 @@ def status_text(rows: list[PartitionRow]) -> str:
         lines = []
         if lwm:
             lines.append(f"LWM set by {lwm.get('set_by')}")
+        for hold in lwm.get("holds", []):
+            if hold.get("kind") == "transaction":  # what holds the LSO (and read_committed)
+                lines.append(
+                    f"transaction {hold['name']} from offset {hold['offset']}: {hold['detail']}"
+                )
         for name, c in sorted(r.cursors.items()):
             lines.append(
                 f"cursor {name}: position {c['position']}, lag {c['lag']}, lead {c['lead']}"
@@ -1015,7 +1039,7 @@ def status_text(rows: list[PartitionRow]) -> str:
                 "it with --skip-invalid"
             )
         notes.append(lines)
-    numbers = frozenset(range(1, 10))
+    numbers = frozenset(range(1, 11))
     return "\n".join(table_lines(STATUS_HEADINGS, table, numbers, notes))
 
 

@@ -505,10 +505,13 @@ class AsyncClient:
         skip_invalid: bool = False,
         consistent: bool = False,
         leader_epoch: int = -1,
+        isolation_level: str = "read_uncommitted",
     ) -> FetchResult:
         """Records at offsets >= offset below the HW of the replica that answers. A batch that
         cannot be read (one written before batches were validated; `tidelog status` lists
-        them) raises CorruptRecord, or with skip_invalid is passed over with a warning."""
+        them) raises CorruptRecord, or with skip_invalid is passed over with a warning.
+        isolation_level="read_committed": below the last stable offset only, without the
+        batches of aborted transactions (a node from before transactions: UnsupportedApi)."""
         options = FetchOptions(
             max_bytes=max_bytes,
             max_wait_ms=max_wait_ms,
@@ -520,6 +523,7 @@ class AsyncClient:
             skip_invalid=skip_invalid,
             consistent=consistent,
             leader_epoch=leader_epoch,
+            isolation_level=isolation_level,
         )
         return await self._reader.fetch(topic, partition, offset, options)
 
@@ -530,11 +534,15 @@ class AsyncClient:
         spec: str = "latest",
         timestamp_ms: int = -1,
         consistent: bool = False,
+        isolation_level: str = "read_uncommitted",
     ) -> int:
         """earliest = log start, latest = HW, timestamp = first offset with ts >= timestamp_ms.
         consistent: the leader confirms with a majority that it still leads before it answers,
-        so "latest" is never a deposed leader's HW (default: Kafka's semantics)."""
-        return await self._reader.list_offsets(topic, partition, spec, timestamp_ms, consistent)
+        so "latest" is never a deposed leader's HW (default: Kafka's semantics).
+        isolation_level="read_committed": "latest" is the last stable offset (LSO)."""
+        return await self._reader.list_offsets(
+            topic, partition, spec, timestamp_ms, consistent, isolation_level
+        )
 
     async def consume(
         self,
@@ -552,6 +560,7 @@ class AsyncClient:
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
         consistent: bool = False,
+        isolation_level: str = "read_uncommitted",
     ) -> AsyncGenerator[Record, None]:
         """Records in offset order from start up to the HW as it is now (or on and on with
         follow); out-of-range offsets follow the reset policy (earliest, latest or none). The
@@ -567,6 +576,7 @@ class AsyncClient:
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
             consistent=consistent,
+            isolation_level=isolation_level,
         )
         batches = self._reader.consume_batches(topic, partition, start, options)
         async with contextlib.aclosing(batches):  # stopped early: the fetch ahead ends now
@@ -590,6 +600,7 @@ class AsyncClient:
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
         consistent: bool = False,
+        isolation_level: str = "read_uncommitted",
     ) -> AsyncGenerator[list[Record], None]:
         """consume(), a fetch's worth of records at a time (at most max_bytes per fetch, as
         Kafka's max.partition.fetch.bytes; one batch larger than that still comes whole). With
@@ -606,6 +617,7 @@ class AsyncClient:
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
             consistent=consistent,
+            isolation_level=isolation_level,
         )
         batches = self._reader.consume_batches(topic, partition, start, options)
         async with contextlib.aclosing(batches):  # stopped early: the fetch ahead ends now

@@ -22,10 +22,12 @@ from tidelog.errors import (
     NotLeader,
     OffsetOutOfRange,
     UnknownTopicOrPartition,
+    UnsupportedApi,
 )
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
-from tidelog.record.batch import Record, iter_headers
+from tidelog.record.batch import BatchHeader, Record, iter_headers
+from tidelog.record.read_committed import aborted_positions
 
 # The client logs under one name, the one it had before it was split into modules (log filters
 # and the text format show it).
@@ -49,6 +51,8 @@ class FetchOptions:
     skip_invalid: bool = False
     consistent: bool = False  # the leader confirms it still leads first (ReadIndex)
     leader_epoch: int = -1  # KIP-320: the leader epoch this client knows (-1: none)
+    # read_committed: below the LSO, without aborted transactions' batches (or any marker)
+    isolation_level: str = api.READ_UNCOMMITTED
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class ConsumeOptions:
     skip_invalid: bool = False
     max_bytes: int = CONSUME_FETCH_BYTES
     consistent: bool = False  # the end (the HW when it began) is confirmed by a majority
+    # read_committed: stop at the LSO (the end is the LSO when it began), drop what aborted
+    # transactions wrote
+    isolation_level: str = api.READ_UNCOMMITTED
 
     def fetch_options(self, node_id: int | None, leader_epoch: int = -1) -> FetchOptions:
         """Each of its fetches (only a consume that follows waits for records to come)."""
@@ -76,6 +83,7 @@ class ConsumeOptions:
             node_id=node_id,
             cursor=self.cursor,
             skip_invalid=self.skip_invalid,
+            isolation_level=self.isolation_level,
         )
 
 
@@ -133,6 +141,7 @@ class Reader:
             options.cursor,
             options.leader_epoch,
             options.consistent,
+            options.isolation_level,
         )
         router = self._router
         timeout = options.max_wait_ms / 1000 + router.settings.request_timeout_s
@@ -146,6 +155,8 @@ class Reader:
         # Headers and CRCs are checked here, once; records are decoded when first asked for.
         batches = tuple(iter_headers(payload))
         next_offset = max([offset, *(batch.next_offset for _, batch in batches)])
+        if options.isolation_level == api.READ_COMMITTED:
+            batches = committed_only(payload, batches, resp, f"{topic}/{partition}")
         return FetchResult(
             partition,
             resp.high_watermark,
@@ -160,6 +171,7 @@ class Reader:
             f"{topic}/{partition}",
             batches,
             resp.leader_epoch,
+            resp.last_stable_offset,
         )
 
     async def _at_leader(
@@ -184,20 +196,41 @@ class Reader:
         spec: str = "latest",
         timestamp_ms: int = -1,
         consistent: bool = False,
+        isolation_level: str = api.READ_UNCOMMITTED,
     ) -> int:
+        """The offset spec names; read_committed: "latest" is the LSO."""
         request = api.ListOffsetsRequest(
-            topic, partition, spec, timestamp_ms, consistent=consistent
+            topic,
+            partition,
+            spec,
+            timestamp_ms,
+            consistent=consistent,
+            isolation_level=isolation_level,
         )
         header, _ = await self._router.to_leader(topic, partition, ApiKey.LIST_OFFSETS, request)
-        return api.decode(api.ListOffsetsResponse, header).offset
+        resp = api.decode(api.ListOffsetsResponse, header)
+        if isolation_level == api.READ_COMMITTED and resp.last_stable_offset < 0:
+            raise UnsupportedApi(
+                f"the leader of {topic}/{partition} predates transactions: it cannot list "
+                "offsets read_committed",
+                api=int(ApiKey.LIST_OFFSETS),
+            )
+        return resp.offset
 
     async def resolve_start(
-        self, topic: str, partition: int, start: int | str, consistent: bool = False
+        self,
+        topic: str,
+        partition: int,
+        start: int | str,
+        consistent: bool = False,
+        isolation_level: str = api.READ_UNCOMMITTED,
     ) -> int:
         if isinstance(start, int):
             return start
         if start in ("earliest", "latest"):
-            return await self.list_offsets(topic, partition, start, consistent=consistent)
+            return await self.list_offsets(
+                topic, partition, start, consistent=consistent, isolation_level=isolation_level
+            )
         if start.lstrip("-").isdigit():
             return int(start)
         raise InvalidRequest(f"start must be earliest, latest or an offset, not {start!r}")
@@ -207,6 +240,11 @@ class Reader:
     ) -> AsyncGenerator[list[Record], None]:
         if options.reset not in RESETS:
             raise InvalidRequest(f"reset must be earliest, latest or none, got {options.reset!r}")
+        if options.isolation_level not in api.ISOLATION_LEVELS:
+            raise InvalidRequest(
+                f"isolation_level must be {' or '.join(api.ISOLATION_LEVELS)}, "
+                f"got {options.isolation_level!r}"
+            )
         span = await self._opening_span(topic, partition, start, options)
 
         # The leader epoch we last read at (KIP-320): named in the next fetch, so a deposed
@@ -251,12 +289,15 @@ class Reader:
     async def _opening_span(
         self, topic: str, partition: int, start: int | str, options: ConsumeOptions
     ) -> _Span:
-        offset = await self.resolve_start(topic, partition, start, options.consistent)
+        level = options.isolation_level
+        offset = await self.resolve_start(topic, partition, start, options.consistent, level)
         # Without follow, stop at the end as it is now; a busy partition would never end.
         end = (
             None
             if options.follow
-            else await self.list_offsets(topic, partition, "latest", consistent=options.consistent)
+            else await self.list_offsets(
+                topic, partition, "latest", consistent=options.consistent, isolation_level=level
+            )
         )
         if end is not None and offset > end:
             # Past the HW: the node would say so to a fetch, and so do we without one.
@@ -310,6 +351,27 @@ def _reset_offset(
         new_offset,
     )
     return new_offset
+
+
+def committed_only(
+    payload: bytes,
+    batches: tuple[tuple[int, BatchHeader], ...],
+    resp: api.FetchResponse,
+    where: str,
+) -> tuple[tuple[int, BatchHeader], ...]:
+    """A read_committed answer's batches without those of its aborted transactions. A node
+    from before transactions ignored the isolation level (its answer has no LSO): refused,
+    rather than hand over what may be aborted."""
+    if resp.last_stable_offset < 0:
+        raise UnsupportedApi(
+            f"node {resp.node_id} predates transactions: it cannot read {where} read_committed",
+            api=int(ApiKey.FETCH),
+        )
+    aborted = [(int(t[0]), int(t[1])) for t in resp.aborted_transactions if len(t) == 2]
+    if not aborted:
+        return batches
+    dropped = aborted_positions(payload, batches, aborted)
+    return tuple((pos, h) for pos, h in batches if pos not in dropped)
 
 
 def _forget(pending: _Ahead | None) -> None:

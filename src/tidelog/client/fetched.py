@@ -27,7 +27,8 @@ log = logging.getLogger("tidelog.client.async_client")
 class FetchResult:
     """One fetch's answer. `raw` holds the batches as they came; `records` (decoded on first
     use) and `columns()` read them, dropping records below `from_offset` and control batches
-    unless include_control was asked for."""
+    unless include_control was asked for. A read_committed fetch's `batches` leave out those
+    of aborted transactions (client/consume.py's committed_only)."""
 
     partition: int
     high_watermark: int
@@ -43,6 +44,7 @@ class FetchResult:
     # (position, header) of each batch in raw, CRC-checked once when the answer arrived
     batches: tuple[tuple[int, BatchHeader], ...] | None = None
     leader_epoch: int = -1  # the answering replica's epoch (KIP-320: name it in the next fetch)
+    last_stable_offset: int = -1  # the answering replica's LSO (-1: a node before transactions)
 
     @cached_property
     def records(self) -> list[Record]:

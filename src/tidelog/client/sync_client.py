@@ -245,6 +245,7 @@ class Client:
         skip_invalid: bool = False,
         consistent: bool = False,
         leader_epoch: int = -1,
+        isolation_level: str = "read_uncommitted",
     ) -> FetchResult:
         options = FetchOptions(
             max_bytes=max_bytes,
@@ -257,6 +258,7 @@ class Client:
             skip_invalid=skip_invalid,
             consistent=consistent,
             leader_epoch=leader_epoch,
+            isolation_level=isolation_level,
         )
         return self._run(self._async._reader.fetch(topic, partition, offset, options))
 
@@ -275,8 +277,13 @@ class Client:
         spec: str = "latest",
         timestamp_ms: int = -1,
         consistent: bool = False,
+        isolation_level: str = "read_uncommitted",
     ) -> int:
-        return self._run(self._async.list_offsets(topic, partition, spec, timestamp_ms, consistent))
+        return self._run(
+            self._async.list_offsets(
+                topic, partition, spec, timestamp_ms, consistent, isolation_level
+            )
+        )
 
     def consume(
         self,
@@ -294,6 +301,7 @@ class Client:
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
         consistent: bool = False,
+        isolation_level: str = "read_uncommitted",
     ) -> Iterator[Record]:
         """Records in offset order (see AsyncClient.consume); one thread hop per fetch."""
         options = ConsumeOptions(
@@ -307,6 +315,7 @@ class Client:
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
             consistent=consistent,
+            isolation_level=isolation_level,
         )
         for records in self._consume_batches(topic, partition, start, options):
             yield from records
@@ -327,6 +336,7 @@ class Client:
         skip_invalid: bool = False,
         max_bytes: int = CONSUME_FETCH_BYTES,
         consistent: bool = False,
+        isolation_level: str = "read_uncommitted",
     ) -> Iterator[list[Record]]:
         """Each fetch's records (see AsyncClient.consume_batches)."""
         options = ConsumeOptions(
@@ -340,6 +350,7 @@ class Client:
             skip_invalid=skip_invalid,
             max_bytes=max_bytes,
             consistent=consistent,
+            isolation_level=isolation_level,
         )
         yield from self._consume_batches(topic, partition, start, options)
 

@@ -65,6 +65,7 @@ function holdText(row) {
 function drawReplica(row, id, rep, scale) {
   const leader = String(row.leader) === id;
   const start = rep.log_start_offset, hw = rep.high_watermark, leo = rep.log_end_offset;
+  const lso = rep.last_stable_offset === undefined ? -1 : rep.last_stable_offset;
   const bar = el("div", { class: "bar" },
     el("div", { class: "zone deleted", style: `left:0;width:${pct(start, scale)}%`, title: `deleted: below ${start}` }),
     el("div", { class: "zone committed",
@@ -78,6 +79,10 @@ function drawReplica(row, id, rep, scale) {
     if (lwm !== undefined) {
       bar.append(el("div", { class: "mark lwm", style: `left:${pct(lwm, scale)}%`, title: "low-water mark " + lwm }));
     }
+    if (lso >= 0 && lso < hw) {  // an undecided transaction holds read_committed readers here
+      bar.append(el("div", { class: "mark lso", style: `left:${pct(lso, scale)}%`,
+        title: `last stable offset ${lso}: read_committed readers stop here` }));
+    }
     for (const [name, c] of Object.entries(row.cursors || {})) {
       bar.append(el("div", { class: "mark cursor", "data-cursor": name, style: `left:${pct(c.position, scale)}%`,
         title: `cursor ${name} at ${c.position}, ${c.lag} behind the HW` },
@@ -88,10 +93,11 @@ function drawReplica(row, id, rep, scale) {
   const sync = leader ? "" : rep.in_sync ? ", in sync" : ", not in sync";
   return el("div", {
       class: "replica" + (leader ? " leader" : ""), "data-node": id, "data-role": rep.role,
-      "data-log-start": start, "data-hw": hw, "data-leo": leo, "data-in-sync": rep.in_sync ? 1 : 0 },
+      "data-log-start": start, "data-lso": lso, "data-hw": hw, "data-leo": leo,
+      "data-in-sync": rep.in_sync ? 1 : 0 },
     el("span", { class: "who" }, `node ${id} `, el("small", {}, role + sync)),
     bar,
-    el("span", { class: "offsets" }, `log start ${start} · HW ${hw} · LEO ${leo} · ${bytes(rep.size_bytes)} in ${rep.segment_count} segment(s)`));
+    el("span", { class: "offsets" }, `log start ${start} · ${lso >= 0 && lso < hw ? `LSO ${lso} · ` : ""}HW ${hw} · LEO ${leo} · ${bytes(rep.size_bytes)} in ${rep.segment_count} segment(s)`));
 }
 
 function drawPartition(row) {

@@ -27,6 +27,7 @@ from tidelog.replication.low_watermark import (
     CursorFact,
     LowWatermark,
     LowWatermarkFacts,
+    transaction_facts,
 )
 from tidelog.replication.metadata_commands import InvalidateCursor
 
@@ -133,16 +134,18 @@ class Cleaner:
             for c in self.metadata.state.cursors.values()
             if c.topic == host.topic and host.partition in c.positions
         )
+        now = wall_ms()
         return LowWatermarkFacts(
             slog.log_start_offset,
             slog.high_watermark,
             slog.segments,
             host.config,
-            wall_ms(),
+            now,
             cursors=cursors,
             snapshot_offset=host.snapshot_offset(),
             state_machine=host.state_machine is not None,
             archive=self.archive_fact(host),
+            transactions=transaction_facts(slog.transactions, slog.high_watermark, now),
         )
 
     def archive_fact(self, host: PartitionHost) -> ArchiveFact | None:

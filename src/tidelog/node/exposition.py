@@ -441,6 +441,13 @@ PARTITION_METRICS: tuple[PartitionMetric, ...] = (
         lambda f: f.status.replica.high_watermark,
     ),
     PartitionMetric(
+        "tidelog_partition_last_stable_offset",
+        "Offsets below it are committed and in no undecided transaction (read_committed reads "
+        "below it)",
+        Scope.REPLICA,
+        lambda f: f.status.replica.last_stable_offset,
+    ),
+    PartitionMetric(
         "tidelog_partition_log_end_offset",
         "The next offset this replica appends",
         Scope.REPLICA,

@@ -683,6 +683,14 @@ class PartitionHost:
             if future in self._waiters:
                 self._waiters.remove(future)
 
+    def aborted_transactions(self, start: int, end: int) -> list[list[int]]:
+        """[producer id, first offset] of each aborted transaction with a batch in [start, end)
+        (what a read_committed answer carries)."""
+        return [
+            [t.producer_id, t.first_offset]
+            for t in self.log.transactions.aborted_transactions(start, end)
+        ]
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def checkpoint(self) -> None:

@@ -117,6 +117,15 @@ class FetchRequest:
     # The leader confirms with a majority that it still leads before it answers (ReadIndex),
     # so the HW it reports is never a deposed leader's.
     consistent: bool = False
+    # read_uncommitted: below the HW (as before transactions); read_committed: below the LSO,
+    # with the aborted transactions the answer overlaps. A node from before transactions
+    # ignores the field; its answer has no last_stable_offset, which the client refuses.
+    isolation_level: str = "read_uncommitted"
+
+
+READ_UNCOMMITTED = "read_uncommitted"
+READ_COMMITTED = "read_committed"
+ISOLATION_LEVELS = (READ_UNCOMMITTED, READ_COMMITTED)
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,10 @@ class FetchResponse:
     node_id: int
     is_leader: bool = True
     local_log_start_offset: int = -1  # this replica's own first offset (-1: log_start_offset)
+    last_stable_offset: int = -1  # -1: a node from before transactions
+    # read_committed: [producer id, first offset] of each aborted transaction with a batch in
+    # the answer's range; the reader drops the producer's batches from there to its marker.
+    aborted_transactions: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,7 @@ class ListOffsetsRequest:
     replica_read: bool = False
     leader_epoch: int = -1  # as FetchRequest's
     consistent: bool = False  # as FetchRequest's: "latest" is never a deposed leader's HW
+    isolation_level: str = "read_uncommitted"  # read_committed: "latest" is the LSO
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,7 @@ class ListOffsetsResponse:
     log_start_offset: int  # the whole log's, the archive included
     high_watermark: int
     local_log_start_offset: int = -1  # the first offset on the answering node's disk
+    last_stable_offset: int = -1  # -1: a node from before transactions
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,12 @@ FAULT_EMPTY_LOG_FORGETS_EPOCH = "empty-log-forgets-its-epoch"
 # Table reads answered at once from the leader's state, as before ReadIndex (read_index.py):
 # a deposed leader, or a new one whose HW lags, answers stale values (issue 34's finding).
 FAULT_READ_WITHOUT_INDEX = "reads-without-read-index"
+# The LSO is the HW, as if no transaction were open: read_committed readers see records of
+# transactions not yet decided (and later aborted).
+FAULT_LSO_IGNORES_OPEN_TRANSACTIONS = "lso-ignores-open-transactions"
 FAULTS = frozenset(
     {
+        FAULT_LSO_IGNORES_OPEN_TRANSACTIONS,
         FAULT_READ_WITHOUT_INDEX,
         FAULT_ACKS_REGISTERED_LATE,
         FAULT_COMMIT_OLD_EPOCH,

@@ -28,6 +28,15 @@ class EpochLookup(Protocol):
     def epoch_at(self, offset: int) -> int: ...
 
 
+class TransactionLookup(Protocol):
+    """A log's transactions, derived from its batches (storage/transactions.py)."""
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset of the earliest transaction whose marker is not below
+        high_watermark; None when there is none."""
+        ...
+
+
 class ReplicaLog(Protocol):
     @property
     def log_start_offset(self) -> int: ...
@@ -46,6 +55,9 @@ class ReplicaLog(Protocol):
 
     @property
     def epochs(self) -> EpochLookup: ...
+
+    @property
+    def transactions(self) -> TransactionLookup: ...
 
     def set_high_watermark(self, hw: int) -> None: ...
 

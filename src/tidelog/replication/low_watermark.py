@@ -18,6 +18,9 @@ The holds, each named and inspectable:
   archive    topics with remote.storage.enable: what the archive has not copied yet; there
              local.retention.* stands in for retention.*, and a cursor holds locally only what
              the archive cannot serve it (archive.lag.policy=release caps it)
+  transaction  each transaction whose marker is not below the HW (open, or decided above it),
+             from its first offset: the LWM never passes the LSO; the coordinator's
+             transaction.timeout.ms bounds how long one holds
   high-watermark  the ceiling: nothing uncommitted is ever discarded
 A hold past its cap is reported but does not hold, and says why.
 """
@@ -38,6 +41,7 @@ KIND_SNAPSHOT = "snapshot"
 KIND_RETENTION = "retention"
 KIND_HIGH_WATERMARK = "high-watermark"
 KIND_ARCHIVE = "archive"
+KIND_TRANSACTION = "transaction"
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,57 @@ class ArchiveFact:
 
 
 @dataclass(frozen=True)
+class TransactionFact:
+    """A transaction not stable yet: its marker is not below the HW (storage/transactions.py)."""
+
+    producer_id: int
+    producer_epoch: int
+    first_offset: int
+    age_ms: int  # since this replica appended (or recovered) its first batch
+    marker_offset: int = -1  # -1: still open
+
+
+class UnstableTransaction(Protocol):
+    @property
+    def producer_id(self) -> int: ...
+
+    @property
+    def producer_epoch(self) -> int: ...
+
+    @property
+    def first_offset(self) -> int: ...
+
+    @property
+    def opened_ms(self) -> int: ...
+
+
+class TransactionsView(Protocol):
+    def unstable(self, high_watermark: int) -> Sequence[UnstableTransaction]: ...
+
+
+def transaction_facts(
+    transactions: TransactionsView, high_watermark: int, now_ms: int
+) -> tuple[TransactionFact, ...]:
+    """The facts of a log's unstable transactions (what the cleaner and the simulator gather)."""
+    return tuple(
+        TransactionFact(
+            t.producer_id,
+            t.producer_epoch,
+            t.first_offset,
+            max(0, now_ms - t.opened_ms),
+            getattr(t, "marker_offset", -1),
+        )
+        for t in transactions.unstable(high_watermark)
+    )
+
+
+def transaction_hold(fact: TransactionFact) -> Hold:
+    state = "open" if fact.marker_offset < 0 else f"decided at {fact.marker_offset}"
+    detail = f"epoch {fact.producer_epoch}, {state}, {human_ms(fact.age_ms)} old"
+    return Hold(KIND_TRANSACTION, f"producer {fact.producer_id}", fact.first_offset, detail)
+
+
+@dataclass(frozen=True)
 class LowWatermarkFacts:
     log_start_offset: int
     high_watermark: int
@@ -109,6 +164,7 @@ class LowWatermarkFacts:
     snapshot_offset: int | None = None  # the newest durable snapshot (state-machine logs)
     state_machine: bool = False
     archive: ArchiveFact | None = None
+    transactions: tuple[TransactionFact, ...] = ()  # every unstable one: the LSO's holds
 
 
 @dataclass(frozen=True)
@@ -143,6 +199,7 @@ class LowWatermark:
 def decide_low_watermark(facts: LowWatermarkFacts) -> LowWatermark:
     holds = list(facts.replicas)
     holds.extend(_log_holds(facts))
+    holds.extend(transaction_hold(t) for t in facts.transactions)
     archive = facts.archive
     if archive is not None:
         holds.append(

@@ -42,6 +42,7 @@ from tidelog.replication.directories import NO_DIRECTORY
 from tidelog.replication.elections import Elections
 from tidelog.replication.faults import FAULT_IGNORE_DIRECTORIES, FAULT_READ_WITHOUT_INDEX
 from tidelog.replication.following import CommittedPrefixBroken
+from tidelog.replication.last_stable_offset import last_stable_offset
 from tidelog.replication.leading import LEADER_CHANGE_CONTROL_KEY
 from tidelog.replication.liveness import LivenessView
 from tidelog.replication.log_interface import AppendResult, ReplicaLog, SnapshotAccess
@@ -483,7 +484,12 @@ class Replica(Elections):
             replicas=replicas,
             replaced=dict(self.replaced),
             quiesced=self.quiescent,
+            last_stable_offset=self.last_stable_offset(),
         )
+
+    def last_stable_offset(self) -> int:
+        """read_committed readers read below it (replication/last_stable_offset.py)."""
+        return last_stable_offset(self.log, self.config.faults)
 
     @property
     def quiescent(self) -> bool:

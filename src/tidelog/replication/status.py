@@ -60,6 +60,9 @@ class ReplicaStatus:
     replaced: Mapping[int, str] = field(default_factory=dict)  # voters seen with another directory
     # An idle group that stopped talking: a follower told to wait, a leader whose followers were
     quiesced: bool = False
+    # The LSO (replication/last_stable_offset.py): read_committed readers read below it.
+    # -1: not known (a status from a node before transactions).
+    last_stable_offset: int = -1
 
     @property
     def is_leader(self) -> bool:
@@ -76,6 +79,7 @@ class ReplicaStatus:
             "leader": self.leader,
             "voted_for": self.voted_for,
             "high_watermark": self.high_watermark,
+            "last_stable_offset": self.last_stable_offset,
             "log_end_offset": self.log_end_offset,
             "log_start_offset": self.log_start_offset,
             "replicas": {r: view.to_wire() for r, view in self.replicas.items()},

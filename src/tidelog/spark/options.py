@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidelog.errors import InvalidConfig
-from tidelog.protocol.api import CONSISTENCIES, LINEARIZABLE
+from tidelog.protocol.api import CONSISTENCIES, ISOLATION_LEVELS, LINEARIZABLE, READ_UNCOMMITTED
 from tidelog.tls import TlsFiles
 
 EARLIEST = -2
@@ -106,6 +106,8 @@ class SourceOptions:
     cursor_backup: bool = False
     table: str = ""
     consistency: str = "linearizable"  # of a table's reads (api.CONSISTENCIES)
+    # read_committed: "latest" is the last stable offset, aborted transactions are left out
+    isolation_level: str = READ_UNCOMMITTED
     fetch_max_bytes: int = FETCH_BYTES_DEFAULT
     tls: TlsFiles | None = None
     token: str | None = field(default=None, repr=False)  # NAME:SECRET of a principal
@@ -260,6 +262,18 @@ def _consistency(opts: Mapping[str, str], name: str, default: str) -> str:
     return value
 
 
+def _isolation_level(opts: Mapping[str, str], name: str, default: str) -> str:
+    """read_uncommitted (every committed record) or read_committed (below the LSO, without
+    aborted transactions), as Kafka's isolation.level."""
+    value = opts.get(name.lower()) or default
+    if value not in ISOLATION_LEVELS:
+        raise InvalidConfig(
+            f"option '{name}' must be one of {', '.join(ISOLATION_LEVELS)}, not {value!r}",
+            key=name,
+        )
+    return value
+
+
 def _tls_files(opts: Mapping[str, str], name: str, default: None) -> TlsFiles | None:
     """The options tls.ca, tls.cert and tls.key, together."""
     return _tls(opts)
@@ -278,6 +292,7 @@ _SOURCE_OPTIONS = (
     _Option("cursor_backup", "cursorBackup", _flag, False),
     _Option("fetch_max_bytes", "fetchMaxBytes", _size, FETCH_BYTES_DEFAULT),
     _Option("consistency", "consistency", _consistency, LINEARIZABLE),
+    _Option("isolation_level", "isolationLevel", _isolation_level, READ_UNCOMMITTED),
     _Option("tls", "tls", _tls_files),
     _Option("token", "token", _text),
     _Option("archive_direct", "archive.direct", _flag, True),

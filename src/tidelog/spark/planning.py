@@ -41,7 +41,8 @@ def archive_locations(
     topics with remote.storage.enable)."""
     from tidelog.cluster_status import partition_rows
 
-    if not opts.archive_direct:
+    if not opts.archive_direct or opts.isolation_level == "read_committed":
+        # (an archive's segments carry no list of their aborted transactions)
         return {}
     archived = [
         t for t in sorted(topics) if client.topic(t).configs.get("remote.storage.enable") == "true"
@@ -82,6 +83,7 @@ class OffsetRange:
     # Where the executor reads the range's archived part itself (planning found the partition
     # archived): None reads everything through the nodes.
     archive: ArchiveLocation | None = None
+    isolation_level: str = "read_uncommitted"  # read_committed: aborted transactions left out
 
     @property
     def size(self) -> int:
@@ -109,31 +111,47 @@ def topic_partitions(client: Client, opts: SourceOptions) -> list[TopicPartition
     return sorted(out)
 
 
-def list_offsets(client: Client, tps: list[TopicPartition], spec: str, ts: int = -1) -> Offsets:
+def list_offsets(
+    client: Client,
+    tps: list[TopicPartition],
+    spec: str,
+    ts: int = -1,
+    isolation_level: str = "read_uncommitted",
+) -> Offsets:
     return {
         tp: with_retries(
             f"list {spec} offset of {tp[0]}/{tp[1]}",
-            lambda tp=tp: client.list_offsets(tp[0], tp[1], spec, ts),  # type: ignore[misc]
+            lambda tp=tp: client.list_offsets(  # type: ignore[misc]
+                tp[0], tp[1], spec, ts, isolation_level=isolation_level
+            ),
         )
         for tp in tps
     }
 
 
-def high_watermarks(client: Client, tps: list[TopicPartition]) -> Offsets:
-    """The committed end of every partition: a query never reads past it."""
-    return list_offsets(client, tps, "latest")
+def high_watermarks(
+    client: Client, tps: list[TopicPartition], isolation_level: str = "read_uncommitted"
+) -> Offsets:
+    """The committed end of every partition: a query never reads past it (read_committed:
+    the last stable offset, which no open transaction's record is below)."""
+    return list_offsets(client, tps, "latest", isolation_level=isolation_level)
 
 
 def resolve_offsets(
-    client: Client, tps: list[TopicPartition], spec: str, key: str, timestamp: int | None = None
+    client: Client,
+    tps: list[TopicPartition],
+    spec: str,
+    key: str,
+    timestamp: int | None = None,
+    isolation_level: str = "read_uncommitted",
 ) -> Offsets:
     """startingOffsets/endingOffsets (earliest, latest or JSON with -2/-1) or a timestamp."""
     if timestamp is not None:
-        return list_offsets(client, tps, "timestamp", timestamp)
+        return list_offsets(client, tps, "timestamp", timestamp, isolation_level)
     if spec == "earliest":
         return list_offsets(client, tps, "earliest")
     if spec == "latest":
-        return high_watermarks(client, tps)
+        return high_watermarks(client, tps, isolation_level)
     given = parse_offsets_json(spec, key)
     missing = [f"{t}/{p}" for t, p in tps if (t, p) not in given]
     if missing and key == "startingOffsets":
@@ -149,7 +167,7 @@ def resolve_offsets(
             earliest = earliest or list_offsets(client, tps, "earliest")
             value = earliest[tp]
         elif value == LATEST:
-            latest = latest or high_watermarks(client, tps)
+            latest = latest or high_watermarks(client, tps, isolation_level)
             value = latest[tp]
         elif value < 0:
             raise InvalidConfig(
@@ -252,6 +270,7 @@ def plan_tasks(
             opts.tls,
             opts.token,
             archives.get(tp) if start.get(tp, end[tp]) < end[tp] else None,
+            opts.isolation_level,
         )
         for tp in sorted(end)
     ]

@@ -78,6 +78,7 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
             max_bytes=r.fetch_max_bytes,
             max_wait_ms=200,
             skip_invalid=r.skip_invalid,
+            isolation_level=r.isolation_level,
         )
 
     ahead: Future[FetchResult] | None = None

@@ -2,7 +2,9 @@
 (sink.py), registered with `spark.dataSource.register(TidelogDataSource)`.
 
 Readers only ever plan ranges that end at a high-water mark, so a query never sees data that
-could vanish. With the option `cursor`, the query's progress is a durable tidelog cursor: it
+could vanish; with the option isolationLevel=read_committed they end at the last stable offset
+(LSO) instead, and records of aborted transactions are left out, so a query (and the cursor it
+commits) never sees or passes an undecided transaction. With the option `cursor`, the query's progress is a durable tidelog cursor: it
 holds retention for everything the query has not finished, and `tidelog cursors list` shows the
 query's lag. Spark's checkpoint stays the source of truth for progress; the cursor trails it by
 one micro-batch because Spark calls commit(end) only when it plans the next batch."""
@@ -117,13 +119,22 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         client = client_of(self.opts)
         tps = topic_partitions(client, self.opts)
+        level = self.opts.isolation_level
         start = resolve_offsets(
-            client, tps, self.opts.starting_offsets, "startingOffsets", self.opts.starting_timestamp
+            client,
+            tps,
+            self.opts.starting_offsets,
+            "startingOffsets",
+            self.opts.starting_timestamp,
+            level,
         )
-        end = resolve_offsets(client, tps, self.opts.ending_offsets, "endingOffsets")
-        hw = high_watermarks(client, tps)
+        end = resolve_offsets(client, tps, self.opts.ending_offsets, "endingOffsets", None, level)
+        hw = high_watermarks(client, tps, level)
+        name = "LSO" if level == "read_committed" else "HW"
         above = [
-            f"{t}/{p}: {end[(t, p)]} > HW {hw[(t, p)]}" for t, p in tps if end[(t, p)] > hw[(t, p)]
+            f"{t}/{p}: {end[(t, p)]} > {name} {hw[(t, p)]}"
+            for t, p in tps
+            if end[(t, p)] > hw[(t, p)]
         ]
         if above:
             raise InvalidConfig(
@@ -193,6 +204,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.opts.starting_offsets,
                 "startingOffsets",
                 self.opts.starting_timestamp,
+                self.opts.isolation_level,
             )
         start: Offsets = {}
         topics = sorted({t for t, _ in tps})
@@ -210,6 +222,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.opts.starting_offsets,
                 "startingOffsets",
                 self.opts.starting_timestamp,
+                self.opts.isolation_level,
             )
             start.update(wanted)
             if existing is not None:
@@ -251,7 +264,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         client = client_of(self.opts)
-        self._available_now = high_watermarks(client, topic_partitions(client, self.opts))
+        self._available_now = high_watermarks(
+            client, topic_partitions(client, self.opts), self.opts.isolation_level
+        )
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = offsets_from_json(start)
@@ -268,7 +283,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _latest(self, begin: Offsets) -> Offsets:
         client = client_of(self.opts)
         tps = topic_partitions(client, self.opts)
-        hw = high_watermarks(client, tps)
+        # read_committed: the LSO, so a micro-batch (and the cursor it commits) never passes it
+        hw = high_watermarks(client, tps, self.opts.isolation_level)
         if self._available_now is not None:
             hw = {tp: min(o, self._available_now.get(tp, o)) for tp, o in hw.items()}
         # A new leader may briefly report a lower HW; a batch never ends before it starts. A

@@ -32,6 +32,7 @@ from tidelog.errors import (
 from tidelog.formats import write_version
 from tidelog.invariant import InvariantBroken, invariant
 from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.record.markers import Marker, is_marker, read_marker
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage import versioned_text
 from tidelog.storage.appending import check_follower_batches, stamp_as_leader
@@ -41,12 +42,17 @@ from tidelog.storage.epoch_history import EpochEntry, EpochHistory
 from tidelog.storage.faults import crash_point
 from tidelog.storage.producer_state import ProducerEntry, ProducerState
 from tidelog.storage.segment import FileSlice, LogSegment
+from tidelog.storage.transactions import AbortedTransaction, TransactionState
 
 log = logging.getLogger(__name__)
 
 PARTITION_CHECKPOINT = "partition.checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PRODUCER_CHECKPOINT = "producer-state"
+TRANSACTION_CHECKPOINT = "transaction-state"
+# Past this many transactions the clean-close checkpoint says only "scan" (it must stay under
+# checkpoint.py's size limit): the next open scans the log for them instead.
+TRANSACTION_CHECKPOINT_ENTRIES_MAX = 16_384
 CLEAN_SHUTDOWN = ".clean-shutdown"
 DELETED_SUFFIX = ".deleted"
 
@@ -126,6 +132,7 @@ class SegmentedLog:
         self.on_retired: Callable[[list[int], int], None] | None = None
         self.epochs = EpochHistory()
         self.producers = ProducerState()
+        self.transactions = TransactionState()
         self.recovery = RecoveryReport()
         self._open()
 
@@ -281,7 +288,8 @@ class SegmentedLog:
             )
 
     def _load_producers(self, clean: bool) -> None:
-        """From the checkpoint written at a clean close, else from every batch header."""
+        """Producers and transactions: from the checkpoint written at a clean close, else from
+        every batch header (and the one record of every marker)."""
         path = self.directory / PRODUCER_CHECKPOINT
         try:
             data = read_checkpoint(path) if clean else None
@@ -296,12 +304,56 @@ class SegmentedLog:
                 )
                 for pid, entry in dict(data.get("producers", {})).items()
             }
+            if not self._load_transactions():
+                self.transactions.rebuild(self._scan_markers(), self.high_watermark, now)
             return
+        (self.directory / TRANSACTION_CHECKPOINT).unlink(missing_ok=True)  # (as the above)
         self.rebuild_producers()
 
+    def _load_transactions(self) -> bool:
+        """The transactions as the clean close (which wrote the producers' checkpoint) left
+        them: its checkpoint, or none when it wrote none (the log had no transaction; a log
+        of transactions is never closed by a build without this file, as transactions need
+        a feature level such a build refuses). False: scan the log."""
+        path = self.directory / TRANSACTION_CHECKPOINT
+        try:
+            data = read_checkpoint(path)
+        except CorruptRecord:
+            data = {}
+        path.unlink(missing_ok=True)
+        if data is None:
+            self.transactions.clear()
+            return True
+        if data.get("scan") or int(data.get("log_end_offset", -1)) != self.log_end_offset:
+            return False
+        self.transactions.load_checkpoint(data, self._clock_ms())
+        self.transactions.settle(self.high_watermark)
+        return True
+
+    def _scan_markers(self) -> list[tuple[BatchHeader, Marker | None]]:
+        return [
+            (header, self._marker_at(seg, pos, header))
+            for seg in self.segments
+            for pos, header in seg.scan()
+        ]
+
     def rebuild_producers(self) -> None:
+        """Producer and transaction state from every batch in the log (one scan for both; only
+        marker batches are read beyond their header)."""
         now = self._clock_ms()
-        self.producers.rebuild((h for seg in self.segments for _, h in seg.scan()), now)
+        batches = self._scan_markers()
+        self.producers.rebuild((header for header, _ in batches), now)
+        self.transactions.rebuild(batches, self.high_watermark, now)
+
+    @staticmethod
+    def _marker_at(seg: LogSegment, pos: int, header: BatchHeader) -> Marker | None:
+        if not is_marker(header):
+            return None
+        return read_marker(os.pread(seg.fd, header.size_bytes, pos), header)
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTransaction]:
+        """The aborted transactions with a batch in [start, end) (a read_committed answer's)."""
+        return self.transactions.aborted_transactions(start, end)
 
     def expire_producers(self) -> int:
         return self.producers.expire(self._clock_ms(), self.config.producer_id_expiration_ms)
@@ -380,8 +432,11 @@ class SegmentedLog:
             chunk.append((pos - chunk_start, header))
         end = len(view)
         self._write_chunk(view, chunk_start, end, chunk, now)
-        for _, header in headers:
+        transactions = self.transactions
+        for pos, header in headers:
             self.producers.record(header, now)
+            if header.is_transactional:  # (only markers are read further than the header)
+                transactions.observe(header, read_marker(view, header, pos), now)
         first = headers[0][1]
         last = headers[-1][1]
         records = sum(h.last_offset_delta + 1 for _, h in headers)
@@ -603,6 +658,7 @@ class SegmentedLog:
         self.recovery_point = offset
         self.epochs.start_at(offset, prefix_epoch)
         self.producers.rebuild([])
+        self.transactions.clear()
         self.write_state_checkpoint()
 
     def advance_log_start(self, offset: int) -> bool:
@@ -638,6 +694,7 @@ class SegmentedLog:
                 self.purge_retired()
             if self.on_retired is not None:
                 self.on_retired([seg.base_offset for seg in retired], freed)
+            self.transactions.drop_below(self.segments[0].base_offset)
         return [seg.base_offset for seg in retired]
 
     def _retire(self, seg: LogSegment, delay_ms: int) -> None:
@@ -730,6 +787,7 @@ class SegmentedLog:
                 f"[{self.log_start_offset}, {self.log_end_offset})"
             )
         self.high_watermark = hw
+        self.transactions.settle(hw)
 
     def _closed_cleanly(self, marker: Path) -> bool:
         """Whether the last close marked the shutdown clean. A marker of a newer version than
@@ -756,6 +814,7 @@ class SegmentedLog:
                     "producers": {str(p): list(e) for p, e in self.producers.producers.items()},
                 },
             )
+            self._write_transaction_checkpoint()
             # Not synced itself: what it vouches for already is, and one that a crash left empty
             # reads as version 1, which still says the close got this far.
             marker = versioned_text.encode(
@@ -769,6 +828,18 @@ class SegmentedLog:
             self.purge_retired(force=True)
             for seg in self.segments:
                 seg.close()
+
+    def _write_transaction_checkpoint(self) -> None:
+        state = self.transactions
+        if not (state.open or state.ended or state.aborted):
+            return  # (no file: the next open knows there is no transaction, without a scan)
+        listed = len(state.open) + len(state.ended) + len(state.aborted)
+        data: dict[str, object] = {"log_end_offset": self.log_end_offset}
+        if listed > TRANSACTION_CHECKPOINT_ENTRIES_MAX:
+            data["scan"] = 1
+        else:
+            data.update(state.to_checkpoint())
+        write_checkpoint(self.directory / TRANSACTION_CHECKPOINT, data)
 
     def abandon(self) -> None:
         """Close every descriptor and write nothing: the log is being deleted (its directory

@@ -13,6 +13,7 @@ from tidelog.config import TopicConfig
 from tidelog.errors import InvalidRequest, OffsetOutOfRange
 from tidelog.invariant import invariant
 from tidelog.record.batch import BatchHeader, decode_records
+from tidelog.record.markers import Marker, read_marker
 from tidelog.record.slices import BytesSlice
 from tidelog.record.validation import ValidatedBatches
 from tidelog.storage.appending import check_follower_batches, stamp_as_leader
@@ -20,6 +21,7 @@ from tidelog.storage.epoch_history import EpochHistory
 from tidelog.storage.log import AppendInfo
 from tidelog.storage.producer_state import ProducerState
 from tidelog.storage.segment import retention_timestamp
+from tidelog.storage.transactions import AbortedTransaction, TransactionState
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class MemoryLog:
         self._durable_hw = 0
         self.epochs = EpochHistory()
         self.producers = ProducerState()
+        self.transactions = TransactionState()
         self._durable_epochs = list(self.epochs.entries)
         self.flush_count = 0
         self._generation = 0  # bumped by truncation: a flush begun before it proves nothing after
@@ -110,6 +113,7 @@ class MemoryLog:
             "the HW moves forward, within the log",
         )
         self.high_watermark = hw
+        self.transactions.settle(hw)
 
     def append_as_leader(
         self, data: bytes | bytearray | memoryview | ValidatedBatches, epoch: int
@@ -134,9 +138,12 @@ class MemoryLog:
             self._active_bytes += size
             self._append_ms.append(now)
             self.producers.record(header)
+            batch = bytes(buf[pos : pos + header.size_bytes])
+            if header.is_transactional:
+                self.transactions.observe(header, read_marker(batch, header), now)
             self._bases.append(header.base_offset)
             self._headers.append(header)
-            self._data.append(bytes(buf[pos : pos + header.size_bytes]))
+            self._data.append(batch)
         first, last = headers[0][1], headers[-1][1]
         return AppendInfo(
             first.base_offset,
@@ -171,12 +178,25 @@ class MemoryLog:
         self.epochs.truncate_from_end(self.log_end_offset)
         self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self.rebuild_transactions()
+
+    def rebuild_transactions(self) -> None:
+        """From every batch held (a real log's recovery scan: only markers are decoded)."""
+        batches: list[tuple[BatchHeader, Marker | None]] = [
+            (h, read_marker(d, h) if h.is_transactional else None)
+            for h, d in zip(self._headers, self._data, strict=True)
+        ]
+        self.transactions.rebuild(batches, self.high_watermark, self._clock_ms())
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTransaction]:
+        return self.transactions.aborted_transactions(start, end)
 
     def truncate_fully_and_start_at(self, offset: int, prefix_epoch: int = -1) -> None:
         self._generation += 1
         self._bases, self._headers, self._data, self._append_ms = [], [], [], []
         self._segment_bases, self._active_bytes = [offset], 0
         self.producers.rebuild([])
+        self.transactions.clear()
         self.log_start_offset = offset
         self._end = offset
         self.high_watermark = offset
@@ -263,6 +283,7 @@ class MemoryLog:
         self.truncate_to(max(self.durable_end_offset, self.log_start_offset))
         self.high_watermark = min(self._durable_hw, self.log_end_offset)
         self.high_watermark = max(self.high_watermark, self.log_start_offset)
+        self.rebuild_transactions()  # as a restart's recovery does, with the HW it read back
 
     # -- log start ------------------------------------------------------------------------------
 
@@ -283,6 +304,8 @@ class MemoryLog:
             deleted.append(bases.pop(0))
             n = bisect.bisect_left(self._bases, bases[0])
             del self._bases[:n], self._headers[:n], self._data[:n], self._append_ms[:n]
+        if deleted:
+            self.transactions.drop_below(bases[0])
         return deleted
 
     def batches(self) -> list[tuple[BatchHeader, bytes]]:

@@ -1,4 +1,5 @@
 """python -m tidelog.testing --seeds N [--start S|random] [--jobs J] | --seed S [--trace]
+    [--fault F] [--transactions]
 
 Runs the deterministic simulator on seeds: a fixed range, a range from a start drawn at random
 (printed, so any failure replays), or one seed with its trace. Every failure prints its seed,
@@ -14,7 +15,7 @@ import time
 
 from tidelog.replication.faults import FAULTS
 from tidelog.testing.sim import SimulationFailure, run_seed
-from tidelog.testing.sweep import draw_start, sweep
+from tidelog.testing.sweep import draw_start, sweep, transactions_for
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +32,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fault", action="append", default=[], choices=sorted(FAULTS))
     parser.add_argument("--trace", action="store_true", help="print the seed's events")
+    parser.add_argument(
+        "--transactions",
+        action="store_true",
+        help="run transactional producers and read_committed readers (a range runs them on "
+        "odd seeds without this)",
+    )
     args = parser.parse_args(argv)
     faults = frozenset(args.fault)
     started = time.monotonic()
     if args.seed is not None:
         try:
-            stats = run_seed(args.seed, faults, trace=print if args.trace else None)
+            stats = run_seed(
+                args.seed,
+                faults,
+                trace=print if args.trace else None,
+                transactions=args.transactions,
+            )
         except SimulationFailure as exc:
             print(f"FAIL {exc}", flush=True)
             print(f"0/1 seeds passed in {time.monotonic() - started:.1f}s")
@@ -58,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         failures = []
         for seed in seeds:
             try:
-                stats = run_seed(seed, faults, trace=print if args.trace else None)
+                stats = run_seed(
+                    seed,
+                    faults,
+                    trace=print if args.trace else None,
+                    transactions=transactions_for(seed, args.transactions),
+                )
             except SimulationFailure as exc:
                 failures.append((seed, str(exc)))
                 print(f"FAIL {exc}", flush=True)
@@ -66,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.trace:
                 print(f"seed {seed} ok: {stats}")
     else:
-        failures = sweep(seeds, faults, jobs)
+        failures = sweep(seeds, faults, jobs, transactions=args.transactions)
     passed = len(seeds) - len(failures)
     failed = " ".join(str(seed) for seed, _ in sorted(failures))
     print(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -284,6 +285,7 @@ class DataOps(ConfiguredOps):
     async def fetch(self, req: api.FetchRequest, payload: bytes) -> Any:
         if req.max_bytes < 1 or req.min_bytes < 0:
             raise InvalidRequest("max_bytes must be >= 1 and min_bytes >= 0")
+        committed = check_isolation_level(req.isolation_level)
         if req.cursor:
             self.check_cursor(req.cursor, req.topic, req.partition)
         wait_s = self.timeout_s(req.max_wait_ms)
@@ -315,6 +317,13 @@ class DataOps(ConfiguredOps):
                 and self.archiver is not None
                 and host.config.remote_storage_enable
             ):
+                if committed:
+                    # The aborted transactions of archived segments went with their files.
+                    raise InvalidRequest(
+                        f"read_committed below the local log start {hlog.log_start_offset} of "
+                        f"{host.group} (the archive's range) is not served; read it "
+                        "read_uncommitted"
+                    )
                 # Below the local log start: the archive serves it, on any replica.
                 max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
                 archived = await self.archiver.read(host, req.offset, max_bytes)
@@ -330,10 +339,17 @@ class DataOps(ConfiguredOps):
                 )
             # A client chooses max_bytes; the node bounds what one answer may hold in memory.
             max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
-            records = hlog.read(req.offset, max_bytes, hw) if req.offset < hw else None
+            lso = replica.last_stable_offset()
+            end = lso if committed else hw
+            records = hlog.read(req.offset, max_bytes, end) if req.offset < end else None
             remaining = deadline - loop.time()
             if (records is not None and records.size >= req.min_bytes) or remaining <= 0:
-                return self.fetch_answer(host, hw), records
+                answer = self.fetch_answer(host, hw, lso)
+                if committed and records is not None:
+                    answer = dataclasses.replace(
+                        answer, aborted_transactions=host.aborted_transactions(req.offset, end)
+                    )
+                return answer, records
             await host.wait_for_change(remaining)
 
     def refuse_lost_range(self, host: PartitionHost, offset: int, start: int, hw: int) -> None:
@@ -362,7 +378,7 @@ class DataOps(ConfiguredOps):
             lost_end=lost[1],
         )
 
-    def fetch_answer(self, host: PartitionHost, hw: int) -> api.FetchResponse:
+    def fetch_answer(self, host: PartitionHost, hw: int, lso: int = -1) -> api.FetchResponse:
         return api.FetchResponse(
             hw,
             self.log_start_offset(host),
@@ -371,6 +387,7 @@ class DataOps(ConfiguredOps):
             self.node_id,
             host.replica.is_leader,
             host.log.log_start_offset,
+            lso if lso >= 0 else host.replica.last_stable_offset(),
         )
 
     def log_start_offset(self, host: PartitionHost) -> int:
@@ -392,21 +409,24 @@ class DataOps(ConfiguredOps):
             host = self.host(req.topic, req.partition)
         hlog = host.log
         hw = hlog.high_watermark
+        lso = host.replica.last_stable_offset()
+        # read_committed: the end a reader may reach is the LSO (Kafka's ListOffsets too).
+        end = lso if check_isolation_level(req.isolation_level) else hw
         start = self.log_start_offset(host)
         if req.spec == "earliest":
             offset = start
         elif req.spec == "earliest-local":
             offset = hlog.log_start_offset
         elif req.spec == "latest":
-            offset = hw
+            offset = end
         elif req.spec == "timestamp":
             found = hlog.offset_for_timestamp(req.timestamp_ms)
-            offset = hw if found is None or found >= hw else found
+            offset = end if found is None or found >= end else found
         else:
             raise InvalidRequest(
                 f"spec must be earliest, earliest-local, latest or timestamp, not {req.spec!r}"
             )
-        return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset)
+        return api.ListOffsetsResponse(offset, start, hw, hlog.log_start_offset, lso)
 
     async def delete_records(
         self, req: api.DeleteRecordsRequest, payload: bytes
@@ -525,3 +545,13 @@ class DataOps(ConfiguredOps):
                 f"replica's {epoch}: it has not heard of that leader yet",
                 leader_epoch=epoch,
             )
+
+
+def check_isolation_level(level: str) -> bool:
+    """True for read_committed; InvalidRequest for a level that is neither."""
+    if level not in api.ISOLATION_LEVELS:
+        raise InvalidRequest(
+            f"isolation_level must be {' or '.join(api.ISOLATION_LEVELS)}, not {level!r}",
+            field="isolation_level",
+        )
+    return level == api.READ_COMMITTED

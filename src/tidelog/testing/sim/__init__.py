@@ -31,7 +31,8 @@ The package, by concept: params.py (what a seed draws), nodes.py (a node, its di
 driver), network.py (messages in flight and partitions), cluster.py (the nodes, the network,
 the clock, the driver's effects, the event log), nemesis.py (the faults), workload.py
 (producers, readers, cursors' consumers; cursors.py), table_clients.py (the table's writers and
-linearizable readers, and the history they saw), low_watermark.py (the cleaner's pass),
+linearizable readers, and the history they saw), transactions.py (transactional producers and
+read_committed readers, with SimParams.transactions), low_watermark.py (the cleaner's pass),
 checkers/ (the properties), runner.py (a seed's run, and `run_seed`), failure.py (how a run
 fails), stats.py (what it counts).
 """

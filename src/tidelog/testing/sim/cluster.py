@@ -381,7 +381,9 @@ class Cluster:
     def acknowledge(self, acked: list[Waiter], failed: list[Waiter]) -> None:
         self.stats.failed += len(failed)
         for w in acked:
-            if w.acks == "all":
+            if w.transactional:
+                self.log_event(f"ack {w.value.decode()}@{w.last_offset} via {w.node}")
+            elif w.acks == "all":
                 self._acknowledge(self.acked, w)
                 self.stats.acked_all += 1
             else:

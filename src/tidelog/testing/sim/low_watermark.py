@@ -1,13 +1,13 @@
 """The cleaner on the simulated nodes: each pass runs the production driver's `clean` (the LWM
 decided by replication/low_watermark.py) from facts gathered here as a node's `Cleaner.facts`
 gathers them: log start, HW, segments, the topic's config, the time, every cursor, the newest
-snapshot. A log start that moves goes past the cursor checker."""
+snapshot, every unstable transaction. A log start that moves goes past the cursor checker."""
 
 from __future__ import annotations
 
 import functools
 
-from tidelog.replication.low_watermark import CursorFact, LowWatermarkFacts
+from tidelog.replication.low_watermark import CursorFact, LowWatermarkFacts, transaction_facts
 from tidelog.testing.sim.cluster import Cluster
 from tidelog.testing.sim.nodes import SimNode
 
@@ -34,6 +34,7 @@ def facts(cluster: Cluster, node: SimNode) -> LowWatermarkFacts:
         ),
         snapshot_offset=machine.snapshot_offset if machine is not None else None,
         state_machine=machine is not None,
+        transactions=transaction_facts(log.transactions, log.high_watermark, cluster.now),
     )
 
 
@@ -43,7 +44,10 @@ def clean(cluster: Cluster) -> None:
         if node.driver is None or node.paused_until > cluster.now:
             continue
         before = node.log.log_start_offset
-        node.driver.clean(functools.partial(facts, cluster, node))
+        lso = node.replica.last_stable_offset() if node.replica is not None else before
+        lwm = node.driver.clean(functools.partial(facts, cluster, node))
+        if lwm is not None:
+            cluster.checkers.watermarks.check_low_watermark(node, lwm, lso)
         node.log.delete_segments_below_log_start()
         if node.log.log_start_offset > before:
             cluster.stats.cleanings += 1

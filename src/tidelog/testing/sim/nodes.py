@@ -54,6 +54,9 @@ class Waiter:
     last_offset: int
     value: bytes
     acks: str
+    # A transaction's batch or marker: the transaction checker judges what became of it
+    # (checkers/transactions.py), not the acks=all check.
+    transactional: bool = False
 
 
 @dataclass

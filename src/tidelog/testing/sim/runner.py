@@ -114,6 +114,8 @@ class Simulation(Cluster):
                 self.checkers.history,
                 self.checkers.violations,
             )
+        if self.workload.transactions is not None:
+            self.checkers.transactions.check_final()
         if self.workload.tables is not None:
             check_linearizable_reads(
                 self.workload.tables.operations(),
@@ -161,9 +163,12 @@ class Simulation(Cluster):
 
 
 def run_seed(
-    seed: int, faults: frozenset[str] = frozenset(), trace: Callable[[str], None] | None = None
+    seed: int,
+    faults: frozenset[str] = frozenset(),
+    trace: Callable[[str], None] | None = None,
+    transactions: bool = False,
 ) -> Stats:
-    sim = Simulation(SimParams.from_seed(seed, faults), trace)
+    sim = Simulation(SimParams.from_seed(seed, faults, transactions), trace)
     try:
         return sim.run()
     except SimulationFailure:

@@ -1,7 +1,8 @@
 """The simulated clients: producers writing to whichever node leads (acks=1 and acks=all, each
 waiting through the driver's ack registry), readers reading any live replica below its HW (each
 batch they get goes past the checkers), the cursors' consumers committing, and in
-state-machine seeds the table's clients (table_clients.py)."""
+state-machine seeds the table's clients (table_clients.py), and with SimParams.transactions
+transactional producers and read_committed readers (transactions.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tidelog.testing.sim.cursors import commit_cursors
 from tidelog.testing.sim.nodes import Waiter
 from tidelog.testing.sim.params import SimParams
 from tidelog.testing.sim.table_clients import TableClients
+from tidelog.testing.sim.transactions import TransactionalClients
 
 
 class Workload:
@@ -22,6 +24,11 @@ class Workload:
         self.next_value = 0
         self.late: list[tuple[int, Waiter]] = []  # acks-registered-late: (when, waiter)
         self.tables = TableClients(cluster, params, self.propose) if params.state_machine else None
+        self.transactions = (
+            TransactionalClients(cluster)
+            if params.transactions and not params.state_machine
+            else None
+        )
 
     def act(self) -> None:
         """This tick's clients: maybe a produce, maybe a read, and the cursors' commits."""
@@ -41,6 +48,8 @@ class Workload:
             )
         if self.tables is not None:
             self.tables.act()
+        if self.transactions is not None:
+            self.transactions.act()
 
     def produce(self) -> None:
         cluster = self.cluster
@@ -86,6 +95,8 @@ class Workload:
     def acknowledged(self, acked: list[Waiter], failed: list[Waiter]) -> None:
         if self.tables is not None:
             self.tables.acknowledged(acked, failed)
+        if self.transactions is not None:
+            self.transactions.acknowledged(acked, failed)
 
     def settle(self) -> None:
         """Every tick, clients or not: what answers still owe their clients."""

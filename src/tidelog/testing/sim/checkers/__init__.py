@@ -17,12 +17,16 @@ assertion deep in the core would trip:
     non-repeatable read); no read returns a record at or above the HW of the replica it read
     from
   - the watermarks (watermarks.py): the HW never moves backwards on a leader within its epoch,
-    and no replica's HW exceeds the highest HW a leader has declared
+    and no replica's HW exceeds the highest HW a leader has declared; log start <= LSO <= HW
+    everywhere, the LSO never moves back on a leader, and a cleaner's LWM is at most the LSO
   - log matching (log_matching.py): two logs holding a batch with the same offset and epoch are
     identical up to it
   - cursors (cursors.py): no leader's log start passes a cursor that is within its caps
     (checked against the caps as the issue states them, not through the LWM code), and only
     such cursors are invalidated
+  - transactions (transactions.py, with SimParams.transactions): read_committed readers see
+    no aborted or undecided record, no committed transaction partly, no record twice, and
+    lose no committed record
 Checked at the end (convergence.py, tables.py, linearizable_reads.py): every acks=all record
 is in the log at the offset its ack named; for state-machine logs, every replica's table equals
 the table built from every committed batch, and the history of the table's clients (writes,
@@ -44,6 +48,7 @@ from tidelog.testing.sim.checkers.cursors import CursorCaps
 from tidelog.testing.sim.checkers.election import ElectionSafety
 from tidelog.testing.sim.checkers.log_matching import check_log_matching
 from tidelog.testing.sim.checkers.reads import check_read
+from tidelog.testing.sim.checkers.transactions import TransactionAnomalies
 from tidelog.testing.sim.checkers.truncation import CommittedEntriesStay
 from tidelog.testing.sim.checkers.votes import VoteRestriction
 from tidelog.testing.sim.checkers.watermarks import Watermarks
@@ -71,6 +76,7 @@ class Checkers:
         self.truncations = CommittedEntriesStay(self.history, self.violations)
         self.watermarks = Watermarks(self.violations)
         self.cursors = CursorCaps(config, clock, self.violations)
+        self.transactions = TransactionAnomalies(self.history, self.violations)
 
     def fail(self, why: str) -> NoReturn:
         self.violations.fail(why)
@@ -92,6 +98,9 @@ class Checkers:
         if replica.is_leader:
             self.election.check_leader(node.node_id, replica.epoch)
             node.led_epoch = replica.epoch
+        self.watermarks.check_stable(
+            node, replica.last_stable_offset(), replica.is_leader, replica.epoch
+        )
         self.watermarks.check_hw(node, replica.is_leader, led)
         self.history.saw_below_hw(node, replica.epoch)
 

@@ -1,0 +1,240 @@
+"""The transactional workload (SimParams.transactions): producers that write transactional
+batches through whichever node leads, wait for every batch's acks=all, then end the
+transaction with a marker, as a coordinator would (commit or abort, decided once; the marker
+is retried until it is committed). Some transactions stay open a while first, and one whose
+batch failed is aborted. Beside them, read_committed readers read below the LSO of any live
+replica and drop what the answer's aborted transactions name, as a Kafka client does
+(record/read_committed.py); what they are handed goes to the transaction checker
+(checkers/transactions.py).
+
+Each transaction is one producer id (a producer's epoch and sequences start afresh), so a
+lost batch shows as a sequence gap the leader refuses, and the transaction aborts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tidelog.errors import TidelogError
+from tidelog.record.batch import ProducerRecord, build_batch, decode_records, iter_headers
+from tidelog.record.markers import build_marker
+from tidelog.record.read_committed import committed_batches
+from tidelog.testing.sim.checkers.transactions import ReadSession, TransactionAnomalies
+from tidelog.testing.sim.cluster import Cluster
+from tidelog.testing.sim.nodes import SimNode, Waiter
+
+OPEN_MAX = 3  # transactions open at once
+START_RATE = 0.05  # chance per tick that a producer begins one
+WRITE_RATE = 0.3  # chance per tick that an open transaction writes its next batch
+COMMIT_SHARE = 0.7
+LINGER_SHARE = 0.2  # transactions left open a while after their last batch
+ACK_PATIENCE_TICKS = 300  # a batch unanswered this long: the producer gives up (and aborts)
+READERS = 2
+FIRST_PRODUCER_ID = 1000
+
+
+@dataclass
+class Transaction:
+    producer_id: int
+    planned: int  # batches it writes
+    linger: int  # ticks it stays open after its last batch is answered
+    written: int = 0
+    sequence: int = 0
+    pending: set[int] = field(default_factory=set)  # ids of waiters not answered yet
+    failed: bool = False
+    last_write: int = 0
+    answered_at: int = -1
+    commit: bool | None = None  # the decision, once made
+    marker: Waiter | None = None  # the marker's wait, while one is in flight
+    ended: bool = False
+
+
+@dataclass
+class Reader:
+    reader: int
+    position: int | None = None
+    session: ReadSession | None = None
+
+
+@dataclass
+class Counts:
+    committed: int = 0
+    aborted: int = 0
+    markers: int = 0
+    reads: int = 0
+    records_read: int = 0
+    dropped_batches: int = 0  # batches of aborted transactions read_committed readers dropped
+
+
+class TransactionalClients:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.open: list[Transaction] = []
+        self.next_producer = FIRST_PRODUCER_ID
+        # id(waiter) -> (its transaction, a marker?, the waiter: kept, so the id stays its own)
+        self.waiting: dict[int, tuple[Transaction, bool, Waiter]] = {}
+        self.readers = [Reader(i) for i in range(READERS)]
+        self.counts = Counts()
+
+    @property
+    def checker(self) -> TransactionAnomalies:
+        return self.cluster.checkers.transactions
+
+    # -- producers ----------------------------------------------------------------------------
+
+    def act(self) -> None:
+        rng = self.cluster.rng
+        if len(self.open) < OPEN_MAX and rng.random() < START_RATE:
+            linger = rng.randint(50, 400) if rng.random() < LINGER_SHARE else 0
+            self.open.append(Transaction(self.next_producer, rng.randint(1, 4), linger))
+            self.next_producer += 1
+        for txn in list(self.open):
+            self._step(txn)
+        self.open = [t for t in self.open if not t.ended]
+        for reader in self.readers:
+            if rng.random() < self.cluster.params.read_rate:
+                self._read(reader)
+
+    def _step(self, txn: Transaction) -> None:
+        cluster = self.cluster
+        now = cluster.now
+        if txn.commit is None:
+            if txn.written < txn.planned and not txn.failed:
+                if cluster.rng.random() < WRITE_RATE:
+                    self._write(txn)
+                return
+            if txn.pending and now - txn.last_write < ACK_PATIENCE_TICKS:
+                return
+            if txn.pending:
+                txn.failed = True
+            if txn.answered_at < 0:
+                txn.answered_at = now
+            if now - txn.answered_at < txn.linger:
+                return
+            txn.commit = not txn.failed and cluster.rng.random() < COMMIT_SHARE
+        if txn.marker is None:
+            self._write_marker(txn)
+
+    def _leader(self) -> SimNode | None:
+        cluster = self.cluster
+        leaders = [
+            n
+            for n in cluster.nodes.values()
+            if n.replica is not None and n.paused_until <= cluster.now and n.replica.is_leader
+        ]
+        return cluster.rng.choice(leaders) if leaders else None
+
+    def _propose(self, batch: bytes, value: bytes) -> Waiter | None:
+        node = self._leader()
+        if node is None or node.replica is None or node.driver is None:
+            return None
+        try:
+            info = node.replica.propose(batch)
+        except TidelogError:
+            return None
+        self.cluster.stats.proposed += 1
+        self.cluster.process_ready(node)
+        return Waiter(node.node_id, node.replica.epoch, info.last_offset, value, "all", True)
+
+    def _owe(self, txn: Transaction, waiter: Waiter, marker: bool) -> None:
+        node = self.cluster.nodes[waiter.node]
+        self.waiting[id(waiter)] = (txn, marker, waiter)
+        if node.driver is not None and node.driver.owe(waiter.last_offset, False, waiter):
+            self.cluster.acknowledge([waiter], [])
+
+    def _write(self, txn: Transaction) -> None:
+        count = self.cluster.rng.randint(1, 3)
+        values = [b"t%d.%d" % (txn.producer_id, txn.sequence + i) for i in range(count)]
+        batch = build_batch(
+            [ProducerRecord(None, v) for v in values],
+            producer_id=txn.producer_id,
+            producer_epoch=0,
+            base_sequence=txn.sequence,
+            now_ms=self.cluster.now,
+            transactional=True,
+        )
+        waiter = self._propose(batch, values[-1])
+        if waiter is None:
+            txn.failed = True  # refused (not the leader any more, or a sequence gap)
+            return
+        txn.written += 1
+        txn.sequence += count
+        txn.last_write = self.cluster.now
+        txn.pending.add(id(waiter))
+        self._owe(txn, waiter, marker=False)
+
+    def _write_marker(self, txn: Transaction) -> None:
+        commit = bool(txn.commit)
+        batch = build_marker(
+            txn.producer_id, 0, commit=commit, coordinator_epoch=0, now_ms=self.cluster.now
+        )
+        waiter = self._propose(batch, b"marker-%d" % txn.producer_id)
+        if waiter is None:
+            return  # no leader now: the next tick tries again
+        txn.marker = waiter
+        self.counts.markers += 1
+        self._owe(txn, waiter, marker=True)
+
+    def acknowledged(self, acked: list[Waiter], failed: list[Waiter]) -> None:
+        for waiters, ok in ((acked, True), (failed, False)):
+            for waiter in waiters:
+                found = self.waiting.pop(id(waiter), None)
+                if found is None:
+                    continue
+                txn, marker, _ = found
+                if marker:
+                    txn.marker = None
+                    if ok:
+                        txn.ended = True
+                        if txn.commit:
+                            self.counts.committed += 1
+                        else:
+                            self.counts.aborted += 1
+                    continue
+                txn.pending.discard(id(waiter))
+                if not ok:
+                    txn.failed = True
+
+    # -- read_committed readers ---------------------------------------------------------------
+
+    def _read(self, reader: Reader) -> None:
+        cluster = self.cluster
+        live = [
+            n
+            for n in cluster.nodes.values()
+            if n.alive and n.paused_until <= cluster.now and n.replica is not None
+        ]
+        if not live:
+            return
+        node = cluster.rng.choice(live)
+        if node.replica is None:
+            return
+        log = node.log
+        lso = node.replica.last_stable_offset()
+        if reader.position is None or reader.position < log.log_start_offset:
+            reader.position = log.log_start_offset  # (fell behind the log start: start over)
+            reader.session = self.checker.new_session(reader.reader)
+        position = reader.position
+        if position >= lso:
+            return
+        chunk = log.read(position, cluster.rng.choice([1, 500, 1 << 20]), lso)
+        if chunk is None or reader.session is None:
+            return
+        data = chunk.read()
+        batches = list(iter_headers(data))
+        hw = log.high_watermark
+        for pos, header in batches:
+            cluster.checkers.read(node, header, data[pos : pos + header.size_bytes], hw)
+        end = min(batches[-1][1].next_offset, lso)
+        aborted = [(t.producer_id, t.first_offset) for t in log.aborted_transactions(position, end)]
+        kept = committed_batches(data, batches, aborted)
+        self.counts.dropped_batches += sum(1 for _, h in batches if not h.is_control) - len(kept)
+        records = [
+            (rec.offset, rec.value)
+            for pos, _ in kept
+            for rec in decode_records(data, pos, position)
+            if rec.offset < end
+        ]
+        self.counts.reads += 1
+        self.counts.records_read += len(records)
+        self.checker.read(reader.session, position, end, records, f"node {node.node_id}")
+        reader.position = end

@@ -1,0 +1,171 @@
+"""read_committed through a real node, the Python client and the CLI: reads stop at the last
+stable offset, aborted transactions' batches and markers are left out, "latest" is the LSO, and
+status shows the LSO and the transaction that holds the LWM.
+
+Until the transaction coordinator lands (the `txn` branch), nothing a client sends can write a
+transactional batch or a marker (a producer's control batch is refused), so these tests append
+them with `append_as_leader` below: through the node core's leader append path
+(`Replica.propose`), as the coordinator's marker writes will. Once it lands, the writes here
+can become a transactional producer's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import run_tidelog, wait_for_async
+from test_node import run
+from tidelog.client.async_client import AsyncClient
+from tidelog.client.consume import committed_only
+from tidelog.errors import InvalidRequest, UnsupportedApi
+from tidelog.node.server import Node
+from tidelog.protocol import api
+from tidelog.record.batch import ProducerRecord, build_batch, iter_headers
+from tidelog.record.markers import build_marker
+
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
+
+def txn_batch(pid: int, *values: bytes, sequence: int = 0) -> bytes:
+    return build_batch(
+        [ProducerRecord(None, v) for v in values],
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=sequence,
+        transactional=True,
+    )
+
+
+async def append_as_leader(node: Node, group: str, batch: bytes) -> int:
+    """Append through the leader's core (the test's stand-in for the coordinator) and wait
+    until it is committed; the offset after it."""
+    host = node.hosts[group]
+    info = host.replica.propose(batch)
+    host.process_ready()
+    await wait_for_async(
+        f"offset {info.last_offset} committed",
+        lambda: host.log.high_watermark > info.last_offset,
+    )
+    return info.next_offset
+
+
+async def values(client: AsyncClient, **options: object) -> list[bytes | None]:
+    return [r.value async for r in client.consume("t", 0, **options)]  # type: ignore[arg-type]
+
+
+def test_read_committed_stops_at_the_lso_and_drops_aborted_batches(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t")
+        await client.produce("t", [b"p0"], partition=0)  # 0
+        await append_as_leader(node, "t/0", txn_batch(7, b"a1", b"a2"))  # 1, 2
+        await append_as_leader(node, "t/0", txn_batch(8, b"c1"))  # 3
+        await client.produce("t", [b"b"], partition=0)  # 4
+        await append_as_leader(node, "t/0", build_marker(7, 0, commit=False, coordinator_epoch=1))
+        await append_as_leader(node, "t/0", build_marker(8, 0, commit=True, coordinator_epoch=1))
+        await append_as_leader(node, "t/0", txn_batch(9, b"o1"))  # 7: open
+        await client.produce("t", [b"z"], partition=0)  # 8
+
+        everything = [b"p0", b"a1", b"a2", b"c1", b"b", b"o1", b"z"]
+        assert await values(client) == everything
+        assert await values(client, isolation_level="read_committed") == [b"p0", b"c1", b"b"]
+        assert await client.list_offsets("t", 0, "latest") == 9
+        assert await client.list_offsets("t", 0, "latest", isolation_level="read_committed") == 7
+        fetched = await client.fetch("t", 0, 0, isolation_level="read_committed")
+        assert fetched.last_stable_offset == 7 and fetched.high_watermark == 9
+        assert [r.offset for r in fetched.records] == [0, 3, 4]
+        assert fetched.next_offset == 7  # the markers' offsets are gaps the reader passes
+        with pytest.raises(InvalidRequest, match="isolation_level"):
+            await client.fetch("t", 0, 0, isolation_level="serializable")
+
+        [status] = await client.status(["t"])
+        part = next(p for p in status["partitions"] if p["topic"] == "t")
+        assert part["last_stable_offset"] == 7 and part["high_watermark"] == 9
+        holds = [h for h in part["low_watermark"]["holds"] if h["kind"] == "transaction"]
+        assert [(h["name"], h["offset"]) for h in holds] == [("producer 9", 7)]
+
+        address = f"127.0.0.1:{node.address[1]}"
+        shown = await asyncio.to_thread(
+            run_tidelog,
+            "consume",
+            "--bootstrap",
+            address,
+            "t",
+            "--isolation-level",
+            "read_committed",
+            "--format",
+            "json",
+        )
+        assert shown.returncode == 0, shown.stderr
+        read = [json.loads(line)["value"] for line in shown.stdout.splitlines()]
+        assert read == ["p0", "c1", "b"]
+        table = await asyncio.to_thread(run_tidelog, "status", "--bootstrap", address)
+        assert "LSO" in table.stdout
+        assert "transaction producer 9 from offset 7: epoch 0, open" in table.stdout
+
+        # The open transaction commits: everything it held back is readable.
+        await append_as_leader(node, "t/0", build_marker(9, 0, commit=True, coordinator_epoch=1))
+        assert await values(client, isolation_level="read_committed") == [
+            b"p0",
+            b"c1",
+            b"b",
+            b"o1",
+            b"z",
+        ]
+        assert await client.list_offsets("t", 0, "latest", isolation_level="read_committed") == 10
+
+    run(tmp_path, body)
+
+
+def test_a_cursor_of_a_read_committed_reader_starts_at_the_lso(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t")
+        await client.produce("t", [b"p0"], partition=0)
+        await append_as_leader(node, "t/0", txn_batch(5, b"open"))  # 1: open
+        await client.produce("t", [b"later"], partition=0)
+        address = f"127.0.0.1:{node.address[1]}"
+        shown = await asyncio.to_thread(
+            run_tidelog,
+            "consume",
+            "--bootstrap",
+            address,
+            "t",
+            "--from",
+            "latest",
+            "--cursor",
+            "etl",
+            "--isolation-level",
+            "read_committed",
+        )
+        assert shown.returncode == 0, shown.stderr
+        [cursor] = await client.cursors("etl")
+        assert cursor["positions"] == {"0": 1}  # the LSO, not the HW (3)
+
+    run(tmp_path, body)
+
+
+def test_an_answer_without_an_lso_is_refused_for_read_committed() -> None:
+    """A node from before transactions ignores isolation_level (unknown request fields are
+    ignored) and answers without last_stable_offset: the client refuses, by name, rather
+    than hand over records that may be aborted."""
+    batch = build_batch([ProducerRecord(None, b"x")])
+    batches = tuple(iter_headers(batch))
+    old = api.decode(
+        api.FetchResponse,
+        {
+            "high_watermark": 1,
+            "log_start_offset": 0,
+            "log_end_offset": 1,
+            "leader_epoch": 1,
+            "node_id": 3,
+        },
+    )
+    with pytest.raises(UnsupportedApi, match="node 3 predates transactions"):
+        committed_only(batch, batches, old, "t/0")
+    new = api.decode(api.FetchResponse, {**api.encode(old), "last_stable_offset": 1})
+    assert committed_only(batch, batches, new, "t/0") == batches
+    # and an old client's request decodes as read_uncommitted
+    request = api.decode(api.FetchRequest, {"topic": "t", "partition": 0, "offset": 0})
+    assert request.isolation_level == "read_uncommitted"

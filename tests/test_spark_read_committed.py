@@ -1,0 +1,71 @@
+"""The Spark source's isolationLevel=read_committed, below a session: the option, the ranges it
+plans ("latest" is the LSO) and what an executor's task reads of them (aborted transactions
+left out). Transactional batches and markers are appended through the node core's leader path
+(test_read_committed.append_as_leader) until the coordinator lands."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from test_node import run
+from test_read_committed import append_as_leader, txn_batch
+from tidelog.client.async_client import AsyncClient
+from tidelog.errors import InvalidConfig
+from tidelog.node.server import Node
+from tidelog.record.markers import build_marker
+from tidelog.spark.connection import client_of
+from tidelog.spark.options import SourceOptions
+from tidelog.spark.planning import high_watermarks, plan_tasks
+from tidelog.spark.reading import read_ranges
+
+pytestmark = [pytest.mark.spark, pytest.mark.process]
+
+
+def test_the_option_is_checked() -> None:
+    opts = SourceOptions.parse({"bootstrap": "h:1", "subscribe": "t"}, streaming=False)
+    assert opts.isolation_level == "read_uncommitted"
+    opts = SourceOptions.parse(
+        {"bootstrap": "h:1", "subscribe": "t", "isolationLevel": "read_committed"},
+        streaming=False,
+    )
+    assert opts.isolation_level == "read_committed"
+    with pytest.raises(InvalidConfig, match="isolationLevel"):
+        SourceOptions.parse(
+            {"bootstrap": "h:1", "subscribe": "t", "isolationLevel": "snapshot"}, streaming=False
+        )
+
+
+def test_a_read_committed_query_ends_at_the_lso_without_aborted_records(tmp_path: Path) -> None:
+    async def body(node: Node, client: AsyncClient) -> None:
+        await client.create_topic("t")
+        await client.produce("t", [b"p0"], partition=0)  # 0
+        await append_as_leader(node, "t/0", txn_batch(7, b"a1"))  # 1
+        await append_as_leader(node, "t/0", txn_batch(8, b"c1"))  # 2
+        await append_as_leader(node, "t/0", build_marker(7, 0, commit=False, coordinator_epoch=1))
+        await append_as_leader(node, "t/0", build_marker(8, 0, commit=True, coordinator_epoch=1))
+        await append_as_leader(node, "t/0", txn_batch(9, b"open"))  # 5
+        await client.produce("t", [b"z"], partition=0)  # 6
+        address = f"127.0.0.1:{node.address[1]}"
+        opts = SourceOptions.parse(
+            {"bootstrap": address, "subscribe": "t", "isolationLevel": "read_committed"},
+            streaming=False,
+        )
+
+        def plan_and_read() -> tuple[int, int, list[bytes]]:
+            sync = client_of(opts)
+            lso = high_watermarks(sync, [("t", 0)], opts.isolation_level)[("t", 0)]
+            hw = high_watermarks(sync, [("t", 0)])[("t", 0)]
+            tasks = plan_tasks(opts, {("t", 0): 0}, {("t", 0): lso}, (), {})
+            read = [
+                v.as_py() for task in tasks for b in read_ranges(task) for v in b.column("value")
+            ]
+            return lso, hw, read
+
+        lso, hw, read = await asyncio.to_thread(plan_and_read)
+        assert (lso, hw) == (5, 7)
+        assert read == [b"p0", b"c1"]
+
+    run(tmp_path, body)

@@ -1,0 +1,252 @@
+"""A partition's transactions as its log derives them (storage/transactions.py) on both log
+kinds, and the last stable offset's rule (replication/last_stable_offset.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tidelog.config import TopicConfig
+from tidelog.record.batch import BatchHeader, ProducerRecord, build_batch, iter_headers
+from tidelog.record.markers import Marker, build_marker
+from tidelog.record.read_committed import committed_batches
+from tidelog.replication.faults import FAULT_LSO_IGNORES_OPEN_TRANSACTIONS
+from tidelog.replication.last_stable_offset import last_stable_offset
+from tidelog.replication.low_watermark import (
+    KIND_TRANSACTION,
+    LowWatermarkFacts,
+    decide_low_watermark,
+    transaction_facts,
+)
+from tidelog.storage.log import SegmentedLog
+from tidelog.storage.memory_log import MemoryLog
+from tidelog.storage.transactions import AbortedTransaction
+
+SMALL = TopicConfig(segment_bytes=400, index_interval_bytes=128)
+AnyLog = SegmentedLog | MemoryLog
+
+
+def txn_batch(pid: int, seq: int, *values: bytes, epoch: int = 0) -> bytes:
+    return build_batch(
+        [ProducerRecord(None, v) for v in values],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        transactional=True,
+    )
+
+
+def plain(*values: bytes) -> bytes:
+    return build_batch([ProducerRecord(None, v) for v in values])
+
+
+def marker(pid: int, commit: bool, epoch: int = 0) -> bytes:
+    return build_marker(pid, epoch, commit=commit, coordinator_epoch=3)
+
+
+@pytest.fixture(params=["segmented", "memory"])
+def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], AnyLog]:
+    def make() -> AnyLog:
+        if request.param == "segmented":
+            return SegmentedLog(tmp_path / "p-0", SMALL)
+        return MemoryLog(SMALL)
+
+    return make
+
+
+def commit_all(log: AnyLog) -> None:
+    log.flush()
+    log.set_high_watermark(log.log_end_offset)
+
+
+def test_an_open_transaction_holds_the_lso_until_its_marker_is_committed(
+    make_log: Callable[[], AnyLog],
+) -> None:
+    log = make_log()
+    log.append_as_leader(plain(b"a"), 1)  # 0
+    log.append_as_leader(txn_batch(7, 0, b"t1", b"t2"), 1)  # 1, 2
+    log.append_as_leader(plain(b"b"), 1)  # 3
+    commit_all(log)
+    assert log.high_watermark == 4
+    assert last_stable_offset(log) == 1
+    assert last_stable_offset(log, frozenset({FAULT_LSO_IGNORES_OPEN_TRANSACTIONS})) == 4
+    log.append_as_leader(marker(7, commit=True), 1)  # 4
+    # The marker is above the HW: commit or abort is not decided yet.
+    assert last_stable_offset(log) == 1
+    commit_all(log)
+    assert last_stable_offset(log) == log.high_watermark == 5
+    assert log.aborted_transactions(0, 5) == []
+
+
+def test_aborted_transactions_are_listed_for_the_range_read(
+    make_log: Callable[[], AnyLog],
+) -> None:
+    log = make_log()
+    log.append_as_leader(txn_batch(7, 0, b"x"), 1)  # 0
+    log.append_as_leader(txn_batch(8, 0, b"y"), 1)  # 1
+    log.append_as_leader(txn_batch(7, 1, b"x2"), 1)  # 2
+    log.append_as_leader(marker(7, commit=False), 1)  # 3
+    log.append_as_leader(marker(8, commit=True), 1)  # 4
+    log.append_as_leader(plain(b"z"), 1)  # 5
+    commit_all(log)
+    assert last_stable_offset(log) == 6
+    assert log.aborted_transactions(0, 6) == [AbortedTransaction(7, 0, 3)]
+    assert log.aborted_transactions(2, 3) == [AbortedTransaction(7, 0, 3)]
+    assert log.aborted_transactions(4, 6) == []  # its marker is below the read
+    assert log.aborted_transactions(0, 0) == []
+
+
+def test_truncation_rebuilds_transactions(make_log: Callable[[], AnyLog]) -> None:
+    log = make_log()
+    log.append_as_leader(txn_batch(7, 0, b"x"), 1)  # 0
+    commit_all(log)
+    log.append_as_leader(marker(7, commit=False), 1)  # 1, not committed
+    assert log.aborted_transactions(0, 2) == [AbortedTransaction(7, 0, 1)]
+    log.truncate_to(1)  # the marker is gone: the transaction is open again
+    assert log.aborted_transactions(0, 2) == []
+    assert log.transactions.first_unstable_offset(log.high_watermark) == 0
+    assert last_stable_offset(log) == 0
+
+
+def test_a_follower_derives_what_the_leader_did(make_log: Callable[[], AnyLog]) -> None:
+    leader, follower = MemoryLog(SMALL), make_log()
+    leader.append_as_leader(txn_batch(7, 0, b"x"), 2)
+    leader.append_as_leader(marker(7, commit=False), 2)
+    leader.append_as_leader(txn_batch(9, 0, b"w"), 2)
+    for _, batch in leader.batches():
+        follower.append_as_follower(batch)
+    commit_all(follower)
+    assert follower.aborted_transactions(0, 3) == [AbortedTransaction(7, 0, 1)]
+    assert last_stable_offset(follower) == 2
+    assert list(follower.transactions.open) == [9]
+
+
+def test_deleting_segments_drops_what_they_ended(tmp_path: Path) -> None:
+    log = SegmentedLog(tmp_path / "p-0", SMALL)
+    for pid in range(20):
+        log.append_as_leader(txn_batch(pid, 0, b"x" * 40), 1)
+        log.append_as_leader(marker(pid, commit=False), 1)
+    commit_all(log)
+    assert len(log.aborted_transactions(0, log.log_end_offset)) == 20
+    log.advance_log_start(20)
+    log.delete_segments_below_log_start()
+    first = log.segments[0].base_offset
+    kept = log.transactions.aborted
+    assert kept and all(t.marker_offset >= first for t in kept)
+    assert len(kept) < 20
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_reopened_log_has_the_same_transactions(tmp_path: Path, clean: bool) -> None:
+    log = SegmentedLog(tmp_path / "p-0", SMALL)
+    log.append_as_leader(txn_batch(7, 0, b"x"), 1)
+    log.append_as_leader(marker(7, commit=False), 1)
+    log.append_as_leader(txn_batch(8, 0, b"y"), 1)
+    log.append_as_leader(txn_batch(9, 0, b"z"), 1)
+    log.append_as_leader(marker(9, commit=True), 1)
+    commit_all(log)
+    log.append_as_leader(marker(8, commit=True), 1)  # above the HW
+    before = (log.transactions.open, log.transactions.ended, log.transactions.aborted)
+    if clean:
+        log.close()
+    else:
+        log.flush()
+        log.write_state_checkpoint()
+        log.abandon()
+    again = SegmentedLog(tmp_path / "p-0", SMALL)
+    assert again.transactions.aborted == before[2]
+    assert [t[:4] for t in again.transactions.ended] == [t[:4] for t in before[1]]
+    assert again.transactions.open == before[0] == {}
+    assert last_stable_offset(again) == 2  # producer 8's transaction, decided above the HW
+    again.close()
+
+
+def test_the_lwm_is_held_by_an_unstable_transaction() -> None:
+    log = MemoryLog(TopicConfig(segment_bytes=1))  # a segment per batch: each may go by age
+    log.append_as_leader(plain(b"a"), 1)
+    log.append_as_leader(txn_batch(7, 0, b"t", epoch=4), 1)
+    log.append_as_leader(plain(b"b"), 1)
+    commit_all(log)
+    facts = LowWatermarkFacts(
+        log.log_start_offset,
+        log.high_watermark,
+        log.segments,
+        TopicConfig(retention_ms=0, segment_bytes=1),
+        now_ms=5_000,
+        transactions=transaction_facts(log.transactions, log.high_watermark, 5_000),
+    )
+    lwm = decide_low_watermark(facts)
+    assert lwm.offset == 1 == last_stable_offset(log)
+    assert lwm.hold.kind == KIND_TRANSACTION
+    assert lwm.hold.name == "producer 7"
+    assert "epoch 4" in lwm.hold.detail and "open" in lwm.hold.detail
+
+
+def test_opening_a_log_of_many_markers_is_cheap(tmp_path: Path) -> None:
+    """Measured: an unclean open decodes only the markers; a clean one reads the checkpoint."""
+    log = SegmentedLog(tmp_path / "p-0", TopicConfig(segment_bytes=1 << 20))
+    batches = b"".join(
+        txn_batch(pid, 0, b"v") + marker(pid, commit=pid % 2 == 0) for pid in range(2000)
+    )
+    log.append_as_leader(batches, 1)
+    commit_all(log)
+    log.close()
+    started = time.perf_counter()
+    clean = SegmentedLog(tmp_path / "p-0", TopicConfig(segment_bytes=1 << 20))
+    clean_s = time.perf_counter() - started
+    assert len(clean.transactions.aborted) == 1000
+    clean.flush()
+    clean.abandon()  # no clean-shutdown mark: the next open scans
+    started = time.perf_counter()
+    unclean = SegmentedLog(tmp_path / "p-0", TopicConfig(segment_bytes=1 << 20))
+    unclean_s = time.perf_counter() - started
+    assert len(unclean.transactions.aborted) == 1000
+    unclean.close()
+    assert clean_s < 2.0 and unclean_s < 5.0, (clean_s, unclean_s)
+
+
+def test_a_reader_drops_an_aborted_transaction_and_keeps_the_producers_next() -> None:
+    """Kafka's consumer rule (record/read_committed.py): an aborted transaction is taken in
+    when the batches reach its first offset (markers included), and its ABORT marker ends it."""
+    log = MemoryLog(SMALL)
+    log.append_as_leader(txn_batch(7, 0, b"dropped"), 1)  # 0
+    log.append_as_leader(marker(7, commit=False), 1)  # 1
+    log.append_as_leader(txn_batch(7, 1, b"kept"), 1)  # 2: the producer's next transaction
+    log.append_as_leader(marker(7, commit=True), 1)  # 3
+    commit_all(log)
+    for start in (0, 1):
+        chunk = log.read(start, 1 << 20, log.high_watermark)
+        assert chunk is not None
+        data = chunk.read()
+        batches = list(iter_headers(data))
+        aborted = [(t.producer_id, t.first_offset) for t in log.aborted_transactions(start, 4)]
+        assert aborted == [(7, 0)]
+        kept = committed_batches(data, batches, aborted)
+        assert [h.base_offset for _, h in kept] == [2]
+
+
+def test_a_clean_restart_of_a_log_without_transactions_scans_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SegmentedLog(tmp_path / "p-0", SMALL)
+    log.append_as_leader(plain(b"a"), 1)
+    commit_all(log)
+    log.close()
+    assert not (tmp_path / "p-0" / "transaction-state").exists()
+    scans: list[str] = []
+    real = SegmentedLog._scan_markers
+
+    def counted(self: SegmentedLog) -> list[tuple[BatchHeader, Marker | None]]:
+        scans.append(self.directory.name)
+        return real(self)
+
+    monkeypatch.setattr(SegmentedLog, "_scan_markers", counted)
+    reopened = SegmentedLog(tmp_path / "p-0", SMALL)
+    assert reopened.transactions.open == {} and scans == []
+    reopened.flush()
+    reopened.abandon()  # an unclean stop: the next open scans
+    SegmentedLog(tmp_path / "p-0", SMALL).close()
+    assert scans == ["p-0"]
