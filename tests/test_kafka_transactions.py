@@ -249,6 +249,130 @@ def committed_offset(cluster: LocalCluster, group: str) -> int:
     return int(cursors[group]["positions"]["0"]) if group in cursors else -1
 
 
+def test_read_committed_consumers_stop_at_the_lso_and_skip_aborted_transactions(
+    cluster: LocalCluster,
+) -> None:
+    """Kafka's Fetch and ListOffsets with isolation_level=1: below the LSO only, with the
+    aborted transactions listed, as librdkafka's and kafka-python's read_committed consumers
+    expect; read_uncommitted sees everything below the HW."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTopicPartition
+
+    create_topic(cluster, "txn-rc", 1)
+    p = producer(cluster, "txn-rc")
+    p.init_transactions(30)
+    for outcome in ("commit", "abort", "commit"):
+        p.begin_transaction()
+        for i in range(3):
+            p.produce("txn-rc", value=f"{outcome}-{i}".encode(), partition=0)
+        p.flush(30)
+        if outcome == "commit":
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+    p.begin_transaction()  # left open: it holds the LSO
+    p.produce("txn-rc", value=b"open", partition=0)
+    p.flush(30)
+
+    def end_offsets(isolation: str) -> int:
+        reader = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap, isolation_level=isolation)
+        try:
+            tp = KTopicPartition("txn-rc", 0)
+            return int(reader.end_offsets([tp])[tp])
+        finally:
+            reader.close()
+
+    # 3 commits + 3 aborted + 3 commits with 3 markers, then the open one at offset 12.
+    wait_for("the open transaction's record", lambda: end_offsets("read_uncommitted") == 13, 30)
+    assert end_offsets("read_committed") == 12  # the LSO: the open transaction's first offset
+
+    raw = kafka_ask(
+        cluster,
+        cluster_leader(cluster, "txn-rc"),
+        1,
+        {
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "isolation_level": 1,
+            "topics": [
+                {
+                    "topic": "txn-rc",
+                    "topic_id": topic_id(cluster, "txn-rc"),
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                    ],
+                }
+            ],
+        },
+    )
+    answer = raw["responses"][0]["partitions"][0]
+    assert (answer["high_watermark"], answer["last_stable_offset"]) == (13, 12), answer
+    aborted = [(a["producer_id"], a["first_offset"]) for a in answer["aborted_transactions"]]
+    assert len(aborted) == 1 and aborted[0][1] == 4, aborted  # the second transaction's
+
+    committed_values = [f"commit-{i}".encode() for i in range(3)] * 2
+    rc = Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "txn-rc-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        rc.assign([TopicPartition("txn-rc", 0, 0)])
+        got: list[Any] = []
+        wait_for("six committed records", lambda: read_some(rc, got, 6), 30)
+        time.sleep(1.0)  # nothing more: the open transaction is above the LSO
+        read_some(rc, got, 7)
+        assert [m.value() for m in got] == committed_values
+        assert [m.offset() for m in got] == [0, 1, 2, 8, 9, 10]
+        p.commit_transaction(30)
+        wait_for("the committed open transaction", lambda: read_some(rc, got, 7), 30)
+        assert got[-1].value() == b"open"
+    finally:
+        rc.close()
+    kp = KafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
+    try:
+        kp.assign([KTopicPartition("txn-rc", 0)])
+        assert [m.value for m in kp] == [*committed_values, b"open"]
+    finally:
+        kp.close()
+    uncommitted = KafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap,
+        isolation_level="read_uncommitted",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
+    try:
+        uncommitted.assign([KTopicPartition("txn-rc", 0)])
+        assert len([m.value for m in uncommitted]) == 10  # the aborted ones too, no markers
+    finally:
+        uncommitted.close()
+
+
+def cluster_leader(cluster: LocalCluster, topic: str) -> int:
+    """Partition 0's leader, as Kafka's Metadata names it."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
+
+
+def topic_id(cluster: LocalCluster, topic: str) -> Any:
+    """The topic's Kafka id, as Metadata gives it (Fetch 13+ names topics by id)."""
+    answer = kafka_ask(cluster, 1, 3, {"topics": [{"name": topic}]})
+    return answer["topics"][0]["topic_id"]
+
+
 def test_a_second_producer_with_the_same_id_fences_the_first(cluster: LocalCluster) -> None:
     create_topic(cluster, "txn-zombie", 1)
     zombie = producer(cluster, "txn-zombie")

@@ -461,12 +461,14 @@ class KafkaBroker:
         wanted, ids, unknown = self._fetch_partitions(req)
         max_wait_ms = min(max(millis(body.max_wait), 0), FETCH_WAIT_MAX_MS)
         replica_read = req.api_version >= 11  # KIP-392: a follower serves what it has committed
-        results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+        isolation = isolation_of(req)
+        max_bytes = int(body.max_bytes)
+        results = await self._fetch_round(principal, wanted, max_bytes, replica_read, isolation)
         size = sum(len(r[1] or b"") for r in results if not isinstance(r, TidelogError))
         errors = any(isinstance(r, TidelogError) for r in results)
         if not errors and size < max(int(body.min_bytes), 1) and max_wait_ms > 0 and wanted:
-            await self._wait_for_news(principal, wanted, max_wait_ms, replica_read)
-            results = await self._fetch_round(principal, wanted, int(body.max_bytes), replica_read)
+            await self._wait_for_news(principal, wanted, max_wait_ms, replica_read, isolation)
+            results = await self._fetch_round(principal, wanted, max_bytes, replica_read, isolation)
         responses = fetched_topics(wanted, results, ids, self.routing.leader)
         responses.extend(unknown_topic_ids(unknown))
         return {
@@ -523,10 +525,15 @@ class KafkaBroker:
         return wanted, ids, unknown
 
     async def _wait_for_news(
-        self, principal: Principal, wanted: Wanted, max_wait_ms: int, replica_read: bool
+        self,
+        principal: Principal,
+        wanted: Wanted,
+        max_wait_ms: int,
+        replica_read: bool,
+        isolation: str,
     ) -> None:
-        """Until the first of the partitions has records past its fetch offset (a long poll
-        on each), or max_wait_ms."""
+        """Until the first of the partitions has records past its fetch offset (below the LSO
+        for read_committed: a long poll on each), or max_wait_ms."""
         waits = [
             asyncio.ensure_future(
                 self._call(
@@ -540,6 +547,7 @@ class KafkaBroker:
                         1,
                         replica_read,
                         leader_epoch=w.leader_epoch,  # a fenced partition answers at once
+                        isolation_level=isolation,
                     ),
                 )
             )
@@ -574,6 +582,7 @@ class KafkaBroker:
         wanted: Wanted,
         max_bytes: int,
         replica_read: bool,
+        isolation: str = api.READ_UNCOMMITTED,
     ) -> list[Any]:
         """One pass over the partitions without waiting, within the response's byte budget
         (the first partition's first batch comes whole even if larger, as in Kafka)."""
@@ -592,6 +601,7 @@ class KafkaBroker:
                 0,
                 replica_read,
                 leader_epoch=leader_epoch,
+                isolation_level=isolation,
             )
             try:
                 response, payload = await self._call(principal, request)
@@ -609,6 +619,7 @@ class KafkaBroker:
         ]
 
     async def list_offsets(self, principal: Principal, req: KafkaRequest) -> Answer:
+        isolation = isolation_of(req)  # read_committed: "latest" is the LSO (ListOffsets 2+)
         topics = []
         for topic in req.body.topics:
             partitions = []
@@ -638,10 +649,16 @@ class KafkaBroker:
                                 spec,
                                 ts,
                                 leader_epoch=int(getattr(part, "current_leader_epoch", -1)),
+                                isolation_level=isolation,
                             ),
                         )
                         entry["offset"] = found.offset
-                        if spec == "timestamp" and found.offset >= found.high_watermark:
+                        visible_end = (
+                            found.last_stable_offset
+                            if isolation == api.READ_COMMITTED and found.last_stable_offset >= 0
+                            else found.high_watermark
+                        )
+                        if spec == "timestamp" and found.offset >= visible_end:
                             entry["offset"] = -1  # no committed record that late, as Kafka says
                         elif spec == "timestamp":
                             entry["timestamp"] = await self._timestamp_at(
@@ -1276,6 +1293,13 @@ def _empty_fetch(broker: KafkaBroker, topic: str, partition: int) -> api.FetchRe
     return api.FetchResponse(hw, start, hw, -1, broker.view.node_id)
 
 
+def isolation_of(req: KafkaRequest) -> str:
+    """A Fetch's (4+) or ListOffsets' (2+) isolation level: 1 is read_committed (below the
+    LSO, aborted transactions listed), 0 (and older versions) read_uncommitted."""
+    level = int(getattr(req.body, "isolation_level", 0) or 0)
+    return api.READ_COMMITTED if level == 1 else api.READ_UNCOMMITTED
+
+
 def fetched_topics(
     wanted: Wanted,
     results: list[Any],
@@ -1310,8 +1334,13 @@ def fetched_topics(
         else:
             response, records = result
             entry["high_watermark"] = response.high_watermark
-            entry["last_stable_offset"] = response.high_watermark
+            lso = response.last_stable_offset
+            entry["last_stable_offset"] = lso if lso >= 0 else response.high_watermark
             entry["log_start_offset"] = response.log_start_offset
+            entry["aborted_transactions"] = [
+                {"producer_id": producer_id, "first_offset": first_offset}
+                for producer_id, first_offset in response.aborted_transactions
+            ]
             entry["records"] = records or b""
         by_topic.setdefault(topic, []).append(entry)
     return [{"topic": t, "topic_id": ids.get(t), "partitions": ps} for t, ps in by_topic.items()]
