@@ -59,23 +59,7 @@ def add_access_commands(sub: Any, with_bootstrap: Any) -> None:
             "authenticated principal, or anonymous",
         )
         parser.add_argument("permission", choices=["read", "write", "admin"])
-        where = parser.add_mutually_exclusive_group(required=True)
-        where.add_argument("--topic", help="one topic")
-        where.add_argument("--topic-prefix", help="every topic whose name starts with this")
-        where.add_argument(
-            "--group", help="one Kafka consumer group (read: use it; admin: delete it)"
-        )
-        where.add_argument("--group-prefix", help="every group whose name starts with this")
-        where.add_argument(
-            "--transactional-id",
-            help="one Kafka transactional id (write: use it; read: describe it)",
-        )
-        where.add_argument(
-            "--transactional-id-prefix", help="every transactional id starting with this"
-        )
-        where.add_argument(
-            "--cluster", action="store_true", help="the cluster (admin only: everything)"
-        )
+        add_resource_arguments(parser)
         parser.set_defaults(func=cmd_acl)
     alist = with_bootstrap(asub.add_parser("list", help="every ACL, or one principal's"))
     alist.add_argument("--principal")
@@ -184,6 +168,24 @@ def describe_acl(acl: dict[str, Any]) -> str:
         return "cluster"
     kind = acl["resource"]
     return f"{kind} {acl['name']}*" if acl["pattern"] == "prefix" else f"{kind} {acl['name']}"
+
+
+def add_resource_arguments(parser: argparse.ArgumentParser) -> None:
+    """What an ACL is on: exactly one resource."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--topic", help="one topic")
+    where.add_argument("--topic-prefix", help="every topic whose name starts with this")
+    where.add_argument("--group", help="one Kafka consumer group (read: use it; admin: delete it)")
+    where.add_argument("--group-prefix", help="every group whose name starts with this")
+    where.add_argument(
+        "--transactional-id", help="one Kafka transactional id (write: use it; read: describe it)"
+    )
+    where.add_argument(
+        "--transactional-id-prefix", help="every transactional id starting with this"
+    )
+    where.add_argument(
+        "--cluster", action="store_true", help="the cluster (admin only: everything)"
+    )
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
