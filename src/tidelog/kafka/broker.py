@@ -158,12 +158,11 @@ class KafkaBroker:
         self._names_by_id: tuple[int, dict[Any, str]] = (-1, {})
         self.transactions = KafkaTransactions(
             core.view,
+            self._call,
+            core.authorize,
             core.access.authorize,
-            core.access.allows,
-            core.propose_metadata,
             self._check_group_member,
             group_cursor,
-            lambda: core.config.transaction_max_timeout_ms,
         )
         self.handlers: dict[int, Handler] = {
             0: self.produce,
