@@ -15,7 +15,13 @@ import pytest
 from helpers import run_tidelog, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
-from tidelog.errors import ProducerFenced, UnknownCursor
+from tidelog.errors import (
+    InvalidTransactionTimeout,
+    InvalidTxnState,
+    ProducerFenced,
+    UnknownCursor,
+    UnknownTransactionalId,
+)
 from tidelog.features import TRANSACTIONS_LEVEL
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
@@ -165,3 +171,20 @@ def test_transactions_cli_lists_describes_and_aborts_a_hanging_transaction(
             hanging.produce("hang", [b"zombie"], partition=0)
         refused = run_tidelog("transactions", "abort", "stuck-1", "--bootstrap", cluster.bootstrap)
         assert refused.returncode != 0 and "InvalidTxnState" in refused.stderr
+
+
+def test_what_a_transaction_refuses_is_named(cluster: LocalCluster) -> None:
+    with Client(cluster.bootstrap) as client:
+        with pytest.raises(InvalidTransactionTimeout, match=r"transaction\.max\.timeout\.ms"):
+            client.transaction("too-long", timeout_ms=10**9).begin()
+        with pytest.raises(UnknownTransactionalId):
+            client.describe_transaction("never-used")
+        with pytest.raises(UnknownTransactionalId):
+            client.abort_transaction("never-used")
+        with client.transaction("idle") as txn:  # nothing written: nothing to end
+            pass
+        assert txn.state == "committed"
+        with pytest.raises(InvalidTxnState, match="committed"):
+            txn.produce("out", [b"after the end"], partition=0)
+        with pytest.raises(InvalidTxnState, match="no open transaction"):
+            client.abort_transaction("idle")
