@@ -101,6 +101,7 @@ class KafkaTransactions:
             timeout_ms=millis(body.transaction_timeout),
         )
         try:
+            self.enabled()  # before the id's ACL, as Kafka's broker without transactions says
             txn = (await self.call(principal, request)).transaction
             answer["producer_id"], answer["producer_epoch"] = txn["producer_id"], txn["epoch"]
         except InvalidTransactionTimeout:
@@ -123,6 +124,7 @@ class KafkaTransactions:
             partitions=asked,
         )
         try:
+            self.enabled()
             refused = (await self.call(principal, request)).refused
             if refused:
                 for topic, partitions in codes.items():
@@ -156,6 +158,7 @@ class KafkaTransactions:
             group=str(body.group_id),
         )
         try:
+            self.enabled()
             await self.call(principal, request)
             return {"throttle_time": 0, "error_code": kerr.NONE}
         except TidelogError as exc:
@@ -184,8 +187,8 @@ class KafkaTransactions:
         try:
             # The group's member is checked here, as its coordinator, after what the door and
             # the group's ACL say and before the coordinator takes the offsets.
-            self.authorize(principal, request)
             self.enabled()
+            self.authorize(principal, request)
             self.authorize_group(principal, group)
             self._check_member(body)
             refused = (await self.call(principal, request)).refused
@@ -233,6 +236,7 @@ class KafkaTransactions:
             commit=bool(body.committed),
         )
         try:
+            self.enabled()
             await self.call(principal, request)
             return {"throttle_time": 0, "error_code": kerr.NONE}
         except TidelogError as exc:
