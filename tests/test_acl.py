@@ -206,6 +206,30 @@ def tidelog_requests() -> list[tuple[str, ApiKey, Any, bytes]]:
         ),
         ("list quotas", ApiKey.QUOTAS, api.QuotasRequest("list"), b""),
         ("accept an archive's loss", ApiKey.ARCHIVE, api.ArchiveRequest("accept_loss"), b""),
+        *transaction_requests(),
+    ]
+
+
+def transaction_requests() -> list[tuple[str, ApiKey, Any, bytes]]:
+    """The transaction coordinator's requests on a transactional id (a list shows only the
+    ids one may describe: it is open, as a list of cursors is)."""
+    txn = "guarded-txn"
+    return [
+        (
+            f"transaction {op}",
+            ApiKey.TRANSACTIONS,
+            api.TransactionRequest(op, txn, 1, 0, **extra),
+            b"",
+        )
+        for op, extra in [
+            ("init", {}),
+            ("add_partitions", {"partitions": {GUARDED: [0]}}),
+            ("add_offsets", {"cursor": "guarded-cursor"}),
+            ("commit_offsets", {"cursor": "guarded-cursor", "offsets": {GUARDED: {"0": 1}}}),
+            ("end", {"commit": True}),
+            ("describe", {}),
+            ("abort", {}),
+        ]
     ]
 
 

@@ -45,8 +45,9 @@ def result(method: Any) -> str:
 
 def blocking_result(method: Any) -> str:
     """What the blocking twin of an AsyncClient method returns: the same, but an iterator
-    where the async method is an async generator."""
-    return re.sub(r"^AsyncGenerator\[(.*), None\]$", r"Iterator[\1]", result(method))
+    where the async method is an async generator, and a Transaction for an AsyncTransaction."""
+    blocking = re.sub(r"^AsyncGenerator\[(.*), None\]$", r"Iterator[\1]", result(method))
+    return re.sub(r"^AsyncTransaction$", "Transaction", blocking)
 
 
 def test_every_async_method_has_a_blocking_twin_with_the_same_parameters() -> None:

@@ -3,7 +3,8 @@ against a 3-node cluster's Kafka ports: commits and aborts end with a marker in 
 of the transaction, offsets sent to a transaction are committed only when it commits, a second
 producer with the same transactional.id fences the first, transaction.timeout.ms aborts a
 forgotten transaction, and a coordinator SIGKILLed between EndTxn and the markers is finished
-by the next one. The markers are read back from the log (read_uncommitted) with
+by the next one; tidelog's own client and a Kafka producer share a transactional id's rules.
+The markers are read back from the log (read_uncommitted) with
 record/markers.py."""
 
 from __future__ import annotations
@@ -396,6 +397,34 @@ def test_a_second_producer_with_the_same_id_fences_the_first(cluster: LocalClust
     assert kinds(markers) == ["abort", "commit"] and records == 2
     assert markers[0].producer_epoch < markers[1].producer_epoch  # the abort fenced epoch 0
     assert state_of(cluster, "txn-zombie") == "CompleteCommit"
+
+
+def test_one_set_of_rules_serves_both_listeners(cluster: LocalCluster) -> None:
+    """A transactional id is one whoever uses it: tidelog's client taking it over fences a
+    Kafka producer of it, and `tidelog transactions` sees the Kafka producer's transaction."""
+    create_topic(cluster, "txn-shared", 1)
+    kafka_side = producer(cluster, "txn-shared")
+    kafka_side.init_transactions(30)
+    kafka_side.begin_transaction()
+    kafka_side.produce("txn-shared", value=b"from kafka", partition=0)
+    kafka_side.flush(30)
+    with Client(cluster.bootstrap) as client:
+        described = wait_for_value(
+            "the Kafka producer's partition in its transaction",
+            lambda: client.describe_transaction("txn-shared"),
+            lambda t: t["partitions"] == {"txn-shared": [0]},
+        )
+        assert described["state"] == "Ongoing"
+        with client.transaction("txn-shared") as txn:  # aborts the Kafka producer's first
+            assert txn.epoch > described["epoch"]
+            txn.produce("txn-shared", [b"from tidelog"], partition=0)
+        with pytest.raises(confluent_kafka.KafkaException) as fenced:
+            kafka_side.commit_transaction(30)
+        assert fenced.value.args[0].fatal() or fenced.value.args[0].txn_requires_abort()
+        read = [r.value for r in client.consume("txn-shared", 0, isolation_level="read_committed")]
+        assert read == [b"from tidelog"]
+    markers, records = log_of(cluster, "txn-shared", 0)
+    assert kinds(markers) == ["abort", "commit"] and records == 2
 
 
 def test_transaction_timeout_aborts_a_forgotten_transaction(cluster: LocalCluster) -> None:

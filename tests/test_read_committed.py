@@ -1,12 +1,7 @@
 """read_committed through a real node, the Python client and the CLI: reads stop at the last
 stable offset, aborted transactions' batches and markers are left out, "latest" is the LSO, and
-status shows the LSO and the transaction that holds the LWM.
-
-Until the transaction coordinator lands (the `txn` branch), nothing a client sends can write a
-transactional batch or a marker (a producer's control batch is refused), so these tests append
-them with `append_as_leader` below: through the node core's leader append path
-(`Replica.propose`), as the coordinator's marker writes will. Once it lands, the writes here
-can become a transactional producer's."""
+status shows the LSO and the transaction that holds the LWM. The transactions are the client's
+own (`client.transaction`), their markers the coordinator's."""
 
 from __future__ import annotations
 
@@ -20,36 +15,33 @@ from helpers import run_tidelog, wait_for_async
 from test_node import run
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.consume import committed_only
+from tidelog.client.transactions import AsyncTransaction
 from tidelog.errors import InvalidRequest, UnsupportedApi
+from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.node.server import Node
 from tidelog.protocol import api
 from tidelog.record.batch import ProducerRecord, build_batch, iter_headers
-from tidelog.record.markers import build_marker
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 
-def txn_batch(pid: int, *values: bytes, sequence: int = 0) -> bytes:
-    return build_batch(
-        [ProducerRecord(None, v) for v in values],
-        producer_id=pid,
-        producer_epoch=0,
-        base_sequence=sequence,
-        transactional=True,
-    )
+async def transactions_enabled(client: AsyncClient) -> None:
+    """A new cluster finalizes feature level 3 just after it starts."""
+
+    async def level() -> bool:
+        return (await client.describe_features()).finalized_level >= TRANSACTIONS_LEVEL
+
+    await wait_for_async("feature level 3", level)
 
 
-async def append_as_leader(node: Node, group: str, batch: bytes) -> int:
-    """Append through the leader's core (the test's stand-in for the coordinator) and wait
-    until it is committed; the offset after it."""
-    host = node.hosts[group]
-    info = host.replica.propose(batch)
-    host.process_ready()
-    await wait_for_async(
-        f"offset {info.last_offset} committed",
-        lambda: host.log.high_watermark > info.last_offset,
-    )
-    return info.next_offset
+async def open_transaction(
+    client: AsyncClient, transactional_id: str, *values: bytes
+) -> AsyncTransaction:
+    """A transaction of the id that wrote values (one batch) to t/0 and is still open."""
+    txn = client.transaction(transactional_id)
+    await txn.begin()
+    await txn.produce("t", list(values), partition=0)
+    return txn
 
 
 async def values(client: AsyncClient, **options: object) -> list[bytes | None]:
@@ -58,15 +50,17 @@ async def values(client: AsyncClient, **options: object) -> list[bytes | None]:
 
 def test_read_committed_stops_at_the_lso_and_drops_aborted_batches(tmp_path: Path) -> None:
     async def body(node: Node, client: AsyncClient) -> None:
+        await transactions_enabled(client)
         await client.create_topic("t")
         await client.produce("t", [b"p0"], partition=0)  # 0
-        await append_as_leader(node, "t/0", txn_batch(7, b"a1", b"a2"))  # 1, 2
-        await append_as_leader(node, "t/0", txn_batch(8, b"c1"))  # 3
+        aborted = await open_transaction(client, "a", b"a1", b"a2")  # 1, 2
+        committed = await open_transaction(client, "c", b"c1")  # 3
         await client.produce("t", [b"b"], partition=0)  # 4
-        await append_as_leader(node, "t/0", build_marker(7, 0, commit=False, coordinator_epoch=1))
-        await append_as_leader(node, "t/0", build_marker(8, 0, commit=True, coordinator_epoch=1))
-        await append_as_leader(node, "t/0", txn_batch(9, b"o1"))  # 7: open
+        await aborted.abort()  # its ABORT marker: 5
+        await committed.commit()  # its COMMIT marker: 6
+        still_open = await open_transaction(client, "o", b"o1")  # 7: open
         await client.produce("t", [b"z"], partition=0)  # 8
+        holder = f"producer {still_open.producer_id}"
 
         everything = [b"p0", b"a1", b"a2", b"c1", b"b", b"o1", b"z"]
         assert await values(client) == everything
@@ -84,7 +78,7 @@ def test_read_committed_stops_at_the_lso_and_drops_aborted_batches(tmp_path: Pat
         part = next(p for p in status["partitions"] if p["topic"] == "t")
         assert part["last_stable_offset"] == 7 and part["high_watermark"] == 9
         holds = [h for h in part["low_watermark"]["holds"] if h["kind"] == "transaction"]
-        assert [(h["name"], h["offset"]) for h in holds] == [("producer 9", 7)]
+        assert [(h["name"], h["offset"]) for h in holds] == [(holder, 7)]
 
         address = f"127.0.0.1:{node.address[1]}"
         shown = await asyncio.to_thread(
@@ -103,10 +97,10 @@ def test_read_committed_stops_at_the_lso_and_drops_aborted_batches(tmp_path: Pat
         assert read == ["p0", "c1", "b"]
         table = await asyncio.to_thread(run_tidelog, "status", "--bootstrap", address)
         assert "LSO" in table.stdout
-        assert "transaction producer 9 from offset 7: epoch 0, open" in table.stdout
+        assert f"transaction {holder} from offset 7: epoch 0, open" in table.stdout
 
         # The open transaction commits: everything it held back is readable.
-        await append_as_leader(node, "t/0", build_marker(9, 0, commit=True, coordinator_epoch=1))
+        await still_open.commit()  # its COMMIT marker: 9
         assert await values(client, isolation_level="read_committed") == [
             b"p0",
             b"c1",
@@ -121,9 +115,10 @@ def test_read_committed_stops_at_the_lso_and_drops_aborted_batches(tmp_path: Pat
 
 def test_a_cursor_of_a_read_committed_reader_starts_at_the_lso(tmp_path: Path) -> None:
     async def body(node: Node, client: AsyncClient) -> None:
+        await transactions_enabled(client)
         await client.create_topic("t")
         await client.produce("t", [b"p0"], partition=0)
-        await append_as_leader(node, "t/0", txn_batch(5, b"open"))  # 1: open
+        await open_transaction(client, "open", b"open")  # 1: open
         await client.produce("t", [b"later"], partition=0)
         address = f"127.0.0.1:{node.address[1]}"
         shown = await asyncio.to_thread(

@@ -1,7 +1,6 @@
 """The Spark source's isolationLevel=read_committed, below a session: the option, the ranges it
 plans ("latest" is the LSO) and what an executor's task reads of them (aborted transactions
-left out). Transactional batches and markers are appended through the node core's leader path
-(test_read_committed.append_as_leader) until the coordinator lands."""
+left out). The transactions are the Python client's (`client.transaction`)."""
 
 from __future__ import annotations
 
@@ -11,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from test_node import run
-from test_read_committed import append_as_leader, txn_batch
+from test_read_committed import open_transaction, transactions_enabled
 from tidelog.client.async_client import AsyncClient
 from tidelog.errors import InvalidConfig
 from tidelog.node.server import Node
-from tidelog.record.markers import build_marker
 from tidelog.spark.connection import client_of
 from tidelog.spark.options import SourceOptions
 from tidelog.spark.planning import high_watermarks, plan_tasks
@@ -40,13 +38,14 @@ def test_the_option_is_checked() -> None:
 
 def test_a_read_committed_query_ends_at_the_lso_without_aborted_records(tmp_path: Path) -> None:
     async def body(node: Node, client: AsyncClient) -> None:
+        await transactions_enabled(client)
         await client.create_topic("t")
         await client.produce("t", [b"p0"], partition=0)  # 0
-        await append_as_leader(node, "t/0", txn_batch(7, b"a1"))  # 1
-        await append_as_leader(node, "t/0", txn_batch(8, b"c1"))  # 2
-        await append_as_leader(node, "t/0", build_marker(7, 0, commit=False, coordinator_epoch=1))
-        await append_as_leader(node, "t/0", build_marker(8, 0, commit=True, coordinator_epoch=1))
-        await append_as_leader(node, "t/0", txn_batch(9, b"open"))  # 5
+        aborted = await open_transaction(client, "a", b"a1")  # 1
+        committed = await open_transaction(client, "c", b"c1")  # 2
+        await aborted.abort()  # its ABORT marker: 3
+        await committed.commit()  # its COMMIT marker: 4
+        await open_transaction(client, "o", b"open")  # 5: open
         await client.produce("t", [b"z"], partition=0)  # 6
         address = f"127.0.0.1:{node.address[1]}"
         opts = SourceOptions.parse(

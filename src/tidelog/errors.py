@@ -454,6 +454,13 @@ class UnknownTransactionalId(TidelogError):
     code = 134
 
 
+class InvalidTransactionTimeout(InvalidRequest):
+    """A transactional id's init asked for a transaction timeout outside 1 ms and the node's
+    transaction.max.timeout.ms (Kafka's INVALID_TRANSACTION_TIMEOUT)."""
+
+    code = 135
+
+
 _BY_CODE: dict[int, type[TidelogError]] = {}
 _BY_NAME: dict[str, type[TidelogError]] = {}
 

@@ -26,6 +26,7 @@ from tidelog.cli.elect import add_partitions_command
 from tidelog.cli.features import add_features_commands
 from tidelog.cli.progress import Progress
 from tidelog.cli.tables import add_watch_option, show, table_lines
+from tidelog.cli.transactions import add_transactions_commands
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.cluster_status import PartitionRow, partition_rows
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_certs_command(sub)
     add_archive_commands(sub, with_bootstrap)
     add_features_commands(sub, with_bootstrap)
+    add_transactions_commands(sub, with_bootstrap)
     add_demo_command(sub)
     return parser
 

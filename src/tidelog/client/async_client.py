@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from tidelog.acls import Acl
+from tidelog.client import transactions
 from tidelog.client.admin import Admin
 from tidelog.client.consume import CONSUME_FETCH_BYTES, ConsumeOptions, FetchOptions, Reader
 from tidelog.client.fetched import FetchResult
@@ -32,6 +33,7 @@ from tidelog.client.produce import Writer
 from tidelog.client.results import ProduceResult
 from tidelog.client.routing import Router, bootstrap_addresses
 from tidelog.client.tables import TableReader
+from tidelog.client.transactions import AsyncTransaction
 from tidelog.errors import InvalidRequest, TidelogError
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -42,6 +44,7 @@ from tidelog.tls import TlsFiles
 __all__ = [
     "CONSUME_FETCH_BYTES",
     "AsyncClient",
+    "AsyncTransaction",
     "ClusterInfo",
     "FetchResult",
     "NodeInfo",
@@ -255,6 +258,36 @@ class AsyncClient:
     async def status(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
         """Every node's view of its replicas (unreachable nodes are reported as such)."""
         return await self._admin.status(topics)
+
+    # -- transactions (transactions.py) -----------------------------------------------------------
+
+    def transaction(
+        self, transactional_id: str, timeout_ms: int = transactions.DEFAULT_TIMEOUT_MS
+    ) -> AsyncTransaction:
+        """A transaction of transactional_id, to use as `async with`: writes to any partitions
+        and cursor commits, committed together on a clean exit, aborted on an exception.
+        Entering it fences any other holder of the id (ProducerFenced there); the coordinator
+        aborts it if it stays open past timeout_ms."""
+        return AsyncTransaction(
+            self._router, self._writer, self._admin, transactional_id, timeout_ms
+        )
+
+    async def list_transactions(
+        self, states: list[str] | None = None, min_age_ms: int = -1
+    ) -> list[dict[str, Any]]:
+        """The transactional ids the coordinator knows, each's state (only these states;
+        open at least min_age_ms)."""
+        return await transactions.list_transactions(self._router, states or (), min_age_ms)
+
+    async def describe_transaction(self, transactional_id: str) -> dict[str, Any]:
+        """A transactional id's state: producer id, epoch, state, partitions, pending cursor
+        positions, when its transaction began (UnknownTransactionalId if none)."""
+        return await transactions.describe_transaction(self._router, transactional_id)
+
+    async def abort_transaction(self, transactional_id: str, wait: bool = True) -> dict[str, Any]:
+        """Abort a hanging transaction (KIP-664): at a new epoch, which fences its producer;
+        wait: until every partition holds its ABORT marker (the LSO moves on then)."""
+        return await transactions.abort_transaction(self._router, transactional_id, wait)
 
     # -- cursors (admin.py) -----------------------------------------------------------------------
 

@@ -160,10 +160,14 @@ class Writer:
         timeout_ms: int,
         producer_id: int,
         retry: bool,
+        transactional_id: str = "",
     ) -> ProduceResult | None:
         """One PRODUCE request to the partition's leader, retried (with retry: also after an
-        attempt that may have taken effect) and its outcome told apart."""
-        request = api.ProduceRequest(topic, partition, acks_value, timeout_ms, producer_id)
+        attempt that may have taken effect) and its outcome told apart. transactional_id: a
+        transactional batch's (client/transactions.py)."""
+        request = api.ProduceRequest(
+            topic, partition, acks_value, timeout_ms, producer_id, transactional_id
+        )
         unknown: list[TidelogError] = []
 
         def note(exc: TidelogError) -> None:

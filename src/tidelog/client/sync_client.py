@@ -23,6 +23,7 @@ from tidelog.client.async_client import (
 )
 from tidelog.client.consume import CONSUME_FETCH_BYTES, ConsumeOptions, FetchOptions
 from tidelog.client.producer import Producer, RecordMetadata
+from tidelog.client.transactions import DEFAULT_TIMEOUT_MS, Transaction
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.record.batch import ProducerRecord, Record
@@ -107,6 +108,22 @@ class Client:
                 topic, partition, replicas, throttle_bytes, wait, timeout_s
             )
         )
+
+    def transaction(
+        self, transactional_id: str, timeout_ms: int = DEFAULT_TIMEOUT_MS
+    ) -> Transaction:
+        return Transaction(self._async.transaction(transactional_id, timeout_ms), self._run)
+
+    def list_transactions(
+        self, states: list[str] | None = None, min_age_ms: int = -1
+    ) -> list[dict[str, Any]]:
+        return self._run(self._async.list_transactions(states, min_age_ms))
+
+    def describe_transaction(self, transactional_id: str) -> dict[str, Any]:
+        return self._run(self._async.describe_transaction(transactional_id))
+
+    def abort_transaction(self, transactional_id: str, wait: bool = True) -> dict[str, Any]:
+        return self._run(self._async.abort_transaction(transactional_id, wait))
 
     def describe_cluster(self, leader_only: bool = False) -> ClusterInfo:
         return self._run(self._async.describe_cluster(leader_only))

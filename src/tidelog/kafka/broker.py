@@ -11,7 +11,8 @@ Where Kafka and tidelog differ:
   topic): they hold the low-water mark as every tidelog cursor does, within
   cursor.max.lag.bytes and cursor.max.idle.ms. Committed metadata strings are not kept.
 - The group coordinator and the controller are the metadata log's leader.
-- The transaction coordinator is the metadata log's leader too (kafka/transactions.py);
+- The transaction coordinator is the metadata log's leader too: kafka/transactions.py turns
+  its Kafka APIs into the core's TransactionRequests (node/ops/transactions.py has the rules);
   transactions need feature level 3, and are refused with UNSUPPORTED_VERSION before it.
 """
 
@@ -158,12 +159,11 @@ class KafkaBroker:
         self._names_by_id: tuple[int, dict[Any, str]] = (-1, {})
         self.transactions = KafkaTransactions(
             core.view,
+            self._call,
+            core.authorize,
             core.access.authorize,
-            core.access.allows,
-            core.propose_metadata,
             self._check_group_member,
             group_cursor,
-            lambda: core.config.transaction_max_timeout_ms,
         )
         self.handlers: dict[int, Handler] = {
             0: self.produce,

@@ -1,36 +1,32 @@
-"""Kafka's transaction APIs (KIP-98, KIP-447, KIP-664) over the metadata log's transactions.
+"""Kafka's transaction APIs (KIP-98, KIP-447, KIP-664), translated into the coordinator's
+requests of tidelog's protocol.
 
-The transaction coordinator is the metadata log's leader, as the group coordinator is: these
-handlers check a request against the transactional id's state (replication/
-metadata_transactions.py), as the core's view shows it, and propose the command that changes
-it; node/transaction_coordinator.py writes the markers once a decision is committed. Every
-request needs feature level 3 (`transactions`): before it, UNSUPPORTED_VERSION, which clients
-report as a broker without transactions.
+The rules are the node's (node/ops/transactions.py), which tidelog's own client reaches too:
+each handler here turns a Kafka request into `api.TransactionRequest`s passed through the core's
+door (`NodeCore.handle`, which authorizes them), and the answer or error into Kafka's fields and
+codes. The transaction coordinator is the metadata log's leader, as the group coordinator is.
+Every request needs feature level 3 (`transactions`): before it, UNSUPPORTED_VERSION, which
+clients report as a broker without transactions.
 
-    InitProducerId (transactional)  the id's producer id and a new epoch (fences older ones)
-    AddPartitionsToTxn v0-3         partitions join the transaction (v4+ is KIP-890's
-                                    broker-to-broker verification, which tidelog does inside)
-    AddOffsetsToTxn                 a group's offsets will commit with it
-    TxnOffsetCommit                 the offsets, pending until the transaction ends
-    EndTxn                          the decision: its commit point
+    InitProducerId (transactional)  init: the id's producer id and a new epoch
+    AddPartitionsToTxn v0-3         add_partitions (v4+ is KIP-890's broker-to-broker
+                                    verification, which tidelog does inside)
+    AddOffsetsToTxn                 add_offsets: a group's offsets will commit with it
+    TxnOffsetCommit                 commit_offsets, once this node as the group coordinator
+                                    found the member at its generation (KIP-447)
+    EndTxn                          end: the decision, its commit point
     DescribeTransactions, ListTransactions
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime
-import random
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tidelog.acls import Resource
 from tidelog.errors import (
-    ConcurrentTransactions,
-    InvalidTxnState,
-    NotLeader,
-    ProducerFenced,
+    InvalidTransactionTimeout,
     TidelogError,
     TransactionsNotEnabled,
     UnknownTransactionalId,
@@ -42,27 +38,22 @@ from tidelog.kafka.errors import kafka_code
 from tidelog.kafka.groups import GroupError
 from tidelog.node.access import Operation, Principal
 from tidelog.node.cluster_view import ClusterView, CursorRecord
-from tidelog.replication.metadata_commands import (
-    MetadataCommand,
-    TxnAddGroup,
-    TxnAddPartitions,
-    TxnEnd,
-    TxnInit,
-    TxnOffsets,
-)
+from tidelog.protocol import api
 from tidelog.replication.metadata_transactions import Transaction, TxnState
 
-PROPOSE_TIMEOUT_S = 30.0
 # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions,
 # ListTransactions: listed by ApiVersions only from feature level 3.
 TRANSACTION_APIS = frozenset({24, 25, 26, 28, 65, 66})
 OPERATION_NOT_ATTEMPTED = 55
+# Why the coordinator refused a partition (protocol/api.py), as Kafka's codes.
+REFUSED_CODES = {
+    api.TXN_NOT_AUTHORIZED: kerr.TOPIC_AUTHORIZATION_FAILED,
+    api.TXN_UNKNOWN_PARTITION: kerr.UNKNOWN_TOPIC_OR_PARTITION,
+    api.TXN_INVALID_OFFSET: kerr.INVALID_REQUEST,
+}
 
 Answer = dict[str, Any]
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
+Call = Callable[[Principal, api.TransactionRequest], Awaitable[api.TransactionResponse]]
 
 
 class KafkaTransactions:
@@ -71,25 +62,18 @@ class KafkaTransactions:
     def __init__(
         self,
         view: ClusterView,
-        authorize: Callable[[Principal, Operation, Resource], None],
-        allows: Callable[[Principal, Operation, Resource], bool],
-        propose: Callable[[MetadataCommand, float], Awaitable[int]],
+        call: Call,
+        authorize: Callable[[Principal, Any], object],
+        authorize_access: Callable[[Principal, Operation, Resource], None],
         check_group_member: Callable[[str, str, int], None],
         group_cursor: Callable[[Mapping[str, CursorRecord], str, str], str],
-        max_timeout_ms: Callable[[], int],
     ) -> None:
         self.view = view
-        self.authorize = authorize
-        self.allows = allows
-        self.propose = propose
+        self.call = call  # through the core's door (NodeCore.handle)
+        self.authorize = authorize  # the door's check alone (NodeCore.authorize)
+        self.authorize_access = authorize_access  # Access.authorize
         self.check_group_member = check_group_member  # group, member, generation: GroupError
         self.group_cursor = group_cursor
-        self.max_timeout_ms = max_timeout_ms  # the node's transaction.max.timeout.ms
-        # Per transactional id: its InitProducerIds one at a time, and how many wait (the entry
-        # goes with the last, so that ids used once cost nothing).
-        self._init_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-
-    # -- common checks ------------------------------------------------------------------------
 
     def enabled(self) -> None:
         level = self.view.finalized_level
@@ -100,44 +84,6 @@ class KafkaTransactions:
                 level=level,
             )
 
-    def coordinator(self, principal: Principal, transactional_id: str) -> None:
-        """Transactions enabled, this node the coordinator, principal allowed the id."""
-        self.enabled()
-        self.authorize(
-            principal, Operation.TRANSACTION, Resource.transactional_id(transactional_id)
-        )
-        if not self.view.is_metadata_leader:
-            raise NotLeader(
-                "not the transaction coordinator", leader_hint=self.view.metadata_leader
-            )
-
-    def current(self, transactional_id: str, producer_id: int, epoch: int) -> Transaction:
-        """The id's transaction, if the request's producer id and epoch are its current ones."""
-        txn = self.view.transactions.get(transactional_id)
-        if txn is None or txn.producer_id != producer_id:
-            raise UnknownTransactionalId(
-                f"transactional id {transactional_id!r} does not have producer id {producer_id}",
-                transactional_id=transactional_id,
-            )
-        if epoch < txn.epoch:
-            raise ProducerFenced(
-                f"transactional id {transactional_id!r}: epoch {epoch} is fenced by {txn.epoch}",
-                transactional_id=transactional_id,
-            )
-        if epoch > txn.epoch:
-            raise InvalidTxnState(
-                f"transactional id {transactional_id!r} is at epoch {txn.epoch}, not {epoch}",
-                transactional_id=transactional_id,
-            )
-        return txn
-
-    @staticmethod
-    def may_add(txn: Transaction) -> None:
-        if txn.state.prepared:
-            raise ConcurrentTransactions(
-                f"transactional id {txn.transactional_id!r}: its transaction is being completed"
-            )
-
     @staticmethod
     def code(error: TidelogError) -> int:
         return kafka_code(error, not_leader=kerr.NOT_COORDINATOR)
@@ -146,92 +92,46 @@ class KafkaTransactions:
 
     async def init_producer_id(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
-        transactional_id = str(body.transactional_id)
         answer: Answer = {"error_code": kerr.NONE, "producer_id": -1, "producer_epoch": -1}
+        request = api.TransactionRequest(
+            "init",
+            str(body.transactional_id),
+            producer_id=int(getattr(body, "producer_id", -1)),
+            producer_epoch=int(getattr(body, "producer_epoch", -1)),
+            timeout_ms=millis(body.transaction_timeout),
+        )
         try:
-            self.coordinator(principal, transactional_id)
-            timeout_ms = millis(body.transaction_timeout)
-            if not 1 <= timeout_ms <= self.max_timeout_ms():
-                answer["error_code"] = kerr.INVALID_TRANSACTION_TIMEOUT
-                return answer
-            expected = (
-                int(getattr(body, "producer_id", -1)),
-                int(getattr(body, "producer_epoch", -1)),
-            )
-            lock, users = self._init_locks.setdefault(transactional_id, (asyncio.Lock(), [0]))
-            users[0] += 1
-            try:
-                async with lock:
-                    txn = await self._init(principal, transactional_id, timeout_ms, expected)
-            finally:
-                users[0] -= 1
-                if not users[0]:
-                    del self._init_locks[transactional_id]
-            answer["producer_id"], answer["producer_epoch"] = txn.producer_id, txn.epoch
+            self.enabled()  # before the id's ACL, as Kafka's broker without transactions says
+            txn = (await self.call(principal, request)).transaction
+            answer["producer_id"], answer["producer_epoch"] = txn["producer_id"], txn["epoch"]
+        except InvalidTransactionTimeout:
+            answer["error_code"] = kerr.INVALID_TRANSACTION_TIMEOUT
         except TidelogError as exc:
             answer["error_code"] = self.code(exc)
         return answer
-
-    async def _init(
-        self,
-        principal: Principal,
-        transactional_id: str,
-        timeout_ms: int,
-        expected: tuple[int, int],
-    ) -> Transaction:
-        txn = self.view.transactions.get(transactional_id)
-        if txn is not None and expected[0] >= 0 and expected != (txn.producer_id, txn.epoch):
-            # KIP-360: a producer that names its id and epoch resumes only if still current.
-            raise ProducerFenced(
-                f"transactional id {transactional_id!r} is at producer {txn.producer_id} epoch "
-                f"{txn.epoch}, not {expected[0]} epoch {expected[1]}",
-                transactional_id=transactional_id,
-            )
-        if txn is not None:
-            self.may_add(txn)
-        seen = txn.epoch if txn is not None else -1
-        fresh = random.SystemRandom().getrandbits(62) + 1
-        command = TxnInit(transactional_id, fresh, seen, timeout_ms, principal.name, wall_ms())
-        await self.propose(command, PROPOSE_TIMEOUT_S)
-        after = self.view.transactions.get(transactional_id)
-        if after is None or (after.epoch == seen and txn is not None):
-            raise ConcurrentTransactions(f"transactional id {transactional_id!r}: ask again")
-        if after.state.prepared:
-            # The old epoch's open transaction is being aborted: the producer asks again.
-            raise ConcurrentTransactions(
-                f"transactional id {transactional_id!r}: aborting the open transaction of "
-                "the fenced epoch"
-            )
-        return after
 
     # -- AddPartitionsToTxn, AddOffsetsToTxn ---------------------------------------------------
 
     async def add_partitions(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
-        transactional_id = str(body.v3_and_below_transactional_id)
         asked = {t.name: [int(p) for p in t.partitions] for t in body.v3_and_below_topics}
         codes = {t: dict.fromkeys(ps, kerr.NONE) for t, ps in asked.items()}
+        request = api.TransactionRequest(
+            "add_partitions",
+            str(body.v3_and_below_transactional_id),
+            int(body.v3_and_below_producer_id),
+            int(body.v3_and_below_producer_epoch),
+            partitions=asked,
+        )
         try:
-            self.coordinator(principal, transactional_id)
-            txn = self.current(
-                transactional_id,
-                int(body.v3_and_below_producer_id),
-                int(body.v3_and_below_producer_epoch),
-            )
-            self.may_add(txn)
-            if self._partition_errors(principal, codes):
-                for partitions in codes.values():
-                    for p, code in partitions.items():
-                        if code == kerr.NONE:
-                            partitions[p] = OPERATION_NOT_ATTEMPTED
-            elif txn.state is not TxnState.ONGOING or any(
-                not txn.holds(t, p) for t, ps in asked.items() for p in ps
-            ):
-                command = TxnAddPartitions(
-                    transactional_id, txn.producer_id, txn.epoch, asked, wall_ms()
-                )
-                await self.propose(command, PROPOSE_TIMEOUT_S)
-                self._check_applied(transactional_id, txn)
+            self.enabled()
+            refused = (await self.call(principal, request)).refused
+            if refused:
+                for topic, partitions in codes.items():
+                    for p in partitions:
+                        reason = refused.get(topic, {}).get(str(p), "")
+                        code = REFUSED_CODES.get(reason, kerr.UNKNOWN_SERVER_ERROR)
+                        partitions[p] = code if reason else OPERATION_NOT_ATTEMPTED
         except TidelogError as exc:
             code = self.code(exc)
             codes = {t: dict.fromkeys(ps, code) for t, ps in asked.items()}
@@ -248,52 +148,18 @@ class KafkaTransactions:
             ],
         }
 
-    def _partition_errors(self, principal: Principal, codes: dict[str, dict[int, int]]) -> bool:
-        """Mark partitions the principal may not write or that do not exist; whether any."""
-        failed = False
-        for topic, partitions in codes.items():
-            if not self.allows(principal, Operation.WRITE, Resource.topic(topic)):
-                code = kerr.TOPIC_AUTHORIZATION_FAILED
-            else:
-                code = kerr.NONE
-            meta = self.view.topics.get(topic)
-            for p in partitions:
-                if code == kerr.NONE and (meta is None or not 0 <= p < meta.partitions):
-                    partitions[p] = kerr.UNKNOWN_TOPIC_OR_PARTITION
-                    failed = True
-                elif code != kerr.NONE:
-                    partitions[p] = code
-                    failed = True
-        return failed
-
-    def _check_applied(self, transactional_id: str, before: Transaction) -> None:
-        """The command changed nothing if the id moved on meanwhile (fenced, or ended)."""
-        after = self.view.transactions.get(transactional_id)
-        if after is None or (after.producer_id, after.epoch) != (before.producer_id, before.epoch):
-            raise ProducerFenced(
-                f"transactional id {transactional_id!r} was fenced meanwhile",
-                transactional_id=transactional_id,
-            )
-        if after.state is not TxnState.ONGOING:
-            raise InvalidTxnState(
-                f"transactional id {transactional_id!r} is {after.state.value}",
-                transactional_id=transactional_id,
-            )
-
     async def add_offsets(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
-        transactional_id, group = str(body.transactional_id), str(body.group_id)
+        request = api.TransactionRequest(
+            "add_offsets",
+            str(body.transactional_id),
+            int(body.producer_id),
+            int(body.producer_epoch),
+            group=str(body.group_id),
+        )
         try:
-            self.coordinator(principal, transactional_id)
-            self.authorize(principal, Operation.GROUP, Resource.group(group))
-            txn = self.current(transactional_id, int(body.producer_id), int(body.producer_epoch))
-            self.may_add(txn)
-            if txn.state is not TxnState.ONGOING or group not in txn.groups:
-                command = TxnAddGroup(
-                    transactional_id, txn.producer_id, txn.epoch, group, wall_ms()
-                )
-                await self.propose(command, PROPOSE_TIMEOUT_S)
-                self._check_applied(transactional_id, txn)
+            self.enabled()
+            await self.call(principal, request)
             return {"throttle_time": 0, "error_code": kerr.NONE}
         except TidelogError as exc:
             return {"throttle_time": 0, "error_code": self.code(exc)}
@@ -302,35 +168,38 @@ class KafkaTransactions:
 
     async def txn_offset_commit(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
-        transactional_id, group = str(body.transactional_id), str(body.group_id)
+        group = str(body.group_id)
         asked = {
-            t.name: {int(p.partition_index): int(p.committed_offset) for p in t.partitions}
+            t.name: {str(int(p.partition_index)): int(p.committed_offset) for p in t.partitions}
             for t in body.topics
         }
-        codes = {t: dict.fromkeys(ps, kerr.NONE) for t, ps in asked.items()}
+        codes = {t: dict.fromkeys((int(p) for p in ps), kerr.NONE) for t, ps in asked.items()}
+        cursors = self.view.cursors
+        request = api.TransactionRequest(
+            "commit_offsets",
+            str(body.transactional_id),
+            int(body.producer_id),
+            int(body.producer_epoch),
+            group=group,
+            offsets=asked,
+            cursors={t: self.group_cursor(cursors, group, t) for t in asked},
+        )
         try:
-            self.coordinator(principal, transactional_id)
-            self.authorize(principal, Operation.GROUP, Resource.group(group))
-            txn = self.current(transactional_id, int(body.producer_id), int(body.producer_epoch))
-            if txn.state is not TxnState.ONGOING or group not in txn.groups:
-                raise InvalidTxnState(
-                    f"transactional id {transactional_id!r} has not added group {group!r} "
-                    "(AddOffsetsToTxn) to an ongoing transaction",
-                    transactional_id=transactional_id,
-                )
+            # The group's member is checked here, as its coordinator, after what the door and
+            # the group's ACL say and before the coordinator takes the offsets.
+            self.enabled()
+            self.authorize(principal, request)
+            self.authorize_group(principal, group)
             self._check_member(body)
-            offsets = self._pending(principal, group, asked, codes)
-            if offsets:
-                command = TxnOffsets(
-                    transactional_id, txn.producer_id, txn.epoch, group, offsets, wall_ms()
-                )
-                await self.propose(command, PROPOSE_TIMEOUT_S)
-                self._check_applied(transactional_id, txn)
+            refused = (await self.call(principal, request)).refused
+            for topic, partitions in refused.items():
+                for p, reason in partitions.items():
+                    codes[topic][int(p)] = REFUSED_CODES.get(reason, kerr.UNKNOWN_SERVER_ERROR)
         except GroupError as exc:
-            codes = {t: dict.fromkeys(ps, exc.code) for t, ps in asked.items()}
+            codes = {t: dict.fromkeys(ps, exc.code) for t, ps in codes.items()}
         except TidelogError as exc:
             code = self.code(exc)
-            codes = {t: dict.fromkeys(ps, code) for t, ps in asked.items()}
+            codes = {t: dict.fromkeys(ps, code) for t, ps in codes.items()}
         return {
             "throttle_time": 0,
             "topics": [
@@ -342,6 +211,11 @@ class KafkaTransactions:
             ],
         }
 
+    def authorize_group(self, principal: Principal, group: str) -> None:
+        """Read on the group, before its membership is looked at (the coordinator checks it
+        again with the offsets)."""
+        self.authorize_access(principal, Operation.GROUP, Resource.group(group))
+
     def _check_member(self, body: Any) -> None:
         """KIP-447: a member of the group at its generation (v3+ carries them; -1 and no
         member: a producer outside the group, as Kafka allows)."""
@@ -350,70 +224,23 @@ class KafkaTransactions:
         if generation >= 0 or member:
             self.check_group_member(str(body.group_id), member, generation)
 
-    def _pending(
-        self,
-        principal: Principal,
-        group: str,
-        asked: dict[str, dict[int, int]],
-        codes: dict[str, dict[int, int]],
-    ) -> dict[str, dict[str, Any]]:
-        """The offsets by the cursor that keeps the group's offsets on each topic; a topic the
-        principal may not read, or that does not exist, is marked so and left out."""
-        pending: dict[str, dict[str, Any]] = {}
-        cursors = self.view.cursors
-        for topic, positions in asked.items():
-            meta = self.view.topics.get(topic)
-            code = kerr.NONE
-            if not self.allows(principal, Operation.READ, Resource.topic(topic)):
-                code = kerr.TOPIC_AUTHORIZATION_FAILED
-            elif meta is None or any(not 0 <= p < meta.partitions for p in positions):
-                code = kerr.UNKNOWN_TOPIC_OR_PARTITION
-            elif any(o < 0 for o in positions.values()):
-                code = kerr.INVALID_REQUEST
-            if code != kerr.NONE:
-                codes[topic] = dict.fromkeys(positions, code)
-                continue
-            name = self.group_cursor(cursors, group, topic)
-            pending[name] = {"topic": topic, "positions": dict(positions)}
-        return pending
-
     # -- EndTxn ---------------------------------------------------------------------------------
 
     async def end_txn(self, principal: Principal, req: KafkaRequest) -> Answer:
         body = req.body
-        transactional_id, commit = str(body.transactional_id), bool(body.committed)
+        request = api.TransactionRequest(
+            "end",
+            str(body.transactional_id),
+            int(body.producer_id),
+            int(body.producer_epoch),
+            commit=bool(body.committed),
+        )
         try:
-            self.coordinator(principal, transactional_id)
-            txn = self.current(transactional_id, int(body.producer_id), int(body.producer_epoch))
-            if txn.state is TxnState.ONGOING:
-                command = TxnEnd(
-                    transactional_id, txn.producer_id, txn.epoch, commit, False, wall_ms()
-                )
-                await self.propose(command, PROPOSE_TIMEOUT_S)
-                after = self.view.transactions.get(transactional_id)
-                if after is None or after.prepared_offset < 0 or after.epoch != txn.epoch:
-                    raise ProducerFenced(
-                        f"transactional id {transactional_id!r} was fenced meanwhile",
-                        transactional_id=transactional_id,
-                    )
-                txn = after
-            self._check_outcome(txn, commit)
+            self.enabled()
+            await self.call(principal, request)
             return {"throttle_time": 0, "error_code": kerr.NONE}
         except TidelogError as exc:
             return {"throttle_time": 0, "error_code": self.code(exc)}
-
-    @staticmethod
-    def _check_outcome(txn: Transaction, commit: bool) -> None:
-        """An EndTxn (or its retry) agrees with the decision recorded."""
-        committed = (TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT)
-        aborted = (TxnState.PREPARE_ABORT, TxnState.COMPLETE_ABORT)
-        if txn.state in (committed if commit else aborted):
-            return
-        what = "commit" if commit else "abort"
-        raise InvalidTxnState(
-            f"transactional id {txn.transactional_id!r} cannot {what}: it is {txn.state.value}",
-            transactional_id=txn.transactional_id,
-        )
 
     # -- DescribeTransactions, ListTransactions (KIP-664) -----------------------------------------
 
@@ -423,15 +250,10 @@ class KafkaTransactions:
             entry: Answer = {"error_code": kerr.NONE, "transactional_id": transactional_id}
             try:
                 self.enabled()
-                resource = Resource.transactional_id(transactional_id)
-                self.authorize(principal, Operation.DESCRIBE_TRANSACTION, resource)
-                if not self.view.is_metadata_leader:
-                    raise NotLeader("not the transaction coordinator")
-                txn = self.view.transactions.get(transactional_id)
-                if txn is None:
-                    entry["error_code"] = kerr.TRANSACTIONAL_ID_NOT_FOUND
-                else:
-                    entry.update(described(txn))
+                request = api.TransactionRequest("describe", transactional_id)
+                entry.update(described((await self.call(principal, request)).transaction))
+            except UnknownTransactionalId:
+                entry["error_code"] = kerr.TRANSACTIONAL_ID_NOT_FOUND
             except TidelogError as exc:
                 entry["error_code"] = self.code(exc)
             # An entry refused carries the schema's default, 0, as Kafka's does; a transaction
@@ -445,38 +267,25 @@ class KafkaTransactions:
         """The transactions this node coordinates (a node that coordinates none answers an
         empty list, as for ListGroups: admin clients ask every broker)."""
         body = req.body
-        known = {s.value for s in TxnState}
-        wanted = set(body.state_filters or ())
-        producers = {int(p) for p in body.producer_id_filters or ()}
-        min_age_ms = int(getattr(body, "duration_filter", -1))
-        listed = []
-        if self.view.is_metadata_leader and self.view.finalized_level >= TRANSACTIONS_LEVEL:
-            now = wall_ms()
-            for name, txn in sorted(self.view.transactions.items()):
-                if (
-                    (wanted and txn.state.value not in wanted)
-                    or (producers and txn.producer_id not in producers)
-                    or (
-                        min_age_ms >= 0
-                        and (not txn.started_ms or now - txn.started_ms < min_age_ms)
-                    )
-                    or not self.allows(
-                        principal, Operation.DESCRIBE_TRANSACTION, Resource.transactional_id(name)
-                    )
-                ):
-                    continue
-                listed.append(
-                    {
-                        "transactional_id": name,
-                        "producer_id": txn.producer_id,
-                        "transaction_state": txn.state.value,
-                    }
-                )
+        request = api.TransactionRequest(
+            "list",
+            states=[str(s) for s in body.state_filters or ()],
+            producer_ids=[int(p) for p in body.producer_id_filters or ()],
+            min_age_ms=int(getattr(body, "duration_filter", -1)),
+        )
+        response = await self.call(principal, request)
         return {
             "throttle_time": 0,
             "error_code": kerr.NONE,
-            "unknown_state_filters": sorted(wanted - known),
-            "transaction_states": listed,
+            "unknown_state_filters": response.unknown_states,
+            "transaction_states": [
+                {
+                    "transactional_id": txn["transactional_id"],
+                    "producer_id": txn["producer_id"],
+                    "transaction_state": txn["state"],
+                }
+                for txn in response.transactions
+            ],
         }
 
 
@@ -484,15 +293,18 @@ def start_time(ms: int) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
-def described(txn: Transaction) -> Answer:
+def described(txn: Mapping[str, Any]) -> Answer:
+    """A transaction as the coordinator answers it (Transaction.to_wire()), in Kafka's
+    DescribeTransactions fields."""
+    started = int(txn["started_ms"])
     return {
-        "transaction_state": txn.state.value,
-        "transaction_timeout": txn.timeout_ms,
-        "transaction_start_time": start_time(txn.started_ms if txn.started_ms else -1),
-        "producer_id": txn.producer_id,
-        "producer_epoch": txn.epoch,
+        "transaction_state": txn["state"],
+        "transaction_timeout": txn["timeout_ms"],
+        "transaction_start_time": start_time(started if started else -1),
+        "producer_id": txn["producer_id"],
+        "producer_epoch": txn["epoch"],
         "topics": [
-            {"topic": t, "partitions": list(ps)} for t, ps in sorted(txn.partitions.items())
+            {"topic": t, "partitions": list(ps)} for t, ps in sorted(txn["partitions"].items())
         ],
     }
 

@@ -56,6 +56,7 @@ from tidelog.node.ops.features import FeatureOps
 from tidelog.node.ops.metadata_answer import MetadataAnswers
 from tidelog.node.ops.security import Security
 from tidelog.node.ops.topic_admin import TopicAdmin
+from tidelog.node.ops.transactions import TransactionOps, transaction_scope
 from tidelog.node.partition import PartitionHost
 from tidelog.node.peer_directories import PeerDirectories
 from tidelog.node.peer_liveness import PeerLiveness
@@ -340,6 +341,13 @@ class NodeCore:
             self.features,
         )
         self.feature_ops = FeatureOps(self.node_id, self.metadata_log, self.features)
+        self.transaction_ops = TransactionOps(
+            self.metadata_log,
+            self.access,
+            lambda: self.features.finalized,
+            lambda: self.config.transaction_max_timeout_ms,
+            self.cursor_ops.as_principal,
+        )
 
     def _handler_table(self) -> dict[type[Any], tuple[Handler, Scope]]:
         """Request type -> (its handler, what it does to which resource: for Access)."""
@@ -395,6 +403,7 @@ class NodeCore:
             api.QuotasRequest: (self.security.quotas, on_cluster(Operation.GRANT)),
             api.ArchiveRequest: (self.cluster_admin.archive, archive_scope),
             api.FeaturesRequest: (self.feature_ops.features_request, features_scope),
+            api.TransactionRequest: (self.transaction_ops.without_principal, transaction_scope),
         }
 
     def _write_formats_of(self, level: int) -> None:
@@ -713,6 +722,8 @@ class NodeCore:
             return self.security.guarded_authenticate(principal.address, request, payload)
         if isinstance(request, api.CursorRequest):
             request = self.cursor_ops.as_principal(principal, request)
+        if isinstance(request, api.TransactionRequest):
+            return self.transaction_ops.handle(principal, request)
         quota = QUOTA_CHARGES.get(type(request))
         if quota == PRODUCER_BYTE_RATE:
             self.quotas.charge(principal.name, quota, len(payload))

@@ -57,6 +57,10 @@ class ApiKey(enum.IntEnum):
     # (Kafka's WriteTxnMarkers); the leader answers with TXN_MARKERS_DONE once it is committed.
     TXN_MARKERS = 117
     TXN_MARKERS_DONE = 118
+    # The transaction coordinator's requests (Kafka's InitProducerId with a transactional id,
+    # AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn, DescribeTransactions,
+    # ListTransactions, and KIP-664's abort), to the metadata leader
+    TRANSACTIONS = 119
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -485,6 +489,70 @@ class FeaturesResponse:
     node_id: int = -1  # who answered
 
 
+TRANSACTION_OPS = (
+    "init",  # a producer id and a new epoch for the transactional id (fences older epochs)
+    "add_partitions",  # partitions join the transaction
+    "add_offsets",  # a Kafka group's (group) or a cursor's (cursor) offsets will commit with it
+    "commit_offsets",  # the offsets, pending until the transaction ends
+    "end",  # the decision (commit or abort): the transaction's commit point
+    "describe",  # one transactional id's state
+    "list",  # the transactions the coordinator knows
+    "abort",  # an operator ends a hanging transaction (KIP-664): abort at a new epoch
+)
+
+
+@dataclass(frozen=True)
+class TransactionRequest:
+    """A request to the transaction coordinator, the metadata log's leader
+    (node/ops/transactions.py has the rules of each op). Every op but list needs a
+    transactional id, and all but describe, list and abort the producer id and epoch that init
+    gave. A node from before transactions answers UnsupportedApi."""
+
+    op: str  # TRANSACTION_OPS
+    transactional_id: str = ""
+    producer_id: int = -1
+    producer_epoch: int = -1
+    # init: the transaction's timeout (Kafka's transaction.timeout.ms); with producer_id and
+    # producer_epoch set (KIP-360), the id resumes only if those are still its current ones
+    timeout_ms: int = 60_000
+    partitions: dict[str, list[int]] = field(default_factory=dict)  # add_partitions
+    # add_offsets, commit_offsets: whose offsets, a Kafka consumer group or a tidelog cursor
+    group: str = ""
+    cursor: str = ""
+    # commit_offsets: topic -> partition -> offset; cursors: topic -> the cursor that keeps
+    # the group's offsets on it (a cursor's own offsets are on its topic, under its name)
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    cursors: dict[str, str] = field(default_factory=dict)
+    commit: bool = False  # end: commit (True) or abort
+    # list: only these states (none: all), these producer ids, open at least min_age_ms
+    states: list[str] = field(default_factory=list)
+    producer_ids: list[int] = field(default_factory=list)
+    min_age_ms: int = -1
+    leader_only: bool = False  # list: NotLeader from a node that does not coordinate
+
+
+# Why a partition of add_partitions or commit_offsets was refused (the Kafka listener answers
+# each with its own code; tidelog's client raises the error of the first).
+TXN_NOT_AUTHORIZED = "not_authorized"
+TXN_UNKNOWN_PARTITION = "unknown_topic_or_partition"
+TXN_INVALID_OFFSET = "invalid_offset"
+
+
+@dataclass(frozen=True)
+class TransactionResponse:
+    # init, end, describe, abort: the transactional id's state after the request
+    # (replication/metadata_transactions.py, Transaction.to_wire(): transactional_id,
+    # producer_id, epoch, state, timeout_ms, owner, partitions {topic: [partition]}, groups,
+    # pending_offsets {cursor: {topic, positions}}, started_ms, updated_ms)
+    transaction: dict[str, Any] = field(default_factory=dict)
+    # add_partitions, commit_offsets: topic -> partition -> why it was refused
+    # (not_authorized, unknown_topic_or_partition, invalid_offset); add_partitions adds none
+    # if any is refused
+    refused: dict[str, dict[str, str]] = field(default_factory=dict)
+    transactions: list[dict[str, Any]] = field(default_factory=list)  # list
+    unknown_states: list[str] = field(default_factory=list)  # list: filters naming no state
+
+
 # How current a table read is (etcd's names; docs/design.md, "Reads that are current").
 LINEARIZABLE = "linearizable"  # ReadIndex: a majority confirms the leader; the default
 LEASE = "lease"  # the leader's lease, no round trip: safe under bounded clock drift
@@ -543,6 +611,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.QUOTAS: QuotasRequest,
     ApiKey.ARCHIVE: ArchiveRequest,
     ApiKey.FEATURES: FeaturesRequest,
+    ApiKey.TRANSACTIONS: TransactionRequest,
 }
 
 T = TypeVar("T")
