@@ -364,8 +364,7 @@ class AsyncClient:
 
     async def acls(self, principal: str | None = None) -> list[dict[str, Any]]:
         """Every ACL (or one principal's): principal, permission, resource
-        (topic|group|transactional_id|cluster),
-        name, pattern (literal|prefix)."""
+        (topic|group|transactional_id|cluster), name, pattern (literal|prefix)."""
         return await self._admin.acls(principal)
 
     async def remove_acl(

@@ -157,6 +157,12 @@ class KafkaTransactions:
             int(body.producer_epoch),
             group=str(body.group_id),
         )
+        return await self._error_code_only(principal, request)
+
+    async def _error_code_only(
+        self, principal: Principal, request: api.TransactionRequest
+    ) -> Answer:
+        """The answer of AddOffsetsToTxn and EndTxn: one error code, nothing else."""
         try:
             self.enabled()
             await self.call(principal, request)
@@ -235,12 +241,7 @@ class KafkaTransactions:
             int(body.producer_epoch),
             commit=bool(body.committed),
         )
-        try:
-            self.enabled()
-            await self.call(principal, request)
-            return {"throttle_time": 0, "error_code": kerr.NONE}
-        except TidelogError as exc:
-            return {"throttle_time": 0, "error_code": self.code(exc)}
+        return await self._error_code_only(principal, request)
 
     # -- DescribeTransactions, ListTransactions (KIP-664) -----------------------------------------
 
