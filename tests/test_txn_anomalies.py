@@ -44,7 +44,7 @@ def clean() -> History:
     }
     h.sources = {b"o0": Source("g", "in", 0, 0), b"o1": Source("g", "in", 0, 1)}
     h.group_offsets = {"g": {IN: 2}}
-    h.input_ends = {"g": {IN: 3}}
+    h.inputs = {IN: [0, 1, 3]}  # offset 2 is a control record's
     h.read("r1", A, 0, b"t1-a")
     h.read("r1", B, 0, b"t1-b")
     h.read("r1", A, 1, b"t2-a")
@@ -112,7 +112,7 @@ def test_a_lost_committed_record_is_found() -> None:
 
 def test_offsets_committed_without_their_output_are_found() -> None:
     h = clean()
-    h.group_offsets["g"][IN] = 3  # input 2's output never committed
+    h.group_offsets["g"][IN] = 4  # input 3's output never committed
     only(check(h), OFFSETS_WITHOUT_OUTPUT)
 
 

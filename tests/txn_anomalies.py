@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 COMMITTED = "committed"  # commit_transaction returned
 ABORTED = "aborted"  # abort_transaction returned
@@ -82,8 +83,9 @@ class History:
     # Consume-transform-produce: each output value's input, and each group's final offsets.
     sources: dict[bytes, Source] = field(default_factory=dict)
     group_offsets: dict[str, dict[Partition, int]] = field(default_factory=dict)
-    # Every input offset consumed (group -> partition -> how many records the input holds).
-    input_ends: dict[str, dict[Partition, int]] = field(default_factory=dict)
+    # The offsets of each input partition's records, read at the end: offsets are not dense
+    # (control records take some), so the invariant is about these.
+    inputs: dict[Partition, list[int]] = field(default_factory=dict)
 
     def read(self, reader: str, partition: Partition, offset: int, value: bytes) -> None:
         self.reads.setdefault(reader, {}).setdefault(partition, []).append((offset, value))
@@ -196,23 +198,32 @@ def check_consume_transform_produce(
         if source is not None:
             key = (source.group, (source.topic, source.partition))
             outputs[key][source.offset] += 1
-    inputs = {
-        (group, partition) for group, ends in history.input_ends.items() for partition in ends
+    attempts: dict[Source, list[str]] = defaultdict(list)  # each input's transactions
+    for txn in history.txns:
+        for _, value in txn.writes:
+            if value in history.sources:
+                attempts[history.sources[value]].append(f"{txn.name} ({txn.outcome})")
+    groups = {
+        (g, partition) for g, offsets in history.group_offsets.items() for partition in offsets
     }
-    for group, partition in sorted(inputs | set(outputs)):
+    for group, partition in sorted(groups | set(outputs)):
         committed = history.group_offsets.get(group, {}).get(partition, 0)
         made = outputs.get((group, partition), {})
-        without_output = [o for o in range(committed) if made.get(o, 0) == 0]
+        below = [o for o in history.inputs.get(partition, []) if o < committed]
+        without_output = [o for o in below if made.get(o, 0) == 0]
         if without_output:
             found[OFFSETS_WITHOUT_OUTPUT].append(
                 f"group {group} committed {partition} to {committed} but the outputs of "
-                f"{len(without_output)} inputs below it are missing: {without_output[:5]}"
+                f"{len(without_output)} inputs below it are missing: {without_output[:5]}; "
+                f"the first was in transactions "
+                f"{attempts.get(Source(group, *partition, without_output[0]), [])}"
             )
         beyond = sorted(o for o in made if o >= committed)
         if beyond:
             found[OUTPUT_WITHOUT_OFFSETS].append(
                 f"group {group} committed {partition} to {committed} but inputs {beyond[:5]} "
-                f"({len(beyond)} in all) at or above it have committed output"
+                f"({len(beyond)} in all) at or above it have committed output; the first "
+                f"was in transactions {attempts.get(Source(group, *partition, beyond[0]), [])}"
             )
         twice = sorted(o for o, n in made.items() if n > 1 and o < committed)
         if twice:
@@ -298,6 +309,36 @@ def cycle_in(component: set[str], after: dict[str, set[str]]) -> list[str]:
 def failures(found: Found) -> dict[str, list[str]]:
     """The anomalies that fail a run (every one but G0), with what was found of each."""
     return {name: found[name] for name in FAILURES if found[name]}
+
+
+def to_json(history: History) -> dict[str, Any]:
+    """The history as JSON (values as text), to keep beside a failed run's report."""
+
+    def text(value: bytes) -> str:
+        return value.decode(errors="replace")
+
+    def where(partition: Partition) -> str:
+        return f"{partition[0]}/{partition[1]}"
+
+    return {
+        "txns": [
+            {
+                "name": t.name,
+                "outcome": t.outcome,
+                "writes": [[where(p), text(v)] for p, v in t.writes],
+            }
+            for t in history.txns
+        ],
+        "reads": {
+            reader: {where(p): [[o, text(v)] for o, v in records] for p, records in by.items()}
+            for reader, by in history.reads.items()
+        },
+        "final": {where(p): [[o, text(v)] for o, v in r] for p, r in history.final.items()},
+        "group_offsets": {
+            g: {where(p): o for p, o in offsets.items()}
+            for g, offsets in history.group_offsets.items()
+        },
+    }
 
 
 def summary(found: Found) -> str:
