@@ -71,6 +71,7 @@ class TxnWorkload:
         self.replaced_producers = 0
         self.threads: list[threading.Thread] = []
         self.began = time.monotonic()
+        self.began_at: dict[str, float] = {}  # each transaction's, for the error report
 
     def start(self, writers: int = 2, readers: int = 2) -> None:
         work: list[tuple[Any, tuple[Any, ...]]] = [(self.feed, ())]
@@ -134,6 +135,7 @@ class TxnWorkload:
         self.errors.append(f"{time.monotonic() - self.began:.1f}s {what}")
 
     def note(self, txn: Txn) -> None:
+        self.began_at[txn.name] = time.monotonic()  # (an age over the timeout: fenced by it)
         with self.lock:
             self.history.txns.append(txn)
 
@@ -141,7 +143,8 @@ class TxnWorkload:
         """The transaction's outcome after an error, and the producer to go on with: aborted
         when the client says an abort is what it needs and the abort is done; otherwise
         unknown, and a new producer with the same transactional.id."""
-        self.error(f"{txn.name}: {error.args[0]}")
+        age = time.monotonic() - self.began_at.get(txn.name, time.monotonic())
+        self.error(f"{txn.name} (begun {age:.1f} s before): {error.args[0]}")
         kafka_error = error.args[0]
         if isinstance(kafka_error, KafkaError) and kafka_error.txn_requires_abort():
             try:
