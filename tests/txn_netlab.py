@@ -103,6 +103,7 @@ def run(lab: KafkaLab, seconds: float, seed: int) -> dict[str, object]:
         "committed": sum(t.outcome == COMMITTED for t in work.history.txns),
         "replaced_producers": work.replaced_producers,
         "client_errors": len(work.errors),
+        "last_client_errors": work.errors[-5:],
         "summary": summary(found),
         "failures": {name: found[name][:5] for name in failures(found)},
         "found": {name: len(found[name]) for name in ANOMALIES},
