@@ -8,7 +8,7 @@ QUICK_STAMP := $(VENV)/.installed-quick
 JS_STAMP := tests/js/node_modules/.installed
 
 .PHONY: setup demo test quick lint typecheck unit bench clean java kcat cc chromium node sim-sweep soak fuzz \
-  spark-kills dist wheel-check upgrade-soak
+  spark-kills dist wheel-check upgrade-soak txn-soak
 
 setup: $(STAMP) $(JS_STAMP)
 
@@ -114,6 +114,17 @@ soak: setup
 	TIDELOG_SOAK_SECONDS=$(SOAK_SECONDS) TIDELOG_PARTITION_SECONDS=$(SOAK_SECONDS) \
 	  TIDELOG_FUZZ_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -q -s -p no:cacheprovider \
 	  tests/test_jepsen.py tests/test_network_partitions.py tests/test_fuzz.py
+
+# Kafka transactions under faults for TXN_SOAK_SECONDS each: the kill/pause nemesis of
+# tests/test_jepsen_transactions.py (CI runs 25 s), then real network partitions
+# (tests/txn_netlab.py, needs `unshare -rn`); each prints the anomalies found by name.
+TXN_SOAK_SECONDS ?= 300
+TXN_SEED ?= 1
+txn-soak: setup
+	TIDELOG_TXN_SOAK_SECONDS=$(TXN_SOAK_SECONDS) TIDELOG_TXN_SEED=$(TXN_SEED) $(BIN)/pytest -q -s \
+	  -p no:cacheprovider tests/test_jepsen_transactions.py
+	cd tests && unshare -rn $(abspath $(BIN))/python txn_netlab.py --seconds $(TXN_SOAK_SECONDS) \
+	  --seed $(TXN_SEED)
 
 # The Spark streaming kill test with SPARK_KILLS drivers SIGKILLed mid-run, each at whatever
 # point it reached, besides the crash point's driver and the leader that every run kills.

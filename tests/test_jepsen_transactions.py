@@ -1,0 +1,130 @@
+"""Kafka transactions under faults, Jepsen-style (issue 36): confluent-kafka transactional
+writers, consume-transform-produce loops (send_offsets_to_transaction) and read_committed
+consumers (tests/txn_workload.py) against a 3-node cluster's Kafka ports, while a nemesis
+SIGKILLs and restarts, and SIGSTOPs and resumes, partition leaders and the transaction
+coordinator (the metadata leader). tests/txn_anomalies.py then judges the history: no aborted
+read, no transaction visible in part, no duplicate, no lost committed record, and every
+group's committed offsets say exactly which inputs have their output.
+
+CI runs TIDELOG_TXN_SOAK_SECONDS (default 25) of faults; `make txn-soak` runs it longer
+(TXN_SOAK_SECONDS) and over real network partitions too (tests/txn_netlab.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import wait_for_value
+from test_cluster import leader_of
+from tidelog.cli.cluster import LocalCluster
+from tidelog.client.sync_client import Client
+from tidelog.errors import TidelogError
+from tidelog.features import TRANSACTIONS_LEVEL
+from txn_anomalies import ANOMALIES, COMMITTED, check, failures, summary, to_json
+
+pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+
+pytest.importorskip("confluent_kafka")
+
+from txn_workload import DATA, OUTPUT, PARTITIONS, TxnWorkload, create_topics  # noqa: E402
+
+SECONDS = float(os.environ.get("TIDELOG_TXN_SOAK_SECONDS", "25"))
+SEED = int(os.environ.get("TIDELOG_TXN_SEED", "1"))
+FAULTS = ("kill-leader", "kill-coordinator", "pause-leader", "pause-coordinator")
+
+
+def coordinator(admin: Client) -> int:
+    return admin.describe_cluster(leader_only=True).metadata_leader
+
+
+def fault_once(cluster: LocalCluster, admin: Client, rng: random.Random, kind: str) -> str:
+    """One fault, held for a while and healed: a partition leader's or the coordinator's."""
+    try:
+        if kind.endswith("coordinator"):
+            victim = coordinator(admin)
+        else:
+            victim = leader_of(admin, rng.choice((DATA, OUTPUT)), rng.randrange(PARTITIONS), 5)
+    except (AssertionError, TidelogError):
+        victim = rng.choice(cluster.node_ids)
+    held = rng.uniform(0.5, 3.0)
+    if kind.startswith("kill"):
+        cluster.kill(victim)
+        time.sleep(held)
+        cluster.start(victim)
+        cluster.wait_ready(node_ids=[victim])
+    else:
+        cluster.freeze(victim)
+        time.sleep(held)
+        cluster.resume(victim)
+    return f"{kind} {victim} ({held:.1f} s)"
+
+
+def nemesis(cluster: LocalCluster, stop: threading.Event, seed: int) -> list[str]:
+    """Faults in turn until stop is set, with a quiet spell between them; what was done, with
+    the second of the run each began at."""
+    rng = random.Random(seed)
+    began = time.monotonic()
+    events: list[str] = []
+    with Client(cluster.bootstrap, retries=3, request_timeout_ms=2000) as admin:
+        while not stop.wait(rng.uniform(1.0, 3.0)):
+            at = time.monotonic() - began
+            events.append(f"{at:.1f}s {fault_once(cluster, admin, rng, rng.choice(FAULTS))}")
+    return events
+
+
+@pytest.mark.timeout(900)
+def test_transactions_stay_atomic_under_kills_and_pauses(tmp_path: Path) -> None:
+    with (
+        LocalCluster(tmp_path, 3, kafka=True, log_level="WARNING") as cluster,
+        Client(cluster.bootstrap) as admin,
+    ):
+        wait_for_value(
+            "feature level 3",
+            lambda: admin.describe_features().finalized_level,
+            TRANSACTIONS_LEVEL.__eq__,
+        )
+        create_topics(cluster.bootstrap)
+        work = TxnWorkload(cluster.bootstrap, cluster.kafka_bootstrap, SEED)
+        work.start()
+        stop = threading.Event()
+        threading.Timer(SECONDS, stop.set).start()
+        try:
+            events = nemesis(cluster, stop, SEED)
+        finally:
+            stop.set()
+            for n in cluster.node_ids:
+                cluster.resume(n)
+                if not cluster.alive(n):
+                    cluster.start(n)
+            cluster.wait_ready()
+            stuck = work.finish()
+        assert not stuck, f"clients stuck after the faults: {stuck}; {work.errors[-10:]}"
+        work.final_read()
+    found = check(work.history)
+    committed = sum(t.outcome == COMMITTED for t in work.history.txns)
+    report = {
+        "seed": SEED,
+        "seconds": SECONDS,
+        "events": events,
+        "transactions": len(work.history.txns),
+        "committed": committed,
+        "replaced_producers": work.replaced_producers,
+        "client_errors": len(work.errors),
+        "last_client_errors": work.errors[-5:],
+        "found": {name: found[name][:5] for name in ANOMALIES if found[name]},
+    }
+    print(json.dumps(report, indent=1))
+    print(summary(found))
+    if failures(found):
+        kept = tmp_path / "history.json"  # beside the nodes' data and logs, for the post-mortem
+        kept.write_text(json.dumps({"report": report, "history": to_json(work.history)}))
+        print(f"history kept in {kept}")
+    assert failures(found) == {}, failures(found)
+    assert committed > 20, report
+    assert any(t.name.startswith("ctp") and t.outcome == COMMITTED for t in work.history.txns)
