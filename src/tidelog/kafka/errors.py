@@ -35,6 +35,7 @@ from tidelog.errors import (
     InvalidReplicaAssignment,
     InvalidReplicationFactor,
     InvalidRequest,
+    InvalidTransactionTimeout,
     InvalidTxnState,
     NetworkError,
     NodeAlreadyExists,
@@ -171,6 +172,7 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     # as Kafka's partition leaders answer (the broker says so where it answers a produce).
     ProducerFenced: PRODUCER_FENCED,
     InvalidTxnState: INVALID_TXN_STATE,
+    InvalidTransactionTimeout: INVALID_TRANSACTION_TIMEOUT,
     ConcurrentTransactions: CONCURRENT_TRANSACTIONS,
     UnknownTransactionalId: INVALID_PRODUCER_ID_MAPPING,
 }
