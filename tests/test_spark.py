@@ -406,6 +406,7 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
     assert files == sorted((p, o, v) for (p, o), v in source.items())
 
 
+@pytest.mark.timed  # the cursor's 15 s idle cap
 def test_cursor_holds_retention_until_its_cap_then_fail_on_data_loss_both_ways(
     spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
 ) -> None:
