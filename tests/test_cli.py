@@ -200,8 +200,10 @@ def test_cli_round_trip(tmp_path: Path) -> None:
         listed = json.loads(tidelog(b, "cursors", "list", "--json").stdout)
         assert {r["partition"]: r["lag"] for r in listed if r["name"] == "etl"} == {0: 0, 1: 0}
 
-        for i in range(40):
-            tidelog(b, "produce", "small", stdin="".join(f"line-{i}-{j}\n" for j in range(10)))
+        # 400 records in batches of about 500 bytes: several segments of 2,048 bytes, from one
+        # process (a process each, the CLI's start-up was most of this test's time).
+        lines = "".join(f"line-{i}-{j}\n" for i in range(40) for j in range(10))
+        tidelog(b, "produce", "small", "--batch-bytes", "500", stdin=lines)
         status = json.loads(tidelog(b, "status", "--json").stdout)
         rows = {(p["topic"], p["partition"]): p for p in status["partitions"]}
         small = rows[("small", 0)]
