@@ -70,11 +70,15 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# Two runs: the in-process tests (CPU-bound, no clocks to meet) on every core at once, then the
-# tests that start processes and Spark one at a time, as their time bounds assume.
+# Three runs: the in-process tests (CPU-bound, no clocks to meet) on every core at once; the
+# tests that start processes and Spark, two at a time (a module's tests stay together on one
+# worker, sharing its cluster); then the `timed` ones (a wall-clock bound, or a set time of load:
+# pyproject.toml's markers) one at a time, as their bounds assume.
 unit: setup
 	$(BIN)/pytest -q -n $(TEST_JOBS) -m "not process and not spark" --durations=5
-	$(BIN)/pytest -q -m "process or spark" --durations=12
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadscope -m "(process or spark) and not timed" \
+	  --durations=12
+	$(BIN)/pytest -q -m "(process or spark) and timed" --durations=12
 
 # The inner loop: every in-process test (record, codec, validation, protocol, storage,
 # replication with a few simulator seeds, the golden scenarios, the tidy check), in under a

@@ -28,6 +28,15 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 QUICK = os.environ.get("TIDELOG_QUICK") == "1"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that start Spark first, each module's tests kept together and in their
+    order. `make test` runs the process tests two at a time, a module to a worker (pytest-xdist's
+    loadscope): these are the long ones (a JVM or several each), and one of them handed out
+    last would keep a worker busy alone while the other has nothing left to take."""
+    spark_modules = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("spark")}
+    items.sort(key=lambda i: i.nodeid.split("::")[0] not in spark_modules)  # (a stable sort)
+
+
 @pytest.fixture(autouse=True)
 def _quick_tier_stays_in_process(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch

@@ -42,7 +42,7 @@ from typing import Any
 from helpers import poll, retry, wait_for
 from tidelog.client.routing import is_indeterminate
 from tidelog.client.sync_client import Client
-from tidelog.errors import NotLeader, OutcomeUnknown, TidelogError
+from tidelog.errors import NotLeader, OutcomeUnknown, TidelogError, TopicAlreadyExists
 from tidelog.protocol import api
 from tidelog.protocol.api import ACKS_ALL, ApiKey
 from tidelog.record.batch import ProducerRecord, build_batch
@@ -532,19 +532,20 @@ def check_table(work: TableWorkload) -> dict[str, Any]:
 def create_topic(lab: Lab, name: str, partitions: int, kind: str, hw_policy: str) -> None:
     """Create the workload's topic (retried while the cluster forms) and wait for its leaders."""
     with Client(lab.bootstrap, retries=30, request_timeout_ms=3000) as admin:
-        retry(
-            f"the cluster to create {name}",
-            lambda: admin.create_topic(
-                name,
-                partitions=partitions,
-                replication_factor=3,
-                configs={"min.insync.replicas": "2", "hw.policy": hw_policy},
-                kind=kind,
-            ),
-            60,
-            every_s=0.5,
-            tolerating=(TidelogError,),
-        )
+
+        def create() -> None:
+            try:
+                admin.create_topic(
+                    name,
+                    partitions=partitions,
+                    replication_factor=3,
+                    configs={"min.insync.replicas": "2", "hw.policy": hw_policy},
+                    kind=kind,
+                )
+            except TopicAlreadyExists:  # a try whose answer was lost made it
+                pass
+
+        retry(f"the cluster to create {name}", create, 60, every_s=0.5, tolerating=(TidelogError,))
         wait_for(
             f"a leader for every partition of {name}",
             lambda: all(leader_of(admin, p, name) >= 0 for p in range(partitions)),

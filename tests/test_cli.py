@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for_value
+from helpers import wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster, free_ports
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
@@ -35,6 +35,25 @@ def tidelog(
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
+
+
+def connected(pid: int, port: int) -> bool:
+    """Whether process pid holds an established TCP connection to port on this machine (read
+    from Linux's /proc: its sockets' inodes, matched in its network namespace's table)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed since it was listed
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target.removeprefix("socket:[").removesuffix("]"))
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port, state, inode = int(fields[2].rsplit(":", 1)[1], 16), fields[3], fields[9]
+        if remote_port == port and state == "01" and inode in sockets:  # 01: ESTABLISHED
+            return True
+    return False
 
 
 def test_cli_round_trip(tmp_path: Path) -> None:
@@ -136,7 +155,10 @@ def test_cli_round_trip(tmp_path: Path) -> None:
             env=dict(os.environ, TIDELOG_BOOTSTRAP=b),
         )
         try:
-            time.sleep(1.5)
+            # Produced once it is connected (it asks for the latest offset right then), not
+            # after a fixed head start that a busy machine can outrun.
+            port = int(b.rsplit(":", 1)[1])
+            wait_for("the follower to connect", lambda: connected(follower.pid, port), 60)
             tidelog(b, "produce", "events", "--partition", "0", stdin="followed\n")
             assert follower.stdout is not None
             assert follower.stdout.readline() == "followed\n"
@@ -178,8 +200,10 @@ def test_cli_round_trip(tmp_path: Path) -> None:
         listed = json.loads(tidelog(b, "cursors", "list", "--json").stdout)
         assert {r["partition"]: r["lag"] for r in listed if r["name"] == "etl"} == {0: 0, 1: 0}
 
-        for i in range(40):
-            tidelog(b, "produce", "small", stdin="".join(f"line-{i}-{j}\n" for j in range(10)))
+        # 400 records in batches of about 500 bytes: several segments of 2,048 bytes, from one
+        # process (a process each, the CLI's start-up was most of this test's time).
+        lines = "".join(f"line-{i}-{j}\n" for i in range(40) for j in range(10))
+        tidelog(b, "produce", "small", "--batch-bytes", "500", stdin=lines)
         status = json.loads(tidelog(b, "status", "--json").stdout)
         rows = {(p["topic"], p["partition"]): p for p in status["partitions"]}
         small = rows[("small", 0)]

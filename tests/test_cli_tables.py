@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -108,9 +107,16 @@ def test_watch_prints_again_until_interrupted(scenario: str) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(3)
+        # Interrupted once it has printed twice, however long its start takes.
+        assert proc.stdout is not None
+        printed, refresh = "", '"partitions"' if extra else "LOG_START"
+        while printed.count(refresh) < 2:
+            line = proc.stdout.readline()
+            assert line, f"status --watch stopped printing:\n{printed}"
+            printed += line
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
+        out = printed + out
         assert proc.returncode == 0, err
         if extra:
             docs = [json.loads(line) for line in out.splitlines() if line.strip()]

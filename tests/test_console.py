@@ -22,7 +22,8 @@ from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+# timed: the page must redraw within seconds
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # As the machine's notes say: without the background-networking flags Chromium keeps dialing

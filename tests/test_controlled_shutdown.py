@@ -23,7 +23,7 @@ from tidelog.client.sync_client import Client
 from tidelog.cluster_status import PartitionRow, partition_rows
 from tidelog.errors import TidelogError
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 TOPIC = "load"
 # Longer than the default 800 ms, so that a gap of an election timeout and one of a hand-over

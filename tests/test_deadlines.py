@@ -103,6 +103,7 @@ def test_simulator_seeds_both_ways(sparse: bool) -> None:
         Simulation(params).run()
 
 
+@pytest.mark.timed  # acts counted over 1.5 s, a write within 1 s
 @pytest.mark.process
 @pytest.mark.timeout(180)
 def test_idle_partitions_cost_no_acts(tmp_path: Path) -> None:

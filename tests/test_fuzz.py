@@ -44,7 +44,8 @@ from tidelog.record.batch import (
 )
 from tidelog.storage.scrub import check_batch
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+# timed: fuzzes for a set time
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 FUZZ_SECONDS = float(os.environ.get("TIDELOG_FUZZ_SECONDS", "30"))
 KEYS = [int(k) for k in ApiKey]

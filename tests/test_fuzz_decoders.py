@@ -35,7 +35,8 @@ from tidelog.protocol import api
 from tidelog.protocol.framing import Frame, Kind, encode_frame
 from tidelog.testing.fuzz import corpus_inputs, kafka_wire
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+# timed: fuzzes for a set time
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 atheris = pytest.importorskip("atheris")
 SECONDS = int(os.environ.get("TIDELOG_DECODER_FUZZ_SECONDS", "20"))

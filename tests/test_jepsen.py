@@ -24,7 +24,8 @@ from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
 from tidelog.record import ProducerRecord
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+# timed: kills and pauses for a set time
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 SOAK_SECONDS = float(os.environ.get("TIDELOG_SOAK_SECONDS", "20"))
 PARTITIONS = 3

@@ -28,7 +28,7 @@ from tidelog.errors import TidelogError
 from tidelog.features import TRANSACTIONS_LEVEL
 from txn_anomalies import ANOMALIES, COMMITTED, check, failures, summary, to_json
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 pytest.importorskip("confluent_kafka")
 

@@ -185,6 +185,7 @@ def log_start(client: Client, topic: str, partition: int) -> int:
     return client.list_offsets(topic, partition, "earliest")
 
 
+@pytest.mark.timed  # retention acts within 1.5 s
 def test_a_group_shares_partitions_takes_over_and_its_commits_hold_retention(
     cluster: LocalCluster,
 ) -> None:
@@ -402,6 +403,7 @@ def test_records_cross_between_the_kafka_port_and_tidelogs_client(cluster: Local
     assert values == [b"v%d" % i for i in range(20)] + [b"from-tidelog"]
 
 
+@pytest.mark.timed  # heartbeats within the session timeout
 def test_a_group_outlives_its_coordinator_without_a_rebalance(cluster: LocalCluster) -> None:
     """The group's membership is in the metadata log: when the coordinator (the metadata
     leader) is SIGKILLed, the new one carries the group on in the same generation."""

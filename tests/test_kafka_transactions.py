@@ -427,6 +427,7 @@ def test_one_set_of_rules_serves_both_listeners(cluster: LocalCluster) -> None:
     assert kinds(markers) == ["abort", "commit"] and records == 2
 
 
+@pytest.mark.timed  # seen Ongoing within the 2 s timeout
 def test_transaction_timeout_aborts_a_forgotten_transaction(cluster: LocalCluster) -> None:
     create_topic(cluster, "txn-forgotten", 1)
     p = producer(cluster, "txn-forgotten", **{"transaction.timeout.ms": 2000})

@@ -85,6 +85,7 @@ def test_retention_bytes_bounds_disk_use_under_sustained_produce(tmp_path: Path)
         assert "retention" in st["low_watermark"]["set_by"]
 
 
+@pytest.mark.timed  # the cursor's 3 s idle cap
 def test_a_stopped_cursor_holds_past_retention_until_its_cap(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=1) as cluster, Client(cluster.bootstrap) as client:
         client.create_topic(

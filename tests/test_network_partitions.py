@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+# timed: partitions for a set time
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 SECONDS = float(os.environ.get("TIDELOG_PARTITION_SECONDS", "20"))
 TABLE_SECONDS = float(os.environ.get("TIDELOG_PARTITION_SECONDS", "20"))

@@ -145,6 +145,7 @@ def test_a_certificate_subject_cannot_forge_another_principal() -> None:
     assert peer_subject({"subject": ()}) == "" and peer_subject(None) == ""
 
 
+@pytest.mark.timed  # refusals timed against each other
 def test_a_refused_admin_token_takes_as_long_as_any_other(tmp_path: Path) -> None:
     """The admin token was compared in 0.3 ms and every other in 125 ms (Argon2id): how long
     a refusal took said which name is the super user. Every token now passes Argon2id."""
@@ -245,6 +246,7 @@ def test_suspects_wait_in_a_bounded_queue_for_one_hash_at_a_time() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.timed  # a valid login within a second
 def test_a_flood_of_bad_tokens_slows_its_sender_not_a_valid_login(tmp_path: Path) -> None:
     """32 connections sending bad tokens pushed a valid login from 0.15 s to 3.4-3.9 s, and
     one connection made 428 guesses a second. Now the guesser's failures are answered later

@@ -18,7 +18,8 @@ from tidelog.errors import InvalidRequest
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+# timed: rates measured against the quota
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 RATE = 256 * 1024  # alice's producer_byte_rate and (x2) consumer_byte_rate
 CHUNK = 64 * 1024

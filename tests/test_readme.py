@@ -5,6 +5,7 @@ comment says why it cannot run here (a remote Spark cluster)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -36,12 +37,17 @@ def blocks() -> list[str]:
 
 
 def run(code: str, cwd: Path, timeout_s: float) -> str:
+    # (Spark's scratch under cwd, not in the system's temp directory, where the Spark kill test
+    # running beside looks for what its SIGKILLed drivers might leave: tests/test_spark.py.)
+    scratch = cwd / "tmp"
+    scratch.mkdir(exist_ok=True)
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         cwd=cwd,
+        env=dict(os.environ, TMPDIR=str(scratch)),
     )
     assert done.returncode == 0, (
         f"{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr[-4000:]}"

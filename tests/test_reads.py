@@ -99,6 +99,7 @@ def test_fetches_name_the_leader_epoch_they_know(cluster: LocalCluster) -> None:
         assert [r.value for r in client.consume(TOPIC, 0, consistent=True)][-1] is not None
 
 
+@pytest.mark.timed  # refused within 10 s
 def test_a_leader_cut_off_from_its_majority_answers_not_leader_never_a_value(
     cluster: LocalCluster,
 ) -> None:

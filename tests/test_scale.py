@@ -51,6 +51,7 @@ def test_one_node_with_5000_partitions_serves_them_within_1024_descriptors(
             assert b"v%d" % i in [r.value for r in client.consume("wide", partition, "earliest")]
 
 
+@pytest.mark.timed  # new leaders within the election timeout and a second
 @pytest.mark.timeout(420)
 def test_a_killed_leader_of_quiesced_partitions_is_replaced_within_the_election_timeout(
     tmp_path: Path,

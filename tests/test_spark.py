@@ -302,7 +302,7 @@ def start_driver(work: Path, cluster: LocalCluster, crash_at: str = "") -> subpr
     )
 
 
-def wait_batches(driver: subprocess.Popen[str], count: int, timeout_s: float = 120) -> list[str]:
+def wait_batches(driver: subprocess.Popen[str], count: int, timeout_s: float = 300) -> list[str]:
     """The driver's output lines until it has reported count batches, or its output ended."""
     stdout = driver.stdout
     assert stdout is not None
@@ -335,6 +335,7 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
+@pytest.mark.timeout(1200)  # (its waits are for progress, however slow a busy machine makes it)
 def test_streaming_exactly_once_through_leader_and_driver_kills(
     spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
 ) -> None:
@@ -350,7 +351,7 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
         first = start_driver(tmp_path, cluster, crash_at="spark-sink-commit:2")
         drivers.append(first)
         t0 = time.monotonic()
-        lines = wait_batches(first, 100, timeout_s=150)  # until it dies
+        lines = wait_batches(first, 100)  # until it dies
         first.wait(30)
         print("first driver", first.returncode, time.monotonic() - t0, lines)
         assert first.returncode == -signal.SIGKILL, lines
@@ -382,7 +383,7 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
             assert driver.poll() is None, "driver died"
             return False
 
-        wait_for("the copy to catch up", caught_up, 120, every_s=1)
+        wait_for("the copy to catch up", caught_up, 300, every_s=1)
         print("caught up", time.monotonic() - t0)
         time.sleep(3)  # a duplicate would arrive now, if any
         kill_group(driver)
@@ -406,6 +407,7 @@ def test_streaming_exactly_once_through_leader_and_driver_kills(
     assert files == sorted((p, o, v) for (p, o), v in source.items())
 
 
+@pytest.mark.timed  # the cursor's 15 s idle cap
 def test_cursor_holds_retention_until_its_cap_then_fail_on_data_loss_both_ways(
     spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
 ) -> None:

@@ -58,6 +58,11 @@ def fill(client: Client, topic: str) -> None:
 def run_driver(
     master: str, cluster: LocalCluster, work: Path, source: str, sink: str, env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
+    # Spark's scratch (the driver's local directory, the JVM's temp files) in the test's own
+    # directory: the crash point's driver cannot clean it up, and in the system's temp directory
+    # it would be taken for that of the Spark kill test (tests/test_spark.py) running beside.
+    scratch = work / "driver-tmp"
+    scratch.mkdir(exist_ok=True)
     return subprocess.run(
         [
             sys.executable,
@@ -68,7 +73,7 @@ def run_driver(
             source,
             sink,
         ],
-        env={**os.environ, **env},
+        env={**os.environ, "TMPDIR": str(scratch), **env},
         capture_output=True,
         text=True,
         timeout=300,

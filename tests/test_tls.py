@@ -228,6 +228,7 @@ def test_metrics_and_the_console_are_served_over_tls(cluster: LocalCluster, cert
     assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
 
 
+@pytest.mark.timed  # a client served within 10 s of the flood
 def test_silent_tls_handshakes_count_against_the_limits_and_time_out(
     certs: Path, tmp_path: Path
 ) -> None:

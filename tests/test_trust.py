@@ -47,7 +47,8 @@ from tidelog.replication.replica import QuorumState, Replica, ReplicaConfig
 from tidelog.storage.memory_log import MemoryLog
 from wire import Wire, peer_session, replication_frame
 
-pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
+# timed: closed within N seconds, latencies under a flood, epochs that must not move
+pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
 SECRET = b"s3cret-for-tests"
 
