@@ -28,6 +28,7 @@ import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -104,11 +105,12 @@ def release_source(version: str, dest: Path) -> Path:
 
 
 @dataclass(frozen=True)
-class Installed:
-    """A release installed from its wheel into a virtual environment of its own."""
+class VirtualEnv:
+    """A virtual environment tidelog was installed into from a wheel, outside the checkout."""
 
-    version: str
     venv: Path
+    # What would point a command at the checkout or at the venv running the tests.
+    DROPPED: ClassVar[tuple[str, ...]] = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 
     @property
     def tidelog(self) -> str:
@@ -120,9 +122,15 @@ class Installed:
 
     @property
     def env(self) -> dict[str, str]:
-        """This process's environment without what would point at the checkout or its venv."""
-        drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
-        return {k: v for k, v in os.environ.items() if k not in drop}
+        """This process's environment without what DROPPED names."""
+        return {k: v for k, v in os.environ.items() if k not in self.DROPPED}
+
+
+@dataclass(frozen=True)
+class Installed(VirtualEnv):
+    """A release installed from its wheel into a virtual environment of its own."""
+
+    version: str
 
 
 def install_release(version: str, base: Path) -> Installed:
@@ -141,7 +149,7 @@ def install_release(version: str, base: Path) -> Installed:
     (wheel,) = (base / "dist").glob(f"tidelog-{version}-*.whl")
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    installed = Installed(version, venv)
+    installed = Installed(venv, version)
     # pip runs the fresh interpreter, without PYTHONPATH (the checkout's src/ on its path would
     # pass for an installed tidelog); the pins are the wheel's, from the release's pyproject.
     done = subprocess.run(

@@ -35,10 +35,12 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from portable_wheel import make_portable
+from releases import VirtualEnv
 from test_cli import ports_free
 from tidelog.version import __version__, checkout_commit
 
@@ -83,28 +85,15 @@ spark.stop()
 
 
 @dataclass(frozen=True)
-class Install:
+class Install(VirtualEnv):
     """The built distributions and the fresh environment the wheel went into."""
 
     wheel: Path
     sdist: Path
-    venv: Path
     cwd: Path  # where every command runs: not the checkout
     commit: str  # what the checkout was at the build
-
-    @property
-    def python(self) -> str:
-        return str(self.venv / "bin" / "python")
-
-    @property
-    def tidelog(self) -> str:
-        return str(self.venv / "bin" / "tidelog")
-
-    @property
-    def env(self) -> dict[str, str]:
-        """This process's environment without what would point at the checkout or this venv."""
-        drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON")
-        return {k: v for k, v in os.environ.items() if k not in drop}
+    # The wheel's own pyspark must be the one found, not the checkout's.
+    DROPPED: ClassVar[tuple[str, ...]] = (*VirtualEnv.DROPPED, "SPARK_HOME", "PYSPARK_PYTHON")
 
     def run(self, *argv: str, stdin: str = "", timeout_s: float = 60) -> str:
         done = subprocess.run(
@@ -169,7 +158,7 @@ def install_the_wheel(base: Path) -> Install:
     wheel, sdist = build(base / "dist")
     cwd = base / "elsewhere"
     cwd.mkdir()
-    install = Install(wheel, sdist, base / "venv", cwd, commit)
+    install = Install(base / "venv", wheel, sdist, cwd, commit)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(install.venv)], check=True)
     # pip runs the fresh interpreter, without PYTHONPATH: with the checkout's src/ on its path it
     # would take the checkout's metadata for an installed tidelog and skip the wheel.
