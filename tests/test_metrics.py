@@ -174,6 +174,9 @@ def test_compaction_is_measured(node: tuple[LocalCluster, Client]) -> None:
     after = value(families, "tidelog_compaction_bytes_after_total")
     assert 0 < ratio < 1 and 0 < after < before
     assert value(families, "tidelog_compaction_records_removed_total") > 0
+    # No transaction here: nothing aborted to remove, no marker (the counters are shown anyway).
+    assert value(families, "tidelog_compaction_aborted_records_removed_total") == 0
+    assert value(families, "tidelog_compaction_markers_removed_total") == 0
 
 
 def test_http_listen_beyond_loopback_needs_tls_and_acls() -> None:

@@ -250,3 +250,24 @@ def test_a_clean_restart_of_a_log_without_transactions_scans_nothing(
     reopened.abandon()  # an unclean stop: the next open scans
     SegmentedLog(tmp_path / "p-0", SMALL).close()
     assert scans == ["p-0"]
+
+
+def test_forgetting_aborted_transactions_keeps_the_rest_listed_by_range(tmp_path: Path) -> None:
+    """Compaction forgets the aborted transactions it removed (storage/compaction.py); the
+    others stay listed for the ranges they overlap, and reopening gives the same list."""
+    log = SegmentedLog(tmp_path / "p-0", SMALL)
+    for pid in range(4):
+        log.append_as_leader(txn_batch(pid, 0, b"x"), 1)  # 3 * pid
+        log.append_as_leader(plain(b"between"), 1)
+        log.append_as_leader(marker(pid, commit=False), 1)  # 3 * pid + 2
+    commit_all(log)
+    every = log.aborted_transactions(0, log.log_end_offset)
+    assert [t.marker_offset for t in every] == [2, 5, 8, 11]
+    log.transactions.forget_aborted([every[1], every[2]])
+    assert log.aborted_transactions(0, 12) == [every[0], every[3]]
+    assert log.aborted_transactions(3, 9) == []  # (the bisection still finds its start)
+    assert log.aborted_transactions(6, 12) == [every[3]]
+    log.close()
+    again = SegmentedLog(tmp_path / "p-0", SMALL)
+    assert again.aborted_transactions(0, 12) == [every[0], every[3]]
+    again.close()

@@ -611,6 +611,12 @@ DOCS = {
     "tidelog_compaction_bytes_before_total": "Bytes of the segments compaction read",
     "tidelog_compaction_bytes_after_total": "Bytes of those segments after compaction",
     "tidelog_compaction_records_removed_total": "Records compaction removed (superseded keys)",
+    "tidelog_compaction_aborted_records_removed_total": (
+        "Records of aborted transactions compaction removed (part of records removed)"
+    ),
+    "tidelog_compaction_markers_removed_total": (
+        "Transaction markers compaction removed once nothing of their transaction remained"
+    ),
     "tidelog_segments_deleted_bytes_total": "Bytes of segments deleted below the log start",
 }
 

@@ -486,12 +486,19 @@ class PartitionHost:
             counters.inc("tidelog_compaction_bytes_before_total", report.bytes_before)
             counters.inc("tidelog_compaction_bytes_after_total", report.bytes_after)
             counters.inc("tidelog_compaction_records_removed_total", report.records_removed)
+            counters.inc(
+                "tidelog_compaction_aborted_records_removed_total", report.aborted_records_removed
+            )
+            counters.inc("tidelog_compaction_markers_removed_total", report.markers_removed)
             log.info(
-                "%s: compacted %d segment(s): %d records removed (%d tombstones), %d -> %d bytes",
+                "%s: compacted %d segment(s): %d records removed (%d tombstones, %d aborted), "
+                "%d markers removed, %d -> %d bytes",
                 self.group,
                 report.segments_rewritten,
                 report.records_removed,
                 report.tombstones_removed,
+                report.aborted_records_removed,
+                report.markers_removed,
                 report.bytes_before,
                 report.bytes_after,
             )

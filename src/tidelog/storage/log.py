@@ -717,9 +717,21 @@ class SegmentedLog:
         except OSError as exc:
             raise translate_os_error(exc, "syncing the log directory") from exc
 
+    def compaction_bound(self) -> int:
+        """min(HW, LSO): compaction reads and rewrites nothing at or above it, so only
+        committed data of decided transactions takes part (the LSO's rule, as
+        replication/last_stable_offset.py states it, from this log's own transactions)."""
+        hw = self.high_watermark
+        first = self.transactions.first_unstable_offset(hw)
+        if first is None or first >= hw:
+            return hw
+        return max(first, self.log_start_offset)
+
     def compactable_segments(self) -> list[LogSegment]:
-        """Closed segments wholly below the HW: only committed data is ever rewritten."""
-        return [s for s in self.segments[:-1] if s.next_offset <= self.high_watermark]
+        """Closed segments ending at or below min(HW, LSO): only committed data, and only
+        transactions already decided, is ever rewritten."""
+        bound = self.compaction_bound()
+        return [s for s in self.segments[:-1] if s.next_offset <= bound]
 
     def swap_in_cleaned(
         self, old: LogSegment, cleaned: Path, crash_point: Callable[[str], None] | None = None

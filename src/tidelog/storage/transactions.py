@@ -10,7 +10,8 @@ rebuilt when a log opens uncleanly or is truncated.
 
 The aborted list is kept in marker order, so a reader's `aborted_transactions(start, end)` is
 a bisection plus the few entries whose marker lies at or past its start, and deleting
-segments below the log start drops what they ended (`drop_below`).
+segments below the log start drops what they ended (`drop_below`), as compaction does for an
+aborted transaction it removed (`forget_aborted`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,16 @@ class TransactionState:
         n = bisect.bisect_left(self._aborted_ends, offset)
         if n:
             del self.aborted[:n], self._aborted_ends[:n]
+
+    def forget_aborted(self, cleaned: Iterable[AbortedTransaction]) -> None:
+        """Compaction removed every batch of these aborted transactions (storage/compaction.py):
+        nothing is left for a reader to drop, and a scan of the log no longer finds them (their
+        marker ends nothing), so they are forgotten here too, as a rebuild would."""
+        gone = {(t.producer_id, t.marker_offset) for t in cleaned}
+        if not gone:
+            return
+        self.aborted = [t for t in self.aborted if (t.producer_id, t.marker_offset) not in gone]
+        self._aborted_ends = [t.marker_offset for t in self.aborted]
 
     # -- asking -------------------------------------------------------------------------------
 
