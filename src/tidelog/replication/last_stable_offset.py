@@ -19,10 +19,6 @@ from tidelog.replication.log_interface import ReplicaLog
 
 
 def last_stable_offset(log: ReplicaLog, faults: frozenset[str] = frozenset()) -> int:
-    hw = log.high_watermark
     if FAULT_LSO_IGNORES_OPEN_TRANSACTIONS in faults:
-        return hw
-    first = log.transactions.first_unstable_offset(hw)
-    if first is None or first >= hw:
-        return hw
-    return max(first, log.log_start_offset)
+        return log.high_watermark
+    return log.transactions.stable_offset(log.high_watermark, log.log_start_offset)

@@ -36,6 +36,10 @@ class TransactionLookup(Protocol):
         high_watermark; None when there is none."""
         ...
 
+    def stable_offset(self, high_watermark: int, log_start_offset: int) -> int:
+        """The LSO for this HW and log start."""
+        ...
+
 
 class ReplicaLog(Protocol):
     @property

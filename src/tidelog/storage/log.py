@@ -721,11 +721,7 @@ class SegmentedLog:
         """min(HW, LSO): compaction reads and rewrites nothing at or above it, so only
         committed data of decided transactions takes part (the LSO's rule, as
         replication/last_stable_offset.py states it, from this log's own transactions)."""
-        hw = self.high_watermark
-        first = self.transactions.first_unstable_offset(hw)
-        if first is None or first >= hw:
-            return hw
-        return max(first, self.log_start_offset)
+        return self.transactions.stable_offset(self.high_watermark, self.log_start_offset)
 
     def compactable_segments(self) -> list[LogSegment]:
         """Closed segments ending at or below min(HW, LSO): only committed data, and only

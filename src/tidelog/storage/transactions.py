@@ -148,6 +148,14 @@ class TransactionState:
                 first = t.first_offset
         return first
 
+    def stable_offset(self, high_watermark: int, log_start_offset: int) -> int:
+        """The LSO's rule (replication/last_stable_offset.py says why): the HW, or the first
+        offset of the earliest undecided transaction below it, never below the log start."""
+        first = self.first_unstable_offset(high_watermark)
+        if first is None or first >= high_watermark:
+            return high_watermark
+        return max(first, log_start_offset)
+
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTransaction]:
         """The aborted transactions with a batch in [start, end): those whose marker is at or
         past start and whose first offset is below end."""
