@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from helpers import wait_for, wait_for_value
+from helpers import run_tidelog, wait_for, wait_for_value
 from test_kafka_transactions import cluster_leader, kafka_ask, kinds, log_of
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
@@ -135,6 +135,19 @@ def test_describe_producers_shows_an_open_transaction_until_it_commits(
         for t in answer["transaction_states"]
     }
     assert owners["adm-open"] == state["producer_id"]
+    # tidelog's protocol asks the same op: the client and `tidelog transactions producers`.
+    with Client(cluster.bootstrap) as client:
+        [own] = client.describe_producers(topic, 0)
+    assert (own["producer_id"], own["producer_epoch"], own["txn_start_offset"]) == (
+        state["producer_id"],
+        state["producer_epoch"],
+        0,
+    )
+    shown = run_tidelog("transactions", "producers", topic, "0", "--bootstrap", cluster.bootstrap)
+    assert shown.returncode == 0, shown.stderr
+    assert "OPEN TRANSACTION FROM" in shown.stdout
+    [row] = shown.stdout.splitlines()[1:]
+    assert row.split()[0] == str(state["producer_id"]) and row.split()[-1] == "0"
 
     # Only the leader answers; a topic nobody created is unknown.
     assert describe_producers(cluster, other_node(cluster, leader), topic)["error_code"] == (
