@@ -206,6 +206,18 @@ def tidelog_requests() -> list[tuple[str, ApiKey, Any, bytes]]:
         ),
         ("list quotas", ApiKey.QUOTAS, api.QuotasRequest("list"), b""),
         ("accept an archive's loss", ApiKey.ARCHIVE, api.ArchiveRequest("accept_loss"), b""),
+        (
+            "describe producers",
+            ApiKey.PRODUCERS,
+            api.ProducersRequest("describe", GUARDED, 0),
+            b"",
+        ),
+        (
+            "write a transaction marker",
+            ApiKey.PRODUCERS,
+            api.ProducersRequest("write_marker", GUARDED, 0, producer_id=1, producer_epoch=0),
+            b"",
+        ),
         *transaction_requests(),
     ]
 
@@ -704,6 +716,24 @@ def kafka_requests(topic_id: Any = None) -> dict[int, tuple[str, dict[str, Any]]
             },
         ),
         65: ("describe transactions", {"transactional_ids": ["guarded-txn"]}),
+        61: (
+            "describe producers",
+            {"topics": [{"name": GUARDED, "partition_indexes": [0]}]},
+        ),
+        27: (
+            "write transaction markers",
+            {
+                "markers": [
+                    {
+                        "producer_id": 1,
+                        "producer_epoch": 0,
+                        "transaction_result": False,
+                        "coordinator_epoch": 0,
+                        "topics": [{"name": GUARDED, "partition_indexes": [0]}],
+                    }
+                ]
+            },
+        ),
         42: ("delete groups", {"groups_names": ["guarded-cursor"]}),
         44: (
             "alter configs",

@@ -1,5 +1,6 @@
-"""`tidelog transactions list|describe|abort`: what the transaction coordinator knows, and
-ending a hanging transaction (Kafka's kafka-transactions.sh, KIP-664). A hanging transaction is
+"""`tidelog transactions list|describe|abort|producers`: what the transaction coordinator knows,
+what a partition's leader knows of its producers, and ending a hanging transaction (Kafka's
+kafka-transactions.sh, KIP-664). A hanging transaction is
 one left open by a producer that will not end it: it holds the last stable offset (LSO) of every
 partition it wrote to, so read_committed readers wait. `abort` ends it through the coordinator,
 at a new epoch (which fences its producer), and returns once every partition holds its ABORT
@@ -62,6 +63,16 @@ def add_transactions_commands(
     abort.add_argument("--no-wait", action="store_true", help="return once the abort is decided")
     abort.add_argument("--json", action="store_true")
     abort.set_defaults(func=cmd_transactions_abort)
+    producers = with_bootstrap(
+        verbs.add_parser(
+            "producers",
+            help="a partition's producers and their open transactions (its leader's view)",
+        )
+    )
+    producers.add_argument("topic")
+    producers.add_argument("partition", type=int)
+    producers.add_argument("--json", action="store_true")
+    producers.set_defaults(func=cmd_transactions_producers)
 
 
 def cmd_transactions_list(args: argparse.Namespace) -> int:
@@ -111,6 +122,37 @@ def cmd_transactions_abort(args: argparse.Namespace) -> int:
         done = "aborted" if txn["state"] == "CompleteAbort" else "abort decided"
         print(f"transactional id {txn['transactional_id']!r}: {done} (now epoch {txn['epoch']})")
     print_transaction(txn, args.json)
+    return 0
+
+
+def cmd_transactions_producers(args: argparse.Namespace) -> int:
+    from tidelog.cli.args import run_loop
+
+    async def run() -> list[dict[str, Any]]:
+        async with client_of(args) as client:
+            return await client.describe_producers(args.topic, args.partition)
+
+    found = run_loop(run())
+    if args.json:
+        print(json.dumps(found, indent=1))
+        return 0
+    if not found:
+        print(f"no producers in {args.topic}/{args.partition}")
+        return 0
+    now = int(time.time() * 1000)
+    rows = [
+        (
+            p["producer_id"],
+            p["producer_epoch"],
+            p["last_sequence"],
+            f"{max(0, now - int(p['last_timestamp_ms'])) / 1000:.1f}s",
+            p["txn_start_offset"] if p["txn_start_offset"] >= 0 else "-",
+        )
+        for p in found
+    ]
+    headings = ("PRODUCER", "EPOCH", "LAST SEQUENCE", "LAST WRITE", "OPEN TRANSACTION FROM")
+    for line in table_lines(headings, rows, frozenset({0, 1, 2, 4})):
+        print(line)
     return 0
 
 

@@ -289,6 +289,12 @@ class AsyncClient:
         wait: until every partition holds its ABORT marker (the LSO moves on then)."""
         return await transactions.abort_transaction(self._router, transactional_id, wait)
 
+    async def describe_producers(self, topic: str, partition: int) -> list[dict[str, Any]]:
+        """A partition's producers, from its leader: id, epoch, last sequence, when it last
+        wrote, and where its open transaction starts (txn_start_offset, -1: none open), as
+        Kafka's DescribeProducers answers (for finding a hanging transaction)."""
+        return await transactions.describe_producers(self._router, topic, partition)
+
     # -- cursors (admin.py) -----------------------------------------------------------------------
 
     async def create_cursor(

@@ -125,6 +125,9 @@ class Client:
     def abort_transaction(self, transactional_id: str, wait: bool = True) -> dict[str, Any]:
         return self._run(self._async.abort_transaction(transactional_id, wait))
 
+    def describe_producers(self, topic: str, partition: int) -> list[dict[str, Any]]:
+        return self._run(self._async.describe_producers(topic, partition))
+
     def describe_cluster(self, leader_only: bool = False) -> ClusterInfo:
         return self._run(self._async.describe_cluster(leader_only))
 

@@ -328,6 +328,15 @@ async def abort_transaction(router: Router, transactional_id: str, wait: bool) -
     return txn
 
 
+async def describe_producers(router: Router, topic: str, partition: int) -> list[dict[str, Any]]:
+    """A partition's producers, as its leader keeps them (Kafka's DescribeProducers): each's
+    producer_id, producer_epoch, last_sequence, last_timestamp_ms, coordinator_epoch and
+    txn_start_offset, the first offset of its open transaction there (-1: none)."""
+    request = api.ProducersRequest("describe", topic, partition)
+    header, _ = await router.to_leader(topic, partition, ApiKey.PRODUCERS, request)
+    return api.decode(api.ProducersResponse, header).producers
+
+
 class Transaction:
     """The blocking face of an AsyncTransaction (Client.transaction), run on the client's
     event-loop thread."""

@@ -164,6 +164,7 @@ class KafkaBroker:
             core.access.authorize,
             self._check_group_member,
             group_cursor,
+            self._call,
         )
         self.handlers: dict[int, Handler] = {
             0: self.produce,
@@ -188,6 +189,7 @@ class KafkaBroker:
             24: self.transactions.add_partitions,
             25: self.transactions.add_offsets,
             26: self.transactions.end_txn,
+            27: self.transactions.write_txn_markers,
             28: self.transactions.txn_offset_commit,
             32: self.describe_configs,
             33: self.alter_configs,
@@ -195,6 +197,7 @@ class KafkaBroker:
             42: self.delete_groups,
             44: self.incremental_alter_configs,
             60: self.describe_cluster,
+            61: self.transactions.describe_producers,
             65: self.transactions.describe,
             66: self.transactions.list,
         }

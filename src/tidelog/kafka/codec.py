@@ -63,6 +63,11 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     24: (0, 3),  # AddPartitionsToTxn
     25: (0, 4),  # AddOffsetsToTxn
     26: (0, 4),  # EndTxn
+    # WriteTxnMarkers, as KIP-664's abort sends it (node/ops/producers.py: only what agrees
+    # with the coordinator). v0 is the form before flexible versions, which Kafka 4 dropped
+    # (KIP-896) and kio's schemas no longer have: every admin client with KIP-664 speaks v1.
+    # v2 carries KIP-890's transaction version 2.
+    27: (1, 1),
     28: (0, 4),  # TxnOffsetCommit (3+: KIP-447's group metadata)
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs (kafkajs has only this one)
@@ -71,6 +76,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
     60: (0, 1),  # DescribeCluster
+    61: (0, 0),  # DescribeProducers (KIP-664)
     65: (0, 0),  # DescribeTransactions (KIP-664)
     66: (0, 1),  # ListTransactions (2 filters by a pattern of ids: not served)
 }

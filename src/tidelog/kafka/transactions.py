@@ -16,6 +16,9 @@ clients report as a broker without transactions.
                                     found the member at its generation (KIP-447)
     EndTxn                          end: the decision, its commit point
     DescribeTransactions, ListTransactions
+    DescribeProducers v0            a partition leader's producers (node/ops/producers.py)
+    WriteTxnMarkers v1              an operator's marker for a hanging transaction, written
+                                    only where it agrees with the coordinator (ibid.)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from tidelog.acls import Resource
 from tidelog.errors import (
     InvalidTransactionTimeout,
+    ProducerFenced,
     TidelogError,
     TransactionsNotEnabled,
     UnknownTransactionalId,
@@ -41,9 +45,10 @@ from tidelog.node.cluster_view import ClusterView, CursorRecord
 from tidelog.protocol import api
 from tidelog.replication.metadata_transactions import Transaction, TxnState
 
-# AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions,
-# ListTransactions: listed by ApiVersions only from feature level 3.
-TRANSACTION_APIS = frozenset({24, 25, 26, 28, 65, 66})
+# AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit,
+# DescribeTransactions, ListTransactions: listed by ApiVersions only from feature level 3.
+# (DescribeProducers is not: idempotent producers have no feature level.)
+TRANSACTION_APIS = frozenset({24, 25, 26, 27, 28, 65, 66})
 OPERATION_NOT_ATTEMPTED = 55
 # Why the coordinator refused a partition (protocol/api.py), as Kafka's codes.
 REFUSED_CODES = {
@@ -54,6 +59,7 @@ REFUSED_CODES = {
 
 Answer = dict[str, Any]
 Call = Callable[[Principal, api.TransactionRequest], Awaitable[api.TransactionResponse]]
+AskLeader = Callable[[Principal, api.ProducersRequest], Awaitable[api.ProducersResponse]]
 
 
 class KafkaTransactions:
@@ -67,6 +73,7 @@ class KafkaTransactions:
         authorize_access: Callable[[Principal, Operation, Resource], None],
         check_group_member: Callable[[str, str, int], None],
         group_cursor: Callable[[Mapping[str, CursorRecord], str, str], str],
+        ask_leader: AskLeader,
     ) -> None:
         self.view = view
         self.call = call  # through the core's door (NodeCore.handle)
@@ -74,6 +81,7 @@ class KafkaTransactions:
         self.authorize_access = authorize_access  # Access.authorize
         self.check_group_member = check_group_member  # group, member, generation: GroupError
         self.group_cursor = group_cursor
+        self.ask_leader = ask_leader  # a ProducersRequest, through the core's door
 
     def enabled(self) -> None:
         level = self.view.finalized_level
@@ -288,6 +296,70 @@ class KafkaTransactions:
                 for txn in response.transactions
             ],
         }
+
+    # -- DescribeProducers, WriteTxnMarkers (KIP-664) --------------------------------------------
+
+    async def describe_producers(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """Each partition's producers, from its leader (this node: a client asks each
+        partition's leader, as Kafka's admin does)."""
+        topics = []
+        for topic in req.body.topics:
+            partitions = []
+            for p in topic.partition_indexes:
+                entry: Answer = {"partition_index": int(p), "error_code": kerr.NONE}
+                request = api.ProducersRequest("describe", str(topic.name), int(p))
+                try:
+                    found = await self.ask_leader(principal, request)
+                    entry["active_producers"] = [producer_state(s) for s in found.producers]
+                except TidelogError as exc:
+                    entry["error_code"] = kafka_code(exc)
+                    entry["error_message"] = exc.message[:1000]
+                partitions.append(entry)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    async def write_txn_markers(self, principal: Principal, req: KafkaRequest) -> Answer:
+        """An operator's markers (kafka-transactions.sh abort), each partition on its leader
+        (this node). Kafka's CLUSTER_ACTION is tidelog's cluster admin."""
+        markers = []
+        for marker in req.body.markers:
+            topics = []
+            for topic in marker.topics:
+                partitions = []
+                for p in topic.partition_indexes:
+                    request = api.ProducersRequest(
+                        "write_marker",
+                        str(topic.name),
+                        int(p),
+                        producer_id=int(marker.producer_id),
+                        producer_epoch=int(marker.producer_epoch),
+                        commit=bool(marker.transaction_result),
+                        coordinator_epoch=int(marker.coordinator_epoch),
+                    )
+                    code = kerr.NONE
+                    try:
+                        await self.ask_leader(principal, request)
+                    except ProducerFenced:
+                        code = kerr.INVALID_PRODUCER_EPOCH  # a partition leader's word
+                    except TidelogError as exc:
+                        code = kafka_code(exc)
+                    partitions.append({"partition_index": int(p), "error_code": code})
+                topics.append({"name": topic.name, "partitions": partitions})
+            markers.append({"producer_id": int(marker.producer_id), "topics": topics})
+        return {"markers": markers}
+
+
+def producer_state(found: Mapping[str, Any]) -> Answer:
+    """One producer as the leader answered it (api.ProducersResponse), in DescribeProducers'
+    fields."""
+    return {
+        "producer_id": found["producer_id"],
+        "producer_epoch": found["producer_epoch"],
+        "last_sequence": found["last_sequence"],
+        "last_timestamp": found["last_timestamp_ms"],
+        "coordinator_epoch": found["coordinator_epoch"],
+        "current_txn_start_offset": found["txn_start_offset"],
+    }
 
 
 def start_time(ms: int) -> datetime.datetime:

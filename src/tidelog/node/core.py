@@ -54,6 +54,7 @@ from tidelog.node.ops.cursors import CursorOps
 from tidelog.node.ops.data import DataOps
 from tidelog.node.ops.features import FeatureOps
 from tidelog.node.ops.metadata_answer import MetadataAnswers
+from tidelog.node.ops.producers import ProducerOps, producers_scope
 from tidelog.node.ops.security import Security
 from tidelog.node.ops.topic_admin import TopicAdmin
 from tidelog.node.ops.transactions import TransactionOps, transaction_scope
@@ -124,6 +125,7 @@ QUOTA_CHARGES: dict[type[Any], str] = {
             api.QuotasRequest,
             api.ArchiveRequest,
             api.FeaturesRequest,
+            api.ProducersRequest,
         ),
         ADMIN_REQUEST_RATE,
     ),
@@ -348,6 +350,13 @@ class NodeCore:
             lambda: self.config.transaction_max_timeout_ms,
             self.cursor_ops.as_principal,
         )
+        self.producer_ops = ProducerOps(
+            self.node_id,
+            self.metadata_log,
+            self.data.leader,
+            self.transactions,
+            lambda: self.config.transaction_max_timeout_ms,
+        )
 
     def _handler_table(self) -> dict[type[Any], tuple[Handler, Scope]]:
         """Request type -> (its handler, what it does to which resource: for Access)."""
@@ -404,6 +413,7 @@ class NodeCore:
             api.ArchiveRequest: (self.cluster_admin.archive, archive_scope),
             api.FeaturesRequest: (self.feature_ops.features_request, features_scope),
             api.TransactionRequest: (self.transaction_ops.without_principal, transaction_scope),
+            api.ProducersRequest: (self.producer_ops.producers, producers_scope),
         }
 
     def _write_formats_of(self, level: int) -> None:

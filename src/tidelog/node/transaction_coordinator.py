@@ -253,15 +253,36 @@ class TransactionCoordinator:
             return True  # completed (every marker confirmed) or superseded
         if producer_id not in host.log.producers.producers:
             return True  # it never wrote here: nothing to end
-        marker = build_marker(
+        await self.append_marker(
+            host,
             producer_id,
             epoch,
             commit=bool(header["commit"]),
             coordinator_epoch=int(header.get("coordinator_epoch", -1)),
         )
+        return True
+
+    async def append_marker(
+        self,
+        host: PartitionHost,
+        producer_id: int,
+        epoch: int,
+        *,
+        commit: bool,
+        coordinator_epoch: int,
+    ) -> int:
+        """Append a marker in a partition this node leads and wait until it is committed
+        (acks=all); its offset. The one way a marker enters a log: the coordinator's asks
+        (above) and an operator's WriteTxnMarkers (node/ops/producers.py) both come here. The
+        append happens before the first await, so a caller's checks just before it still hold
+        when the marker lands."""
+        marker = build_marker(
+            producer_id, epoch, commit=commit, coordinator_epoch=coordinator_epoch
+        )
         info = host.replica.propose(marker)
         host.process_ready()
         await host.wait_for_ack(info.last_offset, api.ACKS_ALL, MARKER_ACK_TIMEOUT_S)
-        kind = "commit" if header["commit"] else "abort"
-        self.counters.inc("tidelog_transaction_markers_total", marker=kind)
-        return True
+        self.counters.inc(
+            "tidelog_transaction_markers_total", marker="commit" if commit else "abort"
+        )
+        return int(info.last_offset)

@@ -61,6 +61,9 @@ class ApiKey(enum.IntEnum):
     # AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn, DescribeTransactions,
     # ListTransactions, and KIP-664's abort), to the metadata leader
     TRANSACTIONS = 119
+    # A partition leader's producers (Kafka's DescribeProducers) and an operator's marker in
+    # one partition (Kafka's WriteTxnMarkers, as KIP-664's abort sends it), to that leader
+    PRODUCERS = 120
 
 
 # One-way messages only peers may send, on the peer channel; a client connection that sends one
@@ -553,6 +556,40 @@ class TransactionResponse:
     unknown_states: list[str] = field(default_factory=list)  # list: filters naming no state
 
 
+PRODUCERS_OPS = (
+    "describe",  # the partition's producers: epoch, last sequence, open transaction (if any)
+    "write_marker",  # an operator's COMMIT or ABORT marker for one producer's open transaction
+)
+
+
+@dataclass(frozen=True)
+class ProducersRequest:
+    """A request to a partition's leader about its producers (node/ops/producers.py has the
+    rules). describe needs read on the topic; write_marker, cluster admin (Kafka's
+    CLUSTER_ACTION), and is written only where it agrees with the transaction coordinator."""
+
+    op: str  # PRODUCERS_OPS
+    topic: str
+    partition: int
+    # write_marker: whose open transaction, ended how, and the coordinator epoch the marker
+    # records (Kafka's WritableTxnMarker fields)
+    producer_id: int = -1
+    producer_epoch: int = -1
+    commit: bool = False
+    coordinator_epoch: int = -1
+
+
+@dataclass(frozen=True)
+class ProducersResponse:
+    # describe: per producer producer_id, producer_epoch, last_sequence (-1: none),
+    # last_timestamp_ms (this leader's clock when it appended the producer's newest batch),
+    # coordinator_epoch (-1: not kept), txn_start_offset (-1: no transaction open)
+    producers: list[dict[str, Any]] = field(default_factory=list)
+    # write_marker: where the marker went (-1: nothing was open, so nothing was written)
+    marker_offset: int = -1
+    node_id: int = -1  # who answered
+
+
 # How current a table read is (etcd's names; docs/design.md, "Reads that are current").
 LINEARIZABLE = "linearizable"  # ReadIndex: a majority confirms the leader; the default
 LEASE = "lease"  # the leader's lease, no round trip: safe under bounded clock drift
@@ -612,6 +649,7 @@ REQUEST_TYPES: dict[ApiKey, type[Any]] = {
     ApiKey.ARCHIVE: ArchiveRequest,
     ApiKey.FEATURES: FeaturesRequest,
     ApiKey.TRANSACTIONS: TransactionRequest,
+    ApiKey.PRODUCERS: ProducersRequest,
 }
 
 T = TypeVar("T")
