@@ -1,15 +1,13 @@
 """Operators' tools for hanging transactions (KIP-664) on the Kafka port of a 3-node cluster.
 
 DescribeProducers shows a confluent-kafka transactional producer's open transaction and where it
-starts, and none once it commits. A hanging transaction is made the one real way this design
-leaves: a producer whose idempotence entry expired (producer.id.expiration.ms) while its
-transaction was open, so that the coordinator's abort found "a producer that never wrote here"
-and wrote no marker (node/transaction_coordinator.py) -- the coordinator says CompleteAbort, the
-partition's LSO stays at the transaction's first offset. find-hanging's questions
-(DescribeProducers, ListTransactions, DescribeTransactions' state) pick it out; WriteTxnMarkers
-refuses a COMMIT of it, an ABORT of a transaction the coordinator still holds, and an ABORT
-before transaction.max.timeout.ms, then ends it with an ABORT, after which a read_committed
-consumer reads past it. (WriteTxnMarkers without cluster admin is refused in test_acl.py.)"""
+starts, and none once it commits; WriteTxnMarkers refuses to end a transaction the coordinator
+still holds. The one way this design left a transaction hanging (a producer whose idempotence
+entry expired while its transaction was open got no abort marker) is closed, and its test shows
+the marker written and find-hanging finding nothing. The rules an operator's marker meets for a
+transaction that hangs (ABORT only, only past transaction.max.timeout.ms) are checked in
+process by test_marker_rules.py; WriteTxnMarkers without cluster admin is refused in
+test_acl.py."""
 
 from __future__ import annotations
 
@@ -168,19 +166,28 @@ def test_describe_producers_shows_an_open_transaction_until_it_commits(
     assert kinds(markers) == ["commit"] and records == 3
 
 
-def hang_a_transaction(cluster: LocalCluster, topic: str) -> None:
-    """A transaction the coordinator aborted whose partition got no marker: the producer's
-    entry expired (producer.id.expiration.ms 200 ms, checked every 100 ms) before the abort's
-    marker was asked for, and the partition leader took it for a producer that never wrote."""
+def test_an_open_transaction_outlives_its_producers_expiry_and_its_abort_ends_it(
+    cluster: LocalCluster,
+) -> None:
+    """A transaction left open longer than producer.id.expiration.ms (200 ms here, checked
+    every 100 ms) keeps its producer's entry, as Kafka's does: the coordinator's abort then
+    writes its marker and the LSO moves on. (Forgetting the producer made the leader take it
+    for one that never wrote, skip the marker and hold the LSO for good: a hanging
+    transaction, found while building find-hanging.) find-hanging finds nothing, and an
+    operator's markers for it write nothing."""
+    topic = "adm-expiry"
     with Client(cluster.bootstrap) as client:
         configs = {"producer.id.expiration.ms": "200", "retention.check.interval.ms": "100"}
         client.create_topic(topic, 1, 3, configs=configs)
     p = producer(cluster, topic)
     p.init_transactions(30)
     p.begin_transaction()
-    p.produce(topic, value=b"left hanging", partition=0)
+    p.produce(topic, value=b"aborted later", partition=0)
     p.flush(30)
-    time.sleep(1.5)  # its entry expires on every replica
+    time.sleep(1.5)  # well past the expiry, on every replica
+    leader = cluster_leader(cluster, topic)
+    [state] = open_transactions(cluster, topic)
+    assert state["current_txn_start_offset"] == 0
     p.abort_transaction(30)
     with Client(cluster.bootstrap) as client:
         wait_for_value(
@@ -189,51 +196,17 @@ def hang_a_transaction(cluster: LocalCluster, topic: str) -> None:
             "CompleteAbort".__eq__,
         )
         client.produce(topic, [b"after-1", b"after-2", b"after-3"], partition=0)
-
-
-def test_a_hanging_transaction_is_found_and_ended_by_an_abort_marker(
-    cluster: LocalCluster,
-) -> None:
-    topic = "adm-hang"
-    hang_a_transaction(cluster, topic)
-    leader = cluster_leader(cluster, topic)
-    assert committed_end(cluster, leader, topic, isolation=0) == 4
-    assert committed_end(cluster, leader, topic, isolation=1) == 0  # held by the open one
-    assert kinds(log_of(cluster, topic, 0)[0]) == []
-
-    # find-hanging: an open transaction in the partition whose producer id the coordinators
-    # list in no Ongoing transaction.
-    [state] = open_transactions(cluster, topic)
-    assert state["current_txn_start_offset"] == 0
-    listed = [
-        t
-        for n in cluster.kafka_ports
-        for t in kafka_ask(
-            cluster, n, 66, {"state_filters": [], "producer_id_filters": [state["producer_id"]]}
-        )["transaction_states"]
-    ]
-    assert [(t["transactional_id"], t["transaction_state"]) for t in listed] == [
-        (topic, "CompleteAbort")
-    ]
-
-    # A COMMIT contradicts the coordinator's abort; an ABORT waits out the longest timeout.
-    assert write_marker(cluster, leader, topic, state, commit=True) == INVALID_TXN_STATE
-    assert write_marker(cluster, leader, topic, state, commit=False) == INVALID_TXN_STATE
-    assert write_marker(cluster, other_node(cluster, leader), topic, state, commit=False) == (
-        NOT_LEADER_OR_FOLLOWER
-    )
-    left = state["last_timestamp"] + MAX_TIMEOUT_MS - time.time() * 1000
-    time.sleep(max(0.0, left / 1000) + 0.5)
+    wait_for("the abort marker", lambda: kinds(log_of(cluster, topic, 0)[0]) == ["abort"], 30)
+    assert open_transactions(cluster, topic) == []  # find-hanging's first question: none
+    assert committed_end(cluster, leader, topic, isolation=1) == 5  # the LSO is the HW
+    # An operator's markers for it find nothing open: answered, and nothing written.
+    assert write_marker(cluster, leader, topic, state, commit=True) == 0
     assert write_marker(cluster, leader, topic, state, commit=False) == 0
-    assert write_marker(cluster, leader, topic, state, commit=False) == 0  # nothing left open
-
-    assert open_transactions(cluster, topic) == []
     assert kinds(log_of(cluster, topic, 0)[0]) == ["abort"]
-    assert committed_end(cluster, leader, topic, isolation=1) == 5  # the LSO is the HW again
     consumer = confluent_kafka.Consumer(
         {
             "bootstrap.servers": cluster.kafka_bootstrap,
-            "group.id": "adm-hang-reader",
+            "group.id": "adm-expiry-reader",
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -249,7 +222,7 @@ def test_a_hanging_transaction_is_found_and_ended_by_an_abort_marker(
                 got.append(m.value())
             return len(got) >= 3
 
-        wait_for("the records after the hanging transaction", read_all, 30)
+        wait_for("the records after the aborted transaction", read_all, 30)
     finally:
         consumer.close()
     assert got == [b"after-1", b"after-2", b"after-3"]

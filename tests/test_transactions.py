@@ -271,3 +271,21 @@ def test_forgetting_aborted_transactions_keeps_the_rest_listed_by_range(tmp_path
     again = SegmentedLog(tmp_path / "p-0", SMALL)
     assert again.aborted_transactions(0, 12) == [every[0], every[3]]
     again.close()
+
+
+def test_a_producer_with_an_open_transaction_outlives_its_expiry(tmp_path: Path) -> None:
+    """Its marker is still to come: forgetting it made the coordinator's abort skip this
+    partition and hold the LSO for good. A producer with nothing open expires as before."""
+    now = [1_000]
+    config = TopicConfig(segment_bytes=1 << 20, producer_id_expiration_ms=100)
+    log = SegmentedLog(tmp_path / "p-0", config, clock_ms=lambda: now[0])
+    log.append_as_leader(txn_batch(7, 0, b"open"), 1)
+    log.append_as_leader(
+        build_batch([ProducerRecord(None, b"idem")], producer_id=8, producer_epoch=0), 1
+    )
+    now[0] += 1_000
+    assert log.expire_producers() == 1
+    assert set(log.producers.producers) == {7}
+    log.append_as_leader(marker(7, commit=False), 1)
+    now[0] += 1_000
+    assert log.expire_producers() == 1 and log.producers.producers == {}

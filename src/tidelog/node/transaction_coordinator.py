@@ -251,8 +251,10 @@ class TransactionCoordinator:
             or (txn.producer_id, txn.epoch) != (producer_id, epoch)
         ):
             return True  # completed (every marker confirmed) or superseded
-        if producer_id not in host.log.producers.producers:
-            return True  # it never wrote here: nothing to end
+        if producer_id not in host.log.transactions.open:
+            # Nothing of it open here: it never wrote here, or its marker is already in
+            # (a re-ask after a lost answer must not write a second one).
+            return True
         await self.append_marker(
             host,
             producer_id,

@@ -356,7 +356,9 @@ class SegmentedLog:
         return self.transactions.aborted_transactions(start, end)
 
     def expire_producers(self) -> int:
-        return self.producers.expire(self._clock_ms(), self.config.producer_id_expiration_ms)
+        return self.producers.expire(
+            self._clock_ms(), self.config.producer_id_expiration_ms, self.transactions.open
+        )
 
     def _read_state_checkpoint(self) -> dict[str, int]:
         try:

@@ -11,7 +11,7 @@ Kafka's are), so that every client being an idempotent producer costs no memory 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import NamedTuple
 
 from tidelog.record.batch import SEQUENCE_MAX, BatchHeader
@@ -119,10 +119,14 @@ class ProducerState:
         for header in headers:
             self.record(header, now_ms)
 
-    def expire(self, now_ms: int, expiration_ms: int) -> int:
-        """Forget producers not written for expiration_ms; returns how many."""
+    def expire(self, now_ms: int, expiration_ms: int, keep: Container[int] = frozenset()) -> int:
+        """Forget producers not written for expiration_ms, except those in keep (a producer
+        with a transaction open in the log: its marker is still to come, as Kafka keeps it);
+        returns how many."""
         cutoff = now_ms - expiration_ms
-        stale = [pid for pid, e in self.producers.items() if e.last_write_ms < cutoff]
+        stale = [
+            pid for pid, e in self.producers.items() if e.last_write_ms < cutoff and pid not in keep
+        ]
         for pid in stale:
             del self.producers[pid]
             self.recent.pop(pid, None)
