@@ -17,12 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import retry, run_tidelog, wait_for
+from helpers import retry, run_tidelog, wait_for, wait_for_value
 from tidelog.archive.manifest import (
     ArchivedSegment,
     Gap,
@@ -30,7 +31,7 @@ from tidelog.archive.manifest import (
     check_object,
     describe_object,
 )
-from tidelog.archive.reader import iter_batches, read_batches
+from tidelog.archive.reader import committed_aborted, iter_batches, read_batches
 from tidelog.archive.store import FileStore, VersionConflict, open_store
 from tidelog.cli.cluster import LocalCluster, free_ports
 from tidelog.client.sync_client import Client
@@ -42,8 +43,10 @@ from tidelog.errors import (
     ArchiveLagExceeded,
     InvalidArchiveUrl,
     InvalidConfig,
+    InvalidRequest,
     TidelogError,
 )
+from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.record.batch import ProducerRecord, build_batch, decode_records, read_header
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
@@ -1195,3 +1198,130 @@ def test_a_long_archive_seals_parts_and_reads_whole_after_a_restart(tmp_path: Pa
         assert values == [value(i) for i in range(total)]
     verify = run_tidelog("archive", "verify", url)
     assert verify.returncode == 0, verify.stdout
+
+
+# -- read_committed below the local log start ------------------------------------------------------
+
+
+def test_manifest_entries_name_their_aborted_transactions_and_old_ones_do_not(
+    tmp_path: Path,
+) -> None:
+    """An entry's aborted transactions survive the manifest's JSON; an entry written before the
+    field (none in its JSON) serves read_committed only where it holds no transactional batch."""
+    store = open_store(f"file://{tmp_path}")
+    plain = batches(0, 10)
+    txn = build_batch(
+        [record(10), record(11)],
+        base_offset=10,
+        producer_id=7,
+        producer_epoch=0,
+        base_sequence=0,
+        transactional=True,
+    )
+    known = replace(
+        describe_object(plain + txn, "t/1/0/a.log"), aborted_transactions=((7, 10, 12),)
+    )
+    assert known.aborted_between(0, 12) == [[7, 10]]
+    assert known.aborted_between(13, 20) == []  # its marker (12) is before the range
+    manifest = Manifest("c", "t", 1, 0).appended(known, 1)
+    [again] = Manifest.from_bytes(manifest.to_bytes()).segments
+    assert again.aborted_transactions == ((7, 10, 12),) and again.transactions_known
+    assert committed_aborted(again, plain + txn, 0, 12) == [[7, 10]]
+
+    # As an older node wrote it: no field at all, and the reader knows nothing of aborts.
+    old_json = json.loads(manifest.to_bytes())
+    for entry in old_json["segments"]:
+        del entry["aborted_transactions"]
+    [old] = Manifest.from_bytes(json.dumps(old_json).encode()).segments
+    assert old.aborted_transactions is None and not old.transactions_known
+    assert "aborted_transactions" not in old.to_json()  # rewritten as it was
+    store.put(old.key, plain + txn)
+    assert committed_aborted(old, read_batches(store, old, 0, 1), 0, 5) == []  # plain batches
+    with pytest.raises(InvalidRequest, match="archived before the archive kept"):
+        committed_aborted(old, plain + txn, 0, 12)
+
+
+def transactional_rounds(
+    client: Client, topic: str, rounds: int
+) -> tuple[list[bytes], list[bytes]]:
+    """Per round, plain records then a transaction's, committed on even rounds and aborted on
+    odd ones: (every value, the values a read_committed reader must see)."""
+    pad = b"-" + b"x" * 150
+    everything: list[bytes] = []
+    committed: list[bytes] = []
+    for n in range(rounds):
+        plain = [b"p%04d-%02d" % (n, i) + pad for i in range(10)]
+        client.produce(topic, plain, partition=0)
+        outcome = b"c" if n % 2 == 0 else b"a"
+        written = [outcome + b"%04d-%02d" % (n, i) + pad for i in range(10)]
+        txn = client.transaction(f"{topic}-writer")
+        txn.begin()
+        txn.produce(topic, written, partition=0)
+        if n % 2 == 0:
+            txn.commit()
+            committed += plain + written
+        else:
+            txn.abort()
+            committed += plain
+        everything += plain + written
+    return everything, committed
+
+
+@pytest.mark.timeout(240)
+def test_read_committed_below_the_local_log_start_drops_archived_aborted_transactions(
+    tmp_path: Path,
+) -> None:
+    """Transactions, some aborted, archived and deleted locally: a read_committed read from 0
+    gets every committed record and no aborted one, through the archive's entries; a
+    read_uncommitted one gets everything. An entry without the list (as older nodes wrote it)
+    is refused by name for read_committed."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"file://{archive}"
+    with (
+        LocalCluster(tmp_path / "c", nodes=1, serve_args=["--archive", url]) as cluster,
+        Client(cluster.bootstrap) as client,
+    ):
+        wait_for_value(
+            "feature level 3",
+            lambda: client.describe_features().finalized_level,
+            TRANSACTIONS_LEVEL.__eq__,
+        )
+        client.create_topic("tx", replication_factor=1, configs=ARCHIVED)
+        client.wait_for_leaders("tx")
+        everything, committed = transactional_rounds(client, "tx", 40)
+        row = wait_for(
+            "the first segments archived and deleted locally",
+            lambda: (
+                (r := status_row(client, "tx"))["local_log_start_offset"] > 200
+                and r["log_start_offset"] == 0
+                and r
+            ),
+            60,
+        )
+        store = open_store(url)
+        key = next(k for k in store.list("tx") if k.endswith("manifest.json"))
+        entries = Manifest.from_bytes(store.get(key)).segments
+        assert all(s.transactions_known for s in entries)
+        assert any(s.aborted_transactions for s in entries), entries
+
+        def read(isolation_level: str) -> list[bytes]:
+            return [
+                r.value or b"" for r in client.consume("tx", 0, 0, isolation_level=isolation_level)
+            ]
+
+        assert read("read_committed") == committed, row
+        assert read("read_uncommitted") == everything
+        first = client.fetch("tx", 0, 0, isolation_level="read_committed")
+        assert first.records and first.records[0].offset == 0  # from the archive
+        cluster.stop(1)
+        # As a node from before this version wrote it: entries without the list.
+        old = json.loads(store.get(key))
+        for entry in old["segments"]:
+            entry.pop("aborted_transactions", None)
+        store.put(key, json.dumps(old).encode())
+        cluster.start(1)
+        cluster.wait_ready()
+        with pytest.raises(InvalidRequest, match="archived before the archive kept"):
+            read("read_committed")
+        assert read("read_uncommitted") == everything

@@ -2,7 +2,8 @@
 cluster: writes to three partitions and a cursor commit become visible together on commit and
 never on abort, to read_committed readers, while read_uncommitted readers see every write; a
 second holder of a transactional id fences the first; and `tidelog transactions
-list|describe|abort` ends a hanging transaction, after which the LSO moves on."""
+list|describe|abort` ends a hanging transaction, after which the LSO moves on; and a
+read_committed cursor commit never moves a position past the LSO at the partition's leader."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from helpers import run_tidelog, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import (
+    CursorPastStableOffset,
     InvalidTransactionTimeout,
     InvalidTxnState,
     ProducerFenced,
@@ -188,3 +190,43 @@ def test_what_a_transaction_refuses_is_named(cluster: LocalCluster) -> None:
             txn.produce("out", [b"after the end"], partition=0)
         with pytest.raises(InvalidTxnState, match="no open transaction"):
             client.abort_transaction("idle")
+
+
+def test_a_read_committed_cursor_commit_never_passes_the_lso_at_the_leader(
+    cluster: LocalCluster,
+) -> None:
+    """The metadata leader checks each partition's LSO where it is: its own, or asked of the
+    partition's leader (one replica each, so two of the three are on other nodes)."""
+    with Client(cluster.bootstrap) as client:
+        client.create_topic("held", PARTITIONS, 1)
+        client.create_cursor("rc-reader", "held", "earliest")
+        hanging = client.transaction("held-1", timeout_ms=600_000)
+        hanging.begin()
+        for p in range(PARTITIONS):
+            client.produce("held", [b"before"], partition=p)  # 0
+            hanging.produce("held", [b"open"], partition=p)  # 1: holds the LSO at 1
+            client.produce("held", [b"after"], partition=p)  # 2; the HW is 3
+        [metadata_leader] = {int(s["metadata"]["leader"]) for s in client.status(["held"])}
+        leaders = client.topic("held").assignments
+        assert any(nodes[0] != metadata_leader for nodes in leaders), (leaders, metadata_leader)
+
+        for p in range(PARTITIONS):
+            with pytest.raises(CursorPastStableOffset, match="last stable offset 1") as refused:
+                client.commit_cursor("rc-reader", {p: 3}, isolation_level="read_committed")
+            assert refused.value.details["position"] == 3
+            assert refused.value.details["last_stable_offset"] == 1
+            assert refused.value.details["partition"] == p
+            client.commit_cursor("rc-reader", {p: 1}, isolation_level="read_committed")
+        assert client.cursors("rc-reader")[0]["positions"] == {"0": 1, "1": 1, "2": 1}
+
+        # read_uncommitted (the default, and every client before the field) is not checked; a
+        # position kept or moved back is not either.
+        client.commit_cursor("rc-reader", {0: 3})
+        client.commit_cursor("rc-reader", {0: 3, 1: 1}, isolation_level="read_committed")
+        client.commit_cursor("rc-reader", {0: 0}, isolation_level="read_committed")
+        assert client.cursors("rc-reader")[0]["positions"] == {"0": 0, "1": 1, "2": 1}
+
+        hanging.abort()  # the markers are in: the LSO is the HW again
+        ends = {p: client.list_offsets("held", p, "latest") for p in range(PARTITIONS)}
+        client.commit_cursor("rc-reader", ends, isolation_level="read_committed")
+        assert client.cursors("rc-reader")[0]["positions"] == {str(p): 4 for p in ends}

@@ -16,7 +16,7 @@ from test_node import run
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.consume import committed_only
 from tidelog.client.transactions import AsyncTransaction
-from tidelog.errors import InvalidRequest, UnsupportedApi
+from tidelog.errors import CursorPastStableOffset, InvalidRequest, UnsupportedApi
 from tidelog.features import TRANSACTIONS_LEVEL
 from tidelog.node.server import Node
 from tidelog.protocol import api
@@ -137,6 +137,15 @@ def test_a_cursor_of_a_read_committed_reader_starts_at_the_lso(tmp_path: Path) -
         assert shown.returncode == 0, shown.stderr
         [cursor] = await client.cursors("etl")
         assert cursor["positions"] == {"0": 1}  # the LSO, not the HW (3)
+        # The node holds it there for read_committed commits too (this node leads t/0).
+        with pytest.raises(CursorPastStableOffset, match=r"at 3 is past its last stable offset 1"):
+            await client.commit_cursor("etl", {0: 3}, isolation_level="read_committed")
+        await client.commit_cursor("etl", {0: 3})  # read_uncommitted: as it always was
+        [cursor] = await client.cursors("etl")
+        assert cursor["positions"] == {"0": 3}
+        # and an old client's cursor request decodes as read_uncommitted
+        request = api.decode(api.CursorRequest, {"op": "commit", "name": "etl"})
+        assert request.isolation_level == "read_uncommitted"
 
     run(tmp_path, body)
 

@@ -23,6 +23,7 @@
     ├── UnknownLeaderEpoch                  the request's leader epoch is newer than ours (retriable)
     ├── CursorInvalidated(log_start, reason)
     ├── UnknownCursor
+    ├── CursorPastStableOffset(position, last_stable_offset)  a read_committed commit above the LSO
     ├── StorageFull                         retriable: writes resume when space returns
     ├── StorageError                        a file could not be written or read as a whole
     ├── UnsupportedFormatVersion(format)    a file, record or peer in a version this one cannot read
@@ -194,6 +195,22 @@ class CursorInvalidated(TidelogError):
 
 class UnknownCursor(TidelogError):
     code = 101
+
+
+class CursorPastStableOffset(TidelogError):
+    """A read_committed cursor commit to a position above its partition's last stable offset
+    (as the partition's leader had it at the commit): a read_committed reader never gets there,
+    so the position was made by hand or read read_uncommitted. Commit it read_uncommitted, or
+    wait until the open transactions below it end."""
+
+    code = 136
+
+    def __init__(
+        self, message: str = "", position: int = -1, last_stable_offset: int = -1, **details: Any
+    ) -> None:
+        super().__init__(
+            message, position=position, last_stable_offset=last_stable_offset, **details
+        )
 
 
 class StorageFull(TidelogError):

@@ -25,6 +25,14 @@ before the manifest that names them), which the manifest lists by key and range.
 without parts is format 1, as before (older readers read it); one with parts is format 2. In
 memory a Manifest holds every entry; readers load the parts (immutable: cached by key).
 
+Each entry names the aborted transactions with a batch in its object (producer id, first offset,
+marker offset: what the partition's transaction state gives a read_committed reader for that
+range, as Kafka's per-segment .txnindex keeps it), so that read_committed reads of the archive
+drop them as local reads do. An object is uploaded only once it lies wholly below the LSO, so
+every transaction with a batch in it is decided, and the list is complete. The field is new and
+optional (older readers ignore it, so the manifest's format is unchanged): an entry without it
+was written before the archive kept the list, and its transactions are unknown.
+
 tidelog 0.1.0 reads format 1 only (format 2 is to it a corrupt manifest), so parts are sealed
 only once the feature level allows format 2 (tidelog/formats.py): until then the manifest names
 every object itself, as 0.1.0's did. A manifest, part or cluster.json of a format newer than
@@ -79,6 +87,22 @@ class ArchivedSegment:
     index: tuple[tuple[int, int], ...]  # (batch base offset, position), sparse
     uploaded_by: int = -1
     uploaded_ms: int = 0
+    # (producer id, first offset, marker offset) of each aborted transaction with a batch in
+    # the object, in marker order; None: an entry from before the archive kept them (unknown)
+    aborted_transactions: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def transactions_known(self) -> bool:
+        return self.aborted_transactions is not None
+
+    def aborted_between(self, start: int, end: int) -> list[list[int]]:
+        """[producer id, first offset] of each aborted transaction with a batch in [start, end)
+        (what a read_committed answer carries); [] for an entry whose transactions are unknown."""
+        return [
+            [producer_id, first]
+            for producer_id, first, marker in self.aborted_transactions or ()
+            if marker >= start and first < end
+        ]
 
     def position_for(self, offset: int) -> int:
         position = 0
@@ -92,6 +116,10 @@ class ArchivedSegment:
         data = asdict(self)
         data["epochs"] = [list(e) for e in self.epochs]
         data["index"] = [list(e) for e in self.index]
+        if self.aborted_transactions is None:
+            del data["aborted_transactions"]  # unknown: as the entry was written
+        else:
+            data["aborted_transactions"] = [list(t) for t in self.aborted_transactions]
         return data
 
     @staticmethod
@@ -108,7 +136,15 @@ class ArchivedSegment:
             index=tuple((int(a), int(b)) for a, b in data.get("index", [])),
             uploaded_by=int(data.get("uploaded_by", -1)),
             uploaded_ms=int(data.get("uploaded_ms", 0)),
+            aborted_transactions=_aborted_of(data.get("aborted_transactions")),
         )
+
+
+def _aborted_of(value: Any) -> tuple[tuple[int, int, int], ...] | None:
+    """An entry's aborted transactions as written; None when it has none (an older entry)."""
+    if value is None:
+        return None
+    return tuple((int(pid), int(first), int(marker)) for pid, first, marker in value)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Reading the archive: whole record batches from an offset, with bounded memory, every batch's
-CRC checked (a damaged or truncated object is ArchiveCorrupt, never wrong data).
+CRC checked (a damaged or truncated object is ArchiveCorrupt, never wrong data), and what a
+read_committed reader of them must drop (the aborted transactions their manifest entry names).
 
 Used by a node serving a fetch below its local log start, by `tidelog restore`, by `tidelog
 archive verify` and by the Spark source's executors, which read archived ranges from the store
@@ -12,8 +13,8 @@ from collections.abc import Iterator
 
 from tidelog.archive.manifest import ArchivedSegment, Manifest, manifest_key
 from tidelog.archive.store import ArchiveStore
-from tidelog.errors import ArchiveCorrupt, CorruptRecord
-from tidelog.record.batch import BatchHeader, peek_size, validate
+from tidelog.errors import ArchiveCorrupt, CorruptRecord, InvalidRequest
+from tidelog.record.batch import BatchHeader, iter_headers, peek_size, validate
 
 # A read asks the store for at least this much, so that small fetches do not become one
 # request per batch.
@@ -51,6 +52,24 @@ def read_chunk(
         taken += len(batch)
         next_offset = header.next_offset
     return b"".join(out), next_offset
+
+
+def committed_aborted(seg: ArchivedSegment, data: bytes, offset: int, end: int) -> list[list[int]]:
+    """[producer id, first offset] of each aborted transaction with a batch in [offset, end), for
+    a read_committed answer holding data (whole batches of seg). An entry from before the
+    archive kept the list has none: its batches are served only if none is transactional (no
+    aborted transaction can be among them then), else the read is refused by name."""
+    if seg.transactions_known:
+        return seg.aborted_between(offset, end)
+    for _, header in iter_headers(data):
+        if header.is_transactional:
+            raise InvalidRequest(
+                f"read_committed of {seg.key} (offsets [{seg.base_offset}, {seg.end_offset})): "
+                "it holds transactional batches, and it was archived before the archive kept "
+                "the aborted transactions of what it archives; read it read_uncommitted",
+                key=seg.key,
+            )
+    return []
 
 
 def iter_batches(

@@ -780,7 +780,8 @@ async def _print_records(
 
     async def commit() -> None:
         if args.cursor and positions != committed:
-            await client.commit_cursor(args.cursor, positions)
+            # read_committed: the node checks no position passes the LSO (it never does here)
+            await client.commit_cursor(args.cursor, positions, args.isolation_level)
             committed.update(positions)
 
     remaining: int | None = args.max_records

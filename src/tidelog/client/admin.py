@@ -263,9 +263,14 @@ class Admin:
         header = await self._to_metadata_leader(ApiKey.CURSOR, request)
         return dict(api.decode(api.CursorResponse, header).cursors[0])
 
-    async def commit_cursor(self, name: str, positions: dict[int, int]) -> dict[str, Any]:
+    async def commit_cursor(
+        self, name: str, positions: dict[int, int], isolation_level: str = api.READ_UNCOMMITTED
+    ) -> dict[str, Any]:
         request = api.CursorRequest(
-            "commit", name, positions={str(p): o for p, o in positions.items()}
+            "commit",
+            name,
+            positions={str(p): o for p, o in positions.items()},
+            isolation_level=isolation_level,
         )
         header = await self._to_metadata_leader(ApiKey.CURSOR, request)
         return dict(api.decode(api.CursorResponse, header).cursors[0])

@@ -309,9 +309,13 @@ class AsyncClient:
         every partition, or a {partition: offset} map)."""
         return await self._admin.create_cursor(name, topic, start, backup, if_not_exists)
 
-    async def commit_cursor(self, name: str, positions: dict[int, int]) -> dict[str, Any]:
-        """Move a cursor (CursorInvalidated if it was invalidated)."""
-        return await self._admin.commit_cursor(name, positions)
+    async def commit_cursor(
+        self, name: str, positions: dict[int, int], isolation_level: str = "read_uncommitted"
+    ) -> dict[str, Any]:
+        """Move a cursor (CursorInvalidated if it was invalidated). isolation_level: the
+        committer's; a read_committed reader says so, and the node then refuses to move a
+        position forward past its partition's last stable offset (CursorPastStableOffset)."""
+        return await self._admin.commit_cursor(name, positions, isolation_level)
 
     async def delete_cursor(self, name: str) -> None:
         await self._admin.delete_cursor(name)

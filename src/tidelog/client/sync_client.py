@@ -397,8 +397,10 @@ class Client:
     ) -> dict[str, Any]:
         return self._run(self._async.create_cursor(name, topic, start, backup, if_not_exists))
 
-    def commit_cursor(self, name: str, positions: dict[int, int]) -> dict[str, Any]:
-        return self._run(self._async.commit_cursor(name, positions))
+    def commit_cursor(
+        self, name: str, positions: dict[int, int], isolation_level: str = "read_uncommitted"
+    ) -> dict[str, Any]:
+        return self._run(self._async.commit_cursor(name, positions, isolation_level))
 
     def delete_cursor(self, name: str) -> None:
         self._run(self._async.delete_cursor(name))

@@ -25,6 +25,7 @@ from tidelog.errors import (
     ConcurrentTransactions,
     CorruptRecord,
     CursorInvalidated,
+    CursorPastStableOffset,
     DataLoss,
     DuplicateSequence,
     FencedLeaderEpoch,
@@ -139,6 +140,10 @@ KAFKA_CODES: dict[type[TidelogError], int] = {
     # consumer resets by its auto.offset.reset, as after Kafka's retention passed it.
     CursorInvalidated: OFFSET_OUT_OF_RANGE,
     UnknownCursor: GROUP_ID_NOT_FOUND,
+    # Kafka's OffsetCommit checks no isolation level (neither does tidelog's Kafka listener), so
+    # only tidelog's own read_committed cursor commits meet it; Kafka's nearest meaning: the
+    # position is not stable yet.
+    CursorPastStableOffset: UNSTABLE_OFFSET_COMMIT,
     StorageFull: 56,  # KAFKA_STORAGE_ERROR: retriable, as writes resume when space returns
     StorageError: 56,
     UnsupportedFormatVersion: 56,  # KAFKA_STORAGE_ERROR: a file this node cannot read

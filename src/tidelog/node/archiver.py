@@ -53,7 +53,7 @@ from tidelog.archive.manifest import (
     part_key,
     partition_prefix,
 )
-from tidelog.archive.reader import read_chunk
+from tidelog.archive.reader import committed_aborted, read_chunk
 from tidelog.archive.store import ArchiveStore, VersionConflict, open_store
 from tidelog.errors import (
     ArchiveClusterMismatch,
@@ -313,6 +313,26 @@ class Archiver:
     async def read(self, host: PartitionHost, offset: int, max_bytes: int) -> bytes | None:
         """Whole batches from offset (below the local log start) out of the archive; None if the
         archive does not hold offset."""
+        found = await self._read(host, offset, max_bytes)
+        return found[1] if found is not None else None
+
+    async def read_committed(
+        self, host: PartitionHost, offset: int, max_bytes: int
+    ) -> tuple[bytes, list[list[int]]] | None:
+        """read, for a read_committed reader: the batches and [producer id, first offset] of
+        each aborted transaction with a batch among them, as the object's manifest entry names
+        them (every archived object is below the LSO: decided). An entry from before the
+        archive kept them is served only if it holds no transactional batch (InvalidRequest)."""
+        found = await self._read(host, offset, max_bytes)
+        if found is None:
+            return None
+        seg, data, next_offset = found
+        return data, committed_aborted(seg, data, offset, next_offset)
+
+    async def _read(
+        self, host: PartitionHost, offset: int, max_bytes: int
+    ) -> tuple[ArchivedSegment, bytes, int] | None:
+        """(the object read, its whole batches from offset, the offset after them)."""
         state = self.state(host)
         manifest = state.manifest
         if manifest is None or manifest.end_offset <= offset:
@@ -344,7 +364,7 @@ class Archiver:
         self.counters.inc("tidelog_archive_reads_total")
         self.counters.inc("tidelog_archive_read_bytes_total", len(data))
         self._read_ahead(host, manifest, next_offset, max_bytes)
-        return data
+        return seg, data, next_offset
 
     def _read_ahead(
         self, host: PartitionHost, manifest: Manifest, offset: int, max_bytes: int
@@ -730,7 +750,9 @@ class Archiver:
         self, host: PartitionHost, state: ArchiveState
     ) -> tuple[str, int, int, int] | None:
         """(segment file, start position, end position, first offset) of the next object: the
-        rest of the closed segment the archive ends in, wholly below the HW; None if none."""
+        rest of the closed segment the archive ends in, wholly below the LSO (so every
+        transaction with a batch in it is decided, and its entry can name the aborted ones, as
+        Kafka's tiered storage copies only below the LSO); None if none."""
         slog = host.log
         manifest = state.manifest
         if manifest is None:
@@ -738,11 +760,12 @@ class Archiver:
         next_offset = manifest.end_offset if manifest.segments else slog.log_start_offset
         next_offset = max(next_offset, slog.log_start_offset)
         segments = slog.segments
+        stable = host.replica.last_stable_offset()  # (at most the HW)
         for seg, nxt in itertools.pairwise(segments):
             if nxt.base_offset <= next_offset:
                 continue
-            if nxt.base_offset > slog.high_watermark:
-                return None  # not wholly committed yet
+            if nxt.base_offset > stable:
+                return None  # not wholly committed and decided yet
             start = seg.position_of(next_offset)
             if start >= seg.size_bytes:
                 return None
@@ -787,6 +810,7 @@ class Archiver:
         if not host.replica.is_leader or host.replica.epoch != epoch:
             await asyncio.to_thread(self.store.delete, seg.key)
             return False
+        seg = with_aborted_transactions(host, seg)
         if seg.base_offset > manifest.end_offset >= 0:
             event(
                 log,
@@ -904,6 +928,20 @@ REPORT_FIELDS = (
     "start_offset",
     "end_offset",
 )
+
+
+def with_aborted_transactions(host: PartitionHost, seg: ArchivedSegment) -> ArchivedSegment:
+    """The entry naming the aborted transactions with a batch in its object, as the log's
+    transaction state has them. Called on the loop that feeds that state; the object is still
+    on the local disk (nothing unarchived is deleted), so the state still knows its range, and
+    it lies below the LSO, so every transaction in it is decided."""
+    aborted = host.log.aborted_transactions(seg.base_offset, seg.end_offset)
+    return replace(
+        seg,
+        aborted_transactions=tuple(
+            (t.producer_id, t.first_offset, t.marker_offset) for t in aborted
+        ),
+    )
 
 
 def claim_archive(store: ArchiveStore, cluster_id: str, recorded_archive_id: str = "") -> str:

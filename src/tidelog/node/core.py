@@ -56,6 +56,7 @@ from tidelog.node.ops.features import FeatureOps
 from tidelog.node.ops.metadata_answer import MetadataAnswers
 from tidelog.node.ops.producers import ProducerOps, producers_scope
 from tidelog.node.ops.security import Security
+from tidelog.node.ops.stable_offsets import LeaderStableOffsets
 from tidelog.node.ops.topic_admin import TopicAdmin
 from tidelog.node.ops.transactions import TransactionOps, transaction_scope
 from tidelog.node.partition import PartitionHost
@@ -323,7 +324,15 @@ class NodeCore:
             self.stored_bytes,
             lambda: self.config,
         )
-        self.cursor_ops = CursorOps(self.metadata_log, self.access, self.data.check_cursor)
+        stable_offsets = LeaderStableOffsets(
+            self.node_id, self.metadata_log, self.hosts, self.asker
+        )
+        self.cursor_ops = CursorOps(
+            self.metadata_log,
+            self.access,
+            self.data.check_cursor,
+            stable_offsets.last_stable_offset,
+        )
         self.security = Security(
             self.node_id,
             self.metadata_log,

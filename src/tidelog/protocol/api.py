@@ -357,6 +357,10 @@ class CursorRequest:
     # (a Kafka group commits the partitions it was assigned)
     partial: bool = False
     owner: str = ""  # set by the node to the principal asking (what a client sends is ignored)
+    # commit: the committer's isolation level. read_committed: no position moves forward past
+    # its partition's LSO at the leader (CursorPastStableOffset). Absent: read_uncommitted, as
+    # every client before it sends; a node from before it ignores the field and checks nothing.
+    isolation_level: str = "read_uncommitted"
 
 
 @dataclass(frozen=True)

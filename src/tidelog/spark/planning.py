@@ -42,7 +42,8 @@ def archive_locations(
     from tidelog.cluster_status import partition_rows
 
     if not opts.archive_direct or opts.isolation_level == "read_committed":
-        # (an archive's segments carry no list of their aborted transactions)
+        # (the node's archive reads drop aborted transactions; executors reading the store
+        # themselves would have to as well: they read through the node instead)
         return {}
     archived = [
         t for t in sorted(topics) if client.topic(t).configs.get("remote.storage.enable") == "true"

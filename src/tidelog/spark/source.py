@@ -310,7 +310,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _commit_cursor(self, name: str, positions: dict[int, int]) -> None:
         client = client_of(self.opts)
         try:
-            with_retries(f"commit cursor {name}", lambda: client.commit_cursor(name, positions))
+            with_retries(
+                f"commit cursor {name}",
+                # read_committed: the node checks that no position passes the LSO
+                lambda: client.commit_cursor(name, positions, self.opts.isolation_level),
+            )
         except CursorInvalidated as exc:
             log.error(
                 "cursor %s no longer holds the log (%s); reads below the log start will follow "

@@ -1,15 +1,17 @@
 """Cursors (durable consumer positions that hold the log, as Kafka's committed offsets do):
 create, commit, list, describe and delete through the metadata log, each as its principal may
-(positions follow DESCRIBE on the cursor; changing another's needs its READ or cluster admin)."""
+(positions follow DESCRIBE on the cursor; changing another's needs its READ or cluster admin).
+A read_committed commit moves no position forward past its partition's LSO at the leader."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tidelog.acls import Resource
 from tidelog.errors import (
+    CursorPastStableOffset,
     InvalidRequest,
     NotAuthorized,
 )
@@ -17,9 +19,11 @@ from tidelog.node.access import Access, Listener, Operation, Principal
 from tidelog.node.cleaner import wall_ms
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.ops.base import MetadataOps
+from tidelog.node.ops.data import check_isolation_level
 from tidelog.protocol import api
 from tidelog.replication.metadata import (
     CURSOR_NAME,
+    Cursor,
 )
 from tidelog.replication.metadata_commands import (
     CommitCursor,
@@ -38,10 +42,13 @@ class CursorOps(MetadataOps):
         metadata_log: MetadataLog,
         access: Access,
         check_cursor: Callable[[str, str, int], None],
+        last_stable_offset: Callable[[str, int], Awaitable[int]],
     ) -> None:
         self.metadata_log = metadata_log
         self.access = access
         self._check_cursor = check_cursor  # a position a cursor may take (DataOps.check_cursor)
+        # a partition's LSO at its leader now (LeaderStableOffsets.last_stable_offset)
+        self._last_stable_offset = last_stable_offset
 
     def as_principal(self, principal: Principal, req: api.CursorRequest) -> api.CursorRequest:
         """What a cursor request may do beyond its topic's read permission (checked already):
@@ -109,6 +116,8 @@ class CursorOps(MetadataOps):
                     raise InvalidRequest(
                         f"cursor {req.name!r}: no partition {p} or bad offset {offset}"
                     )
+            if check_isolation_level(req.isolation_level):
+                await self.check_stable(cursor, positions)
             command: MetadataCommand = CommitCursor(req.name, positions, wall_ms())
         elif req.op == "delete":
             command = DeleteCursor(req.name, wall_ms())
@@ -121,6 +130,28 @@ class CursorOps(MetadataOps):
             self._check_cursor(req.name, cursor.topic, 0)  # invalidated meanwhile
         found = self.metadata.cursors.get(req.name)
         return api.CursorResponse([found.to_wire()] if found is not None else [])
+
+    async def check_stable(self, cursor: Cursor, positions: dict[int, int]) -> None:
+        """A read_committed commit moves no position forward past its partition's LSO as the
+        leader has it now (CursorPastStableOffset): a read_committed reader never gets there.
+        Checked before the proposal; the LSO only grows within the leader's epoch, so it still
+        holds when the commit applies. A position kept or moved back is not checked (it was,
+        or a rewind is the committer's to make)."""
+        for p, offset in sorted(positions.items()):
+            if offset <= cursor.positions.get(p, -1):
+                continue
+            lso = await self._last_stable_offset(cursor.topic, p)
+            if offset > lso:
+                raise CursorPastStableOffset(
+                    f"cursor {cursor.name!r}: a read_committed commit of {cursor.topic}/{p} at "
+                    f"{offset} is past its last stable offset {lso} (a read_committed reader "
+                    "never gets there; commit it read_uncommitted if it is meant)",
+                    position=offset,
+                    last_stable_offset=lso,
+                    cursor=cursor.name,
+                    topic=cursor.topic,
+                    partition=p,
+                )
 
     async def create_cursor(self, req: api.CursorRequest) -> api.CursorResponse:
         existing = self.metadata.cursors.get(req.name)

@@ -317,18 +317,11 @@ class DataOps(ConfiguredOps):
                 and self.archiver is not None
                 and host.config.remote_storage_enable
             ):
-                if committed:
-                    # The aborted transactions of archived segments went with their files.
-                    raise InvalidRequest(
-                        f"read_committed below the local log start {hlog.log_start_offset} of "
-                        f"{host.group} (the archive's range) is not served; read it "
-                        "read_uncommitted"
-                    )
                 # Below the local log start: the archive serves it, on any replica.
                 max_bytes = min(req.max_bytes, self.config.fetch_max_bytes)
-                archived = await self.archiver.read(host, req.offset, max_bytes)
-                if archived:
-                    return self.fetch_answer(host, hw), BytesSlice(archived, req.offset)
+                archived = await self.read_archive(host, req.offset, max_bytes, committed)
+                if archived is not None:
+                    return archived
             if req.offset < hlog.log_start_offset or req.offset > limit:
                 start = self.log_start_offset(host)
                 self.refuse_lost_range(host, req.offset, start, hw)
@@ -351,6 +344,25 @@ class DataOps(ConfiguredOps):
                     )
                 return answer, records
             await host.wait_for_change(remaining)
+
+    async def read_archive(
+        self, host: PartitionHost, offset: int, max_bytes: int, committed: bool
+    ) -> tuple[api.FetchResponse, BytesSlice] | None:
+        """A fetch's answer out of the archive (below the local log start); None if it does not
+        hold offset. read_committed: with the aborted transactions its manifest entry names
+        (every archived object is below the LSO, so nothing in it is undecided)."""
+        if self.archiver is None:
+            return None
+        hw = host.log.high_watermark
+        if not committed:
+            data = await self.archiver.read(host, offset, max_bytes)
+            return (self.fetch_answer(host, hw), BytesSlice(data, offset)) if data else None
+        found = await self.archiver.read_committed(host, offset, max_bytes)
+        if found is None or not found[0]:
+            return None
+        data, aborted = found
+        answer = dataclasses.replace(self.fetch_answer(host, hw), aborted_transactions=aborted)
+        return answer, BytesSlice(data, offset)
 
     def refuse_lost_range(self, host: PartitionHost, offset: int, start: int, hw: int) -> None:
         """A read of what the archive's store lost is refused by name (ArchiveLost), never
