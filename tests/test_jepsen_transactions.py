@@ -35,7 +35,7 @@ from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
 from tidelog.features import TRANSACTIONS_LEVEL
-from txn_anomalies import ANOMALIES, COMMITTED, check, failures, summary, to_json
+from txn_anomalies import ANOMALIES, COMMITTED, check, failures, markers_in, summary, to_json
 
 pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
@@ -128,6 +128,7 @@ def test_transactions_stay_atomic_under_kills_and_pauses(tmp_path: Path) -> None
         "replaced_producers": work.replaced_producers,
         "client_errors": len(work.errors),
         "last_client_errors": work.errors[-5:],
+        "markers": markers_in(work.history),
         "found": {name: found[name][:5] for name in ANOMALIES if found[name]},
     }
     print(json.dumps(report, indent=1))
@@ -138,6 +139,7 @@ def test_transactions_stay_atomic_under_kills_and_pauses(tmp_path: Path) -> None
         print(f"history kept in {kept}")
     assert failures(found) == {}, failures(found)
     assert len(work.history.logs) == 3 * PARTITIONS, "every partition's filter checked"
+    assert report["markers"]["abort"] > 0, report  # (so the filter had something to leave out)
     assert committed > 20, report
     assert any(t.name.startswith("ctp") and t.outcome == COMMITTED for t in work.history.txns)
 
@@ -155,5 +157,6 @@ def test_transactions_stay_atomic_over_network_partitions(tmp_path: Path) -> Non
     assert {"isolate-coordinator", "isolate-leader", "cut"} <= kinds or len(faults) < 3, report
     assert report["failures"] == {}, report
     assert report["partitions_checked"] == 3 * PARTITIONS, report
+    assert report["markers"]["abort"] > 0, report
     assert not report["stuck"], report
     assert report["committed"] > 20 and report["committed_transforms"] > 0, report

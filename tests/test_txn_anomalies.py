@@ -28,6 +28,7 @@ from txn_anomalies import (
     committed_view,
     failures,
     kafka_consumer_view,
+    markers_in,
 )
 
 A, B = ("data", 0), ("data", 1)
@@ -190,6 +191,7 @@ def logged(**reads: list[tuple[int, bytes]]) -> History:
 
 def test_the_committed_view_of_a_raw_log() -> None:
     assert committed_view(raw_log()) == (COMMITTED_VIEW, 6)
+    assert markers_in(logged()) == {COMMIT_MARKER: 2, ABORT_MARKER: 1}
     decided = raw_log()
     decided.batches.insert(7, marker(3, 7, commit=True))  # (its offset is beside the point)
     expected = [*COMMITTED_VIEW, (6, b"p3-open"), (7, b"plain-2"), (8, b"p2-later")]

@@ -340,6 +340,13 @@ def check_filter(history: History, found: Found) -> None:
                 )
 
 
+def markers_in(history: History) -> dict[str, int]:
+    """How many commit and abort markers the raw logs hold: the filter check judged something
+    only if there were aborted transactions to leave out."""
+    kinds = [b.control for log in history.logs.values() for b in log.batches]
+    return {COMMIT_MARKER: kinds.count(COMMIT_MARKER), ABORT_MARKER: kinds.count(ABORT_MARKER)}
+
+
 def first_difference(expected: Placed, got: Placed) -> str:
     """Where two reads of a partition part, in words; empty when they are the same."""
     for i, (want, have) in enumerate(zip(expected, got, strict=False)):

@@ -22,7 +22,7 @@ import time
 from netlab import PREFIX, Faults, Lab, leader_of, nemesis, running
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
-from txn_anomalies import ANOMALIES, COMMITTED, check, failures, summary
+from txn_anomalies import ANOMALIES, COMMITTED, check, failures, markers_in, summary
 from txn_workload import DATA, GROUPS, OUTPUT, PARTITIONS, TxnWorkload, create_topics
 
 KAFKA_PORT = 9092
@@ -108,6 +108,7 @@ def run(lab: KafkaLab, seconds: float, seed: int) -> dict[str, object]:
         "failures": {name: found[name][:5] for name in failures(found)},
         "found": {name: len(found[name]) for name in ANOMALIES},
         "partitions_checked": len(work.history.logs),
+        "markers": markers_in(work.history),
         "phase_seconds": phases,
     }
 
