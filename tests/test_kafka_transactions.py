@@ -307,28 +307,22 @@ def test_read_committed_consumers_stop_at_the_lso_and_skip_aborted_transactions(
         assert got[-1].value() == b"open"
     finally:
         rc.close()
-    kp = KafkaConsumer(
-        bootstrap_servers=cluster.kafka_bootstrap,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
-    try:
-        kp.assign([KTopicPartition("txn-rc", 0)])
-        assert [m.value for m in kp] == [*committed_values, b"open"]
-    finally:
-        kp.close()
-    uncommitted = KafkaConsumer(
-        bootstrap_servers=cluster.kafka_bootstrap,
-        isolation_level="read_uncommitted",
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
-    try:
-        uncommitted.assign([KTopicPartition("txn-rc", 0)])
-        assert len([m.value for m in uncommitted]) == 10  # the aborted ones too, no markers
-    finally:
-        uncommitted.close()
+
+    def kafka_python_read(isolation: str) -> list[bytes]:
+        reader = KafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            isolation_level=isolation,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=5000,
+        )
+        try:
+            reader.assign([KTopicPartition("txn-rc", 0)])
+            return [m.value for m in reader]
+        finally:
+            reader.close()
+
+    assert kafka_python_read("read_committed") == [*committed_values, b"open"]
+    assert len(kafka_python_read("read_uncommitted")) == 10  # the aborted ones too, no markers
 
 
 def cluster_leader(cluster: LocalCluster, topic: str) -> int:
