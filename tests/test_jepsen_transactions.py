@@ -145,7 +145,7 @@ def test_transactions_stay_atomic_under_kills_and_pauses(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(not namespaces_work(), reason="no user/network namespaces (unshare -rn)")
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(NETNS_SECONDS + 400)  # (run_lab gives the lab NETNS_SECONDS + 240)
 def test_transactions_stay_atomic_over_network_partitions(tmp_path: Path) -> None:
     """tests/txn_netlab.py for NETNS_SECONDS: rounds of the coordinator cut off from its peers,
     a partition's leader cut off from the majority, a one-way cut between two nodes, each
