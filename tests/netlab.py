@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import random
@@ -35,9 +36,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from helpers import poll, retry, wait_for
 from tidelog.client.routing import is_indeterminate
@@ -103,16 +104,21 @@ class Lab:
     def in_node(self, n: int, *cmd: str) -> None:
         sh("nsenter", "-t", str(self.holders[n].pid), "-n", "--", *cmd)
 
+    log_level = "INFO"
+
+    def listeners(self, n: int) -> list[str]:
+        """`tidelog serve`'s listener options for node n (a lab with more listeners adds)."""
+        return ["--listen", self.address(n), "--peer-listen", f"{PREFIX}.{n}:{PEER_PORT}"]
+
     def start(self, n: int) -> None:
         peers = ",".join(f"{i}={PREFIX}.{i}:{PORT}/{PEER_PORT}" for i in self.ids)
         log = open(self.root / f"node-{n}.log", "ab")  # noqa: SIM115 (the process owns it)
         self.procs[n] = subprocess.Popen(
             [
                 *("nsenter", "-t", str(self.holders[n].pid), "-n", "--", sys.executable, "-m"),
-                *("tidelog", "serve", "--node-id", str(n), "--listen", self.address(n)),
-                *("--peer-listen", f"{PREFIX}.{n}:{PEER_PORT}", "--peers", peers),
+                *("tidelog", "serve", "--node-id", str(n), *self.listeners(n), "--peers", peers),
                 *("--cluster-secret-file", str(self.secret), "--cluster-id", self.cluster_id),
-                *("--data", str(self.root / f"node-{n}"), "--log-level", "INFO"),
+                *("--data", str(self.root / f"node-{n}"), "--log-level", self.log_level),
                 "--insecure",  # a private network of namespaces, no TLS: said out loud
             ],
             stdout=log,
@@ -580,6 +586,28 @@ def run_table(lab: Lab, args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+AnyLab = TypeVar("AnyLab", bound=Lab)
+
+
+@contextlib.contextmanager
+def running(kind: type[AnyLab], hw_policy: str, keep: str | None) -> Iterator[AnyLab]:
+    """A lab of three nodes, built and started in a fresh directory; afterwards every process
+    ended, the nodes' logs copied to keep (if given) and the directory gone."""
+    root = Path(tempfile.mkdtemp(prefix="tidelog-netlab-"))
+    lab = kind(3, root, hw_policy)
+    try:
+        lab.build()
+        for n in lab.ids:
+            lab.start(n)
+        yield lab
+    finally:
+        lab.close()
+        if keep:
+            for log in root.glob("node-*.log"):
+                shutil.copy(log, Path(keep) / log.name)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30)
@@ -597,23 +625,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", help="copy the nodes' logs here")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="tidelog-netlab-"))
-    lab = Lab(3, root, args.hw_policy)
-    try:
-        lab.build()
-        for n in lab.ids:
-            lab.start(n)
+    with running(Lab, args.hw_policy, args.keep) as lab:
         report = run_table(lab, args) if args.workload == "table" else run_log(lab, args)
-        report["hw_policy"] = args.hw_policy
-        report["seconds"] = args.seconds
-        print(json.dumps(report))
-        return 0
-    finally:
-        lab.close()
-        if args.keep:
-            for log in root.glob("node-*.log"):
-                shutil.copy(log, Path(args.keep) / log.name)
-        shutil.rmtree(root, ignore_errors=True)
+    report["hw_policy"] = args.hw_policy
+    report["seconds"] = args.seconds
+    print(json.dumps(report))
+    return 0
 
 
 if __name__ == "__main__":

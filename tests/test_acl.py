@@ -13,26 +13,24 @@ import json
 import logging
 import socket
 import ssl
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
 
 from helpers import batch_of, run_tidelog
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.devcerts import client_principal
 from tidelog.errors import AuthenticationFailed, InvalidConfig, NotAuthorized, TidelogError
-from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
+from tidelog.kafka.codec import SUPPORTED_VERSIONS
 from tidelog.node.config import node_config_from
 from tidelog.principals import new_token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.tls import TlsFiles
+from wire import kafka_ask
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
@@ -498,39 +496,6 @@ def test_a_misspelt_or_impossible_node_setting_is_refused(tmp_path: Path) -> Non
 
 
 # -- the Kafka port -----------------------------------------------------------------------------
-
-
-def kafka_ask(sock: ssl.SSLSocket, api_key: int, values: dict[str, Any]) -> dict[str, Any] | None:
-    """One request at the highest version served; its answer as a dict, or None when the node
-    closed the connection."""
-    version = SUPPORTED_VERSIONS[api_key][1]
-    schema = load_request_schema(api_key, version)
-    head = schema.__header_schema__(
-        request_api_key=api_key, request_api_version=version, correlation_id=7, client_id="t"
-    )
-    out = bytearray()
-
-    class Sink:
-        def write(self, data: bytes) -> None:
-            out.extend(data)
-
-    entity_writer(schema.__header_schema__)(Sink(), head)
-    entity_writer(schema)(Sink(), build(schema, values))
-    data = b""
-    try:
-        sock.sendall(struct.pack(">i", len(out)) + out)
-        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return None
-            data += chunk
-    except (ConnectionError, ssl.SSLError):
-        return None
-    response = load_response_schema(api_key, version)
-    view = memoryview(data)[4:]
-    _, used = entity_reader(response.__header_schema__)(view, 0)
-    body, _ = entity_reader(response)(view[used:], 0)
-    return dataclasses.asdict(body)
 
 
 @contextlib.contextmanager

@@ -6,8 +6,16 @@ coordinator (the metadata leader). tests/txn_anomalies.py then judges the histor
 read, no transaction visible in part, no duplicate, no lost committed record, and every
 group's committed offsets say exactly which inputs have their output.
 
-CI runs TIDELOG_TXN_SOAK_SECONDS (default 25) of faults; `make txn-soak` runs it longer
-(TXN_SOAK_SECONDS) and over real network partitions too (tests/txn_netlab.py)."""
+Every partition is then read raw (read_uncommitted, markers included) and read_committed again
+through Kafka's Fetch and tidelog's own client (tests/txn_logs.py): what the node's filter
+handed out must be what the raw log says (a filter-mismatch otherwise).
+
+The same workload runs over real network partitions (tests/txn_netlab.py, in network
+namespaces): the coordinator or a partition's leader cut off from its peers, or a one-way cut
+between two nodes, TIDELOG_TXN_NETNS_SECONDS (default 40) of them in CI.
+
+CI runs TIDELOG_TXN_SOAK_SECONDS (default 25) of kills and pauses; `make txn-soak` runs both
+longer (TXN_SOAK_SECONDS)."""
 
 from __future__ import annotations
 
@@ -22,11 +30,12 @@ import pytest
 
 from helpers import wait_for_value
 from test_cluster import leader_of
+from test_network_partitions import namespaces_work, run_lab
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
 from tidelog.features import TRANSACTIONS_LEVEL
-from txn_anomalies import ANOMALIES, COMMITTED, check, failures, summary, to_json
+from txn_anomalies import ANOMALIES, COMMITTED, check, failures, markers_in, summary, to_json
 
 pytestmark = [pytest.mark.process, pytest.mark.timed]  # tiers: pyproject.toml's markers
 
@@ -36,6 +45,8 @@ from txn_workload import DATA, OUTPUT, PARTITIONS, TxnWorkload, create_topics  #
 
 SECONDS = float(os.environ.get("TIDELOG_TXN_SOAK_SECONDS", "25"))
 SEED = int(os.environ.get("TIDELOG_TXN_SEED", "1"))
+NETNS_SECONDS = float(os.environ.get("TIDELOG_TXN_NETNS_SECONDS", "40"))
+TXN_LAB = Path(__file__).with_name("txn_netlab.py")
 FAULTS = ("kill-leader", "kill-coordinator", "pause-leader", "pause-coordinator")
 
 
@@ -117,6 +128,7 @@ def test_transactions_stay_atomic_under_kills_and_pauses(tmp_path: Path) -> None
         "replaced_producers": work.replaced_producers,
         "client_errors": len(work.errors),
         "last_client_errors": work.errors[-5:],
+        "markers": markers_in(work.history),
         "found": {name: found[name][:5] for name in ANOMALIES if found[name]},
     }
     print(json.dumps(report, indent=1))
@@ -126,5 +138,25 @@ def test_transactions_stay_atomic_under_kills_and_pauses(tmp_path: Path) -> None
         kept.write_text(json.dumps({"report": report, "history": to_json(work.history)}))
         print(f"history kept in {kept}")
     assert failures(found) == {}, failures(found)
+    assert len(work.history.logs) == 3 * PARTITIONS, "every partition's filter checked"
+    assert report["markers"]["abort"] > 0, report  # (so the filter had something to leave out)
     assert committed > 20, report
     assert any(t.name.startswith("ctp") and t.outcome == COMMITTED for t in work.history.txns)
+
+
+@pytest.mark.skipif(not namespaces_work(), reason="no user/network namespaces (unshare -rn)")
+@pytest.mark.timeout(NETNS_SECONDS + 400)  # (run_lab gives the lab NETNS_SECONDS + 240)
+def test_transactions_stay_atomic_over_network_partitions(tmp_path: Path) -> None:
+    """tests/txn_netlab.py for NETNS_SECONDS: rounds of the coordinator cut off from its peers,
+    a partition's leader cut off from the majority, a one-way cut between two nodes, each
+    healed; then the same checks (the node's filter too), nothing stuck."""
+    report = run_lab(NETNS_SECONDS, "--seed", str(SEED), "--keep", str(tmp_path), lab=TXN_LAB)
+    faults = [e for e in report["events"] if e != "heal"]
+    assert report["faults"] == len(faults) > 0, report
+    kinds = {e.split()[0] for e in faults}
+    assert {"isolate-coordinator", "isolate-leader", "cut"} <= kinds or len(faults) < 3, report
+    assert report["failures"] == {}, report
+    assert report["partitions_checked"] == 3 * PARTITIONS, report
+    assert report["markers"]["abort"] > 0, report
+    assert not report["stuck"], report
+    assert report["committed"] > 20 and report["committed_transforms"] > 0, report

@@ -9,9 +9,6 @@ record/markers.py."""
 
 from __future__ import annotations
 
-import dataclasses
-import socket
-import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,17 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
 
 from helpers import wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError, TransactionsNotEnabled
 from tidelog.features import TRANSACTIONS_LEVEL
-from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
 from tidelog.record.batch import ProducerRecord, build_batch
 from tidelog.record.markers import Marker, read_marker
+from wire import kafka_call
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
@@ -92,31 +87,7 @@ def kinds(markers: list[Marker]) -> list[str]:
 
 def kafka_ask(cluster: LocalCluster, node: int, api_key: int, values: dict[str, Any]) -> Any:
     """One request at the highest version served, to one node's Kafka port; its answer."""
-    version = SUPPORTED_VERSIONS[api_key][1]
-    schema = load_request_schema(api_key, version)
-    head = schema.__header_schema__(
-        request_api_key=api_key, request_api_version=version, correlation_id=7, client_id="t"
-    )
-    out = bytearray()
-
-    class Sink:
-        def write(self, data: bytes) -> None:
-            out.extend(data)
-
-    entity_writer(schema.__header_schema__)(Sink(), head)
-    entity_writer(schema)(Sink(), build(schema, values))
-    with socket.create_connection(("127.0.0.1", cluster.kafka_ports[node]), timeout=10) as sock:
-        sock.sendall(struct.pack(">i", len(out)) + out)
-        data = b""
-        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-            chunk = sock.recv(65536)
-            assert chunk, "the node closed the connection"
-            data += chunk
-    response = load_response_schema(api_key, version)
-    view = memoryview(data)[4:]
-    _, used = entity_reader(response.__header_schema__)(view, 0)
-    body, _ = entity_reader(response)(view[used:], 0)
-    return dataclasses.asdict(body)
+    return kafka_call(("127.0.0.1", cluster.kafka_ports[node]), api_key, values)
 
 
 def metadata_leader(cluster: LocalCluster) -> int:
@@ -336,28 +307,22 @@ def test_read_committed_consumers_stop_at_the_lso_and_skip_aborted_transactions(
         assert got[-1].value() == b"open"
     finally:
         rc.close()
-    kp = KafkaConsumer(
-        bootstrap_servers=cluster.kafka_bootstrap,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
-    try:
-        kp.assign([KTopicPartition("txn-rc", 0)])
-        assert [m.value for m in kp] == [*committed_values, b"open"]
-    finally:
-        kp.close()
-    uncommitted = KafkaConsumer(
-        bootstrap_servers=cluster.kafka_bootstrap,
-        isolation_level="read_uncommitted",
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
-    try:
-        uncommitted.assign([KTopicPartition("txn-rc", 0)])
-        assert len([m.value for m in uncommitted]) == 10  # the aborted ones too, no markers
-    finally:
-        uncommitted.close()
+
+    def kafka_python_read(isolation: str) -> list[bytes]:
+        reader = KafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            isolation_level=isolation,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=5000,
+        )
+        try:
+            reader.assign([KTopicPartition("txn-rc", 0)])
+            return [m.value for m in reader]
+        finally:
+            reader.close()
+
+    assert kafka_python_read("read_committed") == [*committed_values, b"open"]
+    assert len(kafka_python_read("read_uncommitted")) == 10  # the aborted ones too, no markers
 
 
 def cluster_leader(cluster: LocalCluster, topic: str) -> int:

@@ -30,16 +30,17 @@ def namespaces_work() -> bool:
         return False
 
 
-def run_lab(seconds: float, *args: str) -> dict[str, Any]:
-    """netlab.py in a private user + network namespace; its JSON report."""
+def run_lab(seconds: float, *args: str, lab: Path = LAB) -> dict[str, Any]:
+    """netlab.py (or another lab of its, such as txn_netlab.py) in a private user + network
+    namespace; its JSON report."""
     run = subprocess.run(
-        ["unshare", "-rn", sys.executable, str(LAB), "--seconds", str(seconds), *args],
+        ["unshare", "-rn", sys.executable, str(lab), "--seconds", str(seconds), *args],
         capture_output=True,
         text=True,
         timeout=seconds + 240,
-        cwd=LAB.parent,
+        cwd=lab.parent,
     )
-    assert run.returncode == 0, run.stderr[-5000:]
+    assert run.returncode == 0, run.stderr[-5000:] + run.stdout[-5000:]
     report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     print(json.dumps(report))
     return report

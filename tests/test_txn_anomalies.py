@@ -5,11 +5,14 @@ hand, as the Kafka clients of tests/test_jepsen_transactions.py would record the
 from __future__ import annotations
 
 from txn_anomalies import (
+    ABORT_MARKER,
     ABORTED,
     ABORTED_READ,
     ANOMALIES,
+    COMMIT_MARKER,
     COMMITTED,
     DUPLICATE,
+    FILTER_MISMATCH,
     G0,
     LOST_COMMITTED,
     NON_ATOMIC,
@@ -17,10 +20,15 @@ from txn_anomalies import (
     OUTPUT_WITHOUT_OFFSETS,
     UNKNOWN,
     History,
+    LogBatch,
+    PartitionLog,
     Source,
     Txn,
     check,
+    committed_view,
     failures,
+    kafka_consumer_view,
+    markers_in,
 )
 
 A, B = ("data", 0), ("data", 1)
@@ -136,3 +144,85 @@ def test_a_write_cycle_is_found_and_is_no_failure() -> None:
     found = check(h)
     assert found[G0] and "t1" in found[G0][0] and "t2" in found[G0][0]
     assert failures(found) == {}, "Kafka's transactions allow G0: counted, not failed"
+
+
+# -- the node's read_committed filter against the raw log ---------------------------------------
+
+LOG = ("log", 0)
+
+
+def data(producer_id: int, *records: tuple[int, bytes], transactional: bool = True) -> LogBatch:
+    return LogBatch(producer_id, transactional, None, records, records[-1][0] + 1)
+
+
+def marker(producer_id: int, offset: int, commit: bool) -> LogBatch:
+    return LogBatch(producer_id, True, COMMIT_MARKER if commit else ABORT_MARKER, (), offset + 1)
+
+
+def raw_log() -> PartitionLog:
+    """Producer 1 commits 0-1 (its marker at 4), producer 2 aborts 2 (marker at 3) and then
+    commits 8 (marker at 9), a plain record at 5, producer 3's transaction open from 6, another
+    plain record at 7: a read_committed reader gets 0, 1 and 5 and stops at the LSO, 6."""
+    return PartitionLog(
+        [
+            data(1, (0, b"p1-a"), (1, b"p1-b")),
+            data(2, (2, b"p2-aborted")),
+            marker(2, 3, commit=False),
+            marker(1, 4, commit=True),
+            data(-1, (5, b"plain"), transactional=False),
+            data(3, (6, b"p3-open")),
+            data(-1, (7, b"plain-2"), transactional=False),
+            data(2, (8, b"p2-later")),
+            marker(2, 9, commit=True),
+        ],
+        high_watermark=10,
+    )
+
+
+COMMITTED_VIEW = [(0, b"p1-a"), (1, b"p1-b"), (5, b"plain")]
+
+
+def logged(**reads: list[tuple[int, bytes]]) -> History:
+    h = History()
+    h.logs = {LOG: raw_log()}
+    h.committed_reads = {how: {LOG: got} for how, got in reads.items()}
+    return h
+
+
+def test_the_committed_view_of_a_raw_log() -> None:
+    assert committed_view(raw_log()) == (COMMITTED_VIEW, 6)
+    assert markers_in(logged()) == {COMMIT_MARKER: 2, ABORT_MARKER: 1}
+    decided = raw_log()
+    decided.batches.insert(7, marker(3, 7, commit=True))  # (its offset is beside the point)
+    expected = [*COMMITTED_VIEW, (6, b"p3-open"), (7, b"plain-2"), (8, b"p2-later")]
+    assert committed_view(decided) == (expected, 10)
+
+
+def test_reads_that_match_the_raw_log_are_no_anomaly() -> None:
+    found = check(logged(kafka=COMMITTED_VIEW, tidelog=list(COMMITTED_VIEW)))
+    assert not any(found.values()), found
+
+
+def test_a_read_unlike_the_raw_log_is_a_filter_mismatch() -> None:
+    aborted = sorted([*COMMITTED_VIEW, (2, b"p2-aborted")])
+    only(check(logged(kafka=aborted, tidelog=COMMITTED_VIEW)), FILTER_MISMATCH)
+    past_the_lso = [*COMMITTED_VIEW, (7, b"plain-2")]
+    assert "beyond" in check(logged(kafka=past_the_lso))[FILTER_MISMATCH][0]
+    short = COMMITTED_VIEW[:2]
+    assert "not handed (5, b'plain')" in check(logged(tidelog=short))[FILTER_MISMATCH][0]
+    h = logged(kafka=COMMITTED_VIEW)
+    h.committed_reads["tidelog"] = {}
+    assert check(h)[FILTER_MISMATCH] == ["tidelog did not read ('log', 0)"]
+
+
+def test_a_kafka_consumer_drops_only_what_the_answer_lists_as_aborted() -> None:
+    batches = raw_log().batches[:5]  # a Fetch answer up to the LSO
+    assert kafka_consumer_view(batches, [(2, 2)]) == COMMITTED_VIEW
+    # An answer that leaves the aborted transaction out of its list: the consumer hands it
+    # out, and the check says so.
+    forgot = kafka_consumer_view(batches, [])
+    assert (2, b"p2-aborted") in forgot
+    only(check(logged(kafka=forgot)), FILTER_MISMATCH)
+    # Producer 2's next transaction, after its abort marker, is not dropped.
+    later = raw_log().batches
+    assert (8, b"p2-later") in kafka_consumer_view(later, [(2, 2)])

@@ -17,6 +17,12 @@ The anomalies, by name:
   - offsets without output / output without offsets: a consume-transform-produce group's final
     committed input offset C must say exactly which inputs have their output committed, each
     once: every input offset below C, none at or above
+  - filter mismatch: what a fresh read_committed read of a partition was handed (through
+    Kafka's Fetch, tidelog's own client, or librdkafka's final read) differs from what the
+    partition's raw log says it must be: every record of a committed transaction or of no
+    transaction, below the last stable offset, none of an aborted one (committed_view). The
+    other checks see only what the clients were handed; this one holds the node's filter (its
+    LSO and its list of aborted transactions) to the log under it
   - G0 (write cycle): committed transactions ordered one way in one partition and the other way
     in another. Kafka's transactions do not order concurrent writers across partitions, so a
     cycle is counted and shown, not a failure (FAILURES leaves it out).
@@ -39,6 +45,7 @@ DUPLICATE = "duplicate"
 LOST_COMMITTED = "lost committed"
 OFFSETS_WITHOUT_OUTPUT = "offsets committed without their output"
 OUTPUT_WITHOUT_OFFSETS = "output without its offsets"
+FILTER_MISMATCH = "filter-mismatch"
 G0 = "G0 write cycle"
 ANOMALIES = (
     ABORTED_READ,
@@ -47,11 +54,17 @@ ANOMALIES = (
     LOST_COMMITTED,
     OFFSETS_WITHOUT_OUTPUT,
     OUTPUT_WITHOUT_OFFSETS,
+    FILTER_MISMATCH,
     G0,
 )
 FAILURES = tuple(a for a in ANOMALIES if a != G0)
 
 Partition = tuple[str, int]  # (topic, partition)
+Placed = list[tuple[int, bytes]]  # (offset, value) in offset order
+
+# A transaction marker's kind in a LogBatch (None: a data batch; OTHER_CONTROL: a control batch
+# that ends no transaction)
+COMMIT_MARKER, ABORT_MARKER, OTHER_CONTROL = "commit", "abort", "other control"
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,25 @@ class Txn:
     writes: list[tuple[Partition, bytes]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class LogBatch:
+    """One batch of a partition's raw log (read_uncommitted, control batches included)."""
+
+    producer_id: int
+    transactional: bool
+    control: str | None  # COMMIT_MARKER, ABORT_MARKER, OTHER_CONTROL; None for data
+    records: tuple[tuple[int, bytes], ...]  # (offset, value)
+    next_offset: int
+
+
+@dataclass
+class PartitionLog:
+    """A partition's raw log read to its high watermark, after the run."""
+
+    batches: list[LogBatch]
+    high_watermark: int
+
+
 @dataclass
 class History:
     txns: list[Txn] = field(default_factory=list)
@@ -86,6 +118,10 @@ class History:
     # The offsets of each input partition's records, read at the end: offsets are not dense
     # (control records take some), so the invariant is about these.
     inputs: dict[Partition, list[int]] = field(default_factory=dict)
+    # After the final read: each partition's raw log, and fresh read_committed reads of it by
+    # way of reading (e.g. "kafka fetch", "tidelog client"); checked against each other.
+    logs: dict[Partition, PartitionLog] = field(default_factory=dict)
+    committed_reads: dict[str, dict[Partition, Placed]] = field(default_factory=dict)
 
     def read(self, reader: str, partition: Partition, offset: int, value: bytes) -> None:
         self.reads.setdefault(reader, {}).setdefault(partition, []).append((offset, value))
@@ -102,6 +138,7 @@ def check(history: History) -> Found:
     check_reads(history, txn_of, placed, found)
     check_transactions(history, placed, found)
     check_consume_transform_produce(history, placed, found)
+    check_filter(history, found)
     found[G0] = write_cycles(history, placed)
     return found
 
@@ -230,6 +267,96 @@ def check_consume_transform_produce(
             found[DUPLICATE].append(
                 f"group {group}: inputs {twice[:5]} of {partition} have output more than once"
             )
+
+
+def committed_view(log: PartitionLog) -> tuple[Placed, int]:
+    """What a read_committed reader must be handed from a raw log, and the last stable offset
+    (LSO): the first offset of the earliest transaction with no marker yet, else the high
+    watermark. A transactional batch belongs to its producer's transaction that the producer's
+    next marker in the partition ends; below the LSO, records of no transaction and of committed
+    transactions are handed over, wherever their marker is, and those of aborted ones are not."""
+    visible: Placed = []
+    open_records: dict[int, list[tuple[int, bytes]]] = {}
+    open_since: dict[int, int] = {}
+    for batch in log.batches:
+        if batch.control is not None:
+            if batch.control != OTHER_CONTROL and batch.transactional:
+                ended = open_records.pop(batch.producer_id, [])
+                open_since.pop(batch.producer_id, None)
+                if batch.control == COMMIT_MARKER:
+                    visible.extend(ended)
+        elif batch.transactional:
+            open_records.setdefault(batch.producer_id, []).extend(batch.records)
+            if batch.records:
+                open_since.setdefault(batch.producer_id, batch.records[0][0])
+        else:
+            visible.extend(batch.records)
+    lso = min(open_since.values(), default=log.high_watermark)
+    return sorted(r for r in visible if r[0] < lso), lso
+
+
+def kafka_consumer_view(batches: list[LogBatch], aborted: list[tuple[int, int]]) -> Placed:
+    """What a Kafka read_committed consumer hands out from a Fetch answer's batches, given the
+    answer's aborted transactions (producer id, first offset), as KIP-98 has it: a producer's
+    batches from an aborted transaction's first offset up to its abort marker are dropped, and
+    control batches are never handed out."""
+    pending = sorted(aborted, key=lambda a: a[1])
+    aborting: set[int] = set()
+    handed: Placed = []
+    for batch in batches:
+        last = batch.next_offset - 1
+        while pending and pending[0][1] <= last:
+            aborting.add(pending.pop(0)[0])
+        if batch.control is not None:
+            if batch.control == ABORT_MARKER:
+                aborting.discard(batch.producer_id)
+            continue
+        if batch.transactional and batch.producer_id in aborting:
+            continue
+        handed.extend(batch.records)
+    return handed
+
+
+def check_filter(history: History, found: Found) -> None:
+    """Each fresh read_committed read (and librdkafka's final read) against the partition's
+    raw log: the same records at the same offsets, up to the LSO."""
+    reads = dict(history.committed_reads)
+    if history.final:
+        reads["librdkafka final read"] = history.final
+    for partition, log in sorted(history.logs.items()):
+        expected, lso = committed_view(log)
+        for how, by_partition in sorted(reads.items()):
+            if how == "librdkafka final read" and partition not in by_partition:
+                continue  # (the final read notes only the offsets of txn-in's records)
+            got = by_partition.get(partition)
+            if got is None:
+                found[FILTER_MISMATCH].append(f"{how} did not read {partition}")
+                continue
+            difference = first_difference(expected, got)
+            if difference:
+                found[FILTER_MISMATCH].append(
+                    f"{how} of {partition} (LSO {lso} by the raw log, {len(expected)} records "
+                    f"expected, {len(got)} handed): {difference}"
+                )
+
+
+def markers_in(history: History) -> dict[str, int]:
+    """How many commit and abort markers the raw logs hold: the filter check judged something
+    only if there were aborted transactions to leave out."""
+    kinds = [b.control for log in history.logs.values() for b in log.batches]
+    return {COMMIT_MARKER: kinds.count(COMMIT_MARKER), ABORT_MARKER: kinds.count(ABORT_MARKER)}
+
+
+def first_difference(expected: Placed, got: Placed) -> str:
+    """Where two reads of a partition part, in words; empty when they are the same."""
+    for i, (want, have) in enumerate(zip(expected, got, strict=False)):
+        if want != have:
+            return f"record {i}: expected {want!r}, handed {have!r}"
+    if len(got) > len(expected):
+        return f"handed {got[len(expected)]!r} beyond the {len(expected)} expected"
+    if len(got) < len(expected):
+        return f"not handed {expected[len(got)]!r} and {len(expected) - len(got) - 1} more"
+    return ""
 
 
 def write_cycles(history: History, placed: dict[bytes, tuple[Partition, int]]) -> list[str]:

@@ -2,9 +2,10 @@
 namespaces, each node with a Kafka listener too, the workload of tests/txn_workload.py from
 the lab's namespace, and a nemesis that cuts off the transaction coordinator (the metadata
 leader) or a partition's leader, both ways, or one way only between two nodes. After healing,
-the history goes through tests/txn_anomalies.py; the report is JSON on stdout, and the exit
-status 1 if an anomaly that fails a run was found. `make txn-soak` runs it after
-tests/test_jepsen_transactions.py.
+the history (with every partition's raw log and read_committed reads for the filter check,
+tests/txn_logs.py) goes through tests/txn_anomalies.py; the report is JSON on stdout, and the
+exit status 1 if an anomaly that fails a run was found. CI runs it for 40 s
+(tests/test_jepsen_transactions.py); `make txn-soak` runs it longer.
 
     unshare -rn python tests/txn_netlab.py --seconds 60 [--seed 1]
 """
@@ -15,18 +16,14 @@ import argparse
 import json
 import os
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from netlab import PEER_PORT, PORT, PREFIX, Faults, Lab, leader_of, nemesis
+from netlab import PREFIX, Faults, Lab, leader_of, nemesis, running
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
-from txn_anomalies import ANOMALIES, COMMITTED, check, failures, summary
-from txn_workload import DATA, OUTPUT, PARTITIONS, TxnWorkload, create_topics
+from txn_anomalies import ANOMALIES, COMMITTED, check, failures, markers_in, summary
+from txn_workload import DATA, GROUPS, OUTPUT, PARTITIONS, TxnWorkload, create_topics
 
 KAFKA_PORT = 9092
 
@@ -34,26 +31,14 @@ KAFKA_PORT = 9092
 class KafkaLab(Lab):
     """The lab's nodes, each with a Kafka listener on its own address."""
 
+    log_level = "WARNING"
+
     @property
     def kafka_bootstrap(self) -> str:
         return ",".join(f"{PREFIX}.{n}:{KAFKA_PORT}" for n in self.ids)
 
-    def start(self, n: int) -> None:
-        peers = ",".join(f"{i}={PREFIX}.{i}:{PORT}/{PEER_PORT}" for i in self.ids)
-        log = open(self.root / f"node-{n}.log", "ab")  # noqa: SIM115 (the process owns it)
-        self.procs[n] = subprocess.Popen(
-            [
-                *("nsenter", "-t", str(self.holders[n].pid), "-n", "--", sys.executable, "-m"),
-                *("tidelog", "serve", "--node-id", str(n), "--listen", self.address(n)),
-                *("--peer-listen", f"{PREFIX}.{n}:{PEER_PORT}", "--peers", peers),
-                *("--kafka-listen", f"{PREFIX}.{n}:{KAFKA_PORT}"),
-                *("--cluster-secret-file", str(self.secret), "--cluster-id", self.cluster_id),
-                *("--data", str(self.root / f"node-{n}"), "--log-level", "WARNING"),
-                "--insecure",  # a private network of namespaces, no TLS: said out loud
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    def listeners(self, n: int) -> list[str]:
+        return [*super().listeners(n), "--kafka-listen", f"{PREFIX}.{n}:{KAFKA_PORT}"]
 
 
 def faults(lab: KafkaLab, rng: random.Random) -> Faults:
@@ -85,28 +70,46 @@ def faults(lab: KafkaLab, rng: random.Random) -> Faults:
 
 
 def run(lab: KafkaLab, seconds: float, seed: int) -> dict[str, object]:
+    began = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.monotonic() - began - sum(phases.values()), 1)
+
     create_topics(lab.bootstrap)
     work = TxnWorkload(lab.bootstrap, lab.kafka_bootstrap, seed)
     work.start()
+    phase("setup")
     try:
         events = nemesis(lab, seconds, faults(lab, random.Random(seed)))
     finally:
+        phase("faults")
         lab.heal()
-        work.finish()
+        stuck = work.finish()
+        phase("finish")
     work.final_read()
+    phase("final read")
     found = check(work.history)
     return {
         "seed": seed,
         "seconds": seconds,
         "events": events,
+        "faults": sum(e != "heal" for e in events),
         "transactions": len(work.history.txns),
         "committed": sum(t.outcome == COMMITTED for t in work.history.txns),
+        "committed_transforms": sum(
+            t.outcome == COMMITTED and t.name.startswith(GROUPS) for t in work.history.txns
+        ),
         "replaced_producers": work.replaced_producers,
+        "stuck": stuck,
         "client_errors": len(work.errors),
         "last_client_errors": work.errors[-5:],
         "summary": summary(found),
         "failures": {name: found[name][:5] for name in failures(found)},
         "found": {name: len(found[name]) for name in ANOMALIES},
+        "partitions_checked": len(work.history.logs),
+        "markers": markers_in(work.history),
+        "phase_seconds": phases,
     }
 
 
@@ -116,21 +119,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", help="copy the nodes' logs here")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="tidelog-txn-netlab-"))
-    lab = KafkaLab(3, root, "quorum")
-    try:
-        lab.build()
-        for n in lab.ids:
-            lab.start(n)
+    with running(KafkaLab, "quorum", args.keep) as lab:
         report = run(lab, args.seconds, args.seed)
-        print(json.dumps(report))
-        return 1 if report["failures"] else 0
-    finally:
-        lab.close()
-        if args.keep:
-            for log in root.glob("node-*.log"):
-                shutil.copy(log, Path(args.keep) / log.name)
-        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(report))
+    return 1 if report["failures"] else 0
 
 
 if __name__ == "__main__":

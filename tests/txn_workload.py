@@ -15,14 +15,18 @@ An error whose outcome is not known (a timeout, a fatal error, a fenced producer
 transaction UNKNOWN and its producer is replaced by a new one with the same transactional.id
 (which fences the old one and settles what it left). After the run and the faults, every
 producer is closed, the transactions their coordinator still holds open time out, and
-final_read reads every partition to its end with a fresh read_committed consumer.
+final_read reads every partition to its end with a fresh read_committed consumer, and each
+partition's raw log and read_committed reads by other ways (tests/txn_logs.py) for the filter
+check.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -32,6 +36,7 @@ from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError
 from tidelog.record import ProducerRecord
 from txn_anomalies import ABORTED, COMMITTED, UNKNOWN, History, Source, Txn
+from txn_logs import read_logs
 
 PARTITIONS = 3
 DATA, INPUT, OUTPUT = "txn-data", "txn-in", "txn-out"
@@ -91,7 +96,12 @@ class TxnWorkload:
         deadline = time.monotonic() + 120
         for thread in self.threads:
             thread.join(max(0.1, deadline - time.monotonic()))
-        return [t.name for t in self.threads if t.is_alive()]
+        stuck = [t for t in self.threads if t.is_alive()]
+        frames = sys._current_frames()
+        for thread in stuck:  # where each is stuck, for the report
+            where = traceback.format_stack(frames[thread.ident])[-3:] if thread.ident else []
+            self.error(f"{thread.name} stuck at: {''.join(where)}")
+        return [t.name for t in stuck]
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -103,6 +113,12 @@ class TxnWorkload:
             "transaction.timeout.ms": TXN_TIMEOUT_MS,
             "socket.timeout.ms": 5000,
             "log_level": 0,  # (librdkafka logs every refused connect while a node is down)
+            # librdkafka (2.16) asks the group coordinator's FindCoordinator again only when a
+            # broker connection changes state, and does not time out meanwhile: after a
+            # COORDINATOR_NOT_AVAILABLE under a partition, send_offsets_to_transaction hung for
+            # minutes (confluentinc/librdkafka#5456). Idle connections closed soon make that
+            # change.
+            "connections.max.idle.ms": 3000,
         }
 
         def fresh() -> Any:
@@ -318,7 +334,8 @@ class TxnWorkload:
 
     def final_read(self) -> None:
         """Every partition read to its end by a fresh read_committed consumer, once no
-        transaction is open (txn-in's offsets only); each group's committed offsets."""
+        transaction is open (txn-in's offsets only); each group's committed offsets; then every
+        partition read raw and read_committed again without librdkafka (tests/txn_logs.py)."""
         time.sleep(TXN_TIMEOUT_MS / 1000 + 5)  # the coordinator aborts what was left open
         consumer = self.consumer("final-reader")
         partitions = [(t, p) for t in (DATA, OUTPUT, INPUT) for p in range(PARTITIONS)]
@@ -347,6 +364,9 @@ class TxnWorkload:
             consumer.close()
         for group in GROUPS:
             self.history.group_offsets[group] = self.committed_offsets(group)
+        self.history.logs, self.history.committed_reads = read_logs(
+            self.bootstrap, self.kafka_bootstrap, partitions
+        )
 
     def committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
         reader = self.consumer(group)

@@ -1,12 +1,20 @@
 """Speaking tidelog's wire protocol by hand, as a hostile or buggy client (or a peer) would:
-blocking sockets, whole frames, no client library in the way."""
+blocking sockets, whole frames, no client library in the way; and the Kafka protocol the same
+way (kafka_ask, kafka_call), one request at a time to a node's Kafka listener."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
+import ssl
+import struct
 from typing import Any
 
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
 from helpers import poll
+from tidelog.kafka.codec import SUPPORTED_VERSIONS, build
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame, FrameDecoder, Kind, encode_prefix
@@ -95,3 +103,50 @@ def replication_frame(
     if records:
         header["records_first_offset"] = 0
     return header, records
+
+
+# -- the Kafka protocol --------------------------------------------------------------------------
+
+
+def kafka_ask(sock: socket.socket, api_key: int, values: dict[str, Any]) -> dict[str, Any] | None:
+    """One Kafka request at the highest version tidelog serves, on a connected socket (plain or
+    TLS); its answer as a dict, or None when the node closed the connection."""
+    version = SUPPORTED_VERSIONS[api_key][1]
+    schema = load_request_schema(api_key, version)
+    head = schema.__header_schema__(
+        request_api_key=api_key, request_api_version=version, correlation_id=7, client_id="t"
+    )
+    out = bytearray()
+
+    class Sink:
+        def write(self, data: bytes) -> None:
+            out.extend(data)
+
+    entity_writer(schema.__header_schema__)(Sink(), head)
+    entity_writer(schema)(Sink(), build(schema, values))
+    data = b""
+    try:
+        sock.sendall(struct.pack(">i", len(out)) + out)
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+    except (ConnectionError, ssl.SSLError):
+        return None
+    response = load_response_schema(api_key, version)
+    view = memoryview(data)[4:]
+    _, used = entity_reader(response.__header_schema__)(view, 0)
+    body, _ = entity_reader(response)(view[used:], 0)
+    answer: dict[str, Any] = dataclasses.asdict(body)
+    return answer
+
+
+def kafka_call(
+    address: tuple[str, int], api_key: int, values: dict[str, Any], timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """One Kafka request on a connection of its own (no TLS) to the listener at address."""
+    with socket.create_connection(address, timeout=timeout_s) as sock:
+        answer = kafka_ask(sock, api_key, values)
+    assert answer is not None, f"{address} closed the connection"
+    return answer
