@@ -197,44 +197,50 @@ class TransactionalClients:
     # -- read_committed readers ---------------------------------------------------------------
 
     def _read(self, reader: Reader) -> None:
-        cluster = self.cluster
-        live = [
-            n
-            for n in cluster.nodes.values()
-            if n.alive and n.paused_until <= cluster.now and n.replica is not None
-        ]
-        if not live:
-            return
-        node = cluster.rng.choice(live)
-        if node.replica is None:
-            return
-        log = node.log
-        lso = node.replica.last_stable_offset()
-        if reader.position is None or reader.position < log.log_start_offset:
-            reader.position = log.log_start_offset  # (fell behind the log start: start over)
-            reader.session = self.checker.new_session(reader.reader)
-        position = reader.position
-        if position >= lso:
-            return
-        chunk = log.read(position, cluster.rng.choice([1, 500, 1 << 20]), lso)
-        if chunk is None or reader.session is None:
-            return
-        data = chunk.read()
-        batches = list(iter_headers(data))
-        hw = log.high_watermark
-        for pos, header in batches:
-            cluster.checkers.read(node, header, data[pos : pos + header.size_bytes], hw)
-        end = min(batches[-1][1].next_offset, lso)
-        aborted = [(t.producer_id, t.first_offset) for t in log.aborted_transactions(position, end)]
-        kept = committed_batches(data, batches, aborted)
-        self.counts.dropped_batches += sum(1 for _, h in batches if not h.is_control) - len(kept)
-        records = [
-            (rec.offset, rec.value)
-            for pos, _ in kept
-            for rec in decode_records(data, pos, position)
-            if rec.offset < end
-        ]
-        self.counts.reads += 1
-        self.counts.records_read += len(records)
-        self.checker.read(reader.session, position, end, records, f"node {node.node_id}")
-        reader.position = end
+        read_committed(self.cluster, reader, self.counts)
+
+
+def read_committed(cluster: Cluster, reader: Reader, counts: Counts) -> None:
+    """One read_committed read by reader, from any live replica below its LSO, handed to the
+    transaction checker of the cluster (one partition's group)."""
+    live = [
+        n
+        for n in cluster.nodes.values()
+        if n.alive and n.paused_until <= cluster.now and n.replica is not None
+    ]
+    if not live:
+        return
+    node = cluster.rng.choice(live)
+    if node.replica is None:
+        return
+    log = node.log
+    lso = node.replica.last_stable_offset()
+    checker = cluster.checkers.transactions
+    if reader.position is None or reader.position < log.log_start_offset:
+        reader.position = log.log_start_offset  # (fell behind the log start: start over)
+        reader.session = checker.new_session(reader.reader)
+    position = reader.position
+    if position >= lso:
+        return
+    chunk = log.read(position, cluster.rng.choice([1, 500, 1 << 20]), lso)
+    if chunk is None or reader.session is None:
+        return
+    data = chunk.read()
+    batches = list(iter_headers(data))
+    hw = log.high_watermark
+    for pos, header in batches:
+        cluster.checkers.read(node, header, data[pos : pos + header.size_bytes], hw)
+    end = min(batches[-1][1].next_offset, lso)
+    aborted = [(t.producer_id, t.first_offset) for t in log.aborted_transactions(position, end)]
+    kept = committed_batches(data, batches, aborted)
+    counts.dropped_batches += sum(1 for _, h in batches if not h.is_control) - len(kept)
+    records = [
+        (rec.offset, rec.value)
+        for pos, _ in kept
+        for rec in decode_records(data, pos, position)
+        if rec.offset < end
+    ]
+    counts.reads += 1
+    counts.records_read += len(records)
+    checker.read(reader.session, position, end, records, f"node {node.node_id}")
+    reader.position = end
