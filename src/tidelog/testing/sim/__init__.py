@@ -46,7 +46,8 @@ from tidelog.testing.sim.params import (
     LIVENESS_TIMEOUT_TICKS,
     SimParams,
 )
-from tidelog.testing.sim.runner import Simulation, run_seed
+from tidelog.testing.sim.runner import Simulation
+from tidelog.testing.sim.seeds import run_seed
 from tidelog.testing.sim.stats import Stats
 
 __all__ = [

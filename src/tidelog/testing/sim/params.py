@@ -136,6 +136,9 @@ class SimParams:
             params = dataclasses.replace(
                 params, retention_ms=rng.choice([5, 20, 50]), clean_every=rng.choice([1, 5])
             )
+        if transaction_partitions > 1:
+            # Transactions over partitions run on plain logs (a table's records need keys).
+            params = dataclasses.replace(params, state_machine=False)
         return params if params.reassign_rate else dataclasses.replace(params, spares=0)
 
     def topic_config(self) -> TopicConfig:

@@ -12,6 +12,7 @@ lost batch shows as a sequence gap the leader refuses, and the transaction abort
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from tidelog.errors import TidelogError
@@ -114,32 +115,12 @@ class TransactionalClients:
         if txn.marker is None:
             self._write_marker(txn)
 
-    def _leader(self) -> SimNode | None:
-        cluster = self.cluster
-        leaders = [
-            n
-            for n in cluster.nodes.values()
-            if n.replica is not None and n.paused_until <= cluster.now and n.replica.is_leader
-        ]
-        return cluster.rng.choice(leaders) if leaders else None
-
     def _propose(self, batch: bytes, value: bytes) -> Waiter | None:
-        node = self._leader()
-        if node is None or node.replica is None or node.driver is None:
-            return None
-        try:
-            info = node.replica.propose(batch)
-        except TidelogError:
-            return None
-        self.cluster.stats.proposed += 1
-        self.cluster.process_ready(node)
-        return Waiter(node.node_id, node.replica.epoch, info.last_offset, value, "all", True)
+        return propose_transactional(self.cluster, self.cluster.rng, batch, value)
 
     def _owe(self, txn: Transaction, waiter: Waiter, marker: bool) -> None:
-        node = self.cluster.nodes[waiter.node]
         self.waiting[id(waiter)] = (txn, marker, waiter)
-        if node.driver is not None and node.driver.owe(waiter.last_offset, False, waiter):
-            self.cluster.acknowledge([waiter], [])
+        owe(self.cluster, waiter)
 
     def _write(self, txn: Transaction) -> None:
         count = self.cluster.rng.randint(1, 3)
@@ -200,17 +181,49 @@ class TransactionalClients:
         read_committed(self.cluster, reader, self.counts)
 
 
-def read_committed(cluster: Cluster, reader: Reader, counts: Counts) -> None:
-    """One read_committed read by reader, from any live replica below its LSO, handed to the
-    transaction checker of the cluster (one partition's group)."""
-    live = [
+def propose_transactional(
+    cluster: Cluster, rng: random.Random, batch: bytes, value: bytes
+) -> Waiter | None:
+    """A transactional batch or marker proposed to one of the cluster's leaders (drawn from
+    rng): its acks=all wait, or None if refused or nobody leads."""
+    leaders = [
         n
         for n in cluster.nodes.values()
-        if n.alive and n.paused_until <= cluster.now and n.replica is not None
+        if n.replica is not None and n.paused_until <= cluster.now and n.replica.is_leader
     ]
-    if not live:
-        return
-    node = cluster.rng.choice(live)
+    node = rng.choice(leaders) if leaders else None
+    if node is None or node.replica is None or node.driver is None:
+        return None
+    try:
+        info = node.replica.propose(batch)
+    except TidelogError:
+        return None
+    cluster.stats.proposed += 1
+    cluster.process_ready(node)
+    return Waiter(node.node_id, node.replica.epoch, info.last_offset, value, "all", True)
+
+
+def owe(cluster: Cluster, waiter: Waiter) -> None:
+    """The node's driver owes the waiter its acks=all answer (given at once if already due)."""
+    node = cluster.nodes[waiter.node]
+    if node.driver is not None and node.driver.owe(waiter.last_offset, False, waiter):
+        cluster.acknowledge([waiter], [])
+
+
+def read_committed(
+    cluster: Cluster, reader: Reader, counts: Counts, node: SimNode | None = None
+) -> None:
+    """One read_committed read by reader, from node (or any live replica) below its LSO,
+    handed to the transaction checker of the cluster (one partition's group)."""
+    if node is None:
+        live = [
+            n
+            for n in cluster.nodes.values()
+            if n.alive and n.paused_until <= cluster.now and n.replica is not None
+        ]
+        if not live:
+            return
+        node = cluster.rng.choice(live)
     if node.replica is None:
         return
     log = node.log
