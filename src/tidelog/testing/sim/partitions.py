@@ -42,12 +42,12 @@ class PartitionGroup(Simulation):
         trace: Callable[[str], None] | None = None,
         observe: DeliveryObserver | None = None,
     ) -> None:
-        self.run_of = run  # set first: starting the nodes may acknowledge already
+        self.spanning = run  # set first: starting the nodes may acknowledge already
         super().__init__(params, trace, observe)
 
     def acknowledge(self, acked: list[Waiter], failed: list[Waiter]) -> None:
         super().acknowledge(acked, failed)
-        self.run_of.acknowledged(acked, failed)
+        self.spanning.acknowledged(acked, failed)
 
 
 def _prefixed(trace: Callable[[str], None] | None, partition: int) -> Callable[[str], None] | None:

@@ -123,8 +123,8 @@ class SpanningProducers:
     def _write(self, txn: SpanningTransaction) -> None:
         partition = txn.plan[txn.written]
         cluster = self.partitions[partition]
-        if not cluster.leading():
-            # Nobody leads that partition now: asked again later, up to the producer's patience.
+        if not any(n.paused_until <= self.now for n in cluster.leading()):
+            # Nobody leads that partition now: tried again later, up to the producer's patience.
             txn.failed = self.now - txn.last_write >= ACK_PATIENCE_TICKS
             return
         sequence = txn.sequences.get(partition, 0)
