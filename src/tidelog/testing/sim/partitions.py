@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import random
 from collections.abc import Callable
+from typing import NoReturn
 
 from tidelog.testing.sim.checkers.atomicity import CrossPartitionAtomicity, PartitionView
 from tidelog.testing.sim.cluster import DeliveryObserver
@@ -100,7 +101,7 @@ class PartitionedSimulation:
         if clients:
             self.producers.act()
             self.readers.act()
-        crash_rate = self.params.crash_rate
+        crash_rate = self.params.crash_rate  # the coordinator's node crashes as often as any
         if self.groups[0].faults_on and crash_rate and self.rng.random() < crash_rate:
             self.coordinator.fail_over()
         self.coordinator.act(self.now)
@@ -129,7 +130,7 @@ class PartitionedSimulation:
         self.check_final()
         return self.stats()
 
-    def _fail_liveness(self, budget: int) -> None:
+    def _fail_liveness(self, budget: int) -> NoReturn:
         for group in self.groups:
             if not group.converged():
                 states = {n: group.describe_node(n) for n in group.nodes}
