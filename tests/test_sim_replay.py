@@ -48,6 +48,7 @@ from tidelog.replication.faults import (
     FAULT_DISCARD_PAST_SNAPSHOT,
     FAULT_EMPTY_LOG_FORGETS_EPOCH,
     FAULT_LSO_IGNORES_OPEN_TRANSACTIONS,
+    FAULT_MARKER_TO_FIRST_PARTITION_ONLY,
     FAULT_READ_WITHOUT_INDEX,
     FAULT_TRUNCATE_TO_HW,
     FAULT_UNCOMMITTED_CHANGES,
@@ -55,6 +56,7 @@ from tidelog.replication.faults import (
 from tidelog.replication.liveness import Heartbeat
 from tidelog.replication.messages import Message
 from tidelog.testing.sim import SimParams, Simulation, SimulationFailure
+from tidelog.testing.sim.partitions import PartitionedSimulation
 
 
 def _field(value: object) -> str:
@@ -110,10 +112,14 @@ def _final_state(sim: Simulation) -> list[str]:
 
 
 def run_digest(
-    seed: int, faults: frozenset[str] = frozenset(), transactions: bool = False
+    seed: int,
+    faults: frozenset[str] = frozenset(),
+    transactions: bool = False,
+    transaction_partitions: int = 1,
 ) -> tuple[str, str]:
     """The sha256 of the whole run of a seed, as `python -m tidelog.testing` runs it, and how
-    the run ended ("passed", or the failure's first line)."""
+    the run ended ("passed", or the failure's first line). With transactions over several
+    partitions: every group's run, and the coordinator's events."""
     digest = hashlib.sha256()
 
     def note(line: str) -> None:
@@ -122,15 +128,26 @@ def run_digest(
     def delivered(tick: int, src: int, dst: int, directory: str, m: Message | Heartbeat) -> None:
         note(f"{tick} {src}->{dst} {directory} {_message(m)}")
 
-    sim = Simulation(SimParams.from_seed(seed, faults, transactions), trace=note, observe=delivered)
+    params = SimParams.from_seed(seed, faults, transactions, transaction_partitions)
+    sim: Simulation | PartitionedSimulation
+    if transaction_partitions > 1:
+        sim = PartitionedSimulation(params, trace=note, observe=delivered)
+    else:
+        sim = Simulation(params, trace=note, observe=delivered)
     try:
         note(f"passed {sim.run()}")
         outcome = "passed"
     except SimulationFailure as exc:
         note(f"failed {exc}")
         outcome = str(exc).splitlines()[0]
-    for line in _final_state(sim):
-        note(line)
+    if isinstance(sim, PartitionedSimulation):
+        note(f"coordinator {sim.digest.hexdigest()}")
+        for group in sim.groups:
+            for line in _final_state(group):
+                note(line)
+    else:
+        for line in _final_state(sim):
+            note(line)
     return digest.hexdigest(), outcome
 
 
@@ -216,29 +233,60 @@ def test_a_seed_with_a_broken_rule_fails_as_it_always_did(
 # With the transactional workload (--transactions, issue 36): a seed that passes with
 # transactions committed and aborted under crashes and partitions, and the LSO that ignores
 # open transactions caught as an aborted read. Seeds without --transactions run as before (the
-# digests above did not change with it).
+# digests above did not change with it). And with transactions spanning three partitions
+# (--transaction-partitions 3), each its own replica group: a seed that passes with the
+# coordinator failing over, and a coordinator that writes only the first partition's marker
+# caught as a transaction seen partly across partitions (the digests above did not change).
+# (seed, broken rules, partitions, how it ends, digest)
 TRANSACTION_RUNS = [
     # crashes, two-way partitions, a replaced disk, drops, cleaning, quiescence
-    (10, frozenset(), "passed", "f39fcaabd8ff2ca8fe7724e618ba9977bc96287a6471e4788ffa7af75a4b8e44"),
+    (
+        10,
+        frozenset(),
+        1,
+        "passed",
+        "f39fcaabd8ff2ca8fe7724e618ba9977bc96287a6471e4788ffa7af75a4b8e44",
+    ),
     (
         5,
         frozenset({FAULT_LSO_IGNORES_OPEN_TRANSACTIONS}),
+        1,
         "transactions: aborted read",
         "e2ee2bd5d95ae4143f56dfd14f3392e12edb5cb7f5d6b9cb0de19132e522da1a",
+    ),
+    # three partitions: crashes, drops, leadership transfers, cleaning, hw.policy=isr, the
+    # coordinator failing over fourteen times
+    (
+        6,
+        frozenset(),
+        3,
+        "passed",
+        "b51e2c71d130c487a29e0b5e29e14f2c34480761eed57e28d1b029275725e339",
+    ),
+    # three partitions under network partitions, drops, crashes, reassignments to a spare
+    (
+        3,
+        frozenset({FAULT_MARKER_TO_FIRST_PARTITION_ONLY}),
+        3,
+        "transactions across partitions: committed transaction",
+        "b746c55b833f886577cf49482c448300b8d16f7789a6dc390b8fdde652d04aff",
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("seed", "faults", "outcome", "expected"),
+    ("seed", "faults", "partitions", "outcome", "expected"),
     TRANSACTION_RUNS,
     ids=[
-        f"{seed}-transactions-{'-'.join(sorted(f)) or 'ok'}" for seed, f, _, _ in TRANSACTION_RUNS
+        f"{seed}-transactions-{p}-{'-'.join(sorted(f)) or 'ok'}"
+        for seed, f, p, _, _ in TRANSACTION_RUNS
     ],
 )
 def test_a_transactional_seed_replays_the_run_it_always_did(
-    seed: int, faults: frozenset[str], outcome: str, expected: str
+    seed: int, faults: frozenset[str], partitions: int, outcome: str, expected: str
 ) -> None:
-    digest, ended = run_digest(seed, faults, transactions=True)
+    digest, ended = run_digest(seed, faults, transactions=True, transaction_partitions=partitions)
     assert outcome in ended
-    assert digest == expected, f"seed {seed} --transactions ran differently"
+    assert digest == expected, (
+        f"seed {seed} --transactions --transaction-partitions {partitions} ran differently"
+    )

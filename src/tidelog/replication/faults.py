@@ -24,8 +24,13 @@ FAULT_READ_WITHOUT_INDEX = "reads-without-read-index"
 # The LSO is the HW, as if no transaction were open: read_committed readers see records of
 # transactions not yet decided (and later aborted).
 FAULT_LSO_IGNORES_OPEN_TRANSACTIONS = "lso-ignores-open-transactions"
+# Not the core's: the simulator's transaction coordinator (sim/coordinator.py) considers a
+# transaction spanning partitions done once its first partition has the marker, and asks no
+# other: the rest stay open, their LSO stuck below them, while the first shows its records.
+FAULT_MARKER_TO_FIRST_PARTITION_ONLY = "marker-to-first-partition-only"
 FAULTS = frozenset(
     {
+        FAULT_MARKER_TO_FIRST_PARTITION_ONLY,
         FAULT_LSO_IGNORES_OPEN_TRANSACTIONS,
         FAULT_READ_WITHOUT_INDEX,
         FAULT_ACKS_REGISTERED_LATE,

@@ -1,5 +1,5 @@
 """python -m tidelog.testing --seeds N [--start S|random] [--jobs J] | --seed S [--trace]
-    [--fault F] [--transactions]
+    [--fault F] [--transactions] [--transaction-partitions P]
 
 Runs the deterministic simulator on seeds: a fixed range, a range from a start drawn at random
 (printed, so any failure replays), or one seed with its trace. Every failure prints its seed,
@@ -15,10 +15,10 @@ import time
 
 from tidelog.replication.faults import FAULTS
 from tidelog.testing.sim import SimulationFailure, run_seed
-from tidelog.testing.sweep import draw_start, sweep, transactions_for
+from tidelog.testing.sweep import draw_start, partitions_for, sweep, transactions_for
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tidelog.testing")
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     parser.add_argument(
@@ -38,24 +38,29 @@ def main(argv: list[str] | None = None) -> int:
         help="run transactional producers and read_committed readers (a range runs them on "
         "odd seeds without this)",
     )
+    parser.add_argument(
+        "--transaction-partitions",
+        type=int,
+        default=1,
+        metavar="P",
+        help="transactions span two or three of P partitions, each its own replica group "
+        "(P > 1 implies --transactions, on every seed of a range too); 1, the default: one "
+        "partition",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.transaction_partitions < 1:
+        parser.error(f"--transaction-partitions: {args.transaction_partitions} is not 1 or more")
+    partitions = args.transaction_partitions
+    transactions = args.transactions or partitions > 1
     faults = frozenset(args.fault)
     started = time.monotonic()
     if args.seed is not None:
-        try:
-            stats = run_seed(
-                args.seed,
-                faults,
-                trace=print if args.trace else None,
-                transactions=args.transactions,
-            )
-        except SimulationFailure as exc:
-            print(f"FAIL {exc}", flush=True)
-            print(f"0/1 seeds passed in {time.monotonic() - started:.1f}s")
-            return 1
-        print(f"seed {args.seed} ok: {stats}")
-        print(f"1/1 seeds passed in {time.monotonic() - started:.1f}s")
-        return 0
+        return _replay(args.seed, faults, args.trace, transactions, partitions)
     if args.start == "random":
         start = draw_start()
     else:
@@ -74,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                     seed,
                     faults,
                     trace=print if args.trace else None,
-                    transactions=transactions_for(seed, args.transactions),
+                    transactions=transactions_for(seed, transactions),
+                    transaction_partitions=partitions_for(seed, transactions, partitions),
                 )
             except SimulationFailure as exc:
                 failures.append((seed, str(exc)))
@@ -83,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.trace:
                 print(f"seed {seed} ok: {stats}")
     else:
-        failures = sweep(seeds, faults, jobs, transactions=args.transactions)
+        failures = sweep(
+            seeds, faults, jobs, transactions=transactions, transaction_partitions=partitions
+        )
     passed = len(seeds) - len(failures)
     failed = " ".join(str(seed) for seed, _ in sorted(failures))
     print(
@@ -91,6 +99,28 @@ def main(argv: list[str] | None = None) -> int:
         f"(seeds {seeds.start}..{seeds.stop - 1})" + (f"; failed: {failed}" if failed else "")
     )
     return 1 if failures else 0
+
+
+def _replay(
+    seed: int, faults: frozenset[str], trace: bool, transactions: bool, partitions: int
+) -> int:
+    """One seed, its trace printed if asked: the exit status."""
+    started = time.monotonic()
+    try:
+        stats = run_seed(
+            seed,
+            faults,
+            trace=print if trace else None,
+            transactions=transactions,
+            transaction_partitions=partitions,
+        )
+    except SimulationFailure as exc:
+        print(f"FAIL {exc}", flush=True)
+        print(f"0/1 seeds passed in {time.monotonic() - started:.1f}s")
+        return 1
+    print(f"seed {seed} ok: {stats}")
+    print(f"1/1 seeds passed in {time.monotonic() - started:.1f}s")
+    return 0
 
 
 if __name__ == "__main__":

@@ -19,17 +19,28 @@ def transactions_for(seed: int, asked: bool = False) -> bool:
     return asked or seed % 2 == 1
 
 
+def partitions_for(seed: int, asked: bool = False, partitions: int = 1) -> int:
+    """The partitions a seed's transactions span: those asked for (--transaction-partitions),
+    on the seeds that run transactions; 1 elsewhere."""
+    return partitions if transactions_for(seed, asked) else 1
+
+
 def draw_start() -> int:
     return random.SystemRandom().randrange(*RANDOM_STARTS)
 
 
-def run_chunk(job: tuple[list[int], frozenset[str], bool]) -> list[tuple[int, str]]:
+def run_chunk(job: tuple[list[int], frozenset[str], bool, int]) -> list[tuple[int, str]]:
     """Failures among these seeds, as (seed, the failure's text)."""
-    seeds, faults, transactions = job
+    seeds, faults, transactions, partitions = job
     failed = []
     for seed in seeds:
         try:
-            run_seed(seed, faults, transactions=transactions_for(seed, transactions))
+            run_seed(
+                seed,
+                faults,
+                transactions=transactions_for(seed, transactions),
+                transaction_partitions=partitions_for(seed, transactions, partitions),
+            )
         except SimulationFailure as exc:
             failed.append((seed, str(exc)))
         except Exception as exc:  # the simulator itself broke on this seed: report it too
@@ -48,6 +59,7 @@ def sweep(
     jobs: int,
     progress_every: float = 60.0,
     transactions: bool = False,
+    transaction_partitions: int = 1,
 ) -> list[tuple[int, str]]:
     """Run the seeds over `jobs` processes; print each failure as it comes, and a progress line
     every progress_every seconds."""
@@ -55,7 +67,7 @@ def sweep(
     started = last = time.monotonic()
     done = 0
     size = max(1, min(50, len(seeds) // (jobs * 4) or 1))
-    work = ((chunk, faults, transactions) for chunk in _chunks(seeds, size))
+    work = ((chunk, faults, transactions, transaction_partitions) for chunk in _chunks(seeds, size))
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
         for failed in pool.imap_unordered(run_chunk, work):
             done += size

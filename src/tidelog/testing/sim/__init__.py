@@ -33,8 +33,11 @@ the clock, the driver's effects, the event log), nemesis.py (the faults), worklo
 (producers, readers, cursors' consumers; cursors.py), table_clients.py (the table's writers and
 linearizable readers, and the history they saw), transactions.py (transactional producers and
 read_committed readers, with SimParams.transactions), low_watermark.py (the cleaner's pass),
-checkers/ (the properties), runner.py (a seed's run, and `run_seed`), failure.py (how a run
-fails), stats.py (what it counts).
+checkers/ (the properties), runner.py (a seed's run), failure.py (how a run fails), stats.py
+(what it counts); with SimParams.transaction_partitions, transactions spanning partitions:
+partitions.py (a replica group per partition, in lockstep), coordinator.py (the coordinator's
+decisions and markers), spanning.py (its producers and readers); seeds.py (`run_seed`: a seed's
+run, either kind).
 """
 
 from tidelog.testing.sim.cluster import Cluster, DeliveryObserver
@@ -46,7 +49,8 @@ from tidelog.testing.sim.params import (
     LIVENESS_TIMEOUT_TICKS,
     SimParams,
 )
-from tidelog.testing.sim.runner import Simulation, run_seed
+from tidelog.testing.sim.runner import Simulation
+from tidelog.testing.sim.seeds import run_seed
 from tidelog.testing.sim.stats import Stats
 
 __all__ = [

@@ -87,7 +87,8 @@ class Cluster:
         observe: DeliveryObserver | None = None,
     ) -> None:
         self.params = params
-        self.rng = random.Random(params.seed ^ 0x5EED)
+        # Each partition's group its own stream (partition 0's is the seed's, as it always was).
+        self.rng = random.Random((params.seed ^ 0x5EED) + (params.partition << 48))
         self.now = 0
         self.voter_ids = list(range(1, params.nodes + 1))
         self.learner_ids = list(range(params.nodes + 1, params.nodes + 1 + params.learners))

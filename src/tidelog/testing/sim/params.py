@@ -68,10 +68,19 @@ class SimParams:
     # and replay stay as they were. Out of the repr: a failure's message names it in its
     # replay command instead.
     transactions: bool = dataclasses.field(default=False, repr=False)
+    # Transactions spanning this many partitions, each its own replica group on its own nodes
+    # (partitions.py; --transaction-partitions N, which implies --transactions); 1: the
+    # single-partition workload above. Asked for, never drawn, like transactions.
+    transaction_partitions: int = dataclasses.field(default=1, repr=False)
+    # Which of those partitions' groups a cluster is (its random stream differs by it).
+    partition: int = dataclasses.field(default=0, repr=False)
 
     @staticmethod
     def from_seed(
-        seed: int, faults: frozenset[str] = frozenset(), transactions: bool = False
+        seed: int,
+        faults: frozenset[str] = frozenset(),
+        transactions: bool = False,
+        transaction_partitions: int = 1,
     ) -> SimParams:
         rng = random.Random(seed)
 
@@ -102,7 +111,8 @@ class SimParams:
             safety_ticks=rng.randint(800, 1800),
             liveness_ticks=3000,
             faults=faults,
-            transactions=transactions,
+            transactions=transactions or transaction_partitions > 1,
+            transaction_partitions=transaction_partitions,
             wipe_rate=maybe(0.4, rng.uniform(0.001, 0.006)),
             # drawn last: older seeds keep the draws above
             retention_ms=rng.choice([-1, -1, 150, 600]),
@@ -126,6 +136,9 @@ class SimParams:
             params = dataclasses.replace(
                 params, retention_ms=rng.choice([5, 20, 50]), clean_every=rng.choice([1, 5])
             )
+        if transaction_partitions > 1:
+            # Transactions over partitions run on plain logs (a table's records need keys).
+            params = dataclasses.replace(params, state_machine=False)
         return params if params.reassign_rate else dataclasses.replace(params, spares=0)
 
     def topic_config(self) -> TopicConfig:
@@ -143,4 +156,6 @@ class SimParams:
         extra = "".join(f" --fault {f}" for f in sorted(self.faults))
         if self.transactions:
             extra += " --transactions"
+        if self.transaction_partitions > 1:
+            extra += f" --transaction-partitions {self.transaction_partitions}"
         return f"python -m tidelog.testing --seed {self.seed}{extra}"

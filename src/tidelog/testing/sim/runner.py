@@ -1,7 +1,8 @@
 """A seed's run: the safety phase (the nemesis and the clients act on the cluster every tick,
 with the checkers watching), then the liveness phase (every fault healed, no clients) in which
 a leader must emerge, finish any membership change, and every member must converge to the same
-committed log; then the final checks. `run_seed` is what `python -m tidelog.testing` runs."""
+committed log; then the final checks. (seeds.py's `run_seed` is what `python -m tidelog.testing`
+runs.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from tidelog.testing.sim.checkers.linearizable_reads import (
 )
 from tidelog.testing.sim.checkers.tables import check_tables
 from tidelog.testing.sim.cluster import Cluster, DeliveryObserver
-from tidelog.testing.sim.failure import SimulationFailure
 from tidelog.testing.sim.low_watermark import clean
 from tidelog.testing.sim.nemesis import Nemesis
 from tidelog.testing.sim.nodes import Waiter
@@ -160,27 +160,3 @@ class Simulation(Cluster):
                 self.step(clients=False)  # the reads still waiting are answered or fail
         self.check_final()
         return self.stats
-
-
-def run_seed(
-    seed: int,
-    faults: frozenset[str] = frozenset(),
-    trace: Callable[[str], None] | None = None,
-    transactions: bool = False,
-) -> Stats:
-    sim = Simulation(SimParams.from_seed(seed, faults, transactions), trace)
-    try:
-        return sim.run()
-    except SimulationFailure:
-        raise
-    except AssertionError as exc:
-        deferred = sim.checkers.violations.deferred
-        if deferred:  # a checker saw it first: name the property, not the assertion
-            raise SimulationFailure(
-                f"seed {seed} tick {sim.now}: {deferred[0]}\nreplay: {sim.params.replay_command()}"
-            ) from exc
-        # An assertion inside the real core (an invariant on its own state) tripped.
-        raise SimulationFailure(
-            f"seed {seed} tick {sim.now}: assertion in the replication core: {exc!r}\n"
-            f"replay: {sim.params.replay_command()}"
-        ) from exc

@@ -12,6 +12,7 @@ lost batch shows as a sequence gap the leader refuses, and the transaction abort
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from tidelog.errors import TidelogError
@@ -114,32 +115,12 @@ class TransactionalClients:
         if txn.marker is None:
             self._write_marker(txn)
 
-    def _leader(self) -> SimNode | None:
-        cluster = self.cluster
-        leaders = [
-            n
-            for n in cluster.nodes.values()
-            if n.replica is not None and n.paused_until <= cluster.now and n.replica.is_leader
-        ]
-        return cluster.rng.choice(leaders) if leaders else None
-
     def _propose(self, batch: bytes, value: bytes) -> Waiter | None:
-        node = self._leader()
-        if node is None or node.replica is None or node.driver is None:
-            return None
-        try:
-            info = node.replica.propose(batch)
-        except TidelogError:
-            return None
-        self.cluster.stats.proposed += 1
-        self.cluster.process_ready(node)
-        return Waiter(node.node_id, node.replica.epoch, info.last_offset, value, "all", True)
+        return propose_transactional(self.cluster, self.cluster.rng, batch, value)
 
     def _owe(self, txn: Transaction, waiter: Waiter, marker: bool) -> None:
-        node = self.cluster.nodes[waiter.node]
         self.waiting[id(waiter)] = (txn, marker, waiter)
-        if node.driver is not None and node.driver.owe(waiter.last_offset, False, waiter):
-            self.cluster.acknowledge([waiter], [])
+        owe(self.cluster, waiter)
 
     def _write(self, txn: Transaction) -> None:
         count = self.cluster.rng.randint(1, 3)
@@ -197,7 +178,44 @@ class TransactionalClients:
     # -- read_committed readers ---------------------------------------------------------------
 
     def _read(self, reader: Reader) -> None:
-        cluster = self.cluster
+        read_committed(self.cluster, reader, self.counts)
+
+
+def propose_transactional(
+    cluster: Cluster, rng: random.Random, batch: bytes, value: bytes
+) -> Waiter | None:
+    """A transactional batch or marker proposed to one of the cluster's leaders (drawn from
+    rng): its acks=all wait, or None if refused or nobody leads."""
+    leaders = [
+        n
+        for n in cluster.nodes.values()
+        if n.replica is not None and n.paused_until <= cluster.now and n.replica.is_leader
+    ]
+    node = rng.choice(leaders) if leaders else None
+    if node is None or node.replica is None or node.driver is None:
+        return None
+    try:
+        info = node.replica.propose(batch)
+    except TidelogError:
+        return None
+    cluster.stats.proposed += 1
+    cluster.process_ready(node)
+    return Waiter(node.node_id, node.replica.epoch, info.last_offset, value, "all", True)
+
+
+def owe(cluster: Cluster, waiter: Waiter) -> None:
+    """The node's driver owes the waiter its acks=all answer (given at once if already due)."""
+    node = cluster.nodes[waiter.node]
+    if node.driver is not None and node.driver.owe(waiter.last_offset, False, waiter):
+        cluster.acknowledge([waiter], [])
+
+
+def read_committed(
+    cluster: Cluster, reader: Reader, counts: Counts, node: SimNode | None = None
+) -> None:
+    """One read_committed read by reader, from node (or any live replica) below its LSO,
+    handed to the transaction checker of the cluster (one partition's group)."""
+    if node is None:
         live = [
             n
             for n in cluster.nodes.values()
@@ -206,35 +224,36 @@ class TransactionalClients:
         if not live:
             return
         node = cluster.rng.choice(live)
-        if node.replica is None:
-            return
-        log = node.log
-        lso = node.replica.last_stable_offset()
-        if reader.position is None or reader.position < log.log_start_offset:
-            reader.position = log.log_start_offset  # (fell behind the log start: start over)
-            reader.session = self.checker.new_session(reader.reader)
-        position = reader.position
-        if position >= lso:
-            return
-        chunk = log.read(position, cluster.rng.choice([1, 500, 1 << 20]), lso)
-        if chunk is None or reader.session is None:
-            return
-        data = chunk.read()
-        batches = list(iter_headers(data))
-        hw = log.high_watermark
-        for pos, header in batches:
-            cluster.checkers.read(node, header, data[pos : pos + header.size_bytes], hw)
-        end = min(batches[-1][1].next_offset, lso)
-        aborted = [(t.producer_id, t.first_offset) for t in log.aborted_transactions(position, end)]
-        kept = committed_batches(data, batches, aborted)
-        self.counts.dropped_batches += sum(1 for _, h in batches if not h.is_control) - len(kept)
-        records = [
-            (rec.offset, rec.value)
-            for pos, _ in kept
-            for rec in decode_records(data, pos, position)
-            if rec.offset < end
-        ]
-        self.counts.reads += 1
-        self.counts.records_read += len(records)
-        self.checker.read(reader.session, position, end, records, f"node {node.node_id}")
-        reader.position = end
+    if node.replica is None:
+        return
+    log = node.log
+    lso = node.replica.last_stable_offset()
+    checker = cluster.checkers.transactions
+    if reader.position is None or reader.position < log.log_start_offset:
+        reader.position = log.log_start_offset  # (fell behind the log start: start over)
+        reader.session = checker.new_session(reader.reader)
+    position = reader.position
+    if position >= lso:
+        return
+    chunk = log.read(position, cluster.rng.choice([1, 500, 1 << 20]), lso)
+    if chunk is None or reader.session is None:
+        return
+    data = chunk.read()
+    batches = list(iter_headers(data))
+    hw = log.high_watermark
+    for pos, header in batches:
+        cluster.checkers.read(node, header, data[pos : pos + header.size_bytes], hw)
+    end = min(batches[-1][1].next_offset, lso)
+    aborted = [(t.producer_id, t.first_offset) for t in log.aborted_transactions(position, end)]
+    kept = committed_batches(data, batches, aborted)
+    counts.dropped_batches += sum(1 for _, h in batches if not h.is_control) - len(kept)
+    records = [
+        (rec.offset, rec.value)
+        for pos, _ in kept
+        for rec in decode_records(data, pos, position)
+        if rec.offset < end
+    ]
+    counts.reads += 1
+    counts.records_read += len(records)
+    checker.read(reader.session, position, end, records, f"node {node.node_id}")
+    reader.position = end

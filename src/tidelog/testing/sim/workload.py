@@ -26,7 +26,9 @@ class Workload:
         self.tables = TableClients(cluster, params, self.propose) if params.state_machine else None
         self.transactions = (
             TransactionalClients(cluster)
-            if params.transactions and not params.state_machine
+            if params.transactions
+            and params.transaction_partitions == 1
+            and not params.state_machine
             else None
         )
 

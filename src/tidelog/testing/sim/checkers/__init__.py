@@ -27,6 +27,10 @@ assertion deep in the core would trip:
   - transactions (transactions.py, with SimParams.transactions): read_committed readers see
     no aborted or undecided record, no committed transaction partly, no record twice, and
     lose no committed record
+  - transactions across partitions (atomicity.py, with SimParams.transaction_partitions, at the
+    end): a reader handed a transaction's records in one partition was handed them in every
+    other (none stuck below an LSO that never passes them), none the coordinator aborted, and
+    no acknowledged transactional batch lost
 Checked at the end (convergence.py, tables.py, linearizable_reads.py): every acks=all record
 is in the log at the offset its ack named; for state-machine logs, every replica's table equals
 the table built from every committed batch, and the history of the table's clients (writes,
