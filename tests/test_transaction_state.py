@@ -155,6 +155,19 @@ def test_a_timeout_abort_bumps_the_epoch_and_fences_the_producer() -> None:
     assert isinstance(refusal, ProducerFenced)
 
 
+def test_a_commit_past_the_timeout_is_the_timeout_abort_instead() -> None:
+    """Decided after transaction.timeout.ms (60 s from its first partition, at 30 ms), a
+    commit fences its producer and aborts, as the coordinator's timeout abort would have."""
+    log = started()
+    log.apply(TxnAddPartitions("tx", PID, 0, {"out": [0]}, 30))
+    log.apply(TxnEnd("tx", PID, 0, True, False, 60_030))  # at the timeout: still commits
+    assert log.txn().state is TxnState.PREPARE_COMMIT
+    late = started()
+    late.apply(TxnAddPartitions("tx", PID, 0, {"out": [0]}, 30))
+    late.apply(TxnEnd("tx", PID, 0, True, False, 60_031))
+    assert (late.txn().state, late.txn().epoch) == (TxnState.PREPARE_ABORT, 1)
+
+
 def test_a_partition_leader_appends_only_what_an_ongoing_transaction_holds() -> None:
     log = started()
     txns = log.state.transactions

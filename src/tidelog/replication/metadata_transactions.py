@@ -269,12 +269,21 @@ def apply_end(txns: Transactions, offset: int, command: TxnEnd) -> Transaction |
     txn = _current(txns, command)
     if txn is None or txn.state is not TxnState.ONGOING:
         return None
-    if command.bump:
+    commit = command.commit and not past_timeout(txn, command.at_ms)
+    if command.bump or commit != command.commit:
         txn.epoch += 1  # the coordinator's abort fences the producer
-    txn.state = TxnState.PREPARE_COMMIT if command.commit else TxnState.PREPARE_ABORT
+    txn.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
     txn.prepared_offset = offset
     txn.updated_ms = command.at_ms
-    return txn if command.commit else None
+    return txn if commit else None
+
+
+def past_timeout(txn: Transaction, at_ms: int) -> bool:
+    """A commit decided after transaction.timeout.ms is the coordinator's timeout abort
+    instead, whichever came first to the log: no transaction ever commits past its timeout, so
+    an operator's abort of one older than transaction.max.timeout.ms (node/ops/producers.py)
+    cannot contradict a commit."""
+    return txn.started_ms > 0 and at_ms - txn.started_ms > txn.timeout_ms
 
 
 def apply_complete(txns: Transactions, offset: int, command: TxnComplete) -> None:

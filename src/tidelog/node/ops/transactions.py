@@ -54,7 +54,7 @@ from tidelog.replication.metadata_commands import (
     TxnInit,
     TxnOffsets,
 )
-from tidelog.replication.metadata_transactions import Transaction, TxnState
+from tidelog.replication.metadata_transactions import Transaction, TxnState, past_timeout
 
 PROPOSE_TIMEOUT_S = 30.0
 
@@ -375,8 +375,14 @@ class TransactionOps(MetadataOps):
             await self.propose_metadata(command, PROPOSE_TIMEOUT_S)
             after = self.txn(req.transactional_id)
             if after is None or after.prepared_offset < 0 or after.epoch != txn.epoch:
+                late = after is not None and past_timeout(txn, command.at_ms)
                 raise ProducerFenced(
-                    f"transactional id {req.transactional_id!r} was fenced meanwhile",
+                    f"transactional id {req.transactional_id!r} "
+                    + (
+                        f"passed its transaction.timeout.ms ({txn.timeout_ms} ms) and was aborted"
+                        if late
+                        else "was fenced meanwhile"
+                    ),
                     transactional_id=req.transactional_id,
                 )
             txn = after
