@@ -158,6 +158,25 @@ def test_transactions_cli_lists_describes_and_aborts_a_hanging_transaction(
         text = run_tidelog("transactions", "list", "--bootstrap", cluster.bootstrap)
         assert "stuck-1" in text.stdout and "hang/0, hang/1" in text.stdout
 
+        # status names the transactional id that holds the LSO, the one `abort` takes
+        status = run_tidelog("status", "hang", "--bootstrap", cluster.bootstrap)
+        assert status.returncode == 0, status.stderr
+        assert "LSO" in status.stdout
+        assert "(transactional id stuck-1) from offset 1" in status.stdout, status.stdout
+        status_json = run_tidelog("status", "hang", "--bootstrap", cluster.bootstrap, "--json")
+        rows = json.loads(status_json.stdout)["partitions"]
+        holds = [
+            hold
+            for row in rows
+            for hold in row["low_watermark"]["holds"]
+            if hold["kind"] == "transaction"
+        ]
+        assert [(h["transactional_id"], h["offset"]) for h in holds] == [
+            ("stuck-1", 1),
+            ("stuck-1", 0),
+        ]
+        assert [row["last_stable_offset"] for row in rows] == [1, 0]
+
         aborted = cli_json(cluster, "abort", "stuck-1")
         assert isinstance(aborted, dict)
         assert aborted["state"] == "CompleteAbort"
@@ -183,6 +202,8 @@ def test_what_a_transaction_refuses_is_named(cluster: LocalCluster) -> None:
             client.describe_transaction("never-used")
         with pytest.raises(UnknownTransactionalId):
             client.abort_transaction("never-used")
+        with pytest.raises(UnknownCursor, match=r"topic="), client.transaction("no-cursor") as txn:
+            txn.commit_cursor("never-created", {0: 1})
         with client.transaction("idle") as txn:  # nothing written: nothing to end
             pass
         assert txn.state == "committed"

@@ -227,8 +227,9 @@ class AsyncTransaction:
                 found = await self._admin.cursors(name)
             except UnknownCursor as exc:
                 raise UnknownCursor(
-                    f"cursor {name!r} does not exist: name its topic to create it with the "
-                    "transaction",
+                    f"cursor {name!r} does not exist: name its topic "
+                    f"(commit_cursor({name!r}, positions, topic=TOPIC)) to create it when the "
+                    "transaction commits",
                     cursor=name,
                 ) from exc
             topic = str(found[0]["topic"])
