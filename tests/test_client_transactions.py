@@ -110,6 +110,25 @@ def test_a_transaction_commits_three_partitions_and_a_cursor_together_or_not_at_
         assert txn.state == "aborted"
 
 
+def test_a_transaction_ended_inside_its_block_stays_as_it_was_ended(
+    cluster: LocalCluster,
+) -> None:
+    """txn.abort() (or commit()) within `with client.transaction(...)` ends it there; leaving
+    the block then neither commits it nor raises InvalidTxnState."""
+    with Client(cluster.bootstrap) as client:
+        client.create_topic("ended", 1, 3)
+        with client.transaction("ender") as txn:
+            txn.produce("ended", [b"dropped"], partition=0)
+            txn.abort()
+        assert txn.state == "aborted"
+        with client.transaction("ender") as txn:
+            txn.produce("ended", [b"kept"], partition=0)
+            txn.commit()
+        assert txn.state == "committed"
+        assert values(client, "ended", 0, "read_committed") == [b"kept"]
+        assert values(client, "ended", 0, "read_uncommitted") == [b"dropped", b"kept"]
+
+
 def test_a_second_holder_of_a_transactional_id_fences_the_first(cluster: LocalCluster) -> None:
     with Client(cluster.bootstrap) as client, Client(cluster.bootstrap) as other:
         client.create_topic("fenced", 1, 3)

@@ -110,6 +110,8 @@ class AsyncTransaction:
         tb: TracebackType | None,
     ) -> None:
         if exc is None:
+            if self.state in ("committed", "aborted"):
+                return  # ended in the block by its own commit() or abort()
             await self.commit()
         elif self.state == "open" and not isinstance(exc, ProducerFenced):
             # The block's own error is what the caller sees; an abort that fails (the
