@@ -223,6 +223,19 @@ def test_what_a_transaction_refuses_is_named(cluster: LocalCluster) -> None:
             client.abort_transaction("never-used")
         with pytest.raises(UnknownCursor, match=r"topic="), client.transaction("no-cursor") as txn:
             txn.commit_cursor("never-created", {0: 1})
+        # A transaction open past its timeout is aborted by the coordinator; its producer's
+        # commit is fenced, and the error says a timeout is one of the reasons.
+        client.create_topic("short-lived", 1, 3)
+        expired = client.transaction("expires", timeout_ms=500)
+        expired.begin()
+        expired.produce("short-lived", [b"too late"], partition=0)
+        wait_for_value(
+            "the coordinator's abort",
+            lambda: client.describe_transaction("expires")["state"],
+            "CompleteAbort".__eq__,
+        )
+        with pytest.raises(ProducerFenced, match=r"transaction\.timeout\.ms"):
+            expired.commit()
         with client.transaction("idle") as txn:  # nothing written: nothing to end
             pass
         assert txn.state == "committed"

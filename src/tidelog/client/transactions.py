@@ -140,7 +140,8 @@ class AsyncTransaction:
         if self.state == "fenced":
             raise ProducerFenced(
                 f"transactional id {self.transactional_id!r}: epoch {self.epoch} is fenced by "
-                "a newer holder of the id",
+                "a newer holder of the id, `tidelog transactions abort`, or the coordinator "
+                f"aborting a transaction open past its timeout ({self.timeout_ms} ms)",
                 transactional_id=self.transactional_id,
                 producer_id=self.producer_id,
                 epoch=self.epoch,
