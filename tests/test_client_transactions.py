@@ -181,7 +181,8 @@ def test_transactions_cli_lists_describes_and_aborts_a_hanging_transaction(
         status = run_tidelog("status", "hang", "--bootstrap", cluster.bootstrap)
         assert status.returncode == 0, status.stderr
         assert "LSO" in status.stdout
-        assert "(transactional id stuck-1) from offset 1" in status.stdout, status.stdout
+        assert "from offset 1: epoch 0, open" in status.stdout
+        assert "; transactional id stuck-1\n" in status.stdout, status.stdout
         status_json = run_tidelog("status", "hang", "--bootstrap", cluster.bootstrap, "--json")
         rows = json.loads(status_json.stdout)["partitions"]
         holds = [

@@ -1018,13 +1018,13 @@ def status_text(rows: list[PartitionRow]) -> str:
         for hold in lwm.get("holds", []):
             if hold.get("kind") == "transaction":  # what holds the LSO (and read_committed)
                 named = (
-                    f" (transactional id {hold['transactional_id']})"
+                    f"; transactional id {hold['transactional_id']}"
                     if hold.get("transactional_id")
                     else ""
                 )
                 lines.append(
-                    f"transaction {hold['name']}{named} from offset {hold['offset']}: "
-                    f"{hold['detail']}"
+                    f"transaction {hold['name']} from offset {hold['offset']}: "
+                    f"{hold['detail']}{named}"
                 )
         for name, c in sorted(r.cursors.items()):
             lines.append(
