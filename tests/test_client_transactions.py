@@ -110,6 +110,25 @@ def test_a_transaction_commits_three_partitions_and_a_cursor_together_or_not_at_
         assert txn.state == "aborted"
 
 
+def test_a_transaction_ended_inside_its_block_stays_as_it_was_ended(
+    cluster: LocalCluster,
+) -> None:
+    """txn.abort() (or commit()) within `with client.transaction(...)` ends it there; leaving
+    the block then neither commits it nor raises InvalidTxnState."""
+    with Client(cluster.bootstrap) as client:
+        client.create_topic("ended", 1, 3)
+        with client.transaction("ender") as txn:
+            txn.produce("ended", [b"dropped"], partition=0)
+            txn.abort()
+        assert txn.state == "aborted"
+        with client.transaction("ender") as txn:
+            txn.produce("ended", [b"kept"], partition=0)
+            txn.commit()
+        assert txn.state == "committed"
+        assert values(client, "ended", 0, "read_committed") == [b"kept"]
+        assert values(client, "ended", 0, "read_uncommitted") == [b"dropped", b"kept"]
+
+
 def test_a_second_holder_of_a_transactional_id_fences_the_first(cluster: LocalCluster) -> None:
     with Client(cluster.bootstrap) as client, Client(cluster.bootstrap) as other:
         client.create_topic("fenced", 1, 3)
@@ -158,6 +177,26 @@ def test_transactions_cli_lists_describes_and_aborts_a_hanging_transaction(
         text = run_tidelog("transactions", "list", "--bootstrap", cluster.bootstrap)
         assert "stuck-1" in text.stdout and "hang/0, hang/1" in text.stdout
 
+        # status names the transactional id that holds the LSO, the one `abort` takes
+        status = run_tidelog("status", "hang", "--bootstrap", cluster.bootstrap)
+        assert status.returncode == 0, status.stderr
+        assert "LSO" in status.stdout
+        assert "from offset 1: epoch 0, open" in status.stdout
+        assert "; transactional id stuck-1\n" in status.stdout, status.stdout
+        status_json = run_tidelog("status", "hang", "--bootstrap", cluster.bootstrap, "--json")
+        rows = json.loads(status_json.stdout)["partitions"]
+        holds = [
+            hold
+            for row in rows
+            for hold in row["low_watermark"]["holds"]
+            if hold["kind"] == "transaction"
+        ]
+        assert [(h["transactional_id"], h["offset"]) for h in holds] == [
+            ("stuck-1", 1),
+            ("stuck-1", 0),
+        ]
+        assert [row["last_stable_offset"] for row in rows] == [1, 0]
+
         aborted = cli_json(cluster, "abort", "stuck-1")
         assert isinstance(aborted, dict)
         assert aborted["state"] == "CompleteAbort"
@@ -183,6 +222,21 @@ def test_what_a_transaction_refuses_is_named(cluster: LocalCluster) -> None:
             client.describe_transaction("never-used")
         with pytest.raises(UnknownTransactionalId):
             client.abort_transaction("never-used")
+        with pytest.raises(UnknownCursor, match=r"topic="), client.transaction("no-cursor") as txn:
+            txn.commit_cursor("never-created", {0: 1})
+        # A transaction open past its timeout is aborted by the coordinator; its producer's
+        # commit is fenced, and the error says a timeout is one of the reasons.
+        client.create_topic("short-lived", 1, 3)
+        expired = client.transaction("expires", timeout_ms=500)
+        expired.begin()
+        expired.produce("short-lived", [b"too late"], partition=0)
+        wait_for_value(
+            "the coordinator's abort",
+            lambda: client.describe_transaction("expires")["state"],
+            "CompleteAbort".__eq__,
+        )
+        with pytest.raises(ProducerFenced, match=r"transaction\.timeout\.ms"):
+            expired.commit()
         with client.transaction("idle") as txn:  # nothing written: nothing to end
             pass
         assert txn.state == "committed"

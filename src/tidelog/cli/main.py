@@ -26,7 +26,7 @@ from tidelog.cli.elect import add_partitions_command
 from tidelog.cli.features import add_features_commands
 from tidelog.cli.progress import Progress
 from tidelog.cli.tables import add_watch_option, show, table_lines
-from tidelog.cli.transactions import add_transactions_commands
+from tidelog.cli.transactions import add_transactions_commands, name_transaction_holds
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.cluster_status import PartitionRow, partition_rows
@@ -935,6 +935,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             async def render() -> tuple[Any, str]:
                 nodes = await client.status([args.topic] if args.topic else None)
                 rows = partition_rows(nodes, args.topic)
+                await name_transaction_holds(client, rows)
                 value = {
                     "partitions": [r.to_wire() for r in rows],
                     "nodes": [
@@ -1016,8 +1017,14 @@ def status_text(rows: list[PartitionRow]) -> str:
             lines.append(f"LWM set by {lwm.get('set_by')}")
         for hold in lwm.get("holds", []):
             if hold.get("kind") == "transaction":  # what holds the LSO (and read_committed)
+                named = (
+                    f"; transactional id {hold['transactional_id']}"
+                    if hold.get("transactional_id")
+                    else ""
+                )
                 lines.append(
-                    f"transaction {hold['name']} from offset {hold['offset']}: {hold['detail']}"
+                    f"transaction {hold['name']} from offset {hold['offset']}: "
+                    f"{hold['detail']}{named}"
                 )
         for name, c in sorted(r.cursors.items()):
             lines.append(

@@ -17,6 +17,9 @@ from typing import Any
 
 from tidelog.cli.connect import client_of
 from tidelog.cli.tables import table_lines
+from tidelog.client.async_client import AsyncClient
+from tidelog.cluster_status import PartitionRow
+from tidelog.errors import TidelogError
 
 STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort")
 
@@ -188,3 +191,27 @@ def print_transaction(txn: dict[str, Any], as_json: bool) -> None:
     for name, entry in sorted(txn.get("pending_offsets", {}).items()):
         positions = ", ".join(f"{p}: {o}" for p, o in sorted(entry["positions"].items()))
         print(f"pending cursor    {name} on {entry['topic']}: {positions}")
+
+
+async def name_transaction_holds(client: AsyncClient, rows: list[PartitionRow]) -> None:
+    """Give each `transaction` hold of the rows the transactional id whose open transaction it
+    is (`transactional_id`): a partition leader knows only the producer id, and `tidelog
+    transactions abort` takes the transactional id. Left out where the coordinator does not
+    say (a transactional id this principal may not read, or a cluster before transactions)."""
+    holds = [
+        hold
+        for row in rows
+        for hold in row.low_watermark.get("holds", [])
+        if hold.get("kind") == "transaction"
+    ]
+    if not holds:
+        return
+    try:
+        known = await client.list_transactions()
+    except TidelogError:
+        return  # status still shows the producer id
+    by_producer = {str(txn["producer_id"]): str(txn["transactional_id"]) for txn in known}
+    for hold in holds:
+        producer_id = str(hold.get("name", "")).removeprefix("producer ")
+        if producer_id in by_producer:
+            hold["transactional_id"] = by_producer[producer_id]

@@ -110,6 +110,8 @@ class AsyncTransaction:
         tb: TracebackType | None,
     ) -> None:
         if exc is None:
+            if self.state in ("committed", "aborted"):
+                return  # ended in the block by its own commit() or abort()
             await self.commit()
         elif self.state == "open" and not isinstance(exc, ProducerFenced):
             # The block's own error is what the caller sees; an abort that fails (the
@@ -138,7 +140,8 @@ class AsyncTransaction:
         if self.state == "fenced":
             raise ProducerFenced(
                 f"transactional id {self.transactional_id!r}: epoch {self.epoch} is fenced by "
-                "a newer holder of the id",
+                "a newer holder of the id, `tidelog transactions abort`, or the coordinator "
+                f"aborting a transaction open past its timeout ({self.timeout_ms} ms)",
                 transactional_id=self.transactional_id,
                 producer_id=self.producer_id,
                 epoch=self.epoch,
@@ -227,8 +230,9 @@ class AsyncTransaction:
                 found = await self._admin.cursors(name)
             except UnknownCursor as exc:
                 raise UnknownCursor(
-                    f"cursor {name!r} does not exist: name its topic to create it with the "
-                    "transaction",
+                    f"cursor {name!r} does not exist: name its topic "
+                    f"(commit_cursor({name!r}, positions, topic=TOPIC)) to create it when the "
+                    "transaction commits",
                     cursor=name,
                 ) from exc
             topic = str(found[0]["topic"])

@@ -58,6 +58,13 @@ from tidelog.replication.metadata_transactions import Transaction, TxnState, pas
 
 PROPOSE_TIMEOUT_S = 30.0
 
+# Who moves a transactional id to a newer epoch: what a fenced producer is told, since the
+# epoch alone does not say whether it was a successor or a timeout.
+FENCED_BY = (
+    "a newer holder of the id, `tidelog transactions abort`, or the coordinator aborting a "
+    "transaction open past its transaction.timeout.ms"
+)
+
 Refused = dict[str, dict[str, str]]
 
 
@@ -162,7 +169,8 @@ class TransactionOps(MetadataOps):
             )
         if epoch < txn.epoch:
             raise ProducerFenced(
-                f"transactional id {transactional_id!r}: epoch {epoch} is fenced by {txn.epoch}",
+                f"transactional id {transactional_id!r}: epoch {epoch} is fenced by {txn.epoch} "
+                f"({FENCED_BY})",
                 transactional_id=transactional_id,
                 producer_id=txn.producer_id,
                 epoch=epoch,
