@@ -150,6 +150,44 @@ def test_a_cursor_of_a_read_committed_reader_starts_at_the_lso(tmp_path: Path) -
     run(tmp_path, body)
 
 
+def test_a_cursor_commits_the_position_past_trailing_markers(tmp_path: Path) -> None:
+    """A partition that ends in an aborted transaction and its marker: `consume --cursor`
+    commits the position past them (a Kafka consumer's fetch position), not the offset after
+    the last record printed, so a partition read to its end shows no lag; consume_batches()
+    hands the same position as next_offset, an empty fetch included."""
+
+    async def body(node: Node, client: AsyncClient) -> None:
+        await transactions_enabled(client)
+        await client.create_topic("t")
+        await client.produce("t", [b"kept"], partition=0)
+        txn = await open_transaction(client, "dropped", b"a1", b"a2")  # 1-2, then a marker
+        await txn.abort()
+        end = await client.list_offsets("t", 0, "latest", isolation_level="read_committed")
+        assert end == 4  # the LSO is the HW: nothing open
+        fetches = [
+            (list(f), f.next_offset)
+            async for f in client.consume_batches("t", 0, 1, isolation_level="read_committed")
+        ]
+        assert fetches == [([], 4)]  # only skipped batches: no record, the position moves
+        shown = await asyncio.to_thread(
+            run_tidelog,
+            "consume",
+            "--bootstrap",
+            f"127.0.0.1:{node.address[1]}",
+            "t",
+            "--cursor",
+            "tail",
+            "--isolation-level",
+            "read_committed",
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.split() == ["kept"]
+        [cursor] = await client.cursors("tail")
+        assert cursor["positions"] == {"0": 4}  # not 1, after "kept"
+
+    run(tmp_path, body)
+
+
 def test_an_answer_without_an_lso_is_refused_for_read_committed() -> None:
     """A node from before transactions ignores isolation_level (unknown request fields are
     ignored) and answers without last_stable_offset: the client refuses, by name, rather

@@ -700,7 +700,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
         async with client_of(args) as client:
             starts = await _consume_starts(client, args)
             positions = {p: int(start) for p, start in starts.items()} if args.cursor else {}
-            out: asyncio.Queue[tuple[int, Record | TidelogError] | None] = asyncio.Queue(10_000)
+            out: asyncio.Queue[tuple[int, Record | TidelogError | int] | None] = asyncio.Queue(
+                10_000
+            )
             tasks = [
                 asyncio.create_task(_read_partition(client, args, p, start, out))
                 for p, start in starts.items()
@@ -742,11 +744,13 @@ async def _read_partition(
     args: argparse.Namespace,
     partition: int,
     start: int | str,
-    out: asyncio.Queue[tuple[int, Record | TidelogError] | None],
+    out: asyncio.Queue[tuple[int, Record | TidelogError | int] | None],
 ) -> None:
-    """One partition's records into out, then its error if the read failed, then None."""
+    """One partition's records into out, each fetch's followed by the position after it (past
+    transaction markers and aborted batches too: what --cursor commits), then its error if the
+    read failed, then None."""
     try:
-        async for rec in client.consume(
+        async for fetched in client.consume_batches(
             args.topic,
             partition,
             start,
@@ -759,7 +763,9 @@ async def _read_partition(
             consistent=args.consistent,
             isolation_level=args.isolation_level,
         ):
-            await out.put((partition, rec))
+            for rec in fetched:
+                await out.put((partition, rec))
+            await out.put((partition, fetched.next_offset))
     except TidelogError as exc:
         await out.put((partition, exc))
     finally:
@@ -769,7 +775,7 @@ async def _read_partition(
 async def _print_records(
     client: AsyncClient,
     args: argparse.Namespace,
-    out: asyncio.Queue[tuple[int, Record | TidelogError] | None],
+    out: asyncio.Queue[tuple[int, Record | TidelogError | int] | None],
     live: int,
     positions: dict[int, int],
 ) -> int:
@@ -794,6 +800,9 @@ async def _print_records(
             live -= 1
             continue
         p, rec = item
+        if isinstance(rec, int):  # the position after a fetch whose records are printed
+            positions[p] = rec
+            continue
         if isinstance(rec, TidelogError):
             print(f"error: partition {p}: {rec}", file=sys.stderr)
             failed = 1

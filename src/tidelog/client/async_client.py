@@ -26,7 +26,13 @@ from typing import Any
 from tidelog.acls import Acl
 from tidelog.client import transactions
 from tidelog.client.admin import Admin
-from tidelog.client.consume import CONSUME_FETCH_BYTES, ConsumeOptions, FetchOptions, Reader
+from tidelog.client.consume import (
+    CONSUME_FETCH_BYTES,
+    ConsumeOptions,
+    Fetched,
+    FetchOptions,
+    Reader,
+)
 from tidelog.client.fetched import FetchResult
 from tidelog.client.metadata import ClusterInfo, NodeInfo, TopicInfo
 from tidelog.client.produce import Writer
@@ -643,9 +649,13 @@ class AsyncClient:
         max_bytes: int = CONSUME_FETCH_BYTES,
         consistent: bool = False,
         isolation_level: str = "read_uncommitted",
-    ) -> AsyncGenerator[list[Record], None]:
+    ) -> AsyncGenerator[Fetched, None]:
         """consume(), a fetch's worth of records at a time (at most max_bytes per fetch, as
-        Kafka's max.partition.fetch.bytes; one batch larger than that still comes whole). With
+        Kafka's max.partition.fetch.bytes; one batch larger than that still comes whole). Each
+        list's `next_offset` is the position after it, past transaction markers and aborted
+        batches too (a fetch that only skipped those comes as an empty list): the offset to
+        commit to a cursor once the records are processed, as a Kafka consumer commits its
+        position. With
         replica_read, prefer_node (a follower, say) answers while it is reachable; it serves
         only below its own HW."""
         options = ConsumeOptions(

@@ -109,14 +109,29 @@ class _Span:
             and (self.budget is None or self.budget > carried)
         )
 
-    def take(self, records: list[Record]) -> list[Record]:
-        """The records it hands over, counted against its budget."""
+    def take(self, records: list[Record], at: int) -> Fetched:
+        """The records it hands over, counted against its budget, and the position after
+        them: `at` (where the fetch ended), unless the budget or the end cut the fetch short."""
         if self.end is not None:
             records = [r for r in records if r.offset < self.end]
+            at = min(at, self.end)
         if self.budget is not None:
-            records = records[: self.budget]
+            if len(records) > self.budget:
+                records = records[: self.budget]
+                at = records[-1].offset + 1 if records else self.offset
             self.budget -= len(records)
-        return records
+        return Fetched(records, at)
+
+
+class Fetched(list[Record]):
+    """One fetch's records and the position after them, past every batch a reader skips
+    (transaction markers, aborted transactions under read_committed) as well as the records:
+    a Kafka consumer's position, which a cursor commit should take (the last record's offset +
+    1 would leave a lag of the trailing markers for good)."""
+
+    def __init__(self, records: list[Record], next_offset: int) -> None:
+        super().__init__(records)
+        self.next_offset = next_offset
 
 
 # A fetch sent ahead, and the offset it reads from.
@@ -237,7 +252,7 @@ class Reader:
 
     async def consume_batches(
         self, topic: str, partition: int, start: int | str, options: ConsumeOptions
-    ) -> AsyncGenerator[list[Record], None]:
+    ) -> AsyncGenerator[Fetched, None]:
         if options.reset not in RESETS:
             raise InvalidRequest(f"reset must be earliest, latest or none, got {options.reset!r}")
         if options.isolation_level not in api.ISOLATION_LEVELS:
@@ -276,9 +291,10 @@ class Reader:
                 if span.wants_after(at, sum(h.records_count for _, h in result.batches or ())):
                     ahead = (at, asyncio.create_task(fetch_at(at)))
                     await asyncio.sleep(0)  # let it send its request before we decode
-                records = span.take(result.records)
+                records = span.take(result.records, at)
+                moved = records.next_offset > span.offset
                 span.offset = at
-                if records:
+                if records or moved:  # past markers only: the position still moves on
                     yield records
         finally:
             if ahead is not None:  # stopped early: the fetch sent ahead ends here, not later

@@ -21,7 +21,7 @@ from tidelog.client.async_client import (
     ProduceResult,
     TopicInfo,
 )
-from tidelog.client.consume import CONSUME_FETCH_BYTES, ConsumeOptions, FetchOptions
+from tidelog.client.consume import CONSUME_FETCH_BYTES, ConsumeOptions, Fetched, FetchOptions
 from tidelog.client.producer import Producer, RecordMetadata
 from tidelog.client.transactions import DEFAULT_TIMEOUT_MS, Transaction
 from tidelog.protocol import api
@@ -357,8 +357,9 @@ class Client:
         max_bytes: int = CONSUME_FETCH_BYTES,
         consistent: bool = False,
         isolation_level: str = "read_uncommitted",
-    ) -> Iterator[list[Record]]:
-        """Each fetch's records (see AsyncClient.consume_batches)."""
+    ) -> Iterator[Fetched]:
+        """Each fetch's records and the position after them (see
+        AsyncClient.consume_batches)."""
         options = ConsumeOptions(
             reset=reset,
             follow=follow,
@@ -376,7 +377,7 @@ class Client:
 
     def _consume_batches(
         self, topic: str, partition: int, start: int | str, options: ConsumeOptions
-    ) -> Iterator[list[Record]]:
+    ) -> Iterator[Fetched]:
         batches = self._async._reader.consume_batches(topic, partition, start, options)
         try:
             while True:
