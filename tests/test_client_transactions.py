@@ -170,9 +170,10 @@ def test_transactions_cli_lists_describes_and_aborts_a_hanging_transaction(
         listed = cli_json(cluster, "list", "--state", "Ongoing")
         assert isinstance(listed, list)
         assert [t["transactional_id"] for t in listed] == ["stuck-1"]
+        assert 0 <= listed[0]["open_for_ms"] < 600_000  # the text table's OPEN FOR
         described = cli_json(cluster, "describe", "stuck-1")
         assert isinstance(described, dict)
-        assert described["state"] == "Ongoing"
+        assert described["state"] == "Ongoing" and described["open_for_ms"] >= 0
         assert described["partitions"] == {"hang": [0, 1]}
         text = run_tidelog("transactions", "list", "--bootstrap", cluster.bootstrap)
         assert "stuck-1" in text.stdout and "hang/0, hang/1" in text.stdout

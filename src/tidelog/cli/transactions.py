@@ -87,7 +87,7 @@ def cmd_transactions_list(args: argparse.Namespace) -> int:
 
     listed = run_loop(run())
     if args.json:
-        print(json.dumps(listed, indent=1))
+        print(json.dumps([{**t, "open_for_ms": open_for_ms(t)} for t in listed], indent=1))
         return 0
     if not listed:
         print("no transactions")
@@ -159,11 +159,17 @@ def cmd_transactions_producers(args: argparse.Namespace) -> int:
     return 0
 
 
-def age(txn: dict[str, Any]) -> str:
+def open_for_ms(txn: dict[str, Any]) -> int | None:
+    """How long its transaction has been open (by this machine's clock); None: nothing open."""
     started = int(txn.get("started_ms", 0))
     if not started or txn["state"] not in ("Ongoing", "PrepareCommit", "PrepareAbort"):
-        return "-"
-    return f"{max(0, int(time.time() * 1000) - started) / 1000:.1f}s"
+        return None
+    return max(0, int(time.time() * 1000) - started)
+
+
+def age(txn: dict[str, Any]) -> str:
+    ms = open_for_ms(txn)
+    return "-" if ms is None else f"{ms / 1000:.1f}s"
 
 
 def partitions(txn: dict[str, Any]) -> str:
@@ -173,7 +179,7 @@ def partitions(txn: dict[str, Any]) -> str:
 
 def print_transaction(txn: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(txn, indent=1))
+        print(json.dumps({**txn, "open_for_ms": open_for_ms(txn)}, indent=1))
         return
     started = int(txn.get("started_ms", 0))
     began = (
