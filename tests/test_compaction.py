@@ -283,13 +283,24 @@ def test_an_open_transaction_never_supersedes_and_once_aborted_it_is_removed(
     for committed in (True, False):
         assert latest_per_key(read_view(log, committed))[b"k"] == (b"k", b"committed")
         assert opened not in read_view(log, committed)
-    assert log.transactions.aborted == [], "nothing of it is left to drop"
-    assert markers_in(log) == [marker], "the marker stays for delete.retention.ms"
+    # Producer 7 is still active and the aborted batch was its newest: the batch stays,
+    # emptied, so its transaction (and the marker ending it) stays too, as Kafka's cleaner does.
+    assert report.empty_batches_kept == 1
+    assert log.transactions.aborted == [AbortedTransaction(7, opened, marker)]
+    assert markers_in(log) == [marker], "the marker stays while a batch of its transaction does"
     assert_state_is_what_a_scan_derives(log)
 
     clock.now += 5_000
     report = compact(log, clock.now, force=True)
+    assert report.markers_removed == 0 and markers_in(log) == [marker]
+    assert log.producers.producers[7].last_offset == opened
+
+    # Once producer 7 has expired, its batch goes, and with it the transaction and the marker.
+    clock.now += TXN_CONFIG.producer_id_expiration_ms + 1
+    assert log.expire_producers() >= 1
+    report = compact(log, clock.now, force=True)
     assert report.markers_removed == 1 and markers_in(log) == []
+    assert log.transactions.aborted == [], "nothing of it is left to drop"
     assert contents(log)[committed_k] == (b"k", b"committed")
     assert_state_is_what_a_scan_derives(log)
 
