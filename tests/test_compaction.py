@@ -509,6 +509,8 @@ def test_a_producers_newest_batch_superseded_by_key_keeps_its_sequence(tmp_path:
     # Its older batch goes; the newest stays as its header alone, at its offsets.
     assert batches_of(log, 9) == [(at, at + 1, 2, 0)]
     assert_views_lost_only(log, before, {0, 1, at, at + 1})
+    # A lookup by time passes over the empty batch (it keeps its timestamps) to the next record.
+    assert log.offset_for_timestamp(clock.now) == at + 2
     follower = copied_by_a_follower(log, tmp_path / "follower", clock)
     assert follower.producers.producers[9][:4] == log.producers.producers[9][:4]
     follower.close()
