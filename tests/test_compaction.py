@@ -558,3 +558,46 @@ def test_a_producers_newest_batch_in_an_aborted_transaction_keeps_its_sequence(
     again.append_as_leader(idempotent(clock, 9, 3, [("d", "d0")], transactional=True), epoch=1)
     assert again.transactions.open[9].first_offset == again.log_end_offset - 1
     again.close()
+
+
+def test_a_producers_newest_batch_partly_superseded_keeps_its_base_offset(tmp_path: Path) -> None:
+    clock = Clock()
+    log = SegmentedLog(tmp_path, TXN_CONFIG, clock_ms=clock)
+    w = Writer(log, clock)
+    newest = idempotent(clock, 9, 0, [("a", "a0"), ("b", "b0")])
+    log.append_as_leader(newest, epoch=1)
+    w.plain("a", "a1")  # supersedes the batch's first record only
+    w.fill(12)
+    w.commit()
+    compact(log, clock.now, force=True)
+    # Its base sequence belongs to its base offset: moving the one without the other would
+    # make the rebuilt state's last sequence 0 instead of 1.
+    assert batches_of(log, 9) == [(0, 1, 0, 1)]
+    again = reopened_uncleanly(log, tmp_path, clock)
+    assert again.producers.producers[9].last_sequence == 1
+    with pytest.raises(DuplicateSequence):
+        again.append_as_leader(newest, epoch=1)
+    again.append_as_leader(idempotent(clock, 9, 2, [("c", "c0")]), epoch=1)
+    again.close()
+
+
+def test_a_marker_that_is_its_producers_newest_batch_stays(tmp_path: Path) -> None:
+    clock = Clock()
+    log = SegmentedLog(tmp_path, TXN_CONFIG, clock_ms=clock)
+    w = Writer(log, clock)
+    log.append_as_leader(idempotent(clock, 9, 0, [("a", "a0")], transactional=True), epoch=1)
+    # Aborted with a bumped epoch (the producer was fenced): the marker holds the newest epoch.
+    fenced = build_marker(9, 1, commit=False, coordinator_epoch=1, now_ms=clock.now)
+    log.append_as_leader(fenced, epoch=1)
+    marker = log.log_end_offset - 1
+    w.fill(12)
+    w.commit()
+    assert log.producers.producers[9].epoch == 1
+    clock.now += 5_000  # past delete.retention.ms: an ordinary marker would go
+    report = compact(log, clock.now, force=True)
+    assert report.aborted_records_removed == 1 and batches_of(log, 9) == []
+    assert markers_in(log) == [marker] and report.markers_removed == 0
+    assert_state_is_what_a_scan_derives(log)
+    again = reopened_uncleanly(log, tmp_path, clock)
+    assert again.producers.producers[9].epoch == 1
+    again.close()
