@@ -11,6 +11,7 @@ import pytest
 
 from helpers import values_in
 from tidelog.config import TopicConfig
+from tidelog.errors import DuplicateSequence, OutOfOrderSequence
 from tidelog.record import ProducerRecord, build_batch, decode_records, iter_headers
 from tidelog.record.markers import build_marker, is_marker
 from tidelog.record.read_committed import committed_batches
@@ -283,13 +284,24 @@ def test_an_open_transaction_never_supersedes_and_once_aborted_it_is_removed(
     for committed in (True, False):
         assert latest_per_key(read_view(log, committed))[b"k"] == (b"k", b"committed")
         assert opened not in read_view(log, committed)
-    assert log.transactions.aborted == [], "nothing of it is left to drop"
-    assert markers_in(log) == [marker], "the marker stays for delete.retention.ms"
+    # Producer 7 is still active and the aborted batch was its newest: the batch stays,
+    # emptied, so its transaction (and the marker ending it) stays too, as Kafka's cleaner does.
+    assert report.empty_batches_kept == 1
+    assert log.transactions.aborted == [AbortedTransaction(7, opened, marker)]
+    assert markers_in(log) == [marker], "the marker stays while a batch of its transaction does"
     assert_state_is_what_a_scan_derives(log)
 
     clock.now += 5_000
     report = compact(log, clock.now, force=True)
+    assert report.markers_removed == 0 and markers_in(log) == [marker]
+    assert log.producers.producers[7].last_offset == opened
+
+    # Once producer 7 has expired, its batch goes, and with it the transaction and the marker.
+    clock.now += TXN_CONFIG.producer_id_expiration_ms + 1
+    assert log.expire_producers() >= 1
+    report = compact(log, clock.now, force=True)
     assert report.markers_removed == 1 and markers_in(log) == []
+    assert log.transactions.aborted == [], "nothing of it is left to drop"
     assert contents(log)[committed_k] == (b"k", b"committed")
     assert_state_is_what_a_scan_derives(log)
 
@@ -421,4 +433,171 @@ def test_a_crash_while_compacting_transactions_leaves_old_or_new(tmp_path: Path,
     compact(again, clock.now, force=True)  # and it can finish the job
     assert latest_per_key(read_view(again, committed=True)) == committed_before
     assert_state_is_what_a_scan_derives(again)
+    again.close()
+
+
+# -- a producer's newest batch -----------------------------------------------------------------
+
+
+def idempotent(
+    clock: Clock, pid: int, sequence: int, items: list[tuple[str, str]], transactional: bool = False
+) -> bytes:
+    records = [ProducerRecord(k.encode(), v.encode(), (), clock.now) for k, v in items]
+    return build_batch(
+        records,
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=sequence,
+        transactional=transactional,
+    )
+
+
+def batches_of(log: SegmentedLog, pid: int) -> list[tuple[int, int, int, int]]:
+    """(base offset, last offset, base sequence, records) of the producer's batches."""
+    return [
+        (h.base_offset, h.last_offset, h.base_sequence, h.records_count)
+        for seg in log.segments
+        for _, h in seg.scan()
+        if h.producer_id == pid and not h.is_control
+    ]
+
+
+def reopened_uncleanly(log: SegmentedLog, tmp_path: Path, clock: Clock) -> SegmentedLog:
+    """The log as an unclean restart finds it: no clean-shutdown checkpoint of producers."""
+    log.flush()
+    log.write_state_checkpoint()
+    log.abandon()
+    return SegmentedLog(tmp_path, TXN_CONFIG, clock_ms=clock)
+
+
+def copied_by_a_follower(log: SegmentedLog, directory: Path, clock: Clock) -> SegmentedLog:
+    """A new replica that fetched the whole (compacted) log, batch bytes as they are."""
+    follower = SegmentedLog(directory, TXN_CONFIG, clock_ms=clock)
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        found = log.read(offset, 1 << 20, log.log_end_offset)
+        assert found is not None
+        data = found.read()
+        follower.append_as_follower(data)
+        offset = list(iter_headers(data))[-1][1].next_offset
+    return follower
+
+
+def assert_views_lost_only(
+    log: SegmentedLog, before: dict[bool, dict[int, Entry]], gone: set[int]
+) -> None:
+    for committed in (True, False):
+        expected = {o: kv for o, kv in before[committed].items() if o not in gone}
+        assert read_view(log, committed) == expected
+
+
+def test_a_producers_newest_batch_superseded_by_key_keeps_its_sequence(tmp_path: Path) -> None:
+    clock = Clock()
+    log = SegmentedLog(tmp_path / "leader", TXN_CONFIG, clock_ms=clock)
+    w = Writer(log, clock)
+    log.append_as_leader(idempotent(clock, 9, 0, [("a", "a0"), ("b", "b0")]), epoch=1)
+    newest = idempotent(clock, 9, 2, [("a", "a1"), ("b", "b1")])
+    log.append_as_leader(newest, epoch=1)
+    at = log.log_end_offset - 2
+    w.plain("a", "a2")
+    w.plain("b", "b2")  # every record of producer 9 is superseded
+    w.fill(12)
+    w.commit()
+    before = {c: read_view(log, c) for c in (True, False)}
+    report = compact(log, clock.now, force=True)
+    assert report.empty_batches_kept == 1
+    # Its older batch goes; the newest stays as its header alone, at its offsets.
+    assert batches_of(log, 9) == [(at, at + 1, 2, 0)]
+    assert_views_lost_only(log, before, {0, 1, at, at + 1})
+    # A lookup by time passes over the empty batch (it keeps its timestamps) to the next record.
+    assert log.offset_for_timestamp(clock.now) == at + 2
+    follower = copied_by_a_follower(log, tmp_path / "follower", clock)
+    assert follower.producers.producers[9][:4] == log.producers.producers[9][:4]
+    follower.close()
+
+    again = reopened_uncleanly(log, tmp_path / "leader", clock)
+    assert again.producers.producers[9].last_sequence == 3
+    assert_views_lost_only(again, before, {0, 1, at, at + 1})
+    with pytest.raises(DuplicateSequence):
+        again.append_as_leader(newest, epoch=1)  # a retry of the newest batch
+    with pytest.raises(OutOfOrderSequence):
+        again.append_as_leader(idempotent(clock, 9, 5, [("c", "c0")]), epoch=1)
+    info = again.append_as_leader(idempotent(clock, 9, 4, [("c", "c0")]), epoch=1)
+    assert info.last_offset == again.log_end_offset - 1
+    again.close()
+
+
+def test_a_producers_newest_batch_in_an_aborted_transaction_keeps_its_sequence(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    log = SegmentedLog(tmp_path, TXN_CONFIG, clock_ms=clock)
+    w = Writer(log, clock)
+    log.append_as_leader(idempotent(clock, 9, 0, [("a", "a0")], transactional=True), epoch=1)
+    w.end(9, commit=True)
+    newest = idempotent(clock, 9, 1, [("b", "b0"), ("c", "c0")], transactional=True)
+    log.append_as_leader(newest, epoch=1)
+    at = log.log_end_offset - 2
+    marker = w.end(9, commit=False)
+    w.fill(12)
+    w.commit()
+    before = {c: read_view(log, c) for c in (True, False)}
+    report = compact(log, clock.now, force=True)
+    assert report.aborted_records_removed == 2 and report.empty_batches_kept == 1
+    assert batches_of(log, 9) == [(0, 0, 0, 1), (at, at + 1, 1, 0)]
+    assert log.transactions.aborted == [AbortedTransaction(9, at, marker)]
+    assert marker in markers_in(log), "a batch of its transaction is left"
+    state = assert_state_is_what_a_scan_derives(log)
+    assert_views_lost_only(log, before, {at, at + 1})
+
+    again = reopened_uncleanly(log, tmp_path, clock)
+    assert transaction_state(again) == state
+    assert_views_lost_only(again, before, {at, at + 1})
+    with pytest.raises(DuplicateSequence):
+        again.append_as_leader(newest, epoch=1)
+    again.append_as_leader(idempotent(clock, 9, 3, [("d", "d0")], transactional=True), epoch=1)
+    assert again.transactions.open[9].first_offset == again.log_end_offset - 1
+    again.close()
+
+
+def test_a_producers_newest_batch_partly_superseded_keeps_its_base_offset(tmp_path: Path) -> None:
+    clock = Clock()
+    log = SegmentedLog(tmp_path, TXN_CONFIG, clock_ms=clock)
+    w = Writer(log, clock)
+    newest = idempotent(clock, 9, 0, [("a", "a0"), ("b", "b0")])
+    log.append_as_leader(newest, epoch=1)
+    w.plain("a", "a1")  # supersedes the batch's first record only
+    w.fill(12)
+    w.commit()
+    compact(log, clock.now, force=True)
+    # Its base sequence belongs to its base offset: moving the one without the other would
+    # make the rebuilt state's last sequence 0 instead of 1.
+    assert batches_of(log, 9) == [(0, 1, 0, 1)]
+    again = reopened_uncleanly(log, tmp_path, clock)
+    assert again.producers.producers[9].last_sequence == 1
+    with pytest.raises(DuplicateSequence):
+        again.append_as_leader(newest, epoch=1)
+    again.append_as_leader(idempotent(clock, 9, 2, [("c", "c0")]), epoch=1)
+    again.close()
+
+
+def test_a_marker_that_is_its_producers_newest_batch_stays(tmp_path: Path) -> None:
+    clock = Clock()
+    log = SegmentedLog(tmp_path, TXN_CONFIG, clock_ms=clock)
+    w = Writer(log, clock)
+    log.append_as_leader(idempotent(clock, 9, 0, [("a", "a0")], transactional=True), epoch=1)
+    # Aborted with a bumped epoch (the producer was fenced): the marker holds the newest epoch.
+    fenced = build_marker(9, 1, commit=False, coordinator_epoch=1, now_ms=clock.now)
+    log.append_as_leader(fenced, epoch=1)
+    marker = log.log_end_offset - 1
+    w.fill(12)
+    w.commit()
+    assert log.producers.producers[9].epoch == 1
+    clock.now += 5_000  # past delete.retention.ms: an ordinary marker would go
+    report = compact(log, clock.now, force=True)
+    assert report.aborted_records_removed == 1 and batches_of(log, 9) == []
+    assert markers_in(log) == [marker] and report.markers_removed == 0
+    assert_state_is_what_a_scan_derives(log)
+    again = reopened_uncleanly(log, tmp_path, clock)
+    assert again.producers.producers[9].epoch == 1
     again.close()

@@ -22,8 +22,15 @@ from tidelog.record import (
     stamp,
     validate,
 )
-from tidelog.record.batch import CONTROL_BIT
+from tidelog.record.batch import (
+    COMPRESSION_GZIP,
+    CONTROL_BIT,
+    decode_records_py,
+    empty_batch,
+)
+from tidelog.record.columns import batch_items, decode_columns, decode_columns_py
 from tidelog.record.compression import CODEC_NAMES
+from tidelog.record.read_committed import committed_batches
 from tidelog.record.varint import decode_varint, encode_varint
 
 maybe_bytes = st.none() | st.binary(max_size=300)
@@ -206,3 +213,46 @@ def test_fuzz_mutated_valid_batches(records: list[ProducerRecord], data: st.Data
 
 def test_header_size() -> None:
     assert HEADER_SIZE == 61
+
+
+def test_an_empty_batch_keeps_its_header_and_every_reader_takes_it() -> None:
+    """What compaction leaves of a producer's newest batch (record.batch.empty_batch): the
+    header alone, CRC valid, that every decoder, Kafka's codec and read_committed take."""
+    records = [ProducerRecord(b"k", b"v" * 50, (), 1_000), ProducerRecord(b"j", None, (), 2_000)]
+    original = build_batch(
+        records,
+        base_offset=100,
+        producer_id=9,
+        producer_epoch=3,
+        base_sequence=7,
+        compression=COMPRESSION_GZIP,
+        transactional=True,
+    )
+    stamped = bytearray(original)
+    stamp(stamped, 0, 100, 4)
+    before = read_header(stamped)
+    empty = empty_batch(before)
+    header = validate(empty)
+    assert len(empty) == HEADER_SIZE and header.records_count == 0
+    assert header._replace(batch_length=0, crc=0, attributes=0, records_count=0) == before._replace(
+        batch_length=0, crc=0, attributes=0, records_count=0
+    )
+    assert header.is_transactional and not header.is_control and header.compression == 0
+    assert decode_records(empty) == []
+    assert decode_records_py(b"", 0, 100, header.base_timestamp, header.last_offset_delta) == []
+    theirs = DefaultRecordBatch(empty)
+    assert theirs.validate_crc() and list(theirs) == []
+    assert (theirs.base_offset, theirs.next_offset) == (100, 102)
+    # Among other batches, as a fetch answers: columns (the Spark reader's) and read_committed.
+    after = build_batch([ProducerRecord(b"x", b"y", (), 3_000)], base_offset=102)
+    payload = empty + after
+    items = [item for _, item in batch_items(payload)]
+    for decode in (decode_columns, decode_columns_py):
+        columns = decode(items, True)
+        assert columns.rows == 1 and columns.last_offset() == 102
+    batches = list(iter_headers(payload))
+    assert committed_batches(payload, batches, [(9, 100)]) == (batches[1],)
+    assert committed_batches(payload, batches, []) == tuple(batches)
+    stream = BatchStream(batch_bytes_max=1 << 20)
+    stream.receive_data(payload)
+    assert stream.next_batch() == (header, empty)

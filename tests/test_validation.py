@@ -20,15 +20,20 @@ from tidelog.record.batch import (
     ProducerRecord,
     build_batch,
     decode_records,
+    empty_batch,
     read_header,
+    validate,
 )
 from tidelog.record.validation import (
     COMPILED_SCANNER,
+    SCAN_OK,
     BatchRules,
     _scan_records_py,
+    check_readable,
     inflate,
     validate_produced,
 )
+from tidelog.storage.scrub import check_batch
 
 RULES = BatchRules(8 * 1024 * 1024, timestamp_after_max_ms=3_600_000)
 KEYED = BatchRules(8 * 1024 * 1024, require_keys=True, timestamp_after_max_ms=3_600_000)
@@ -203,3 +208,26 @@ def test_whatever_passes_validation_decodes(
     assert [r.offset - header.base_offset for r in decoded] == list(range(header.records_count))
     assert max(r.timestamp for r in decoded) == header.max_timestamp
     assert len(inflate(data, 0, header, 0, 1 << 26)) == len(data) - HEADER_SIZE
+
+
+def test_an_empty_batch_compaction_kept_is_readable_to_the_scrub_and_both_scans() -> None:
+    """A producer's newest batch, emptied by compaction (record.batch.empty_batch), is a batch
+    already in a log that every reader takes; only a producer may not send one."""
+    batch = build_batch(
+        [ProducerRecord(b"k", b"v", (), now_ms())] * 3,
+        base_offset=10,
+        producer_id=9,
+        producer_epoch=0,
+        base_sequence=0,
+        compression=COMPRESSION_GZIP,
+    )
+    empty = empty_batch(read_header(batch))
+    header = validate(empty)
+    assert scan_both(b"", 0, header.base_timestamp, True, header.last_offset_delta) == (
+        (SCAN_OK, 0, 0, 0),
+        (SCAN_OK, 0, 0, 0),
+    )
+    check_readable(empty, 0, header, 0, 1 << 20, require_keys=True)
+    assert check_batch(empty) is None
+    with pytest.raises(InvalidRecord, match="at least one record"):
+        validate_produced(empty, RULES, now_ms())

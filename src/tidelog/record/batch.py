@@ -330,14 +330,19 @@ def batch_from_section(
     return bytes(out)
 
 
-def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
+def rebuild_batch(
+    header: BatchHeader, records: Sequence[Record], *, keep_base_offset: bool = False
+) -> bytes:
     """A batch holding a subset of an existing batch's records at their original offsets
-    (the compactor's job): same epoch, producer fields and last offset; no compression."""
+    (the compactor's job): same epoch, producer fields and last offset; no compression. The
+    base offset moves to the first record kept unless keep_base_offset: a producer's last
+    batch keeps it, as its base sequence belongs to the base offset (producer state derives
+    the last sequence from both)."""
     invariant(
         records and all(header.base_offset <= r.offset <= header.last_offset for r in records),
         "records and all(header.base_offset <= r.offset <= header.last_offset for r in records)",
     )
-    base = records[0].offset
+    base = header.base_offset if keep_base_offset else records[0].offset
     base_ts = min(r.timestamp for r in records)
     body = bytearray()
     for rec in records:
@@ -367,6 +372,34 @@ def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
         header.producer_epoch,
         header.base_sequence,
         len(records),
+    )
+    _CRC.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def empty_batch(header: BatchHeader) -> bytes:
+    """An existing batch emptied of its records (Kafka's empty batch, which its cleaner keeps
+    as a producer's last batch): the same base offset, last offset, leader epoch, timestamps,
+    producer id, epoch and base sequence, and the same attributes bar compression (nothing is
+    left to compress), so what is derived from headers alone (producer state, transactions,
+    the offsets a segment covers) reads it as it read the batch. records_count is 0."""
+    out = bytearray(HEADER_SIZE)
+    HEADER.pack_into(
+        out,
+        0,
+        header.base_offset,
+        HEADER_SIZE - LOG_OVERHEAD,
+        header.partition_leader_epoch,
+        MAGIC,
+        0,
+        header.attributes & ~COMPRESSION_MASK,
+        header.last_offset_delta,
+        header.base_timestamp,
+        header.max_timestamp,
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+        0,
     )
     _CRC.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
     return bytes(out)

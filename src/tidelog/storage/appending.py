@@ -45,8 +45,11 @@ def stamp_leader_batches(
             if original is None or not producers.maybe_reused(header, original):
                 continue
             written = batch_at(original.base_offset) if batch_at is not None else None
-            if written is None:
-                continue  # below the log start: nothing to compare with (as Kafka: a duplicate)
+            if written is None or _compacted(written):
+                # Below the log start, or compaction removed records of it (a producer's
+                # newest batch may be left empty): nothing to compare with (as Kafka: a
+                # duplicate).
+                continue
             if _contents(written) != _contents(bytes(buf[pos : pos + header.size_bytes])):
                 raise InvalidRecord(
                     f"producer {header.producer_id} epoch {header.producer_epoch} already wrote "
@@ -129,6 +132,12 @@ def read_batch_at(log: _Readable, offset: int) -> bytes | None:
     data = chunk.read()
     header = read_header(data)
     return bytes(data[: header.size_bytes]) if header.base_offset == offset else None
+
+
+def _compacted(batch: bytes) -> bool:
+    """Whether compaction removed records of the batch (fewer records than offsets)."""
+    header = read_header(batch)
+    return header.records_count <= header.last_offset_delta
 
 
 def _contents(batch: bytes) -> list[tuple[bytes | None, bytes | None, object]]:

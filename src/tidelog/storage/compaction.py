@@ -19,6 +19,18 @@ Transactions (docs/design.md, "Transactions and the last stable offset"), as Kaf
   scan, so the transactions derived from the log stay the same.
 Committed transactional records are compacted like any others.
 
+A producer's newest batch is never removed, as Kafka's cleaner keeps it: the producer state an
+unclean open rebuilds from batch headers (storage/producer_state.py) would otherwise hold an
+older sequence, or none, and refuse the producer's next write as out of order or miss a retried
+duplicate. When compaction would remove all of its records (superseded by key, or of an aborted
+transaction) it stays as an empty batch (`record.batch.empty_batch`: the header, no record); a
+batch that keeps some records keeps its base offset too. "Newest" is the producer state when
+the inputs are frozen (`CompactionInputs.producer_last`); a producer that has written since has
+a newer batch, above this one, so keeping this one a pass too long costs only its header. A
+kept empty batch of an aborted transaction keeps the transaction and its marker in the log, the
+transaction now starting at that batch (`TransactionState.narrow_aborted`); so does a marker
+that is its producer's newest batch (its epoch is the producer's).
+
 This is the one place that decodes every record of old segments, as compaction needs. The
 rewritten segment goes through `.cleaned` -> `.swap` -> `.log`; a crash at any step leaves
 either the old segment or the new one, never half of each.
@@ -34,7 +46,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tidelog.errors import CorruptRecord
-from tidelog.record.batch import BatchHeader, Record, decode_records, rebuild_batch
+from tidelog.record.batch import (
+    BatchHeader,
+    Record,
+    decode_records,
+    empty_batch,
+    rebuild_batch,
+)
 from tidelog.record.markers import read_marker
 from tidelog.storage import faults
 from tidelog.storage.durable import write_file
@@ -59,6 +77,7 @@ class CompactionReport:
     tombstones_removed: int = 0
     aborted_records_removed: int = 0
     markers_removed: int = 0
+    empty_batches_kept: int = 0  # producers' newest batches, emptied of records but kept
     bytes_before: int = 0  # of the segments compaction read
     bytes_after: int = 0  # of the same segments once the rewritten ones are swapped in
     skipped: str = ""
@@ -86,6 +105,9 @@ class CompactionPlan:
     # Aborted transactions whose every batch the plan removes (their marker is below
     # cleaner_point): forgotten by the log's transactions once their segments are swapped in.
     aborted_removed: list[AbortedTransaction] = field(default_factory=list)
+    # Aborted transactions of which only their producer's newest batch (emptied) is left:
+    # each with the offset it starts at from now on.
+    aborted_narrowed: list[tuple[AbortedTransaction, int]] = field(default_factory=list)
 
 
 class CompactionInputs(NamedTuple):
@@ -95,6 +117,8 @@ class CompactionInputs(NamedTuple):
     everything: list[LogSegment]
     bound: int  # min(HW, LSO): no record at or above it takes part
     aborted: list[AbortedTransaction]  # the aborted transactions with a batch below the bound
+    # producer id -> the last offset of its newest batch (the producer state): never removed.
+    producer_last: dict[int, int] = {}
 
 
 class AbortedBatches:
@@ -164,7 +188,8 @@ def snapshot_inputs(log: SegmentedLog) -> CompactionInputs:
     everything = list(log.segments)
     compactable = [s for s in everything[:-1] if s.next_offset <= bound]
     aborted = log.transactions.aborted_transactions(everything[0].base_offset, bound)
-    return CompactionInputs(compactable, everything, bound, aborted)
+    producer_last = {pid: e.last_offset for pid, e in log.producers.producers.items()}
+    return CompactionInputs(compactable, everything, bound, aborted, producer_last)
 
 
 def plan_compaction(
@@ -196,6 +221,7 @@ def plan_compaction(
         now_ms,
         log.config.delete_retention_ms,
         plan.report,
+        inputs.producer_last,
     )
     for seg in segments:
         rewritten = cleaner.rewrite(seg)
@@ -207,7 +233,14 @@ def plan_compaction(
             crash_point("cleaned-written")
         plan.cleaned.append((seg, cleaned, len(rewritten)))
     plan.cleaner_point = end
-    plan.aborted_removed = [t for t in inputs.aborted if t.marker_offset < end]
+    passed = [t for t in inputs.aborted if t.marker_offset < end]
+    kept = cleaner.aborted_kept
+    plan.aborted_removed = [t for t in passed if (t.producer_id, t.marker_offset) not in kept]
+    plan.aborted_narrowed = [
+        (t, kept[t.producer_id, t.marker_offset])
+        for t in passed
+        if (t.producer_id, t.marker_offset) in kept
+    ]
     return plan
 
 
@@ -230,6 +263,9 @@ def apply_compaction(
         # A transaction is gone once every segment below its marker is swapped in (or deleted).
         log.transactions.forget_aborted(
             t for t in plan.aborted_removed if t.marker_offset < swapped_below
+        )
+        log.transactions.narrow_aborted(
+            (t, first) for t, first in plan.aborted_narrowed if t.marker_offset < swapped_below
         )
     if plan.cleaner_point > log.cleaner_point:
         log.cleaner_point = plan.cleaner_point
@@ -261,6 +297,7 @@ class _SegmentCleaner:
         now_ms: int,
         delete_retention_ms: int,
         report: CompactionReport,
+        producer_last: dict[int, int] | None = None,
     ) -> None:
         self.latest = latest
         self.aborted = aborted
@@ -270,6 +307,10 @@ class _SegmentCleaner:
         self.report = report
         # Producers with a batch of their current transaction (since their last marker) kept.
         self.transaction_kept: set[int] = set()
+        self.producer_last = producer_last or {}
+        # (producer id, marker offset) of aborted transactions whose removal left their
+        # producer's newest batch, emptied -> that batch's base offset.
+        self.aborted_kept: dict[tuple[int, int], int] = {}
 
     def rewrite(self, seg: LogSegment) -> bytes | None:
         """The segment's new bytes, or None when nothing in it changes."""
@@ -296,10 +337,14 @@ class _SegmentCleaner:
         if aborted is not None and aborted.marker_offset < self.end:
             self.report.records_removed += header.records_count
             self.report.aborted_records_removed += header.records_count
-            return b""
-        # An aborted batch whose marker is not in this pass goes later, with the rest of its
-        # transaction; until then it is kept as it is.
-        kept = None if aborted is not None else self._compacted(raw, header, expired)
+            if not self._is_producer_last(header):
+                return b""
+            self.aborted_kept[aborted.producer_id, aborted.marker_offset] = header.base_offset
+            kept: bytes | None = self._emptied(header)
+        else:
+            # An aborted batch whose marker is not in this pass goes later, with the rest of
+            # its transaction; until then it is kept as it is.
+            kept = None if aborted is not None else self._compacted(raw, header, expired)
         if kept != b"" and header.is_transactional and header.producer_id >= 0:
             self.transaction_kept.add(header.producer_id)  # (a scan sees the batch: it stays)
         return kept
@@ -309,9 +354,29 @@ class _SegmentCleaner:
         if records is None:
             return None
         keep = [r for r in records if self._keeps(r, expired)]
+        last = self._is_producer_last(header)
+        if not records and not last:
+            return b""  # an empty batch kept for its producer, which has written since
         if len(keep) == len(records):
             return None
-        return rebuild_batch(header, keep) if keep else b""
+        if keep:
+            return rebuild_batch(header, keep, keep_base_offset=last)
+        return self._emptied(header) if last else b""
+
+    def _is_producer_last(self, header: BatchHeader) -> bool:
+        """Whether the batch is its producer's newest (producer state is derived from it)."""
+        return (
+            header.producer_id >= 0
+            and self.producer_last.get(header.producer_id) == header.last_offset
+        )
+
+    def _emptied(self, header: BatchHeader) -> bytes | None:
+        """A producer's newest batch with no record left: its header alone (None when it is
+        that already, so an unchanged segment is not rewritten)."""
+        if header.records_count == 0:
+            return None
+        self.report.empty_batches_kept += 1
+        return empty_batch(header)
 
     def _keeps(self, rec: Record, expired: bool) -> bool:
         if rec.key is not None and self.latest.get(rec.key, rec.offset) != rec.offset:
@@ -335,7 +400,8 @@ class _SegmentCleaner:
         if marker.producer_id in self.transaction_kept:
             self.transaction_kept.discard(marker.producer_id)
             return None
-        if not expired:
+        if not expired or self._is_producer_last(header):
+            # (a producer's newest batch keeps its epoch through an unclean open, as above)
             return None
         self.report.markers_removed += 1
         return b""

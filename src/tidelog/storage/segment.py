@@ -278,11 +278,12 @@ class LogSegment:
         return FileSlice(OwnedDescriptor(os.dup(self.fd)), start, end - start, first_offset)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, BatchHeader] | None:
-        """First batch whose max timestamp >= timestamp."""
+        """First batch holding a record whose max timestamp >= timestamp (a batch compaction
+        emptied keeps its timestamps but holds no record to answer with)."""
         start_offset = self.time_index.floor(timestamp)
         _, position = self.index.floor(start_offset)
         for pos, header in self.scan(position):
-            if header.max_timestamp >= timestamp:
+            if header.max_timestamp >= timestamp and header.records_count > 0:
                 return pos, header
         return None
 

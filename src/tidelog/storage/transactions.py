@@ -130,6 +130,17 @@ class TransactionState:
         self.aborted = [t for t in self.aborted if (t.producer_id, t.marker_offset) not in gone]
         self._aborted_ends = [t.marker_offset for t in self.aborted]
 
+    def narrow_aborted(self, narrowed: Iterable[tuple[AbortedTransaction, int]]) -> None:
+        """Compaction removed all but one batch of these aborted transactions (their
+        producer's newest, kept empty): each now starts at that batch, as a rebuild finds."""
+        starts = {(t.producer_id, t.marker_offset): first for t, first in narrowed}
+        if not starts:
+            return
+        self.aborted = [
+            t._replace(first_offset=starts.get((t.producer_id, t.marker_offset), t.first_offset))
+            for t in self.aborted
+        ]
+
     # -- asking -------------------------------------------------------------------------------
 
     def unstable(self, high_watermark: int) -> list[OpenTransaction | EndedTransaction]:
