@@ -177,6 +177,8 @@ def test_compaction_is_measured(node: tuple[LocalCluster, Client]) -> None:
     # No transaction here: nothing aborted to remove, no marker (the counters are shown anyway).
     assert value(families, "tidelog_compaction_aborted_records_removed_total") == 0
     assert value(families, "tidelog_compaction_markers_removed_total") == 0
+    # Each producer's newest batch is in the active segment, which compaction leaves alone.
+    assert value(families, "tidelog_compaction_empty_batches_kept_total") == 0
 
 
 def test_http_listen_beyond_loopback_needs_tls_and_acls() -> None:

@@ -617,6 +617,9 @@ DOCS = {
     "tidelog_compaction_markers_removed_total": (
         "Transaction markers compaction removed once nothing of their transaction remained"
     ),
+    "tidelog_compaction_empty_batches_kept_total": (
+        "Batches compaction emptied of records but kept: a producer's newest, for its sequence"
+    ),
     "tidelog_segments_deleted_bytes_total": "Bytes of segments deleted below the log start",
 }
 

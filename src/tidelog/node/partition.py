@@ -490,15 +490,17 @@ class PartitionHost:
                 "tidelog_compaction_aborted_records_removed_total", report.aborted_records_removed
             )
             counters.inc("tidelog_compaction_markers_removed_total", report.markers_removed)
+            counters.inc("tidelog_compaction_empty_batches_kept_total", report.empty_batches_kept)
             log.info(
                 "%s: compacted %d segment(s): %d records removed (%d tombstones, %d aborted), "
-                "%d markers removed, %d -> %d bytes",
+                "%d markers removed, %d emptied batches kept for their producers, %d -> %d bytes",
                 self.group,
                 report.segments_rewritten,
                 report.records_removed,
                 report.tombstones_removed,
                 report.aborted_records_removed,
                 report.markers_removed,
+                report.empty_batches_kept,
                 report.bytes_before,
                 report.bytes_after,
             )
