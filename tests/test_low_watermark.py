@@ -320,6 +320,15 @@ def test_a_process_killed_in_the_middle_of_cleaning_restarts_consistent(
     cluster.start(1)
     cluster.wait_ready()
     with Client(cluster.bootstrap) as client:
+        # The restarted node's HW comes back from its checkpoint and then catches up to what
+        # it had committed: a read before that (a busy machine's window) would see too little.
+        committed = max(acked, default=-1) + 1
+        wait_for(
+            "the restarted node's HW to reach what it acknowledged",
+            lambda: row(client, "x")["high_watermark"] >= committed,
+            30,
+            every_s=0.1,
+        )
         st = row(client, "x")
         records = list(client.consume("x", 0))
         stored = {r.offset: (r.value or b"")[:5] for r in records}
