@@ -5,6 +5,7 @@ A read_committed commit moves no position forward past its partition's LSO at th
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,11 @@ from tidelog.replication.metadata_commands import (
 )
 
 log = logging.getLogger(__name__)
+
+# How long a read_committed commit past the LSO waits for a new leader's LSO to catch up
+# before it is refused, asked every SETTLE_STEP_S.
+SETTLE_S = 3.0
+SETTLE_STEP_S = 0.1
 
 
 class CursorOps(MetadataOps):
@@ -141,6 +147,14 @@ class CursorOps(MetadataOps):
             if offset <= cursor.positions.get(p, -1):
                 continue
             lso = await self._last_stable_offset(cursor.topic, p)
+            waited = 0.0
+            while offset > lso and waited < SETTLE_S:
+                # A leader elected a moment ago may not have caught its HW (and so its LSO)
+                # up to what its predecessor let the reader see: it does within a round of
+                # fetches, so ask again before refusing a reader that did nothing wrong.
+                await asyncio.sleep(SETTLE_STEP_S)
+                waited += SETTLE_STEP_S
+                lso = await self._last_stable_offset(cursor.topic, p)
             if offset > lso:
                 raise CursorPastStableOffset(
                     f"cursor {cursor.name!r}: a read_committed commit of {cursor.topic}/{p} at "

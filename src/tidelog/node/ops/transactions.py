@@ -377,13 +377,13 @@ class TransactionOps(MetadataOps):
         self.coordinator()
         txn = self.current(req)
         if txn.state is TxnState.ONGOING:
-            command = TxnEnd(
-                req.transactional_id, txn.producer_id, txn.epoch, req.commit, False, wall_ms()
-            )
+            # The state is applied in place: what it was is taken before the proposal.
+            epoch, at_ms = txn.epoch, wall_ms()
+            late = req.commit and past_timeout(txn, at_ms)
+            command = TxnEnd(req.transactional_id, txn.producer_id, epoch, req.commit, False, at_ms)
             await self.propose_metadata(command, PROPOSE_TIMEOUT_S)
             after = self.txn(req.transactional_id)
-            if after is None or after.prepared_offset < 0 or after.epoch != txn.epoch:
-                late = after is not None and past_timeout(txn, command.at_ms)
+            if after is None or after.prepared_offset < 0 or after.epoch != epoch:
                 raise ProducerFenced(
                     f"transactional id {req.transactional_id!r} "
                     + (
