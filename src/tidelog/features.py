@@ -20,7 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidelog.errors import InvalidRequest, UnsafeFeatureDowngrade, UnsupportedFeatureLevel
+from tidelog.errors import (
+    InvalidRequest,
+    TransactionsNotEnabled,
+    UnsafeFeatureDowngrade,
+    UnsupportedFeatureLevel,
+)
 
 FEATURE = "tidelog.version"
 DEFAULT_LEVEL = 1  # a cluster whose metadata log holds no level (0070a26's, before any upgrade)
@@ -227,3 +232,14 @@ def check_downgrade(finalized: int, level: int, nodes: Mapping[int, SupportedRan
                 level=level,
             )
     check_every_node(level, nodes)
+
+
+def require_transactions(level: int, what: str = "transactions") -> None:
+    """TransactionsNotEnabled below TRANSACTIONS_LEVEL: nodes of a lower level could not read
+    the markers and metadata commands transactions write."""
+    if level < TRANSACTIONS_LEVEL:
+        raise TransactionsNotEnabled(
+            f"{what} need feature level {TRANSACTIONS_LEVEL}; the cluster is finalized at "
+            f"{level} (tidelog features upgrade)",
+            level=level,
+        )

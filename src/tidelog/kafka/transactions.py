@@ -32,10 +32,9 @@ from tidelog.errors import (
     InvalidTransactionTimeout,
     ProducerFenced,
     TidelogError,
-    TransactionsNotEnabled,
     UnknownTransactionalId,
 )
-from tidelog.features import TRANSACTIONS_LEVEL
+from tidelog.features import require_transactions
 from tidelog.kafka import errors as kerr
 from tidelog.kafka.codec import KafkaRequest, millis
 from tidelog.kafka.errors import kafka_code
@@ -84,13 +83,7 @@ class KafkaTransactions:
         self.ask_leader = ask_leader  # a ProducersRequest, through the core's door
 
     def enabled(self) -> None:
-        level = self.view.finalized_level
-        if level < TRANSACTIONS_LEVEL:
-            raise TransactionsNotEnabled(
-                f"transactions need feature level {TRANSACTIONS_LEVEL}; the cluster is "
-                f"finalized at {level} (tidelog features upgrade)",
-                level=level,
-            )
+        require_transactions(self.view.finalized_level)
 
     @staticmethod
     def code(error: TidelogError) -> int:

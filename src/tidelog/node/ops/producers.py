@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tidelog.acls import Resource
-from tidelog.errors import InvalidRequest, InvalidTxnState, ProducerFenced, TransactionsNotEnabled
-from tidelog.features import TRANSACTIONS_LEVEL
+from tidelog.errors import InvalidRequest, InvalidTxnState, ProducerFenced
+from tidelog.features import require_transactions
 from tidelog.node.access import Operation
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.ops.base import MetadataOps
@@ -122,13 +122,7 @@ class ProducerOps(MetadataOps):
     # -- write_marker ---------------------------------------------------------------------------
 
     async def write_marker(self, req: api.ProducersRequest) -> api.ProducersResponse:
-        level = self.metadata.finalized_level
-        if level < TRANSACTIONS_LEVEL:
-            raise TransactionsNotEnabled(
-                f"transaction markers need feature level {TRANSACTIONS_LEVEL} (transactions); "
-                f"the cluster is at {level}",
-                level=level,
-            )
+        require_transactions(self.metadata.finalized_level, "transaction markers")
         host = self.leader(req.topic, req.partition)
         opened = host.log.transactions.open.get(req.producer_id)
         if opened is None:

@@ -36,10 +36,9 @@ from tidelog.errors import (
     InvalidTxnState,
     NotLeader,
     ProducerFenced,
-    TransactionsNotEnabled,
     UnknownTransactionalId,
 )
-from tidelog.features import TRANSACTIONS_LEVEL
+from tidelog.features import TRANSACTIONS_LEVEL, require_transactions
 from tidelog.node.access import Access, Operation, Principal
 from tidelog.node.metadata_log import MetadataLog
 from tidelog.node.ops.base import MetadataOps
@@ -138,13 +137,7 @@ class TransactionOps(MetadataOps):
     # -- common checks ------------------------------------------------------------------------
 
     def enabled(self) -> None:
-        level = self.finalized_level()
-        if level < TRANSACTIONS_LEVEL:
-            raise TransactionsNotEnabled(
-                f"transactions need feature level {TRANSACTIONS_LEVEL}; the cluster is "
-                f"finalized at {level} (tidelog features upgrade)",
-                level=level,
-            )
+        require_transactions(self.finalized_level())
 
     def coordinator(self) -> None:
         """Transactions enabled, and this node the coordinator."""
