@@ -330,7 +330,14 @@ def cluster_leader(cluster: LocalCluster, topic: str) -> int:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
-    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
+    deadline = time.monotonic() + 20
+    while True:
+        # A replica that has not yet heard from a new partition's leader answers -1
+        # (LEADER_NOT_AVAILABLE), as Kafka's Metadata does during an election: ask again.
+        leader = int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
+        if leader >= 0 or time.monotonic() > deadline:
+            return leader
+        time.sleep(0.1)
 
 
 def topic_id(cluster: LocalCluster, topic: str) -> Any:

@@ -91,11 +91,13 @@ class Routing:
         """(leader, epoch) as this node knows it: its own replica's view, or what a replica
         told it recently; (-1, -1) when unknown."""
         hosted = self.view.leader(topic, partition)
-        if hosted is not None:
+        if hosted is not None and hosted[0] >= 0:
             return hosted
+        # A replica here that has not yet heard from its leader (a new partition, a slow
+        # follower) falls back on what the other replicas said.
         known = self._leaders.get((topic, partition))
-        if known is None:
-            return -1, -1
+        if known is None or (hosted is not None and known[1] < hosted[1]):
+            return hosted if hosted is not None else (-1, -1)
         return known[0], known[1]
 
     async def refresh_leaders(self, topics: list[str]) -> None:
@@ -109,13 +111,15 @@ class Routing:
             if meta is None:
                 continue
             for p in range(meta.partitions):
-                if self.view.is_hosted(name, p):
+                hosted = self.view.leader(name, p)
+                if hosted is not None and hosted[0] >= 0:
                     continue
                 known = self._leaders.get((name, p))
                 if known is not None and now - known[2] < LEADERS_FRESH_S and known[0] >= 0:
                     continue
                 for node in meta.hosts(p):
-                    by_node.setdefault(node, set()).add(name)
+                    if node != self.view.node_id:
+                        by_node.setdefault(node, set()).add(name)
         if by_node:
             await asyncio.gather(*(self._ask_leaders(n, sorted(t)) for n, t in by_node.items()))
 
