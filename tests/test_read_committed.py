@@ -143,6 +143,27 @@ def test_a_cursor_of_a_read_committed_reader_starts_at_the_lso(tmp_path: Path) -
         await client.commit_cursor("etl", {0: 3})  # read_uncommitted: as it always was
         [cursor] = await client.cursors("etl")
         assert cursor["positions"] == {"0": 3}
+        # A read_committed reader at a position past the LSO (not the HW) waits there, as a
+        # Kafka consumer does: nothing to read yet, no reset to the start, the cursor unmoved.
+        assert await values(client, start=3, isolation_level="read_committed") == []
+        for reset in ("earliest", "none"):
+            again = await asyncio.to_thread(
+                run_tidelog,
+                "consume",
+                "--bootstrap",
+                address,
+                "t",
+                "--cursor",
+                "etl",
+                "--isolation-level",
+                "read_committed",
+                "--reset",
+                reset,
+            )
+            assert again.returncode == 0, again.stderr
+            assert again.stdout.split() == []
+        [cursor] = await client.cursors("etl")
+        assert cursor["positions"] == {"0": 3}
         # and an old client's cursor request decodes as read_uncommitted
         request = api.decode(api.CursorRequest, {"op": "commit", "name": "etl"})
         assert request.isolation_level == "read_uncommitted"

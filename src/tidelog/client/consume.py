@@ -315,6 +315,21 @@ class Reader:
                 topic, partition, "latest", consistent=options.consistent, isolation_level=level
             )
         )
+        if end is not None and offset > end and level == api.READ_COMMITTED:
+            # Past the LSO but not the HW (a position a read_uncommitted reader committed, or
+            # one read from a leader whose HW ran ahead): a Kafka consumer waits there for the
+            # open transaction; a consume that stops at the end has nothing to read yet.
+            hw = await self.list_offsets(topic, partition, "latest", consistent=options.consistent)
+            if offset <= hw:
+                log.info(
+                    "%s/%d: offset %d is past the last stable offset %d (an open transaction "
+                    "holds it): nothing to read yet",
+                    topic,
+                    partition,
+                    offset,
+                    end,
+                )
+                end = offset
         if end is not None and offset > end:
             # Past the HW: the node would say so to a fetch, and so do we without one.
             error = OffsetOutOfRange(
