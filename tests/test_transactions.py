@@ -3,6 +3,7 @@ kinds, and the last stable offset's rule (replication/last_stable_offset.py)."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from tidelog.config import TopicConfig
 from tidelog.record.batch import BatchHeader, ProducerRecord, build_batch, iter_headers
-from tidelog.record.markers import Marker, build_marker
+from tidelog.record.markers import Marker, build_marker, read_marker
 from tidelog.record.read_committed import committed_batches
 from tidelog.replication.faults import FAULT_LSO_IGNORES_OPEN_TRANSACTIONS
 from tidelog.replication.last_stable_offset import last_stable_offset
@@ -23,7 +24,7 @@ from tidelog.replication.low_watermark import (
 )
 from tidelog.storage.log import SegmentedLog
 from tidelog.storage.memory_log import MemoryLog
-from tidelog.storage.transactions import AbortedTransaction
+from tidelog.storage.transactions import AbortedTransaction, TransactionState
 
 SMALL = TopicConfig(segment_bytes=400, index_interval_bytes=128)
 AnyLog = SegmentedLog | MemoryLog
@@ -289,3 +290,64 @@ def test_a_producer_with_an_open_transaction_outlives_its_expiry(tmp_path: Path)
     log.append_as_leader(marker(7, commit=False), 1)
     now[0] += 1_000
     assert log.expire_producers() == 1 and log.producers.producers == {}
+
+
+def scanned(log: AnyLog) -> TransactionState:
+    """The transactions a scan of the log as it is now derives (an unclean restart's, or a
+    follower's that copied only what is left)."""
+    state = TransactionState()
+    if isinstance(log, SegmentedLog):
+        batches = log._scan_markers()
+    else:
+        batches = [(h, read_marker(d, h) if h.is_transactional else None) for h, d in log.batches()]
+    state.rebuild(batches, log.high_watermark, 0)
+    return state
+
+
+def undecided(state: TransactionState, hw: int) -> list[tuple[int, int]]:
+    return [(t.producer_id, t.first_offset) for t in state.unstable(hw)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_deleting_segments_under_undecided_transactions_agrees_with_a_scan(
+    seed: int, tmp_path: Path
+) -> None:
+    """delete-records and retention may take an undecided transaction's first batches. A
+    replica that appended them and one that scans what is left must still agree on the LSO
+    and on where each undecided transaction starts (or that it has no batch here at all)."""
+    rng = random.Random(seed)
+    log: AnyLog
+    for log in (SegmentedLog(tmp_path / f"p-{seed}", SMALL), MemoryLog(SMALL)):
+        sequences: dict[int, int] = {}
+        open_pids: set[int] = set()
+        for _ in range(120):
+            pid = rng.randrange(4)
+            roll = rng.random()
+            if roll < 0.45:
+                seq = sequences.get(pid, 0)
+                log.append_as_leader(txn_batch(pid, seq, b"t" * rng.randrange(1, 60)), 1)
+                sequences[pid] = seq + 1
+                open_pids.add(pid)
+            elif roll < 0.6 and pid in open_pids:
+                log.append_as_leader(marker(pid, commit=rng.random() < 0.5), 1)
+                open_pids.discard(pid)
+            elif roll < 0.8:
+                log.append_as_leader(plain(b"p" * rng.randrange(1, 60)), 1)
+            elif roll < 0.87:
+                log.flush()
+                log.set_high_watermark(rng.randint(log.high_watermark, log.log_end_offset))
+            elif roll < 0.9 and isinstance(log, SegmentedLog):
+                log.close()  # a clean restart: the checkpoint, not a scan, gives them back
+                log = SegmentedLog(tmp_path / f"p-{seed}", SMALL)
+            else:
+                start = rng.randint(log.log_start_offset, log.high_watermark)
+                log.advance_log_start(start)
+                log.delete_segments_below_log_start()
+                hw = log.high_watermark
+                scan = scanned(log)
+                assert undecided(log.transactions, hw) == undecided(scan, hw), seed
+                assert log.transactions.stable_offset(hw, log.log_start_offset) == (
+                    scan.stable_offset(hw, log.log_start_offset)
+                )
+        if isinstance(log, SegmentedLog):
+            log.close()

@@ -12,6 +12,12 @@ The aborted list is kept in marker order, so a reader's `aborted_transactions(st
 a bisection plus the few entries whose marker lies at or past its start, and deleting
 segments below the log start drops what they ended (`drop_below`), as compaction does for an
 aborted transaction it removed (`forget_aborted`).
+
+Every replica must agree on the LSO, whether it appended a transaction's batches, copied them
+or scanned them after an unclean restart. A scan sees only the segments left, so when deleting
+segments takes an undecided transaction's first batch, its first offset becomes the first of
+its batches still in the log (or, with none left, the transaction is not in this partition at
+all): the offsets of an undecided transaction's batches are kept for that.
 """
 
 from __future__ import annotations
@@ -57,6 +63,10 @@ class TransactionState:
         self.ended: list[EndedTransaction] = []  # marker order; pruned as the HW passes them
         self.aborted: list[AbortedTransaction] = []  # marker order
         self._aborted_ends: list[int] = []  # marker offsets of self.aborted, for bisection
+        # base offsets of each undecided transaction's batches: by producer while open, by
+        # (producer, marker offset) once ended, until its marker is below the HW
+        self._open_batches: dict[int, list[int]] = {}
+        self._ended_batches: dict[tuple[int, int], list[int]] = {}
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -64,20 +74,22 @@ class TransactionState:
         """One appended batch, in offset order; marker: what the batch says if it is one."""
         if marker is not None:
             self._end(marker, now_ms)
-        elif (
-            header.is_transactional
-            and header.producer_id >= 0
-            and not header.is_control
-            and header.producer_id not in self.open
-        ):
-            self.open[header.producer_id] = OpenTransaction(
-                header.producer_id, header.producer_epoch, header.base_offset, now_ms
-            )
+        elif header.is_transactional and header.producer_id >= 0 and not header.is_control:
+            pid = header.producer_id
+            if pid in self.open:
+                self._open_batches.setdefault(pid, []).append(header.base_offset)
+            else:
+                self.open[pid] = OpenTransaction(
+                    pid, header.producer_epoch, header.base_offset, now_ms
+                )
+                self._open_batches[pid] = [header.base_offset]
 
     def _end(self, marker: Marker, now_ms: int) -> None:
         opened = self.open.pop(marker.producer_id, None)
+        batches = self._open_batches.pop(marker.producer_id, None)
         if opened is None:
             return  # a marker of a transaction with nothing in this partition
+        self._ended_batches[(opened.producer_id, marker.offset)] = batches or [opened.first_offset]
         self.ended.append(
             EndedTransaction(
                 opened.producer_id,
@@ -107,18 +119,44 @@ class TransactionState:
         self.ended.clear()
         self.aborted.clear()
         self._aborted_ends.clear()
+        self._open_batches.clear()
+        self._ended_batches.clear()
 
     def settle(self, high_watermark: int) -> None:
         """Forget ended transactions whose marker is below the HW: they are stable for good
         (the HW only moves back by a truncation or a restart, which rebuild)."""
         if self.ended and self.ended[0].marker_offset < high_watermark:
             self.ended = [t for t in self.ended if t.marker_offset >= high_watermark]
+            self._ended_batches = {
+                k: b for k, b in self._ended_batches.items() if k[1] >= high_watermark
+            }
 
     def drop_below(self, offset: int) -> None:
-        """Segments below offset were deleted: forget the aborted transactions they ended."""
+        """Segments below offset were deleted: forget the aborted transactions they ended,
+        and start each undecided transaction at its first batch left (module docstring)."""
         n = bisect.bisect_left(self._aborted_ends, offset)
         if n:
             del self.aborted[:n], self._aborted_ends[:n]
+        for pid, opened in list(self.open.items()):
+            if opened.first_offset < offset:
+                left = _from(self._open_batches.pop(pid, []), offset)
+                if left:
+                    self._open_batches[pid] = left
+                    self.open[pid] = opened._replace(first_offset=left[0])
+                else:
+                    del self.open[pid]
+        if any(t.first_offset < offset for t in self.ended):
+            kept: list[EndedTransaction] = []
+            for ended in self.ended:
+                key = (ended.producer_id, ended.marker_offset)
+                if ended.first_offset >= offset:
+                    kept.append(ended)
+                elif left := _from(self._ended_batches.pop(key, []), offset):
+                    self._ended_batches[key] = left
+                    kept.append(ended._replace(first_offset=left[0]))
+            self.ended = kept
+        # (An aborted entry keeps its first offset: no read reaches below the first segment,
+        # so where a reader starts dropping the producer's batches there changes nothing.)
 
     def forget_aborted(self, cleaned: Iterable[AbortedTransaction]) -> None:
         """Compaction removed every batch of these aborted transactions (storage/compaction.py):
@@ -175,7 +213,7 @@ class TransactionState:
 
     # -- persisting (the clean-shutdown checkpoint) -------------------------------------------
 
-    def to_checkpoint(self) -> dict[str, list[list[int]]]:
+    def to_checkpoint(self) -> dict[str, Any]:
         return {
             "open": [[t.producer_id, t.producer_epoch, t.first_offset] for t in self.open.values()],
             "ended": [
@@ -183,18 +221,31 @@ class TransactionState:
                 for t in self.ended
             ],
             "aborted": [list(t) for t in self.aborted],
+            # (a key older versions ignore: they start a transaction at its first offset)
+            "open_batches": {str(pid): list(b) for pid, b in self._open_batches.items()},
+            "ended_batches": [[pid, m, list(b)] for (pid, m), b in self._ended_batches.items()],
         }
 
     def load_checkpoint(self, data: dict[str, Any], now_ms: int) -> None:
         self.clear()
+        open_batches = data.get("open_batches", {})
         for pid, epoch, first in data.get("open", []):
             self.open[int(pid)] = OpenTransaction(int(pid), int(epoch), int(first), now_ms)
+            self._open_batches[int(pid)] = [int(o) for o in open_batches.get(str(pid), [first])]
+        ended_batches = {(int(p), int(m)): b for p, m, b in data.get("ended_batches", [])}
         for pid, epoch, first, marker, commit in data.get("ended", []):
             self.ended.append(
                 EndedTransaction(
                     int(pid), int(epoch), int(first), int(marker), bool(commit), now_ms
                 )
             )
+            batches = ended_batches.get((int(pid), int(marker)), [first])
+            self._ended_batches[(int(pid), int(marker))] = [int(o) for o in batches]
         for pid, first, marker in data.get("aborted", []):
             self.aborted.append(AbortedTransaction(int(pid), int(first), int(marker)))
             self._aborted_ends.append(int(marker))
+
+
+def _from(offsets: list[int], start: int) -> list[int]:
+    """The offsets at or past start (offsets ascending)."""
+    return offsets[bisect.bisect_left(offsets, start) :]
