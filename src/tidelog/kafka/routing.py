@@ -2,7 +2,8 @@
 address and the leader of every partition, hosted here or not.
 
 A Kafka client routes produce and fetch itself, from one Metadata answer. A tidelog node knows
-the leaders of the replica groups it hosts; for the others it asks the nodes that host them,
+the leaders of the replica groups it hosts (unless its replica has not heard from one yet: a
+new partition, a pre-vote); for the others it asks the nodes that host them,
 over tidelog's own client protocol (their Metadata answers carry the leaders they host), and
 keeps the answer for a short while. Each node's Kafka address is learnt the same way, from its
 ApiVersions answer, once. What this node knows itself (the nodes, the topics, the replicas it
