@@ -330,14 +330,17 @@ def cluster_leader(cluster: LocalCluster, topic: str) -> int:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
-    deadline = time.monotonic() + 20
-    while True:
-        # A replica that has not yet heard from a new partition's leader answers -1
-        # (LEADER_NOT_AVAILABLE), as Kafka's Metadata does during an election: ask again.
-        leader = int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
-        if leader >= 0 or time.monotonic() > deadline:
-            return leader
-        time.sleep(0.1)
+    # A replica that has not yet heard from a new partition's leader answers -1
+    # (LEADER_NOT_AVAILABLE), as Kafka's Metadata does during an election: ask again.
+    return int(
+        wait_for_value(
+            f"a leader of {topic}/0 in Metadata",
+            lambda: admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader,
+            lambda leader: leader >= 0,
+            20,
+            every_s=0.1,
+        )
+    )
 
 
 def topic_id(cluster: LocalCluster, topic: str) -> Any:
