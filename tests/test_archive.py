@@ -30,12 +30,16 @@ from tidelog.archive.manifest import (
     Manifest,
     check_object,
     describe_object,
+    manifest_key,
 )
 from tidelog.archive.reader import committed_aborted, iter_batches, read_batches
+from tidelog.archive.restore import RestorePoint, restore_topic
 from tidelog.archive.store import FileStore, VersionConflict, open_store
+from tidelog.archive.verify import verify_partition
 from tidelog.cli.cluster import LocalCluster, free_ports
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
+from tidelog.config import TopicConfig
 from tidelog.errors import (
     ArchiveAccessDenied,
     ArchiveBucketMissing,
@@ -47,7 +51,16 @@ from tidelog.errors import (
     TidelogError,
 )
 from tidelog.features import TRANSACTIONS_LEVEL
-from tidelog.record.batch import ProducerRecord, build_batch, decode_records, read_header
+from tidelog.record.batch import (
+    ProducerRecord,
+    build_batch,
+    decode_records,
+    read_header,
+    stamp,
+)
+from tidelog.record.markers import build_marker
+from tidelog.replication.last_stable_offset import last_stable_offset
+from tidelog.storage.log import SegmentedLog
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
@@ -1241,6 +1254,95 @@ def test_manifest_entries_name_their_aborted_transactions_and_old_ones_do_not(
         committed_aborted(old, plain + txn, 0, 12)
 
 
+def transactional(pid: int, offset: int, count: int) -> bytes:
+    recs = [record(i) for i in range(offset, offset + count)]
+    return build_batch(
+        recs,
+        base_offset=offset,
+        producer_id=pid,
+        producer_epoch=0,
+        transactional=True,
+        partition_leader_epoch=1,
+    )
+
+
+def marker_at(pid: int, offset: int, commit: bool) -> bytes:
+    marker = bytearray(build_marker(pid, 0, commit=commit, coordinator_epoch=4))
+    stamp(marker, 0, offset, 1)
+    return bytes(marker)
+
+
+def test_a_restore_ends_each_transaction_the_point_cut_as_the_archive_decided_it(
+    tmp_path: Path,
+) -> None:
+    """Without a node: the point cuts producer 7's transaction before its COMMIT (which the
+    archive holds further on) and producer 8's before any marker the archive holds. The copy
+    commits 7's, aborts 8's, and leaves nothing open to hold its LSO."""
+    (tmp_path / "archive").mkdir()
+    store = open_store(f"file://{tmp_path / 'archive'}")
+
+    # 0-9 plain, 10-11 producer 7, 12-14 producer 8, 15-19 plain, 20 7's COMMIT, 21-25 plain
+    data = batches(0, 10) + transactional(7, 10, 2) + transactional(8, 12, 3) + batches(15, 5)
+    data += marker_at(7, 20, commit=True) + batches(21, 5)
+    seg = describe_object(data, "t/1/0/a.log")
+    store.put(seg.key, data)
+    manifest = Manifest("c", "t", 1, 0, start_offset=0).appended(seg, 1)
+    store.put(manifest_key("t", 1, 0), manifest.to_bytes())
+
+    def make_topic(data_dir: Path, topic: str, partitions: int, configs: dict[str, str]) -> None:
+        data_dir.mkdir(parents=True)
+
+    restored = tmp_path / "restored"
+    [part] = restore_topic(store, "t", RestorePoint(to_offset=18), restored, make_topic)
+    assert (
+        "transactions the point cut through: 1 committed, 1 aborted as undecided in the archive"
+        in part.note
+    )
+    assert part.end_offset == 20  # the prefix (0-17), then 7's COMMIT and 8's ABORT
+    copy = SegmentedLog(restored / "t-0", TopicConfig())
+    try:
+        assert copy.transactions.open == {} and copy.high_watermark == 20
+        assert last_stable_offset(copy) == 20
+        assert [(t.producer_id, t.first_offset) for t in copy.aborted_transactions(0, 20)] == [
+            (8, 12)
+        ]
+        ends = [(m.offset, m.producer_id, m.commit, m.coordinator_epoch) for _, m in
+                copy._scan_markers() if m]  # fmt: skip
+        assert ends == [(18, 7, True, 4), (19, 8, False, 0)]
+    finally:
+        copy.close()
+
+
+def test_verify_checks_each_entrys_aborted_transactions_against_its_batches(
+    tmp_path: Path,
+) -> None:
+    """An entry whose aborted list disagrees with the archived batches and markers (one left
+    out, one starting elsewhere, one that never aborted) is a problem `archive verify` names:
+    a read_committed read of the archive would show aborted records or drop committed ones."""
+    (tmp_path / "archive").mkdir()
+    store = open_store(f"file://{tmp_path / 'archive'}")
+    # 0-9 plain, 10-11 producer 7, 12-13 producer 8, 14 7's ABORT, 15 8's COMMIT, 16-20 plain
+    data = batches(0, 10) + transactional(7, 10, 2) + transactional(8, 12, 2)
+    data += marker_at(7, 14, commit=False) + marker_at(8, 15, commit=True) + batches(16, 5)
+    seg = describe_object(data, "t/1/0/a.log")
+    store.put(seg.key, data)
+    right = ((7, 10, 14),)
+    for listed, problem in (
+        (right, ""),
+        ((), "producer 7 ending at 14: recorded none, the batches say from 10"),
+        (((7, 11, 14),), "producer 7 ending at 14: recorded from 11, the batches say from 10"),
+        ((*right, (8, 12, 15)), "producer 8 ending at 15: recorded from 12, the batches say none"),
+    ):
+        entry = replace(seg, aborted_transactions=listed)
+        manifest = Manifest("c", "t", 1, 0, start_offset=0).appended(entry, 1)
+        report = verify_partition(store, manifest, "")
+        if not problem:
+            assert report.problems == []
+        else:
+            [found] = report.problems
+            assert problem in found and "aborted transactions listed wrong" in found
+
+
 def transactional_rounds(
     client: Client, topic: str, rounds: int
 ) -> tuple[list[bytes], list[bytes]]:
@@ -1265,6 +1367,36 @@ def transactional_rounds(
             committed += plain
         everything += plain + written
     return everything, committed
+
+
+def restore_through_transactions(tmp_path: Path, url: str, client: Client) -> None:
+    """Restores whose point cuts a transaction of transactional_rounds' (its batches before
+    the point, its marker after): the copy ends it as the archive decided it further on, so
+    nothing holds the copy's LSO and read_committed reads the prefix with that decision."""
+    offsets = {r.value: r.offset for r in client.consume("tx", 0, 0)}
+    pad = b"-" + b"x" * 150
+    committed_cut = offsets[b"c0004-05" + pad]  # round 4, committed: cut inside its batch
+    aborted_cut = offsets[b"a0005-09" + pad] + 1  # round 5, aborted: cut before its marker
+    for to_offset, note in ((committed_cut, "1 committed"), (aborted_cut, "1 aborted")):
+        restored = tmp_path / f"restored-{to_offset}"
+        out = run_tidelog(
+            "restore", "--archive", url, "--topic", "tx", "--to-offset", str(to_offset),
+            "--data", str(restored),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert f"transactions the point cut through: {note}" in out.stdout, out.stdout
+        prefix = [v for v, o in offsets.items() if o < to_offset]
+        with serve_restored(restored) as address, Client(address) as other:
+            other.wait_for_leaders("tx")
+            hw = other.list_offsets("tx", 0, "latest")
+            assert hw == to_offset + 1  # the prefix, and the one marker that ends the cut
+            assert other.list_offsets("tx", 0, "latest", isolation_level="read_committed") == hw
+            read = [r.value for r in other.consume("tx", 0, 0)]
+            assert read == prefix
+            got = [r.value for r in other.consume("tx", 0, 0, isolation_level="read_committed")]
+            assert got == [v for v in prefix if v is not None and not v.startswith(b"a")]
+            holds = status_row(other, "tx")["low_watermark"]["holds"]
+            assert not [h for h in holds if h["kind"] == "transaction"], holds
 
 
 @pytest.mark.timeout(240)
@@ -1314,6 +1446,7 @@ def test_read_committed_below_the_local_log_start_drops_archived_aborted_transac
         assert read("read_uncommitted") == everything
         first = client.fetch("tx", 0, 0, isolation_level="read_committed")
         assert first.records and first.records[0].offset == 0  # from the archive
+        restore_through_transactions(tmp_path, url, client)
         cluster.stop(1)
         # As a node from before this version wrote it: entries without the list.
         old = json.loads(store.get(key))

@@ -8,6 +8,12 @@ is rebuilt from the archived batches, exactly as the leader wrote them (offsets,
 producer ids), from the archive's start up to the point: offsets below N, or records stamped at
 or before the time. A batch the point cuts through is rebuilt holding only the records before
 it, so the restored log is exactly the original's prefix. A node started on DIR serves it.
+
+A transaction the point cuts through (its batches before the point, its marker after) would
+stay open in the copy for good: no coordinator of the new node knows it, and its LSO would
+never move. Each is ended with the marker the archive holds for it further on (committed as
+the original committed it, in every partition restored); one the archive has not decided
+either is aborted. The copy is the prefix plus those markers, and the restore says so.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from tidelog.config import TopicConfig
 from tidelog.errors import ArchiveError, InvalidRequest, RestorePointOutside
 from tidelog.invariant import InvariantBroken
 from tidelog.record.batch import BatchHeader, Record, decode_records, read_header, rebuild_batch
+from tidelog.record.markers import Marker, build_marker, read_marker
 from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tidelog.storage.log import SegmentedLog
 
@@ -186,6 +193,7 @@ def _restore_partition(
     note = ""
     records = 0
     max_epoch = 0
+    last_ms = 0
     try:
         slog.truncate_fully_and_start_at(manifest.start_offset)
         for header, batch in _batches_to(store, manifest, point):
@@ -195,6 +203,9 @@ def _restore_partition(
             slog.append_as_follower(batch)
             records += header.records_count
             max_epoch = max(max_epoch, header.partition_leader_epoch)
+            last_ms = max(last_ms, header.max_timestamp)
+        decided = _end_open_transactions(store, manifest, slog, max_epoch, last_ms)
+        note = "; ".join(n for n in (note, decided) if n)
         slog.flush()
         slog.set_high_watermark(slog.log_end_offset)
         slog.write_state_checkpoint()
@@ -208,6 +219,59 @@ def _restore_partition(
     state["voted_for"] = -1
     write_checkpoint(state_path, state)
     return RestoredPartition(partition, manifest.start_offset, end, records, note)
+
+
+def _end_open_transactions(
+    store: ArchiveStore, manifest: Manifest, slog: SegmentedLog, epoch: int, stamp_ms: int
+) -> str:
+    """End each transaction the point left open as the archive decides it further on (module
+    docstring); what was done, for the restore's note ("" when nothing was open)."""
+    opened = sorted(slog.transactions.open.values(), key=lambda t: t.first_offset)
+    if not opened:
+        return ""
+    decisions = _decisions_after(
+        store, manifest, slog.log_end_offset, {t.producer_id for t in opened}
+    )
+    counts = {"committed": 0, "aborted": 0, "aborted as undecided in the archive": 0}
+    for t in opened:
+        found = decisions.get(t.producer_id)
+        marker = build_marker(
+            t.producer_id,
+            found.producer_epoch if found else t.producer_epoch,
+            commit=found.commit if found else False,
+            coordinator_epoch=found.coordinator_epoch if found else 0,
+            now_ms=stamp_ms,  # within the restored span, as a --to-time copy's records are
+        )
+        slog.append_as_leader(marker, epoch)
+        kind = (
+            "aborted as undecided in the archive"
+            if found is None
+            else ("committed" if found.commit else "aborted")
+        )
+        counts[kind] += 1
+    done = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+    log.info("transactions the point cut through, ended as the archive decided them: %s", done)
+    return f"transactions the point cut through: {done}"
+
+
+def _decisions_after(
+    store: ArchiveStore, manifest: Manifest, start: int, producers: set[int]
+) -> dict[int, Marker]:
+    """Each producer's first marker at or past start in the archive (its open transaction's
+    decision), reading on only until every producer has one."""
+    found: dict[int, Marker] = {}
+    for seg in manifest.segments:
+        if seg.end_offset <= start:
+            continue
+        for header, batch in iter_batches(store, seg, start):
+            if header.base_offset < start:
+                continue
+            marker = read_marker(batch, header)
+            if marker is not None and marker.producer_id in producers:
+                found.setdefault(marker.producer_id, marker)
+                if len(found) == len(producers):
+                    return found
+    return found
 
 
 def _batches_to(

@@ -1,7 +1,9 @@
 """`tidelog archive verify URL [--topic T]`: every object against its manifest entry (size,
 CRC-32C of the whole object, every batch's own CRC, offsets inside the object's range and in
 order), and every manifest's continuity (no hole that is not a recorded gap, no overlap, leader
-epochs never decreasing), and that one cluster owns it all."""
+epochs never decreasing), and that one cluster owns it all. Each entry's list of aborted
+transactions (what a read_committed read of the archive drops) is checked against what the
+archived batches and markers themselves say."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from tidelog.archive.manifest import (
 from tidelog.archive.reader import iter_batches
 from tidelog.archive.store import ArchiveStore
 from tidelog.errors import ArchiveError, ArchiveObjectMissing, UnsupportedFormatVersion
+from tidelog.record.markers import read_marker
+from tidelog.storage.transactions import TransactionState
 
 
 @dataclass
@@ -114,14 +118,61 @@ def verify_partition(store: ArchiveStore, manifest: Manifest, cluster_id: str) -
             f"manifest of cluster {manifest.cluster_id}, the archive is cluster {cluster_id}"
         )
     report.problems.extend(manifest.check_continuity())
+    transactions = TransactionState()  # derived from the archived batches, as a log does
+    whole = not manifest.gaps
     for seg in manifest.segments:
         try:
             check_object(seg, store.get(seg.key))
-            for _ in iter_batches(store, seg):
+            for header, batch in iter_batches(store, seg):
                 report.batches += 1
+                if header.is_transactional:
+                    transactions.observe(header, read_marker(batch, header), 0)
         except ArchiveError as exc:
             report.problems.append(exc.message)
+            whole = False
+    if whole:  # (across a gap or a damaged object, what the batches say is not known)
+        report.problems.extend(check_aborted_lists(manifest, transactions))
     return report
+
+
+def check_aborted_lists(manifest: Manifest, transactions: TransactionState) -> list[str]:
+    """Each entry's aborted transactions against those the archived batches derive. A
+    transaction that began before the archive's start is found starting later by the batches
+    (its first ones are gone): there only its producer and marker are compared."""
+    problems = []
+    for seg in manifest.segments:
+        if seg.aborted_transactions is None:
+            continue  # written before entries kept the list: read_committed refuses it
+        derived = {
+            (t.producer_id, t.marker_offset): t.first_offset
+            for t in transactions.aborted_transactions(seg.base_offset, seg.end_offset)
+        }
+        recorded = {(pid, marker): first for pid, first, marker in seg.aborted_transactions}
+        for key, first in recorded.items():
+            if first < manifest.start_offset and key not in derived:
+                derived[key] = first  # its batches in this object lie before the archive start
+        wrong = sorted(
+            key
+            for key in recorded.keys() | derived.keys()
+            if recorded.get(key) != derived.get(key)
+            and not (key in recorded and key in derived and recorded[key] < manifest.start_offset)
+        )
+        if wrong:
+            said = ", ".join(
+                f"producer {pid} ending at {marker}: recorded "
+                f"{_from(recorded.get((pid, marker)))}, the batches say "
+                f"{_from(derived.get((pid, marker)))}"
+                for pid, marker in wrong
+            )
+            problems.append(
+                f"{seg.key}: aborted transactions listed wrong ({said}): a read_committed read "
+                "of the archive would show aborted records or drop committed ones"
+            )
+    return problems
+
+
+def _from(first: int | None) -> str:
+    return "none" if first is None else f"from {first}"
 
 
 def compare_with_cluster(
