@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -265,7 +266,7 @@ def ports_free(base: int, count: int) -> bool:
 def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) -> None:
     # Below the kernel's ephemeral range: the nodes' own outbound connections take ports from
     # that range, and one could take base + 2 before node 3 binds it.
-    base = next(b for b in random.sample(range(20_000, 30_000, 3), 200) if ports_free(b, 3))
+    base = next(b for b in random.sample(range(20_000, 30_000, 6), 200) if ports_free(b, 6))
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -279,6 +280,8 @@ def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) 
             str(tmp_path),
             "--base-port",
             str(base),
+            "--http-listen",
+            f"127.0.0.1:{base + 3}",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -293,6 +296,16 @@ def test_cluster_up_starts_real_processes_and_ctrl_c_stops_them(tmp_path: Path) 
             printed += line
             line = proc.stdout.readline()
         bootstrap = line.rsplit(" ", 1)[-1].strip()
+        nodes = [proc.stdout.readline() for _ in range(3)]
+        for n, shown in enumerate(nodes):
+            assert f"console http://127.0.0.1:{base + 3 + n}/" in shown, nodes
+
+        def metrics() -> bytes:
+            url = f"http://127.0.0.1:{base + 4}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as page:
+                return bytes(page.read())
+
+        assert b"tidelog_" in wait_for("node 2's /metrics", metrics, 10, tolerating=(OSError,))
         # No --replication-factor on three nodes: three copies, and it says so (it made one).
         created = tidelog(bootstrap, "topics", "create", "t", "--partitions", "2").stdout
         assert "replication factor 3 (the default: min(3, nodes))" in created, created

@@ -67,6 +67,7 @@ class LocalCluster:
         kafka: bool = False,
         kafka_ports: list[int] | None = None,
         http: bool = False,
+        http_ports: list[int] | None = None,
         open_files_limit: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
@@ -92,11 +93,12 @@ class LocalCluster:
             self.kafka_ports = dict(zip(self.node_ids, kafka_ports, strict=True))
         # Each node's HTTP listener (--http-listen: /metrics and the console), when asked for.
         self.http_ports: dict[int, int] = {}
-        if http:
-            taken = set(self.ports.values()) | set(self.peer_ports.values())
-            taken |= set(self.kafka_ports.values())
-            found = [p for p in free_ports(4 * nodes) if p not in taken][:nodes]
-            self.http_ports = dict(zip(self.node_ids, found, strict=True))
+        if http or http_ports:
+            if http_ports is None:
+                taken = set(self.ports.values()) | set(self.peer_ports.values())
+                taken |= set(self.kafka_ports.values())
+                http_ports = [p for p in free_ports(4 * nodes) if p not in taken][:nodes]
+            self.http_ports = dict(zip(self.node_ids, http_ports, strict=True))
         self.serve_args = list(serve_args or [])
         self.env = dict(os.environ, **(env or {}))
         self.log_level = log_level
@@ -345,6 +347,17 @@ def add_cluster_commands(
         metavar="HOST:PORT",
         help="the same as --kafka-base-port PORT (the nodes listen on 127.0.0.1)",
     )
+    up.add_argument(
+        "--http-base-port",
+        type=int,
+        default=0,
+        help="give node N /metrics and the console on this port + N - 1 (default: none)",
+    )
+    up.add_argument(
+        "--http-listen",
+        metavar="HOST:PORT",
+        help="the same as --http-base-port PORT (the nodes listen on 127.0.0.1)",
+    )
     up.set_defaults(func=cmd_cluster_up)
     from tidelog.cli.nodes import add_node_commands
     from tidelog.cli.rebalance import add_rebalance_command
@@ -361,6 +374,12 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
         base = parse_address(args.kafka_listen)[1]
     kafka_ports = [base + i for i in range(args.nodes)] if base else None
+    http_base = args.http_base_port
+    if args.http_listen:
+        from tidelog.config import parse_address
+
+        http_base = parse_address(args.http_listen)[1]
+    http_ports = [http_base + i for i in range(args.nodes)] if http_base else None
     cluster = LocalCluster(
         args.data,
         args.nodes,
@@ -368,6 +387,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         die_with_parent=True,
         kafka_ports=kafka_ports,
+        http_ports=http_ports,
     )
     cluster.update_file_versions()
     cluster.start()
@@ -386,6 +406,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             print(f"Kafka bootstrap.servers {cluster.kafka_bootstrap}", flush=True)
         for n in cluster.node_ids:
             kafka = f", Kafka on {cluster.kafka_ports[n]}" if n in cluster.kafka_ports else ""
+            if n in cluster.http_ports:
+                kafka += f", console {cluster.http_url(n)}/"
             print(
                 f"  node {n}: {cluster.address(n)} (peers on {cluster.peer_ports[n]}{kafka})  "
                 f"data {args.data / f'node-{n}'}  log {cluster.log_path(n)}"
