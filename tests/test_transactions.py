@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,6 +26,9 @@ from tidelog.replication.low_watermark import (
 from tidelog.storage.log import SegmentedLog
 from tidelog.storage.memory_log import MemoryLog
 from tidelog.storage.transactions import AbortedTransaction, TransactionState
+from tidelog.testing.sim.checkers.derived_state import check_derived_transactions
+from tidelog.testing.sim.failure import SimulationFailure, Violations
+from tidelog.testing.sim.params import SimParams
 
 SMALL = TopicConfig(segment_bytes=400, index_interval_bytes=128)
 AnyLog = SegmentedLog | MemoryLog
@@ -351,3 +355,30 @@ def test_deleting_segments_under_undecided_transactions_agrees_with_a_scan(
                 )
         if isinstance(log, SegmentedLog):
             log.close()
+
+
+def test_the_simulators_derived_state_check_catches_a_log_that_forgot_a_transaction() -> None:
+    """checkers/derived_state.py, on a real MemoryLog: what its state drops must be what a scan
+    drops. A difference that drops nothing (an aborted transaction whose batches are all gone)
+    passes; a state that lost an open transaction, or an aborted one with batches, fails."""
+    log = MemoryLog(TopicConfig(segment_bytes=1))  # a segment per batch
+    log.append_as_leader(txn_batch(7, 0, b"gone"), 1)  # 0
+    log.append_as_leader(plain(b"p"), 1)  # 1
+    log.append_as_leader(marker(7, commit=False), 1)  # 2
+    log.append_as_leader(txn_batch(8, 0, b"kept"), 1)  # 3
+    log.append_as_leader(marker(8, commit=False), 1)  # 4
+    log.append_as_leader(txn_batch(9, 0, b"open"), 1)  # 5
+    commit_all(log)
+    log.advance_log_start(1)
+    log.delete_segments_below_log_start()  # 7's only batch: its entry now drops nothing
+    node = SimpleNamespace(node_id=1, log=log)
+    violations = Violations(SimParams(seed=1), lambda: 0)
+    check_derived_transactions([node], violations)  # type: ignore[list-item]
+    assert [t.producer_id for t in log.transactions.aborted] == [7, 8]  # (7's kept, harmlessly)
+    log.transactions.aborted.pop()  # 8's batch at 3 would be read as committed
+    with pytest.raises(SimulationFailure, match=r"drops the batches at \[\], a scan's at \[3\]"):
+        check_derived_transactions([node], violations)  # type: ignore[list-item]
+    log.rebuild_transactions()
+    del log.transactions.open[9]  # the LSO would pass 9's undecided batch
+    with pytest.raises(SimulationFailure, match=r"undecided transactions \[\] kept"):
+        check_derived_transactions([node], violations)  # type: ignore[list-item]

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from tidelog.testing.sim.checkers.atomicity import CrossPartitionAtomicity, PartitionView
+from tidelog.testing.sim.checkers.derived_state import check_derived_transactions
 from tidelog.testing.sim.cluster import DeliveryObserver
 from tidelog.testing.sim.coordinator import Coordinator
 from tidelog.testing.sim.nodes import Waiter
@@ -149,6 +150,9 @@ class PartitionedSimulation:
         lsos = self.readers.drain()
         for group in self.groups:
             group.checkers.transactions.check_final()
+            if group.workload.transactions is None:  # (else its own check_final did)
+                leader = group.leading()[0]
+                check_derived_transactions(group.members(leader), group.checkers.violations)
         views = [
             PartitionView(g.checkers.history, g.checkers.transactions.sessions, lso)
             for g, lso in zip(self.groups, lsos, strict=True)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from tidelog.invariant import InvariantBroken
 from tidelog.replication.faults import FAULT_ACKS_REGISTERED_LATE
 from tidelog.testing.sim.checkers.convergence import check_converged
+from tidelog.testing.sim.checkers.derived_state import check_derived_transactions
 from tidelog.testing.sim.checkers.linearizable_reads import (
     READ_DRAIN_TICKS,
     check_linearizable_reads,
@@ -116,6 +117,7 @@ class Simulation(Cluster):
             )
         if self.workload.transactions is not None:
             self.checkers.transactions.check_final()
+            check_derived_transactions(members, self.checkers.violations)
         if self.workload.tables is not None:
             check_linearizable_reads(
                 self.workload.tables.operations(),

@@ -1,0 +1,59 @@
+"""At the end of a transactional run: every member's transaction state, kept up batch by batch
+as it appended, copied, truncated, deleted and compacted, must say what a scan of the log it
+holds derives (what an unclean restart, or a new follower, would rebuild). A difference means
+replicas can disagree on the LSO, on the compaction bound, or on what read_committed drops.
+
+Compared: the undecided transactions (producer, first offset), exactly; and the batches the
+aborted lists make a read_committed reader drop. The lists themselves may differ where that
+changes nothing: an aborted transaction whose first batches were deleted keeps its first offset
+in memory (a scan starts it at its first batch left, or, with none left, does not list it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tidelog.record.batch import BatchHeader
+from tidelog.record.markers import read_marker
+from tidelog.storage.transactions import AbortedTransaction, TransactionState
+from tidelog.testing.sim.failure import Violations
+from tidelog.testing.sim.nodes import SimNode
+
+
+def check_derived_transactions(members: list[SimNode], violations: Violations) -> None:
+    for node in members:
+        log = node.log
+        batches = log.batches()
+        hw = log.high_watermark
+        scan = TransactionState()
+        scan.rebuild(
+            ((h, read_marker(b, h) if h.is_transactional else None) for h, b in batches), hw, 0
+        )
+        kept = log.transactions
+        mine = [(t.producer_id, t.first_offset) for t in kept.unstable(hw)]
+        scanned = [(t.producer_id, t.first_offset) for t in scan.unstable(hw)]
+        if mine != scanned:
+            violations.fail(
+                f"node {node.node_id}: undecided transactions {mine} kept, a scan of its log "
+                f"derives {scanned}"
+            )
+        headers = [h for h, _ in batches]
+        dropped, dropped_by_scan = _dropped(headers, kept.aborted), _dropped(headers, scan.aborted)
+        if dropped != dropped_by_scan:
+            violations.fail(
+                f"node {node.node_id}: its aborted list drops the batches at "
+                f"{sorted(dropped)}, a scan's at {sorted(dropped_by_scan)}"
+            )
+
+
+def _dropped(headers: list[BatchHeader], aborted: Iterable[AbortedTransaction]) -> set[int]:
+    """The base offsets of the data batches a read_committed reader drops by this list."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for t in aborted:
+        spans.setdefault(t.producer_id, []).append((t.first_offset, t.marker_offset))
+    return {
+        h.base_offset
+        for h in headers
+        if h.is_transactional
+        and not h.is_control
+        and any(a <= h.base_offset < b for a, b in spans.get(h.producer_id, ()))
+    }
