@@ -222,6 +222,47 @@ def test_followers_behind_the_log_start_catch_up(tmp_path: Path) -> None:
         assert "installed the leader's snapshot" in cluster.log_path(follower).read_text()
 
 
+def test_a_follower_behind_a_log_start_inside_a_batch_catches_up(tmp_path: Path) -> None:
+    """delete-records may put the log start inside a batch (so may a cursor's LWM). A follower
+    that must start over there is sent the whole batch: it begins at the batch's base and
+    catches up, as Kafka's follower does. It refused that batch on every fetch and never caught
+    up (found by the simulator's --delete-records, seed 23)."""
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic(
+            "m",
+            replication_factor=3,
+            configs={"replica.max.lag.ms": "1000", "segment.bytes": "4096", **FAST},
+        )
+        cut: list[int] = []
+
+        def produce_and_delete() -> None:
+            for i in range(40):
+                client.produce("m", [b"m%03d-%d" % (i, j) for j in range(5)], partition=0)
+            fetched = client.fetch("m", 0, 100)
+            base = next(h.base_offset for _, h in fetched.batches if h.records_count == 5)
+            cut.append(base + 2)  # inside that batch
+            assert client.delete_records("m", 0, base + 2) == base + 2
+
+        _, follower = stop_follower_until_passed(cluster, client, "m", produce_and_delete)
+        cluster.start(follower)
+        cluster.wait_ready()
+        caught_up = wait_for(
+            "the follower to catch up from inside a batch",
+            lambda: (
+                (r := row(client, "m"))["replicas"].get(str(follower), {}).get("log_end_offset")
+                == r["log_end_offset"]
+                and r
+            ),
+        )
+        assert caught_up["log_start_offset"] == cut[0]
+        mine = [
+            r.value
+            for r in client.consume("m", 0, "earliest", replica_read=True, prefer_node=follower)
+        ]
+        assert mine == [r.value for r in client.consume("m", 0, "earliest")]
+        assert mine and mine[0] is not None and mine[0].endswith(b"-2")  # the batch's third
+
+
 def test_compaction_keeps_the_latest_per_key_and_drops_tombstones(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=1) as cluster, Client(cluster.bootstrap) as client:
         client.create_topic(

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 from tidelog.invariant import InvariantBroken
+from tidelog.record.batch import read_header
 from tidelog.replication.faults import FAULT_DISCARD_PAST_SNAPSHOT, FAULT_TRUNCATE_TO_HW
 from tidelog.replication.messages import (
     FETCH_FENCED,
@@ -173,7 +174,9 @@ class Following(ReplicaState):
             # fetch offset, so only then may the leader's HW become ours (up to our log end).
             records = resp.records if resp.records is not None and resp.records.size > 0 else None
             if records is not None:
-                self.log.append_as_follower(records.read())
+                data = records.read()
+                self._start_at_first_batch(data)
+                self.log.append_as_follower(data)
             if resp.memberships and self.history.adopt(
                 resp.memberships, resp.fetch_offset, self.log.log_end_offset
             ):
@@ -199,6 +202,21 @@ class Following(ReplicaState):
                 # ahead, overlapping the transfer with the fsync.
                 return
         self._maybe_send_fetch()
+
+    def _start_at_first_batch(self, data: bytes | bytearray | memoryview) -> None:
+        """A log that started over at the leader's log start holds nothing yet. When that start
+        lies inside one of the leader's batches (delete-records, or a cursor's LWM, may put it
+        there), the leader answers with the whole batch: the log begins at the batch's base
+        instead, as Kafka's follower does on its UnexpectedAppendOffsetException, and its log
+        start follows the leader's again once the batch is committed here. Refusing the batch,
+        the follower fetched the same answer forever and never caught up (simulator seed 23,
+        --delete-records). The epoch below the batch is not known here: the batch's own stands
+        for it, and is the log's last epoch as soon as the batch is appended."""
+        first = read_header(data)
+        end = self.log.log_end_offset
+        if first.base_offset < end < first.next_offset and end == self.log.log_start_offset:
+            self.log.truncate_fully_and_start_at(first.base_offset, first.partition_leader_epoch)
+            self._ready.truncated = True
 
     def _truncate_diverging(self, epoch: int, end_offset: int) -> None:
         local_epoch, local_end = self.log.epochs.end_offset_for(epoch, self.log.log_end_offset)
