@@ -116,6 +116,7 @@ def run_digest(
     faults: frozenset[str] = frozenset(),
     transactions: bool = False,
     transaction_partitions: int = 1,
+    delete_records: bool = False,
 ) -> tuple[str, str]:
     """The sha256 of the whole run of a seed, as `python -m tidelog.testing` runs it, and how
     the run ended ("passed", or the failure's first line). With transactions over several
@@ -128,7 +129,7 @@ def run_digest(
     def delivered(tick: int, src: int, dst: int, directory: str, m: Message | Heartbeat) -> None:
         note(f"{tick} {src}->{dst} {directory} {_message(m)}")
 
-    params = SimParams.from_seed(seed, faults, transactions, transaction_partitions)
+    params = SimParams.from_seed(seed, faults, transactions, transaction_partitions, delete_records)
     sim: Simulation | PartitionedSimulation
     if transaction_partitions > 1:
         sim = PartitionedSimulation(params, trace=note, observe=delivered)
@@ -290,3 +291,27 @@ def test_a_transactional_seed_replays_the_run_it_always_did(
     assert digest == expected, (
         f"seed {seed} --transactions --transaction-partitions {partitions} ran differently"
     )
+
+
+# With an operator's delete-records (--delete-records, which may move the log start past an
+# undecided transaction's first batches, and into the middle of a batch). Each seed found a bug
+# and replays the run that did; both now pass:
+# - seed 23: a learner that started over at a log start inside one of the leader's batches
+#   refused that batch on every fetch and never caught up (following.py, _start_at_first_batch);
+# - seed 26: deleting the segment of an open transaction's first batch left the replica's state
+#   starting it there, while a scan of what was left (an unclean restart, a new follower)
+#   started it at its first batch left, so replicas disagreed on the LSO
+#   (storage/transactions.py, drop_below; sim/checkers/derived_state.py caught it).
+DELETE_RECORDS_RUNS = [
+    (23, "passed", "eab86ad682de9d68805780efd19ae44f6e53c5375acad13bba8e0fe37fe24e72"),
+    (26, "passed", "e06b9cbd138e61cfda90f9e8b7f93abfe5b381da059a48f8c703cb7a51460b87"),
+]
+
+
+@pytest.mark.parametrize(("seed", "outcome", "expected"), DELETE_RECORDS_RUNS)
+def test_a_delete_records_seed_replays_the_run_it_always_did(
+    seed: int, outcome: str, expected: str
+) -> None:
+    digest, ended = run_digest(seed, transactions=True, delete_records=True)
+    assert outcome in ended
+    assert digest == expected, f"seed {seed} --delete-records ran differently"

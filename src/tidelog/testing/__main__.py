@@ -1,5 +1,5 @@
 """python -m tidelog.testing --seeds N [--start S|random] [--jobs J] | --seed S [--trace]
-    [--fault F] [--transactions] [--transaction-partitions P]
+    [--fault F] [--transactions] [--transaction-partitions P] [--delete-records]
 
 Runs the deterministic simulator on seeds: a fixed range, a range from a start drawn at random
 (printed, so any failure replays), or one seed with its trace. Every failure prints its seed,
@@ -47,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
         "(P > 1 implies --transactions, on every seed of a range too); 1, the default: one "
         "partition",
     )
+    parser.add_argument(
+        "--delete-records",
+        action="store_true",
+        help="an operator's delete-records now and then, past undecided transactions too "
+        "(implies --transactions; one partition)",
+    )
     return parser
 
 
@@ -56,11 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.transaction_partitions < 1:
         parser.error(f"--transaction-partitions: {args.transaction_partitions} is not 1 or more")
     partitions = args.transaction_partitions
-    transactions = args.transactions or partitions > 1
+    if args.delete_records and partitions > 1:
+        parser.error("--delete-records runs on one partition, not with --transaction-partitions")
+    transactions = args.transactions or partitions > 1 or args.delete_records
+    deletes = args.delete_records
     faults = frozenset(args.fault)
     started = time.monotonic()
     if args.seed is not None:
-        return _replay(args.seed, faults, args.trace, transactions, partitions)
+        return _replay(args.seed, faults, args.trace, transactions, partitions, deletes)
     if args.start == "random":
         start = draw_start()
     else:
@@ -81,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     trace=print if args.trace else None,
                     transactions=transactions_for(seed, transactions),
                     transaction_partitions=partitions_for(seed, transactions, partitions),
+                    delete_records=deletes,
                 )
             except SimulationFailure as exc:
                 failures.append((seed, str(exc)))
@@ -90,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seed {seed} ok: {stats}")
     else:
         failures = sweep(
-            seeds, faults, jobs, transactions=transactions, transaction_partitions=partitions
+            seeds,
+            faults,
+            jobs,
+            transactions=transactions,
+            transaction_partitions=partitions,
+            delete_records=deletes,
         )
     passed = len(seeds) - len(failures)
     failed = " ".join(str(seed) for seed, _ in sorted(failures))
@@ -102,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _replay(
-    seed: int, faults: frozenset[str], trace: bool, transactions: bool, partitions: int
+    seed: int,
+    faults: frozenset[str],
+    trace: bool,
+    transactions: bool,
+    partitions: int,
+    delete_records: bool = False,
 ) -> int:
     """One seed, its trace printed if asked: the exit status."""
     started = time.monotonic()
@@ -113,6 +133,7 @@ def _replay(
             trace=print if trace else None,
             transactions=transactions,
             transaction_partitions=partitions,
+            delete_records=delete_records,
         )
     except SimulationFailure as exc:
         print(f"FAIL {exc}", flush=True)

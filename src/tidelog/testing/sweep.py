@@ -29,9 +29,9 @@ def draw_start() -> int:
     return random.SystemRandom().randrange(*RANDOM_STARTS)
 
 
-def run_chunk(job: tuple[list[int], frozenset[str], bool, int]) -> list[tuple[int, str]]:
+def run_chunk(job: tuple[list[int], frozenset[str], bool, int, bool]) -> list[tuple[int, str]]:
     """Failures among these seeds, as (seed, the failure's text)."""
-    seeds, faults, transactions, partitions = job
+    seeds, faults, transactions, partitions, delete_records = job
     failed = []
     for seed in seeds:
         try:
@@ -40,6 +40,7 @@ def run_chunk(job: tuple[list[int], frozenset[str], bool, int]) -> list[tuple[in
                 faults,
                 transactions=transactions_for(seed, transactions),
                 transaction_partitions=partitions_for(seed, transactions, partitions),
+                delete_records=delete_records,
             )
         except SimulationFailure as exc:
             failed.append((seed, str(exc)))
@@ -60,6 +61,7 @@ def sweep(
     progress_every: float = 60.0,
     transactions: bool = False,
     transaction_partitions: int = 1,
+    delete_records: bool = False,
 ) -> list[tuple[int, str]]:
     """Run the seeds over `jobs` processes; print each failure as it comes, and a progress line
     every progress_every seconds."""
@@ -67,7 +69,10 @@ def sweep(
     started = last = time.monotonic()
     done = 0
     size = max(1, min(50, len(seeds) // (jobs * 4) or 1))
-    work = ((chunk, faults, transactions, transaction_partitions) for chunk in _chunks(seeds, size))
+    work = (
+        (chunk, faults, transactions, transaction_partitions, delete_records)
+        for chunk in _chunks(seeds, size)
+    )
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
         for failed in pool.imap_unordered(run_chunk, work):
             done += size

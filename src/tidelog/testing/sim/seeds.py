@@ -21,8 +21,9 @@ def run_seed(
     trace: Callable[[str], None] | None = None,
     transactions: bool = False,
     transaction_partitions: int = 1,
+    delete_records: bool = False,
 ) -> Stats:
-    params = SimParams.from_seed(seed, faults, transactions, transaction_partitions)
+    params = SimParams.from_seed(seed, faults, transactions, transaction_partitions, delete_records)
     if transaction_partitions > 1:
         spanning = PartitionedSimulation(params, trace)
         return _named_failure(params, spanning.run, [g.checkers for g in spanning.groups])

@@ -19,6 +19,7 @@ from tidelog.errors import TidelogError
 from tidelog.record.batch import ProducerRecord, build_batch, decode_records, iter_headers
 from tidelog.record.markers import build_marker
 from tidelog.record.read_committed import committed_batches
+from tidelog.testing.sim.checkers.derived_state import check_node_transactions
 from tidelog.testing.sim.checkers.transactions import ReadSession, TransactionAnomalies
 from tidelog.testing.sim.cluster import Cluster
 from tidelog.testing.sim.nodes import SimNode, Waiter
@@ -31,6 +32,7 @@ LINGER_SHARE = 0.2  # transactions left open a while after their last batch
 ACK_PATIENCE_TICKS = 300  # a batch unanswered this long: the producer gives up (and aborts)
 READERS = 2
 FIRST_PRODUCER_ID = 1000
+DELETE_RECORDS_RATE = 0.01  # chance per tick of an operator's delete-records (--delete-records)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class TransactionalClients:
         self.waiting: dict[int, tuple[Transaction, bool, Waiter]] = {}
         self.readers = [Reader(i) for i in range(READERS)]
         self.counts = Counts()
+        self._deletes: random.Random | None = None  # made at the first tick (the params)
 
     @property
     def checker(self) -> TransactionAnomalies:
@@ -94,6 +97,39 @@ class TransactionalClients:
         for reader in self.readers:
             if rng.random() < self.cluster.params.read_rate:
                 self._read(reader)
+        params = self.cluster.params
+        if params.delete_records:
+            if self._deletes is None:  # (its own stream: the seed's draws stay as they were)
+                self._deletes = random.Random(params.seed ^ 0xDE1E7E)
+            if self._deletes.random() < DELETE_RECORDS_RATE:
+                self._delete_records(self._deletes)
+
+    def _delete_records(self, rng: random.Random) -> None:
+        """An operator's delete-records at the leader, up to any offset below its HW (past an
+        undecided transaction's first batches too, which the LWM never goes); then every
+        replica's cleaner deletes what lies below its own log start, and each one's
+        transaction state must still be what a scan of what it kept derives."""
+        cluster = self.cluster
+        up = [
+            n
+            for n in cluster.nodes.values()
+            if n.alive and n.paused_until <= cluster.now and n.replica is not None
+        ]
+        leaders = [n for n in up if n.replica is not None and n.replica.is_leader]
+        if leaders:
+            node = rng.choice(leaders)
+            log = node.log
+            # Not past a live cursor, as the node refuses without --force.
+            live = [c.position for c in cluster.cursors if not c.invalidated]
+            top = min([log.high_watermark, *live])
+            if top > log.log_start_offset and node.replica is not None:
+                target = rng.randint(log.log_start_offset + 1, top)
+                if node.replica.advance_log_start(target):
+                    cluster.process_ready(node)
+                    cluster.log_event(f"delete-records before {target} on {node.node_id}")
+        for n in up:
+            n.log.delete_segments_below_log_start()
+            check_node_transactions(n, cluster.checkers.violations)
 
     def _step(self, txn: Transaction) -> None:
         cluster = self.cluster

@@ -21,28 +21,34 @@ from tidelog.testing.sim.nodes import SimNode
 
 def check_derived_transactions(members: list[SimNode], violations: Violations) -> None:
     for node in members:
-        log = node.log
-        batches = log.batches()
-        hw = log.high_watermark
-        scan = TransactionState()
-        scan.rebuild(
-            ((h, read_marker(b, h) if h.is_transactional else None) for h, b in batches), hw, 0
+        check_node_transactions(node, violations)
+
+
+def check_node_transactions(node: SimNode, violations: Violations) -> None:
+    """One replica's state against a scan of its log (also run right after segments go, where
+    a state kept in memory and a scan's part first)."""
+    log = node.log
+    batches = log.batches()
+    hw = log.high_watermark
+    scan = TransactionState()
+    scan.rebuild(
+        ((h, read_marker(b, h) if h.is_transactional else None) for h, b in batches), hw, 0
+    )
+    kept = log.transactions
+    mine = [(t.producer_id, t.first_offset) for t in kept.unstable(hw)]
+    scanned = [(t.producer_id, t.first_offset) for t in scan.unstable(hw)]
+    if mine != scanned:
+        violations.fail(
+            f"node {node.node_id}: undecided transactions {mine} kept, a scan of its log "
+            f"derives {scanned}"
         )
-        kept = log.transactions
-        mine = [(t.producer_id, t.first_offset) for t in kept.unstable(hw)]
-        scanned = [(t.producer_id, t.first_offset) for t in scan.unstable(hw)]
-        if mine != scanned:
-            violations.fail(
-                f"node {node.node_id}: undecided transactions {mine} kept, a scan of its log "
-                f"derives {scanned}"
-            )
-        headers = [h for h, _ in batches]
-        dropped, dropped_by_scan = _dropped(headers, kept.aborted), _dropped(headers, scan.aborted)
-        if dropped != dropped_by_scan:
-            violations.fail(
-                f"node {node.node_id}: its aborted list drops the batches at "
-                f"{sorted(dropped)}, a scan's at {sorted(dropped_by_scan)}"
-            )
+    headers = [h for h, _ in batches]
+    dropped, dropped_by_scan = _dropped(headers, kept.aborted), _dropped(headers, scan.aborted)
+    if dropped != dropped_by_scan:
+        violations.fail(
+            f"node {node.node_id}: its aborted list drops the batches at "
+            f"{sorted(dropped)}, a scan's at {sorted(dropped_by_scan)}"
+        )
 
 
 def _dropped(headers: list[BatchHeader], aborted: Iterable[AbortedTransaction]) -> set[int]:
