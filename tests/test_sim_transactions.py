@@ -72,6 +72,28 @@ def test_the_cli_runs_transactions_when_asked(capsys: pytest.CaptureFixture[str]
     assert "aborted read" in capsys.readouterr().out
 
 
+def test_delete_records_seeds_pass_and_move_the_log_start_past_open_transactions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--delete-records: an operator deletes records mid-run (sim/transactions.py), and each
+    replica's transaction state is held to a scan of its log after its segments go."""
+    deletes = 0
+    for seed in range(SEEDS):
+        sim = Simulation(SimParams.from_seed(seed, delete_records=True))
+        sim.run()
+        clients = sim.workload.transactions
+        deletes += clients.counts.deletes if clients is not None else 0
+    assert deletes
+    assert main(["--seed", "23", "--delete-records"]) == 0
+    assert (
+        "--transactions --delete-records"
+        in SimParams.from_seed(23, delete_records=True).replay_command()
+    )
+    with pytest.raises(SystemExit):
+        main(["--seed", "1", "--delete-records", "--transaction-partitions", "3"])
+    assert "one partition" in capsys.readouterr().err
+
+
 # -- the checker on histories made by hand ------------------------------------------------------
 
 

@@ -66,6 +66,7 @@ class Counts:
     reads: int = 0
     records_read: int = 0
     dropped_batches: int = 0  # batches of aborted transactions read_committed readers dropped
+    deletes: int = 0  # delete-records that moved a leader's log start (--delete-records)
 
 
 class TransactionalClients:
@@ -125,6 +126,7 @@ class TransactionalClients:
             if top > log.log_start_offset and node.replica is not None:
                 target = rng.randint(log.log_start_offset + 1, top)
                 if node.replica.advance_log_start(target):
+                    self.counts.deletes += 1
                     cluster.process_ready(node)
                     cluster.log_event(f"delete-records before {target} on {node.node_id}")
         for n in up:
