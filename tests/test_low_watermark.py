@@ -160,6 +160,24 @@ def stop_follower_until_passed(
 
 
 @pytest.mark.timeout(300)
+def restart_until_caught_up(
+    cluster: LocalCluster, client: Client, topic: str, follower: int
+) -> dict[str, Any]:
+    """Start the stopped follower again; the partition's row once its log ends where the
+    leader's does."""
+    cluster.start(follower)
+    cluster.wait_ready()
+    caught_up: dict[str, Any] = wait_for(
+        f"node {follower} to catch up on {topic}",
+        lambda: (
+            (r := row(client, topic))["replicas"].get(str(follower), {}).get("log_end_offset")
+            == r["log_end_offset"]
+            and r
+        ),
+    )
+    return caught_up
+
+
 def test_followers_behind_the_log_start_catch_up(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         common = {"replica.max.lag.ms": "1000", "segment.bytes": "4096", **FAST}
@@ -178,16 +196,7 @@ def test_followers_behind_the_log_start_catch_up(tmp_path: Path) -> None:
                 client.produce("s", [b"s%04d" % i + b"-" * 200], partition=0)
 
         _, follower = stop_follower_until_passed(cluster, client, "s", stream)
-        cluster.start(follower)
-        cluster.wait_ready()
-        st = wait_for(
-            "the stream follower to catch up",
-            lambda: (
-                (r := row(client, "s"))["replicas"].get(str(follower), {}).get("log_end_offset")
-                == r["log_end_offset"]
-                and r
-            ),
-        )
+        st = restart_until_caught_up(cluster, client, "s", follower)
         mine = [
             r.value
             for r in client.consume("s", 0, "earliest", replica_read=True, prefer_node=follower)
@@ -244,16 +253,7 @@ def test_a_follower_behind_a_log_start_inside_a_batch_catches_up(tmp_path: Path)
             assert client.delete_records("m", 0, base + 2) == base + 2
 
         _, follower = stop_follower_until_passed(cluster, client, "m", produce_and_delete)
-        cluster.start(follower)
-        cluster.wait_ready()
-        caught_up = wait_for(
-            "the follower to catch up from inside a batch",
-            lambda: (
-                (r := row(client, "m"))["replicas"].get(str(follower), {}).get("log_end_offset")
-                == r["log_end_offset"]
-                and r
-            ),
-        )
+        caught_up = restart_until_caught_up(cluster, client, "m", follower)
         assert caught_up["log_start_offset"] == cut[0]
         mine = [
             r.value
