@@ -159,7 +159,6 @@ def stop_follower_until_passed(
     return leader, follower
 
 
-@pytest.mark.timeout(300)
 def restart_until_caught_up(
     cluster: LocalCluster, client: Client, topic: str, follower: int
 ) -> dict[str, Any]:
@@ -178,6 +177,7 @@ def restart_until_caught_up(
     return caught_up
 
 
+@pytest.mark.timeout(300)
 def test_followers_behind_the_log_start_catch_up(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         common = {"replica.max.lag.ms": "1000", "segment.bytes": "4096", **FAST}

@@ -258,19 +258,30 @@ def _decisions_after(
     store: ArchiveStore, manifest: Manifest, start: int, producers: set[int]
 ) -> dict[int, Marker]:
     """Each producer's first marker at or past start in the archive (its open transaction's
-    decision), reading on only until every producer has one."""
+    decision), reading on only until every producer has one. The search stops at a hole in
+    the offsets (a recorded gap): a marker past it may end a later transaction of the same
+    producer. An object it cannot read leaves the rest undecided (aborted) rather than fail a
+    restore that did not need that object before."""
     found: dict[int, Marker] = {}
-    for seg in manifest.segments:
-        if seg.end_offset <= start:
-            continue
-        for header, batch in iter_batches(store, seg, start):
-            if header.base_offset < start:
+    expected = start
+    try:
+        for seg in manifest.segments:
+            if seg.end_offset <= start:
                 continue
-            marker = read_marker(batch, header)
-            if marker is not None and marker.producer_id in producers:
-                found.setdefault(marker.producer_id, marker)
-                if len(found) == len(producers):
-                    return found
+            for header, batch in iter_batches(store, seg, start):
+                if header.base_offset < start:  # the batch the point cut
+                    expected = max(expected, header.next_offset)
+                    continue
+                if header.base_offset != expected:
+                    return found  # a hole: what follows may be another transaction's
+                expected = header.next_offset
+                marker = read_marker(batch, header)
+                if marker is not None and marker.producer_id in producers:
+                    found.setdefault(marker.producer_id, marker)
+                    if len(found) == len(producers):
+                        return found
+    except ArchiveError as exc:
+        log.warning("deciding the transactions the point cut: %s; the rest are aborted", exc)
     return found
 
 

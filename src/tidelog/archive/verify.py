@@ -147,7 +147,13 @@ def check_aborted_lists(manifest: Manifest, transactions: TransactionState) -> l
             (t.producer_id, t.marker_offset): t.first_offset
             for t in transactions.aborted_transactions(seg.base_offset, seg.end_offset)
         }
-        recorded = {(pid, marker): first for pid, first, marker in seg.aborted_transactions}
+        # A marker past the archive's end is not archived yet (an object goes once it is below
+        # the LSO, its transactions' markers maybe later): the batches cannot tell that abort.
+        recorded = {
+            (pid, marker): first
+            for pid, first, marker in seg.aborted_transactions
+            if marker < manifest.end_offset
+        }
         for key, first in recorded.items():
             if first < manifest.start_offset and key not in derived:
                 derived[key] = first  # its batches in this object lie before the archive start

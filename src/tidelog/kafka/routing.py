@@ -97,7 +97,11 @@ class Routing:
         # A replica here that has not yet heard from its leader (a new partition, a slow
         # follower) falls back on what the other replicas said.
         known = self._leaders.get((topic, partition))
-        if known is None or (hosted is not None and known[1] < hosted[1]):
+        if (
+            known is None
+            or (hosted is not None and known[1] < hosted[1])
+            or (hosted is not None and known[0] == self.view.node_id)  # it knows it leads not
+        ):
             return hosted if hosted is not None else (-1, -1)
         return known[0], known[1]
 
