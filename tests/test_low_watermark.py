@@ -235,7 +235,7 @@ def test_a_follower_behind_a_log_start_inside_a_batch_catches_up(tmp_path: Path)
     """delete-records may put the log start inside a batch (so may a cursor's LWM). A follower
     that must start over there is sent the whole batch: it begins at the batch's base and
     catches up, as Kafka's follower does. It refused that batch on every fetch and never caught
-    up (found by the simulator's --delete-records, seed 23)."""
+    up (found by the simulator's --delete-records, seed 39)."""
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         client.create_topic(
             "m",

@@ -294,17 +294,18 @@ def test_a_transactional_seed_replays_the_run_it_always_did(
 
 
 # With an operator's delete-records (--delete-records, which may move the log start past an
-# undecided transaction's first batches, and into the middle of a batch). Each seed found a bug
-# and replays the run that did; both now pass:
-# - seed 23: a learner that started over at a log start inside one of the leader's batches
-#   refused that batch on every fetch and never caught up (following.py, _start_at_first_batch);
-# - seed 26: deleting the segment of an open transaction's first batch left the replica's state
-#   starting it there, while a scan of what was left (an unclean restart, a new follower)
-#   started it at its first batch left, so replicas disagreed on the LSO
-#   (storage/transactions.py, drop_below; sim/checkers/derived_state.py caught it).
+# undecided transaction's first batches, and into the middle of a batch). Each seed replays a
+# run that found a bug, and now passes:
+# - seed 39: a replica that started over at a log start inside one of the leader's batches
+#   refused that batch on every fetch and never caught up (following.py, _start_at_first_batch;
+#   with it undone, seeds 39, 60, 150 and 169 of 0-199 fail on liveness);
+# - seed 1: an undecided transaction held the LSO from its first batch (clamped to the log
+#   start), which a replica whose segments begin at the log start does not hold: replicas
+#   disagreed on the LSO (storage/transactions.py, holding_from; sim/checkers/derived_state.py
+#   caught it with the old rule put back: "a scan of what every replica holds says []").
 DELETE_RECORDS_RUNS = [
-    (23, "passed", "eab86ad682de9d68805780efd19ae44f6e53c5375acad13bba8e0fe37fe24e72"),
-    (26, "passed", "e06b9cbd138e61cfda90f9e8b7f93abfe5b381da059a48f8c703cb7a51460b87"),
+    (39, "passed", "3b8f40b54d7118ac161bdb67f8c244d0a1acddf8f3d362c284157f47b4117cad"),
+    (1, "passed", "fd5bad132ef40fb0ef0e080ffa5f1be98436dd90ee3b79db3f6c768a8ba4252d"),
 ]
 
 

@@ -23,7 +23,8 @@ from tidelog.replication.low_watermark import (
     decide_low_watermark,
     transaction_facts,
 )
-from tidelog.storage.log import SegmentedLog
+from tidelog.storage.checkpoint import read_checkpoint, write_checkpoint
+from tidelog.storage.log import TRANSACTION_CHECKPOINT, SegmentedLog
 from tidelog.storage.memory_log import MemoryLog
 from tidelog.storage.transactions import AbortedTransaction, TransactionState
 from tidelog.testing.sim.checkers.derived_state import check_derived_transactions
@@ -112,7 +113,7 @@ def test_truncation_rebuilds_transactions(make_log: Callable[[], AnyLog]) -> Non
     assert log.aborted_transactions(0, 2) == [AbortedTransaction(7, 0, 1)]
     log.truncate_to(1)  # the marker is gone: the transaction is open again
     assert log.aborted_transactions(0, 2) == []
-    assert log.transactions.first_unstable_offset(log.high_watermark) == 0
+    assert log.transactions.holding_from(log.high_watermark, 0) == [(7, 0)]
     assert last_stable_offset(log) == 0
 
 
@@ -296,20 +297,19 @@ def test_a_producer_with_an_open_transaction_outlives_its_expiry(tmp_path: Path)
     assert log.expire_producers() == 1 and log.producers.producers == {}
 
 
-def scanned(log: AnyLog) -> TransactionState:
+def scanned(log: AnyLog, minimal: bool = False) -> TransactionState:
     """The transactions a scan of the log as it is now derives (an unclean restart's, or a
-    follower's that copied only what is left)."""
+    follower's that copied only what is left); minimal: of only the batches reaching past the
+    log start, as a replica whose segments were cut there holds them."""
     state = TransactionState()
     if isinstance(log, SegmentedLog):
         batches = log._scan_markers()
     else:
         batches = [(h, read_marker(d, h) if h.is_transactional else None) for h, d in log.batches()]
+    if minimal:
+        batches = [(h, m) for h, m in batches if h.next_offset > log.log_start_offset]
     state.rebuild(batches, log.high_watermark, 0)
     return state
-
-
-def undecided(state: TransactionState, hw: int) -> list[tuple[int, int]]:
-    return [(t.producer_id, t.first_offset) for t in state.unstable(hw)]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -317,8 +317,9 @@ def test_deleting_segments_under_undecided_transactions_agrees_with_a_scan(
     seed: int, tmp_path: Path
 ) -> None:
     """delete-records and retention may take an undecided transaction's first batches. A
-    replica that appended them and one that scans what is left must still agree on the LSO
-    and on where each undecided transaction starts (or that it has no batch here at all)."""
+    replica that appended them, one that scans what is left, and one whose segments begin
+    exactly at the batch holding the log start must agree on the LSO and on where each
+    undecided transaction holds it from (or that it holds nothing)."""
     rng = random.Random(seed)
     log: AnyLog
     for log in (SegmentedLog(tmp_path / f"p-{seed}", SMALL), MemoryLog(SMALL)):
@@ -347,12 +348,11 @@ def test_deleting_segments_under_undecided_transactions_agrees_with_a_scan(
                 start = rng.randint(log.log_start_offset, log.high_watermark)
                 log.advance_log_start(start)
                 log.delete_segments_below_log_start()
-                hw = log.high_watermark
-                scan = scanned(log)
-                assert undecided(log.transactions, hw) == undecided(scan, hw), seed
-                assert log.transactions.stable_offset(hw, log.log_start_offset) == (
-                    scan.stable_offset(hw, log.log_start_offset)
-                )
+                hw, start = log.high_watermark, log.log_start_offset
+                kept = log.transactions
+                for scan in (scanned(log), scanned(log, minimal=True)):
+                    assert kept.holding_from(hw, start) == scan.holding_from(hw, start), seed
+                    assert kept.stable_offset(hw, start) == scan.stable_offset(hw, start)
         if isinstance(log, SegmentedLog):
             log.close()
 
@@ -376,9 +376,38 @@ def test_the_simulators_derived_state_check_catches_a_log_that_forgot_a_transact
     check_derived_transactions([node], violations)  # type: ignore[list-item]
     assert [t.producer_id for t in log.transactions.aborted] == [7, 8]  # (7's kept, harmlessly)
     log.transactions.aborted.pop()  # 8's batch at 3 would be read as committed
-    with pytest.raises(SimulationFailure, match=r"drops the batches at \[\], a scan's at \[3\]"):
+    with pytest.raises(
+        SimulationFailure, match=r"drops the batches at \[\], a scan of its log's at \[3\]"
+    ):
         check_derived_transactions([node], violations)  # type: ignore[list-item]
     log.rebuild_transactions()
     del log.transactions.open[9]  # the LSO would pass 9's undecided batch
-    with pytest.raises(SimulationFailure, match=r"undecided transactions \[\] kept"):
+    with pytest.raises(SimulationFailure, match=r"hold the LSO from \[\], a scan"):
         check_derived_transactions([node], violations)  # type: ignore[list-item]
+
+
+def test_a_checkpoint_without_the_batches_of_an_open_transaction_is_scanned_instead(
+    tmp_path: Path,
+) -> None:
+    """An older version's clean-close checkpoint has no batches for its undecided
+    transactions; trusted, the transaction would start at its first batch alone, and the next
+    deletion of that batch would drop it while its later batches stay (an abort would then
+    end nothing, and read_committed would show aborted records). The log is scanned instead."""
+    log = SegmentedLog(tmp_path / "p-0", SMALL)
+    log.append_as_leader(txn_batch(7, 0, b"a" * 300), 1)  # 0
+    log.append_as_leader(txn_batch(7, 1, b"b" * 300), 1)  # 1, in the next segment
+    commit_all(log)
+    log.close()
+    path = tmp_path / "p-0" / TRANSACTION_CHECKPOINT
+    data = read_checkpoint(path)
+    assert data is not None and data["open_batch_spans"] == {"7": [[0, 1], [1, 2]]}
+    del data["open_batch_spans"]
+    write_checkpoint(path, data)
+    again = SegmentedLog(tmp_path / "p-0", SMALL)
+    try:
+        again.advance_log_start(1)
+        again.delete_segments_below_log_start()
+        assert again.transactions.holding_from(again.high_watermark, 1) == [(7, 1)]
+        assert last_stable_offset(again) == 1
+    finally:
+        again.close()

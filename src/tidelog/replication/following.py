@@ -209,7 +209,7 @@ class Following(ReplicaState):
         there), the leader answers with the whole batch: the log begins at the batch's base
         instead, as Kafka's follower does on its UnexpectedAppendOffsetException, and its log
         start follows the leader's again once the batch is committed here. Refusing the batch,
-        the follower fetched the same answer forever and never caught up (simulator seed 23,
+        the follower fetched the same answer forever and never caught up (simulator seed 39,
         --delete-records). The epoch below the batch is not known here: the batch's own stands
         for it, and is the log's last epoch as soon as the batch is appended."""
         first = read_header(data)

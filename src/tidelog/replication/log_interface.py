@@ -31,11 +31,6 @@ class EpochLookup(Protocol):
 class TransactionLookup(Protocol):
     """A log's transactions, derived from its batches (storage/transactions.py)."""
 
-    def first_unstable_offset(self, high_watermark: int) -> int | None:
-        """The first offset of the earliest transaction whose marker is not below
-        high_watermark; None when there is none."""
-        ...
-
     def stable_offset(self, high_watermark: int, log_start_offset: int) -> int:
         """The LSO for this HW and log start."""
         ...

@@ -50,9 +50,10 @@ PARTITION_CHECKPOINT = "partition.checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PRODUCER_CHECKPOINT = "producer-state"
 TRANSACTION_CHECKPOINT = "transaction-state"
-# Past this many transactions the clean-close checkpoint says only "scan" (it must stay under
-# checkpoint.py's size limit): the next open scans the log for them instead.
-TRANSACTION_CHECKPOINT_ENTRIES_MAX = 16_384
+# Past this many entries (transactions, and undecided transactions' batches) the clean-close
+# checkpoint says only "scan" (it must stay under checkpoint.py's 1 MiB limit, at some 65 bytes
+# an entry with 64-bit producer ids): the next open scans the log for them instead.
+TRANSACTION_CHECKPOINT_ENTRIES_MAX = 8_192
 CLEAN_SHUTDOWN = ".clean-shutdown"
 DELETED_SUFFIX = ".deleted"
 
@@ -324,9 +325,15 @@ class SegmentedLog:
         if data is None:
             self.transactions.clear()
             return True
-        if data.get("scan") or int(data.get("log_end_offset", -1)) != self.log_end_offset:
+        try:
+            if data.get("scan") or int(data.get("log_end_offset", -1)) != self.log_end_offset:
+                return False
+            self.transactions.load_checkpoint(data, self._clock_ms())
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # An older version's file (no batches of its undecided transactions), or one that
+            # does not hold together: the scan derives what it would have said.
+            log.info("%s: transaction checkpoint not used (%s): scanning the log", self, exc)
             return False
-        self.transactions.load_checkpoint(data, self._clock_ms())
         self.transactions.settle(self.high_watermark)
         return True
 
@@ -843,9 +850,8 @@ class SegmentedLog:
         state = self.transactions
         if not (state.open or state.ended or state.aborted):
             return  # (no file: the next open knows there is no transaction, without a scan)
-        listed = len(state.open) + len(state.ended) + len(state.aborted)
         data: dict[str, object] = {"log_end_offset": self.log_end_offset}
-        if listed > TRANSACTION_CHECKPOINT_ENTRIES_MAX:
+        if state.checkpoint_entries() > TRANSACTION_CHECKPOINT_ENTRIES_MAX:
             data["scan"] = 1
         else:
             data.update(state.to_checkpoint())

@@ -14,15 +14,19 @@ segments below the log start drops what they ended (`drop_below`), as compaction
 aborted transaction it removed (`forget_aborted`).
 
 Every replica must agree on the LSO, whether it appended a transaction's batches, copied them
-or scanned them after an unclean restart. A scan sees only the segments left, so when deleting
-segments takes an undecided transaction's first batch, its first offset becomes the first of
-its batches still in the log (or, with none left, the transaction is not in this partition at
-all): the offsets of an undecided transaction's batches are kept for that.
+or scanned them after an unclean restart; and replicas cut their segments at different offsets,
+so what lies below the log start differs between them. An undecided transaction therefore holds
+the LSO from its first batch that reaches past the log start (never below the log start), and
+not at all when none of its batches does: a rule of what lies above the log start, which every
+replica holds alike. For that each undecided transaction keeps its batches' (base, next)
+offsets (one pair per batch, not per record). Its `first_offset` stays its first batch's, as
+Kafka reports it (DescribeProducers, the LWM's hold).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -63,10 +67,11 @@ class TransactionState:
         self.ended: list[EndedTransaction] = []  # marker order; pruned as the HW passes them
         self.aborted: list[AbortedTransaction] = []  # marker order
         self._aborted_ends: list[int] = []  # marker offsets of self.aborted, for bisection
-        # base offsets of each undecided transaction's batches: by producer while open, by
-        # (producer, marker offset) once ended, until its marker is below the HW
-        self._open_batches: dict[int, list[int]] = {}
-        self._ended_batches: dict[tuple[int, int], list[int]] = {}
+        # (base, next) offsets of each undecided transaction's batches still in the log: by
+        # producer while open, by (producer, marker offset) once ended, until its marker is
+        # below the HW
+        self._open_batches: dict[int, list[tuple[int, int]]] = {}
+        self._ended_batches: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -76,20 +81,21 @@ class TransactionState:
             self._end(marker, now_ms)
         elif header.is_transactional and header.producer_id >= 0 and not header.is_control:
             pid = header.producer_id
+            span = (header.base_offset, header.next_offset)
             if pid in self.open:
-                self._open_batches.setdefault(pid, []).append(header.base_offset)
+                self._open_batches.setdefault(pid, []).append(span)
             else:
                 self.open[pid] = OpenTransaction(
                     pid, header.producer_epoch, header.base_offset, now_ms
                 )
-                self._open_batches[pid] = [header.base_offset]
+                self._open_batches[pid] = [span]
 
     def _end(self, marker: Marker, now_ms: int) -> None:
         opened = self.open.pop(marker.producer_id, None)
         batches = self._open_batches.pop(marker.producer_id, None)
         if opened is None:
             return  # a marker of a transaction with nothing in this partition
-        self._ended_batches[(opened.producer_id, marker.offset)] = batches or [opened.first_offset]
+        self._ended_batches[(opened.producer_id, marker.offset)] = batches or []
         self.ended.append(
             EndedTransaction(
                 opened.producer_id,
@@ -132,31 +138,14 @@ class TransactionState:
             }
 
     def drop_below(self, offset: int) -> None:
-        """Segments below offset were deleted: forget the aborted transactions they ended,
-        and start each undecided transaction at its first batch left (module docstring)."""
+        """Segments below offset were deleted: forget the aborted transactions they ended, and
+        the undecided transactions' batches they held."""
         n = bisect.bisect_left(self._aborted_ends, offset)
         if n:
             del self.aborted[:n], self._aborted_ends[:n]
-        for pid, opened in list(self.open.items()):
-            if opened.first_offset < offset:
-                left = _from(self._open_batches.pop(pid, []), offset)
-                if left:
-                    self._open_batches[pid] = left
-                    self.open[pid] = opened._replace(first_offset=left[0])
-                else:
-                    del self.open[pid]
-        if any(t.first_offset < offset for t in self.ended):
-            kept: list[EndedTransaction] = []
-            for ended in self.ended:
-                key = (ended.producer_id, ended.marker_offset)
-                if ended.first_offset >= offset:
-                    kept.append(ended)
-                elif left := _from(self._ended_batches.pop(key, []), offset):
-                    self._ended_batches[key] = left
-                    kept.append(ended._replace(first_offset=left[0]))
-            self.ended = kept
-        # (An aborted entry keeps its first offset: no read reaches below the first segment,
-        # so where a reader starts dropping the producer's batches there changes nothing.)
+        for batches in (*self._open_batches.values(), *self._ended_batches.values()):
+            if batches and batches[0][1] <= offset:
+                del batches[: bisect.bisect_right(batches, offset, key=_next_offset)]
 
     def forget_aborted(self, cleaned: Iterable[AbortedTransaction]) -> None:
         """Compaction removed every batch of these aborted transactions (storage/compaction.py):
@@ -188,22 +177,29 @@ class TransactionState:
         found.extend(t for t in self.ended if t.marker_offset >= high_watermark)
         return sorted(found, key=lambda t: t.first_offset)
 
-    def first_unstable_offset(self, high_watermark: int) -> int | None:
-        """The first offset of the earliest transaction whose marker is not below
-        high_watermark (None: every transaction is decided below it)."""
-        first = min((t.first_offset for t in self.open.values()), default=None)
+    def holding_from(self, high_watermark: int, log_start_offset: int) -> list[tuple[int, int]]:
+        """(producer, where it holds the LSO from) of each transaction whose marker is not
+        below high_watermark and that has a batch reaching past the log start (module
+        docstring), in producer order."""
+        found = []
+        for pid in self.open:
+            start = _holds_from(self._open_batches.get(pid, []), log_start_offset)
+            if start is not None:
+                found.append((pid, start))
         for t in self.ended:
-            if t.marker_offset >= high_watermark and (first is None or t.first_offset < first):
-                first = t.first_offset
-        return first
+            if t.marker_offset >= high_watermark:
+                batches = self._ended_batches.get((t.producer_id, t.marker_offset), [])
+                start = _holds_from(batches, log_start_offset)
+                if start is not None:
+                    found.append((t.producer_id, start))
+        return sorted(found)
 
     def stable_offset(self, high_watermark: int, log_start_offset: int) -> int:
-        """The LSO's rule (replication/last_stable_offset.py says why): the HW, or the first
-        offset of the earliest undecided transaction below it, never below the log start."""
-        first = self.first_unstable_offset(high_watermark)
-        if first is None or first >= high_watermark:
-            return high_watermark
-        return max(first, log_start_offset)
+        """The LSO's rule (replication/last_stable_offset.py says why): the HW, or where the
+        earliest undecided transaction holds it from, never below the log start."""
+        held = self.holding_from(high_watermark, log_start_offset)
+        first = min((start for _, start in held), default=high_watermark)
+        return min(high_watermark, first)
 
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTransaction]:
         """The aborted transactions with a batch in [start, end): those whose marker is at or
@@ -221,31 +217,58 @@ class TransactionState:
                 for t in self.ended
             ],
             "aborted": [list(t) for t in self.aborted],
-            # (a key older versions ignore: they start a transaction at its first offset)
-            "open_batches": {str(pid): list(b) for pid, b in self._open_batches.items()},
-            "ended_batches": [[pid, m, list(b)] for (pid, m), b in self._ended_batches.items()],
+            # (keys older versions ignore; without them this version scans the log instead)
+            "open_batch_spans": {
+                str(pid): [list(b) for b in spans] for pid, spans in self._open_batches.items()
+            },
+            "ended_batch_spans": [
+                [pid, m, [list(b) for b in spans]]
+                for (pid, m), spans in self._ended_batches.items()
+            ],
         }
 
+    def checkpoint_entries(self) -> int:
+        """How many entries to_checkpoint would write (the caller bounds the file's size)."""
+        spans = sum(len(b) for b in (*self._open_batches.values(), *self._ended_batches.values()))
+        return len(self.open) + len(self.ended) + len(self.aborted) + spans
+
     def load_checkpoint(self, data: dict[str, Any], now_ms: int) -> None:
+        """ValueError (the caller scans the log instead) for a checkpoint that lacks an
+        undecided transaction's batches (an older version's) or does not hold together."""
         self.clear()
-        open_batches = data.get("open_batches", {})
+        open_spans = data.get("open_batch_spans", {})
+        ended_spans = {(int(p), int(m)): spans for p, m, spans in data.get("ended_batch_spans", [])}
         for pid, epoch, first in data.get("open", []):
             self.open[int(pid)] = OpenTransaction(int(pid), int(epoch), int(first), now_ms)
-            self._open_batches[int(pid)] = [int(o) for o in open_batches.get(str(pid), [first])]
-        ended_batches = {(int(p), int(m)): b for p, m, b in data.get("ended_batches", [])}
+            self._open_batches[int(pid)] = _spans(open_spans.get(str(pid)))
         for pid, epoch, first, marker, commit in data.get("ended", []):
             self.ended.append(
                 EndedTransaction(
                     int(pid), int(epoch), int(first), int(marker), bool(commit), now_ms
                 )
             )
-            batches = ended_batches.get((int(pid), int(marker)), [first])
-            self._ended_batches[(int(pid), int(marker))] = [int(o) for o in batches]
+            key = (int(pid), int(marker))
+            self._ended_batches[key] = _spans(ended_spans.get(key))
         for pid, first, marker in data.get("aborted", []):
             self.aborted.append(AbortedTransaction(int(pid), int(first), int(marker)))
             self._aborted_ends.append(int(marker))
 
 
-def _from(offsets: list[int], start: int) -> list[int]:
-    """The offsets at or past start (offsets ascending)."""
-    return offsets[bisect.bisect_left(offsets, start) :]
+def _next_offset(span: tuple[int, int]) -> int:
+    return span[1]
+
+
+def _holds_from(batches: list[tuple[int, int]], log_start_offset: int) -> int | None:
+    """Where a transaction with these batches holds the LSO from: its first batch reaching past
+    the log start, never below the log start; None if no batch does."""
+    i = bisect.bisect_right(batches, log_start_offset, key=_next_offset)
+    return max(batches[i][0], log_start_offset) if i < len(batches) else None
+
+
+def _spans(raw: Any) -> list[tuple[int, int]]:
+    if raw is None:
+        raise ValueError("an undecided transaction without its batches (an older checkpoint)")
+    spans = [(int(base), int(end)) for base, end in raw]
+    if any(b >= e for b, e in spans) or any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
+        raise ValueError("an undecided transaction's batches out of order")
+    return spans
