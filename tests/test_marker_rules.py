@@ -15,7 +15,7 @@ from tidelog.storage.transactions import OpenTransaction
 
 PRODUCER = 7
 MAX_TIMEOUT_MS = 900_000
-OPENED = OpenTransaction(PRODUCER, 3, first_offset=40, opened_ms=0)
+OPENED = OpenTransaction(PRODUCER, 3, first_offset=40, opened_ms=0, batches=[(40, 41)])
 
 
 def txn(state: TxnState, partitions: dict[str, list[int]] | None = None) -> Transaction:

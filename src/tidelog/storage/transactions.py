@@ -39,6 +39,8 @@ class OpenTransaction(NamedTuple):
     producer_epoch: int
     first_offset: int
     opened_ms: int  # this replica's clock when it appended (or rebuilt) the first batch
+    # (base, next) offsets of its batches still in the log (module docstring)
+    batches: list[tuple[int, int]]
 
 
 class EndedTransaction(NamedTuple):
@@ -50,6 +52,7 @@ class EndedTransaction(NamedTuple):
     marker_offset: int
     commit: bool
     opened_ms: int
+    batches: list[tuple[int, int]]  # as OpenTransaction's, until the marker is below the HW
 
 
 class AbortedTransaction(NamedTuple):
@@ -67,11 +70,6 @@ class TransactionState:
         self.ended: list[EndedTransaction] = []  # marker order; pruned as the HW passes them
         self.aborted: list[AbortedTransaction] = []  # marker order
         self._aborted_ends: list[int] = []  # marker offsets of self.aborted, for bisection
-        # (base, next) offsets of each undecided transaction's batches still in the log: by
-        # producer while open, by (producer, marker offset) once ended, until its marker is
-        # below the HW
-        self._open_batches: dict[int, list[tuple[int, int]]] = {}
-        self._ended_batches: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     # -- feeding ------------------------------------------------------------------------------
 
@@ -82,20 +80,18 @@ class TransactionState:
         elif header.is_transactional and header.producer_id >= 0 and not header.is_control:
             pid = header.producer_id
             span = (header.base_offset, header.next_offset)
-            if pid in self.open:
-                self._open_batches.setdefault(pid, []).append(span)
+            opened = self.open.get(pid)
+            if opened is not None:
+                opened.batches.append(span)
             else:
                 self.open[pid] = OpenTransaction(
-                    pid, header.producer_epoch, header.base_offset, now_ms
+                    pid, header.producer_epoch, header.base_offset, now_ms, [span]
                 )
-                self._open_batches[pid] = [span]
 
     def _end(self, marker: Marker, now_ms: int) -> None:
         opened = self.open.pop(marker.producer_id, None)
-        batches = self._open_batches.pop(marker.producer_id, None)
         if opened is None:
             return  # a marker of a transaction with nothing in this partition
-        self._ended_batches[(opened.producer_id, marker.offset)] = batches or []
         self.ended.append(
             EndedTransaction(
                 opened.producer_id,
@@ -104,6 +100,7 @@ class TransactionState:
                 marker.offset,
                 marker.commit,
                 opened.opened_ms,
+                opened.batches,
             )
         )
         if not marker.commit:
@@ -125,17 +122,12 @@ class TransactionState:
         self.ended.clear()
         self.aborted.clear()
         self._aborted_ends.clear()
-        self._open_batches.clear()
-        self._ended_batches.clear()
 
     def settle(self, high_watermark: int) -> None:
         """Forget ended transactions whose marker is below the HW: they are stable for good
         (the HW only moves back by a truncation or a restart, which rebuild)."""
         if self.ended and self.ended[0].marker_offset < high_watermark:
             self.ended = [t for t in self.ended if t.marker_offset >= high_watermark]
-            self._ended_batches = {
-                k: b for k, b in self._ended_batches.items() if k[1] >= high_watermark
-            }
 
     def drop_below(self, offset: int) -> None:
         """Segments below offset were deleted: forget the aborted transactions they ended, and
@@ -143,7 +135,7 @@ class TransactionState:
         n = bisect.bisect_left(self._aborted_ends, offset)
         if n:
             del self.aborted[:n], self._aborted_ends[:n]
-        for batches in (*self._open_batches.values(), *self._ended_batches.values()):
+        for batches in self._undecided_batches():
             if batches and batches[0][1] <= offset:
                 del batches[: bisect.bisect_right(batches, offset, key=_next_offset)]
 
@@ -182,16 +174,10 @@ class TransactionState:
         below high_watermark and that has a batch reaching past the log start (module
         docstring), in producer order."""
         found = []
-        for pid in self.open:
-            start = _holds_from(self._open_batches.get(pid, []), log_start_offset)
+        for t in self.unstable(high_watermark):
+            start = _holds_from(t.batches, log_start_offset)
             if start is not None:
-                found.append((pid, start))
-        for t in self.ended:
-            if t.marker_offset >= high_watermark:
-                batches = self._ended_batches.get((t.producer_id, t.marker_offset), [])
-                start = _holds_from(batches, log_start_offset)
-                if start is not None:
-                    found.append((t.producer_id, start))
+                found.append((t.producer_id, start))
         return sorted(found)
 
     def stable_offset(self, high_watermark: int, log_start_offset: int) -> int:
@@ -219,18 +205,20 @@ class TransactionState:
             "aborted": [list(t) for t in self.aborted],
             # (keys older versions ignore; without them this version scans the log instead)
             "open_batch_spans": {
-                str(pid): [list(b) for b in spans] for pid, spans in self._open_batches.items()
+                str(t.producer_id): [list(b) for b in t.batches] for t in self.open.values()
             },
             "ended_batch_spans": [
-                [pid, m, [list(b) for b in spans]]
-                for (pid, m), spans in self._ended_batches.items()
+                [t.producer_id, t.marker_offset, [list(b) for b in t.batches]] for t in self.ended
             ],
         }
 
     def checkpoint_entries(self) -> int:
         """How many entries to_checkpoint would write (the caller bounds the file's size)."""
-        spans = sum(len(b) for b in (*self._open_batches.values(), *self._ended_batches.values()))
+        spans = sum(len(b) for b in self._undecided_batches())
         return len(self.open) + len(self.ended) + len(self.aborted) + spans
+
+    def _undecided_batches(self) -> list[list[tuple[int, int]]]:
+        return [t.batches for t in self.open.values()] + [t.batches for t in self.ended]
 
     def load_checkpoint(self, data: dict[str, Any], now_ms: int) -> None:
         """ValueError (the caller scans the log instead) for a checkpoint that lacks an
@@ -239,16 +227,15 @@ class TransactionState:
         open_spans = data.get("open_batch_spans", {})
         ended_spans = {(int(p), int(m)): spans for p, m, spans in data.get("ended_batch_spans", [])}
         for pid, epoch, first in data.get("open", []):
-            self.open[int(pid)] = OpenTransaction(int(pid), int(epoch), int(first), now_ms)
-            self._open_batches[int(pid)] = _spans(open_spans.get(str(pid)))
+            spans = _spans(open_spans.get(str(pid)))
+            self.open[int(pid)] = OpenTransaction(int(pid), int(epoch), int(first), now_ms, spans)
         for pid, epoch, first, marker, commit in data.get("ended", []):
+            spans = _spans(ended_spans.get((int(pid), int(marker))))
             self.ended.append(
                 EndedTransaction(
-                    int(pid), int(epoch), int(first), int(marker), bool(commit), now_ms
+                    int(pid), int(epoch), int(first), int(marker), bool(commit), now_ms, spans
                 )
             )
-            key = (int(pid), int(marker))
-            self._ended_batches[key] = _spans(ended_spans.get(key))
         for pid, first, marker in data.get("aborted", []):
             self.aborted.append(AbortedTransaction(int(pid), int(first), int(marker)))
             self._aborted_ends.append(int(marker))
