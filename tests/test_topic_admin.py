@@ -4,14 +4,16 @@ alter configs live, add partitions; bad requests get named errors and change not
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import wait_for, wait_for_async
+from helpers import wait_for, wait_for_async, wait_for_value
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.async_client import AsyncClient
@@ -22,6 +24,7 @@ from tidelog.errors import InvalidRequest, UnknownTopicOrPartition
 from tidelog.node.access import Principal
 from tidelog.node.topics import TOPIC_ID_FILE
 from tidelog.protocol.api import ApiKey
+from tidelog.protocol.framing import Frame, FrameDecoder, encode_frame
 from tidelog.replication.messages import VoteRequest
 from wire import replication_frame
 
@@ -230,3 +233,94 @@ def _run(coro: Any) -> Any:
         return asyncio.run(coro)
     except BaseException as exc:  # handed to the test thread, which asserts on it
         return exc
+
+
+class LaggingNode:
+    """A node, behind a proxy, that answers Metadata as it did before a topic was created: one
+    that has not applied the creation yet (found in CI: a Kafka test's `wait_for_leaders` right
+    after CreateTopics failed with UnknownTopicOrPartition)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.lagging = False
+        self.metadata_answers: dict[str, Frame] = {}  # last Metadata answer per request, as sent
+        self.stale_answers = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        asked: dict[int, str] = {}  # correlation id -> the Metadata request, as text
+
+        async def client_to_node() -> None:
+            decoder = FrameDecoder(1 << 30)
+            while data := await reader.read(65536):
+                decoder.receive_data(data)
+                while (frame := decoder.next_frame()) is not None:
+                    key = json.dumps(frame.header, sort_keys=True)
+                    if frame.api == ApiKey.METADATA and self.lagging:
+                        old = self.metadata_answers[key]
+                        self.stale_answers += 1
+                        writer.write(
+                            encode_frame(replace(old, correlation_id=frame.correlation_id))
+                        )
+                        continue
+                    if frame.api == ApiKey.METADATA:
+                        asked[frame.correlation_id] = key
+                    up_writer.write(encode_frame(frame))
+            up_writer.close()
+
+        async def node_to_client() -> None:
+            decoder = FrameDecoder(1 << 30)
+            while data := await up_reader.read(65536):
+                decoder.receive_data(data)
+                while (frame := decoder.next_frame()) is not None:
+                    if frame.correlation_id in asked:
+                        self.metadata_answers[asked.pop(frame.correlation_id)] = frame
+                    writer.write(encode_frame(frame))
+            writer.close()
+
+        await asyncio.gather(client_to_node(), node_to_client(), return_exceptions=True)
+
+
+def test_a_topic_just_created_is_found_through_a_node_that_has_not_applied_it(
+    tmp_path: Path,
+) -> None:
+    """A node behind on the metadata log calls a new topic unknown; the client asks the
+    metadata leader before it believes that, as a Kafka client retries
+    UNKNOWN_TOPIC_OR_PARTITION. A topic that does not exist is still unknown at once."""
+    with LocalCluster(tmp_path, 3) as cluster:
+        with Client(cluster.bootstrap) as admin:
+            leader = wait_for_value(
+                "a metadata leader", lambda: admin.describe_cluster().metadata_leader, (0).__lt__
+            )
+        follower = next(n for n in cluster.node_ids if n != leader)
+
+        async def main() -> None:
+            lagging = LaggingNode(("127.0.0.1", cluster.ports[follower]))
+            address = await lagging.start()
+            try:
+                for _ in range(2):  # what the follower says before "late" exists
+                    async with AsyncClient(address) as before:
+                        with pytest.raises(UnknownTopicOrPartition):
+                            await before.topic("late", refresh=True)
+                async with AsyncClient(cluster.bootstrap) as creator:
+                    await creator.create_topic("late", partitions=2)
+                lagging.lagging = True
+                async with AsyncClient(address) as client:
+                    await client.wait_for_leaders("late")
+                    assert (await client.produce("late", [b"x"], partition=1)) is not None
+                    with pytest.raises(UnknownTopicOrPartition):
+                        await client.topic("never-created", refresh=True)
+                assert lagging.stale_answers >= 1
+            finally:
+                lagging.close()
+
+        asyncio.run(main())

@@ -205,7 +205,15 @@ class Router:
         cache.metadata_leader = resp.metadata_leader
         if topics is None:  # every topic there is: one deleted since is gone from the cache
             cache.topics.clear()
-        for t in resp.topics:
+        entries = list(resp.topics)
+        unknown = [t for t in entries if "error" in t]
+        if unknown and topics is not None and not at_metadata_leader:
+            # A node that has not applied a topic's creation yet calls it unknown, as a Kafka
+            # broker answers UNKNOWN_TOPIC_OR_PARTITION just after CreateTopics; the metadata
+            # leader has applied it. One try: when it cannot answer, the first word stands.
+            entries = [t for t in entries if "error" not in t]
+            entries += await self._unknown_at_metadata_leader(unknown)
+        for t in entries:
             if "error" in t:
                 cache.topics.pop(str(t["name"]), None)
                 continue
@@ -214,6 +222,18 @@ class Router:
             for p, leader in enumerate(info.leaders):
                 if leader >= 0:
                     cache.leaders[(info.name, p)] = leader
+
+    async def _unknown_at_metadata_leader(
+        self, unknown: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The metadata leader's entries for topics another node called unknown (that node's
+        entries when the leader cannot be asked)."""
+        request = api.MetadataRequest([str(t["name"]) for t in unknown], leader_only=True)
+        try:
+            header, _ = await self.call(self._metadata_leader_address(0), ApiKey.METADATA, request)
+        except TidelogError:
+            return unknown
+        return list(api.decode(api.MetadataResponse, header).topics)
 
     async def topic(self, name: str, refresh: bool = False) -> TopicInfo:
         if refresh or name not in self.metadata.topics:
