@@ -20,7 +20,7 @@ from tidelog.client.async_client import AsyncClient
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 from tidelog.config import InvalidConfig
-from tidelog.errors import InvalidRequest, UnknownTopicOrPartition
+from tidelog.errors import InvalidRequest, UnknownCursor, UnknownTopicOrPartition
 from tidelog.node.access import Principal
 from tidelog.node.topics import TOPIC_ID_FILE
 from tidelog.protocol.api import ApiKey
@@ -236,14 +236,16 @@ def _run(coro: Any) -> Any:
 
 
 class LaggingNode:
-    """A node, behind a proxy, that answers Metadata as it did before a topic was created: one
-    that has not applied the creation yet (found in CI: a Kafka test's `wait_for_leaders` right
-    after CreateTopics failed with UnknownTopicOrPartition)."""
+    """A node, behind a proxy, that answers Metadata and cursor requests as it did before a
+    topic or cursor was created: one that has not applied the creation yet (found in CI: a Kafka
+    test's `wait_for_leaders` right after CreateTopics failed with UnknownTopicOrPartition)."""
+
+    REPLAYED = (ApiKey.METADATA, ApiKey.CURSOR)
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.lagging = False
-        self.metadata_answers: dict[str, Frame] = {}  # last Metadata answer per request, as sent
+        self.answers: dict[str, Frame] = {}  # the last answer to each request, as text
         self.stale_answers = 0
         self._server: asyncio.Server | None = None
 
@@ -257,22 +259,20 @@ class LaggingNode:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        asked: dict[int, str] = {}  # correlation id -> the Metadata request, as text
+        asked: dict[int, str] = {}  # correlation id -> the request, as text
 
         async def client_to_node() -> None:
             decoder = FrameDecoder(1 << 30)
             while data := await reader.read(65536):
                 decoder.receive_data(data)
                 while (frame := decoder.next_frame()) is not None:
-                    key = json.dumps(frame.header, sort_keys=True)
-                    if frame.api == ApiKey.METADATA and self.lagging:
-                        old = self.metadata_answers[key]
+                    key = f"{frame.api}:{json.dumps(frame.header, sort_keys=True)}"
+                    if self.lagging and key in self.answers:
+                        old = replace(self.answers[key], correlation_id=frame.correlation_id)
                         self.stale_answers += 1
-                        writer.write(
-                            encode_frame(replace(old, correlation_id=frame.correlation_id))
-                        )
+                        writer.write(encode_frame(old))
                         continue
-                    if frame.api == ApiKey.METADATA:
+                    if frame.api in self.REPLAYED:
                         asked[frame.correlation_id] = key
                     up_writer.write(encode_frame(frame))
             up_writer.close()
@@ -283,19 +283,19 @@ class LaggingNode:
                 decoder.receive_data(data)
                 while (frame := decoder.next_frame()) is not None:
                     if frame.correlation_id in asked:
-                        self.metadata_answers[asked.pop(frame.correlation_id)] = frame
+                        self.answers[asked.pop(frame.correlation_id)] = frame
                     writer.write(encode_frame(frame))
             writer.close()
 
         await asyncio.gather(client_to_node(), node_to_client(), return_exceptions=True)
 
 
-def test_a_topic_just_created_is_found_through_a_node_that_has_not_applied_it(
+def test_what_was_just_created_is_found_through_a_node_that_has_not_applied_it(
     tmp_path: Path,
 ) -> None:
-    """A node behind on the metadata log calls a new topic unknown; the client asks the
-    metadata leader before it believes that, as a Kafka client retries
-    UNKNOWN_TOPIC_OR_PARTITION. A topic that does not exist is still unknown at once."""
+    """A node behind on the metadata log calls a new topic or cursor unknown; the client asks
+    the metadata leader before it believes that, as a Kafka client retries
+    UNKNOWN_TOPIC_OR_PARTITION. What does not exist is still unknown at once."""
     with LocalCluster(tmp_path, 3) as cluster:
         with Client(cluster.bootstrap) as admin:
             leader = wait_for_value(
@@ -307,19 +307,30 @@ def test_a_topic_just_created_is_found_through_a_node_that_has_not_applied_it(
             lagging = LaggingNode(("127.0.0.1", cluster.ports[follower]))
             address = await lagging.start()
             try:
-                for _ in range(2):  # what the follower says before "late" exists
-                    async with AsyncClient(address) as before:
-                        with pytest.raises(UnknownTopicOrPartition):
-                            await before.topic("late", refresh=True)
+                # What the follower says now, each asked by a new client (one that knows no
+                # other node yet) as the clients below will ask it.
+                async with AsyncClient(address) as before:
+                    with pytest.raises(UnknownTopicOrPartition):
+                        await before.topic("late", refresh=True)
+                async with AsyncClient(address) as before:
+                    with pytest.raises(UnknownCursor):
+                        await before.cursors("late-reader")
                 async with AsyncClient(cluster.bootstrap) as creator:
                     await creator.create_topic("late", partitions=2)
+                    await creator.create_cursor("late-reader", "late")
                 lagging.lagging = True
+                async with AsyncClient(address) as client:
+                    assert [c["name"] for c in await client.cursors("late-reader")] == [
+                        "late-reader"
+                    ]
                 async with AsyncClient(address) as client:
                     await client.wait_for_leaders("late")
                     assert (await client.produce("late", [b"x"], partition=1)) is not None
                     with pytest.raises(UnknownTopicOrPartition):
                         await client.topic("never-created", refresh=True)
-                assert lagging.stale_answers >= 1
+                    with pytest.raises(UnknownCursor):
+                        await client.cursors("never-created")
+                assert lagging.stale_answers >= 2
             finally:
                 lagging.close()
 

@@ -14,7 +14,7 @@ from tidelog.client.consume import Reader
 from tidelog.client.metadata import ClusterInfo, NodeInfo, TopicInfo
 from tidelog.client.routing import Router
 from tidelog.cluster_status import node_status
-from tidelog.errors import TidelogError, Timeout, UnknownNode
+from tidelog.errors import TidelogError, Timeout, UnknownCursor, UnknownNode
 from tidelog.principals import new_token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -279,8 +279,18 @@ class Admin:
         await self._to_metadata_leader(ApiKey.CURSOR, api.CursorRequest("delete", name))
 
     async def cursors(self, name: str | None) -> list[dict[str, Any]]:
-        op = "describe" if name else "list"
-        header, _ = await self._router.any_node(ApiKey.CURSOR, api.CursorRequest(op, name or ""))
+        request = api.CursorRequest("describe" if name else "list", name or "")
+        try:
+            header, _ = await self._router.any_node(ApiKey.CURSOR, request)
+        except UnknownCursor as unknown:
+            # The node asked may not have applied the cursor's creation yet (a Spark query's
+            # driver and its restart, or two CLI calls, ask different nodes).
+            try:
+                header = await self._router.metadata_leader_once(ApiKey.CURSOR, request)
+            except UnknownCursor:
+                raise
+            except TidelogError:
+                raise unknown from None
         return list(api.decode(api.CursorResponse, header).cursors)
 
     # -- principals, ACLs and quotas --------------------------------------------------------------

@@ -230,10 +230,19 @@ class Router:
         entries when the leader cannot be asked)."""
         request = api.MetadataRequest([str(t["name"]) for t in unknown], leader_only=True)
         try:
-            header, _ = await self.call(self._metadata_leader_address(0), ApiKey.METADATA, request)
+            header = await self.metadata_leader_once(ApiKey.METADATA, request)
         except TidelogError:
             return unknown
         return list(api.decode(api.MetadataResponse, header).topics)
+
+    async def metadata_leader_once(self, key: ApiKey, request: Any) -> dict[str, Any]:
+        """One try at the metadata leader, for a read whose "no such thing" at some node may
+        only mean that node has not applied a change yet (its errors are the caller's)."""
+        if self.metadata.metadata_leader < 0:
+            with contextlib.suppress(TidelogError):  # learn who leads, knowing no topics
+                await self.refresh_metadata([])
+        header, _ = await self.call(self._metadata_leader_address(0), key, request)
+        return header
 
     async def topic(self, name: str, refresh: bool = False) -> TopicInfo:
         if refresh or name not in self.metadata.topics:

@@ -87,6 +87,18 @@ class MetadataLog:
         if not self.opened:
             raise NotLeader(f"node {self.node_id} is starting", leader_hint=-1)
 
+    def require_current(self, what: str) -> None:
+        """Before "no such thing" is answered from this node's metadata: when it may lack
+        committed commands, the answer is retriable (NotLeader) and the client asks another
+        node (a node back from a lost disk called an existing topic unknown while it caught
+        up)."""
+        behind = self.behind()
+        if behind:
+            raise NotLeader(
+                f"node {self.node_id} does not know {what} yet: {behind}",
+                leader_hint=self.host.leader_hint,
+            )
+
     def require_leader(self) -> None:
         """Admin changes are checked against the metadata leader's state, not a follower's
         (which may not have applied the latest commands yet)."""

@@ -96,6 +96,8 @@ class CursorOps(MetadataOps):
 
     async def cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
         if req.op in ("list", "describe"):
+            if req.op == "describe" and req.name not in self.metadata.cursors:
+                self.metadata_log.require_current(f"cursor {req.name!r}")
             names = [req.name] if req.op == "describe" else sorted(self.metadata.cursors)
             listed = [self.metadata.cursor(n).to_wire() for n in names]
             if req.op == "list" and self.access.enforced:

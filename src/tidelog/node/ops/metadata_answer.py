@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 from tidelog.errors import (
-    NotLeader,
     UnknownTopicOrPartition,
 )
 from tidelog.node.metadata_log import MetadataLog
@@ -55,15 +54,7 @@ class MetadataAnswers(MetadataOps):
         for name in names:
             meta = self.metadata.topics.get(name)
             if meta is None:
-                behind = self.metadata_log.behind()
-                if behind:
-                    # It may exist: this node does not know all that is committed. Retriable,
-                    # and the client asks another node (a node back from a lost disk said
-                    # "unknown topic" for one that existed while it caught up).
-                    raise NotLeader(
-                        f"node {self.node_id} does not know topic {name!r} yet: {behind}",
-                        leader_hint=self.metadata_host.leader_hint,
-                    )
+                self.metadata_log.require_current(f"topic {name!r}")
                 topics.append({"name": name, "error": UnknownTopicOrPartition().to_wire()})
                 continue
             entry = self._metadata_cache.get(name)
