@@ -181,3 +181,48 @@ def value(families: dict[str, list[Sample]], name: str, **labels: str) -> float:
     ]
     assert len(found) == 1, f"{name} {labels}: {found}"
     return found[0]
+
+
+def kafka_partitions(admin: Any, topic: str, partitions: int, timeout_s: float = 30.0) -> Any:
+    """A topic's partitions as Kafka's Metadata (confluent-kafka's AdminClient.list_topics)
+    describes them, once each has a leader. A node that has not applied the topic's creation, or
+    whose replica has not heard from a new leader, answers without them (UNKNOWN_TOPIC_OR_PARTITION,
+    LEADER_NOT_AVAILABLE), and a Kafka client asks again; so does this."""
+    from confluent_kafka import KafkaException
+
+    return wait_for_value(
+        f"{partitions} partitions of {topic} with leaders in Kafka's Metadata",
+        lambda: admin.list_topics(topic, timeout=10).topics[topic].partitions,
+        lambda found: len(found) == partitions and all(p.leader >= 0 for p in found.values()),
+        timeout_s,
+        every_s=0.1,
+        tolerating=(KafkaException, KeyError),
+    )
+
+
+def kafka_topic_config(admin: Any, topic: str, name: str, wanted: str) -> None:
+    """Wait until Kafka's DescribeConfigs says the topic's setting is `wanted`: a client may ask a
+    node that has not applied the AlterConfigs yet (Kafka's brokers lag the same way)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import ConfigResource
+
+    def described() -> str:
+        found = admin.describe_configs([ConfigResource("topic", topic)])
+        return str(next(iter(found.values())).result(30)[name].value)
+
+    wait_for_value(
+        f"{topic}'s {name} to be {wanted} in DescribeConfigs",
+        described,
+        wanted.__eq__,
+        30,
+        every_s=0.1,
+        tolerating=(KafkaException,),
+    )
+
+
+def topic_at_metadata_leader(client: Any, name: str) -> Any:
+    """A topic's assignments and moves as the metadata leader has them (a sync Client's
+    TopicInfo): read-your-writes after a move or a node's removal, which another node may not
+    have applied yet. (Its partition leaders are only those the metadata leader hosts.)"""
+    client.refresh_metadata([name], at_metadata_leader=True)
+    return client.topic(name)

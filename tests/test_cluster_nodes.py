@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for, wait_for_value
+from helpers import topic_at_metadata_leader, wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -136,7 +136,7 @@ def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path
         dead = next(n for n in (4, 3, 2) if n != before.metadata_leader)
         client.delete_topic("u")  # two replicas: one dead and the partition stands still
         cluster.kill(dead)
-        on_dead = sum(dead in a for a in client.topic("t", refresh=True).assignments)
+        on_dead = sum(dead in a for a in topic_at_metadata_leader(client, "t").assignments)
         out = tidelog(
             "cluster", "remove-node", str(dead), "--wait", "--timeout", "120",
             "--bootstrap", cluster.bootstrap,
@@ -146,7 +146,7 @@ def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path
         after = client.describe_cluster(leader_only=True)
         assert [n.node_id for n in after.nodes] == staying and after.removed_nodes == [dead]
         assert sorted(after.metadata_voters) == staying
-        info = client.topic("t", refresh=True)
+        info = topic_at_metadata_leader(client, "t")
         assert all(dead not in a and len(a) == 3 for a in info.assignments)
         assert not info.reassigning
         for p in range(4):
@@ -168,7 +168,7 @@ def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path
         for p in range(3):
             client.produce("v", [b"v%d" % p], partition=p)
         # Leadership handed to the other replica while the first leads (preferred leader).
-        second = client.topic("v", refresh=True).assignments[0][1]
+        second = topic_at_metadata_leader(client, "v").assignments[0][1]
         out = tidelog(
             "partitions", "elect", "v/0", "--node", str(second), "--bootstrap", cluster.bootstrap
         )
@@ -181,7 +181,7 @@ def test_nodes_are_removed_dead_and_live_and_bad_changes_change_nothing(tmp_path
         assert [n.node_id for n in final.nodes] == left and final.metadata_leader in left
         assert sorted(final.metadata_voters) == left
         assert final.removed_nodes == sorted([gone, dead])
-        assert all(sorted(a) == left for a in client.topic("v", refresh=True).assignments)
+        assert all(sorted(a) == left for a in topic_at_metadata_leader(client, "v").assignments)
         wait_for(
             "the removed node to delete its copies",
             lambda: not any((tmp_path / f"node-{gone}").glob("v-*")),
@@ -229,7 +229,7 @@ def test_a_node_started_to_join_waits_until_it_is_added_and_must_listen_where_ad
         client.add_node(n, "127.0.0.1", cluster.ports[n], cluster.peer_ports[n])
         assert client.wait_for_node(n, "voter", timeout_s=60).metadata_role == "voter"
         client.create_topic("v", partitions=4, replication_factor=1)
-        placed = {a[0] for a in client.topic("v", refresh=True).assignments}
+        placed = {a[0] for a in topic_at_metadata_leader(client, "v").assignments}
         assert n in placed, "new replicas are placed on the added node"
 
         # A node added at one address but started at another is refused with a named error.
@@ -273,7 +273,13 @@ def test_a_node_that_was_down_while_nodes_came_and_went_finds_its_way_back(
                 60,
                 every_s=0.2,
             )
-            assert "later" in [t.name for t in on_three.list_topics()]
+            wait_for_value(
+                "node 3 to list the topic node 4 created",
+                lambda: [t.name for t in on_three.list_topics()],
+                lambda names: "later" in names,
+                30,
+                every_s=0.2,
+            )
         assert "letting them in" in cluster.log_path(3).read_text()
 
         # Node 5 is added and never started: the removal of node 1 still completes.
@@ -283,6 +289,6 @@ def test_a_node_that_was_down_while_nodes_came_and_went_finds_its_way_back(
         info = client.describe_cluster(leader_only=True)
         assert [n.node_id for n in info.nodes] == [2, 3, four, five] and info.removed_nodes == [1]
         assert sorted(info.metadata_voters) == [2, 3, four]
-        assert all(1 not in a for a in client.topic("t", refresh=True).assignments)
+        assert all(1 not in a for a in topic_at_metadata_leader(client, "t").assignments)
         with pytest.raises(InvalidRequest, match="needs that many nodes"):
             client.create_topic("wide", replication_factor=4)  # node 5 never caught up

@@ -216,9 +216,14 @@ def test_a_new_cluster_starts_at_the_highest_level_every_node_supports(tmp_path:
         info = client.describe_cluster()
         assert info.finalized_features == {FEATURE: MAX_LEVEL}
         assert all(n.supported_features == {FEATURE: [1, MAX_LEVEL]} for n in info.nodes)
-        for n in cluster.node_ids:
-            metrics = scrape(cluster.http_url(n))
-            assert value(metrics, "tidelog_feature_level", feature=FEATURE) == MAX_LEVEL
+        for n in cluster.node_ids:  # each as it applies the finalization
+            wait_for_value(
+                f"node {n}'s tidelog_feature_level",
+                lambda n=n: value(
+                    scrape(cluster.http_url(n)), "tidelog_feature_level", feature=FEATURE
+                ),
+                lambda level: level == MAX_LEVEL,
+            )
         assert f"tidelog.version finalized at level {MAX_LEVEL}" in tidelog(
             "status", "--bootstrap", cluster.bootstrap
         )

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers import wait_for, wait_for_value
+from helpers import kafka_partitions, wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.errors import TidelogError, TransactionsNotEnabled
@@ -53,7 +53,7 @@ def create_topic(
     admin.create_topics([NewTopic(topic, partitions, replication_factor)])[topic].result(30)
     with Client(cluster.bootstrap) as client:
         client.wait_for_leaders(topic)
-    described = admin.list_topics(topic, timeout=10).topics[topic].partitions
+    described = kafka_partitions(admin, topic, partitions)
     return {p: list(meta.replicas) for p, meta in described.items()}
 
 
@@ -325,22 +325,12 @@ def test_read_committed_consumers_stop_at_the_lso_and_skip_aborted_transactions(
     assert len(kafka_python_read("read_uncommitted")) == 10  # the aborted ones too, no markers
 
 
-def cluster_leader(cluster: LocalCluster, topic: str) -> int:
-    """Partition 0's leader, as Kafka's Metadata names it."""
+def cluster_leader(cluster: LocalCluster, topic: str, partitions: int = 1) -> int:
+    """Partition 0's leader, as Kafka's Metadata names it (asked again until it names one)."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
-    # A replica that has not yet heard from a new partition's leader answers -1
-    # (LEADER_NOT_AVAILABLE), as Kafka's Metadata does during an election: ask again.
-    return int(
-        wait_for_value(
-            f"a leader of {topic}/0 in Metadata",
-            lambda: admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader,
-            lambda leader: leader >= 0,
-            20,
-            every_s=0.1,
-        )
-    )
+    return int(kafka_partitions(admin, topic, partitions)[0].leader)
 
 
 def topic_id(cluster: LocalCluster, topic: str) -> Any:

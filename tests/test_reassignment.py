@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import poll, wait_for
+from helpers import poll, topic_at_metadata_leader, wait_for
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -92,7 +92,7 @@ def test_a_partition_moves_onto_an_added_node_under_acks_all_load_with_its_leade
             resp = client.reassign_partition("t", 0, target, throttle_bytes=100_000)
             assert sorted(resp.replicas) == target and resp.leaving == [old[0]]
             time.sleep(0.3)
-            assert 0 in client.topic("t", refresh=True).reassigning, "still moving"
+            assert 0 in topic_at_metadata_leader(client, "t").reassigning, "still moving"
             cluster.kill(leader)  # SIGKILL mid-move
             client.wait_for_reassignment("t", 0, timeout_s=120)
             time.sleep(0.5)
@@ -100,7 +100,7 @@ def test_a_partition_moves_onto_an_added_node_under_acks_all_load_with_its_leade
             stop.set()
             writer.join()
         assert len(acked) > 20, "the producer kept writing through the move"
-        info = client.topic("t", refresh=True)
+        info = topic_at_metadata_leader(client, "t")
         assert sorted(info.assignments[0]) == target and 0 not in info.reassigning
 
         # Every replica of the target holds the same log, with every acknowledged record.
@@ -139,7 +139,7 @@ def test_a_partition_moves_onto_an_added_node_under_acks_all_load_with_its_leade
 def test_bad_reassignments_get_named_errors_and_change_nothing(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
         client.create_topic("t", replication_factor=2, configs={"min.insync.replicas": "2"})
-        before = client.topic("t", refresh=True).assignments
+        before = topic_at_metadata_leader(client, "t").assignments
         with pytest.raises(InvalidReplicaAssignment, match="unknown node"):
             client.reassign_partition("t", 0, [1, 9])
         with pytest.raises(InvalidReplicaAssignment, match="duplicate"):
@@ -152,7 +152,7 @@ def test_bad_reassignments_get_named_errors_and_change_nothing(tmp_path: Path) -
             client.reassign_partition("t", 5, [1, 2])
         with pytest.raises(UnknownTopicOrPartition):
             client.reassign_partition("nope", 0, [1, 2])
-        info = client.topic("t", refresh=True)
+        info = topic_at_metadata_leader(client, "t")
         assert info.assignments == before and not info.reassigning
 
 
@@ -220,18 +220,20 @@ def test_rebalance_moves_replicas_onto_an_added_node(tmp_path: Path) -> None:
         for p in range(4):
             client.produce("r", [b"p%d" % p], partition=p)
         new_node = add_node(cluster, client)
-        assert all(new_node not in a for a in client.topic("r", refresh=True).assignments)
+        assert all(new_node not in a for a in topic_at_metadata_leader(client, "r").assignments)
 
         def rebalance(*extra: str) -> str:
             return tidelog("cluster", "rebalance", *extra, "--bootstrap", cluster.bootstrap)
 
-        before = client.topic("r", refresh=True).assignments
+        before = topic_at_metadata_leader(client, "r").assignments
         planned = rebalance("--dry-run")
         assert "move r/" in planned
-        assert client.topic("r", refresh=True).assignments == before, "a dry run changes nothing"
+        assert topic_at_metadata_leader(client, "r").assignments == before, (
+            "a dry run changes nothing"
+        )
         done = rebalance("--wait")
         assert "rebalanced" in done
-        after = client.topic("r", refresh=True).assignments
+        after = topic_at_metadata_leader(client, "r").assignments
         per_node = [sum(n in a for a in after) for n in (1, 2, 3, new_node)]
         assert max(per_node) - min(per_node) <= 1 and per_node[3] >= 1, per_node
         for p in range(4):

@@ -14,7 +14,7 @@ from tidelog.client.consume import Reader
 from tidelog.client.metadata import ClusterInfo, NodeInfo, TopicInfo
 from tidelog.client.routing import Router
 from tidelog.cluster_status import node_status
-from tidelog.errors import TidelogError, Timeout, UnknownCursor, UnknownNode
+from tidelog.errors import TidelogError, Timeout, UnknownNode
 from tidelog.principals import new_token
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -280,17 +280,9 @@ class Admin:
 
     async def cursors(self, name: str | None) -> list[dict[str, Any]]:
         request = api.CursorRequest("describe" if name else "list", name or "")
-        try:
-            header, _ = await self._router.any_node(ApiKey.CURSOR, request)
-        except UnknownCursor as unknown:
-            # The node asked may not have applied the cursor's creation yet (a Spark query's
-            # driver and its restart, or two CLI calls, ask different nodes).
-            try:
-                header = await self._router.metadata_leader_once(ApiKey.CURSOR, request)
-            except UnknownCursor:
-                raise
-            except TidelogError:
-                raise unknown from None
+        # Read-your-writes: a position just committed (or a cursor just created) may not have
+        # reached a follower yet, and a Spark driver's restart or two CLI calls ask anew.
+        header = await self._to_metadata_leader(ApiKey.CURSOR, request)
         return list(api.decode(api.CursorResponse, header).cursors)
 
     # -- principals, ACLs and quotas --------------------------------------------------------------

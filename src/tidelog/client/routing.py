@@ -238,11 +238,17 @@ class Router:
     async def metadata_leader_once(self, key: ApiKey, request: Any) -> dict[str, Any]:
         """One try at the metadata leader, for a read whose "no such thing" at some node may
         only mean that node has not applied a change yet (its errors are the caller's)."""
-        if self.metadata.metadata_leader < 0:
-            with contextlib.suppress(TidelogError):  # learn who leads, knowing no topics
-                await self.refresh_metadata([])
+        await self._learn_metadata_leader()
         header, _ = await self.call(self._metadata_leader_address(0), key, request)
         return header
+
+    async def _learn_metadata_leader(self) -> None:
+        """A client that does not know which node leads the metadata log asks one (a Metadata
+        request for no topics), so that its first admin request or read-your-writes read goes
+        there and not to a follower that may not have applied the latest change."""
+        if self.metadata.metadata_leader < 0:
+            with contextlib.suppress(TidelogError):
+                await self.refresh_metadata([])
 
     async def topic(self, name: str, refresh: bool = False) -> TopicInfo:
         if refresh or name not in self.metadata.topics:
@@ -377,6 +383,7 @@ class Router:
         Kafka's admin client does until default.api.timeout.ms: right after a cluster starts,
         its first election is still running."""
         started = time.monotonic()
+        await self._learn_metadata_leader()
         attempt = 0
         while True:
             address = self._metadata_leader_address(attempt)

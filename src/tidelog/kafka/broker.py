@@ -297,12 +297,15 @@ class KafkaBroker:
             names = [t.name for t in requested if t.name is not None]
         allow_create = bool(getattr(body, "allow_auto_topic_creation", True))
         missing = [n for n in names if n not in existing]
-        if missing and allow_create and requested is not None:
+        # A node behind on the metadata log may lack a topic that exists: it neither creates
+        # it (that fails, and is logged as a failure) nor calls it unknown (below).
+        behind = bool(missing) and bool(self.view.metadata_behind())
+        if missing and allow_create and requested is not None and not behind:
             await self._auto_create(principal, missing)
         await self.routing.refresh_leaders([n for n in names if n in existing])
         brokers = await self._brokers()
         known = {b["node_id"] for b in brokers}
-        topics = [self._topic_metadata(name, known) for name in names]
+        topics = [self._topic_metadata(name, known, behind) for name in names]
         return {
             "throttle_time_ms": 0,
             "brokers": brokers,
@@ -312,11 +315,14 @@ class KafkaBroker:
             "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
         }
 
-    def _topic_metadata(self, name: str, brokers: set[int]) -> dict[str, Any]:
+    def _topic_metadata(self, name: str, brokers: set[int], behind: bool) -> dict[str, Any]:
         meta = self.view.topics.get(name)
         if meta is None:
             return {
-                "error_code": kerr.UNKNOWN_TOPIC_OR_PARTITION,
+                # LEADER_NOT_AVAILABLE: retriable, as Kafka answers a topic being created
+                "error_code": kerr.LEADER_NOT_AVAILABLE
+                if behind
+                else kerr.UNKNOWN_TOPIC_OR_PARTITION,
                 "name": name,
                 "topic_id": uuid.UUID(int=0),
                 "is_internal": False,

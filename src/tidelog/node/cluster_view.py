@@ -172,6 +172,10 @@ class ClusterView:
     def is_metadata_leader(self) -> bool:
         return self._metadata.host.replica.is_leader
 
+    def metadata_behind(self) -> str:
+        """Why this node's metadata may lack committed commands ("" if current)."""
+        return self._metadata.behind()
+
     @property
     def applied_offset(self) -> int:
         """Metadata log entries this node has applied."""

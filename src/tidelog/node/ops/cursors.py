@@ -91,13 +91,14 @@ class CursorOps(MetadataOps):
         one needs read on the topic it follows (as a Kafka group's offsets need read)."""
         if req.op == "list":
             return Operation.DESCRIBE, Resource.cluster(), ""
+        if req.op != "create" and req.name not in self.metadata.cursors:
+            # It may exist: answered before the handler, so checked here.
+            self.metadata_log.require_current(f"cursor {req.name!r}")
         topic = req.topic if req.op == "create" else self.metadata.cursor(req.name).topic
         return Operation.READ, Resource.topic(topic), ""
 
     async def cursor(self, req: api.CursorRequest, payload: bytes) -> api.CursorResponse:
         if req.op in ("list", "describe"):
-            if req.op == "describe" and req.name not in self.metadata.cursors:
-                self.metadata_log.require_current(f"cursor {req.name!r}")
             names = [req.name] if req.op == "describe" else sorted(self.metadata.cursors)
             listed = [self.metadata.cursor(n).to_wire() for n in names]
             if req.op == "list" and self.access.enforced:

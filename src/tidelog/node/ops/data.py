@@ -89,6 +89,8 @@ class DataOps(ConfiguredOps):
         host = self.hosts.get(f"{topic}/{partition}")
         if host is not None and topic != METADATA_TOPIC:
             return host
+        if topic not in self.metadata.topics:
+            self.metadata_log.require_current(f"topic {topic!r}")
         meta = self.metadata.topic(topic)
         if not 0 <= partition < meta.partitions:
             raise UnknownTopicOrPartition(
