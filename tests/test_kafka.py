@@ -260,23 +260,23 @@ def test_a_group_shares_partitions_takes_over_and_its_commits_hold_retention(
         )
         admin.incremental_alter_configs([resource])[resource].result(30)
         kafka_topic_config(admin, topic, "retention.ms", "1")
-        starts = wait_for_value(
-            "retention to delete up to the group's offset 30",
-            lambda: [log_start(client, topic, p) for p in (0, 1)],
-            lambda starts: all(s > 0 for s in starts),
-            20,
-            every_s=0.2,
-        )
-        assert all(0 < s <= 30 for s in starts), starts
+
+        def log_starts_past(offset: int, what: str) -> list[int]:
+            return list(
+                wait_for_value(
+                    what,
+                    lambda: [log_start(client, topic, p) for p in (0, 1)],
+                    lambda starts: all(s > offset for s in starts),
+                    20,
+                    every_s=0.2,
+                )
+            )
+
+        starts = log_starts_past(0, "retention to delete up to the group's offset 30")
+        assert all(s <= 30 for s in starts), starts
         second.commit(offsets=[TopicPartition(topic, p, 150) for p in (0, 1)], asynchronous=False)
-        starts = wait_for_value(
-            "retention to delete past offset 30 once the group committed 150",
-            lambda: [log_start(client, topic, p) for p in (0, 1)],
-            lambda starts: all(s > 30 for s in starts),
-            20,
-            every_s=0.2,
-        )
-        assert all(30 < s <= 150 for s in starts), starts
+        starts = log_starts_past(30, "retention to delete past 30 once the group committed 150")
+        assert all(s <= 150 for s in starts), starts
     assert committed(second, topic, 2) == {0: 150, 1: 150}
     second.close()
 

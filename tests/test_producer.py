@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from frame_proxy import FrameProxy
 from helpers import retry, values_in
 from test_cluster import leader_of
 from test_node import running_node
@@ -33,59 +34,34 @@ from tidelog.errors import (
 from tidelog.node.config import NodeConfig
 from tidelog.node.server import Node
 from tidelog.protocol.api import ApiKey
-from tidelog.protocol.framing import FrameDecoder, encode_frame
+from tidelog.protocol.framing import Frame
 from tidelog.record import ProducerRecord, build_batch
 
 pytestmark = pytest.mark.process  # tiers: pyproject.toml's markers
 
 
-class LossyProxy:
+class LossyProxy(FrameProxy):
     """Forwards clients' connections to a node, and drops the node's answers to produce
     requests while told to (closing the client's connection, as a broken network would)."""
 
     def __init__(self) -> None:
-        self.upstream: tuple[str, int] = ("127.0.0.1", 0)
+        super().__init__()
         self.drop_produce_answers = 0  # how many more to drop (-1: every one)
         self.drop_every = 0  # or: drop every n-th answer to a produce
         self.dropped = 0
         self.answered = 0
-        self._server: asyncio.Server | None = None
 
-    async def start(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return "127.0.0.1", int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-
-        async def client_to_node() -> None:
-            while data := await reader.read(65536):
-                up_writer.write(data)
-            up_writer.close()
-
-        async def node_to_client() -> None:
-            decoder = FrameDecoder(1 << 30)
-            while data := await up_reader.read(65536):
-                decoder.receive_data(data)
-                while (frame := decoder.next_frame()) is not None:
-                    if frame.api == ApiKey.PRODUCE:
-                        self.answered += 1
-                    every = self.drop_every and self.answered % self.drop_every == 0
-                    if frame.api == ApiKey.PRODUCE and (self.drop_produce_answers != 0 or every):
-                        if self.drop_produce_answers > 0:
-                            self.drop_produce_answers -= 1
-                        self.dropped += 1
-                        writer.close()
-                        up_writer.close()
-                        return
-                    writer.write(encode_frame(frame))
-            writer.close()
-
-        await asyncio.gather(client_to_node(), node_to_client(), return_exceptions=True)
+    def from_node(self, frame: Frame) -> bool:
+        if frame.api != ApiKey.PRODUCE:
+            return True
+        self.answered += 1
+        every = self.drop_every and self.answered % self.drop_every == 0
+        if self.drop_produce_answers == 0 and not every:
+            return True
+        if self.drop_produce_answers > 0:
+            self.drop_produce_answers -= 1
+        self.dropped += 1
+        return False
 
 
 @contextlib.asynccontextmanager

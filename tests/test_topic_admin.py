@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from frame_proxy import FrameProxy, Reply
 from helpers import wait_for, wait_for_async, wait_for_value
 from test_node import running_node
 from tidelog.cli.cluster import LocalCluster
@@ -25,7 +26,7 @@ from tidelog.node.access import Principal
 from tidelog.node.topics import TOPIC_ID_FILE
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
-from tidelog.protocol.framing import Frame, FrameDecoder, encode_frame
+from tidelog.protocol.framing import Frame
 from tidelog.replication.messages import VoteRequest
 from wire import Wire, replication_frame
 
@@ -236,7 +237,7 @@ def _run(coro: Any) -> Any:
         return exc
 
 
-class LaggingNode:
+class LaggingNode(FrameProxy):
     """A node, behind a proxy, that answers Metadata and cursor requests as it did before a
     topic or cursor was created: one that has not applied the creation yet (found in CI: a Kafka
     test's `wait_for_leaders` right after CreateTopics failed with UnknownTopicOrPartition)."""
@@ -244,51 +245,26 @@ class LaggingNode:
     REPLAYED = (ApiKey.METADATA, ApiKey.CURSOR)
 
     def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self.lagging = False
         self.answers: dict[str, Frame] = {}  # the last answer to each request, as text
         self.stale_answers = 0
-        self._server: asyncio.Server | None = None
+        self._asked: dict[int, str] = {}  # correlation id -> the request, as text
 
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+    def from_client(self, frame: Frame, reply: Reply) -> bool:
+        key = f"{frame.api}:{json.dumps(frame.header, sort_keys=True)}"
+        if self.lagging and key in self.answers:
+            self.stale_answers += 1
+            reply(replace(self.answers[key], correlation_id=frame.correlation_id))
+            return False
+        if frame.api in self.REPLAYED:
+            self._asked[frame.correlation_id] = key
+        return True
 
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        asked: dict[int, str] = {}  # correlation id -> the request, as text
-
-        async def client_to_node() -> None:
-            decoder = FrameDecoder(1 << 30)
-            while data := await reader.read(65536):
-                decoder.receive_data(data)
-                while (frame := decoder.next_frame()) is not None:
-                    key = f"{frame.api}:{json.dumps(frame.header, sort_keys=True)}"
-                    if self.lagging and key in self.answers:
-                        old = replace(self.answers[key], correlation_id=frame.correlation_id)
-                        self.stale_answers += 1
-                        writer.write(encode_frame(old))
-                        continue
-                    if frame.api in self.REPLAYED:
-                        asked[frame.correlation_id] = key
-                    up_writer.write(encode_frame(frame))
-            up_writer.close()
-
-        async def node_to_client() -> None:
-            decoder = FrameDecoder(1 << 30)
-            while data := await up_reader.read(65536):
-                decoder.receive_data(data)
-                while (frame := decoder.next_frame()) is not None:
-                    if frame.correlation_id in asked:
-                        self.answers[asked.pop(frame.correlation_id)] = frame
-                    writer.write(encode_frame(frame))
-            writer.close()
-
-        await asyncio.gather(client_to_node(), node_to_client(), return_exceptions=True)
+    def from_node(self, frame: Frame) -> bool:
+        if frame.correlation_id in self._asked:
+            self.answers[self._asked.pop(frame.correlation_id)] = frame
+        return True
 
 
 def describe_by_hand(address: str, cursor: str) -> Frame:
@@ -315,7 +291,7 @@ def test_what_was_just_created_is_found_through_a_node_that_has_not_applied_it(
 
         async def main() -> None:
             lagging = LaggingNode(("127.0.0.1", cluster.ports[follower]))
-            address = await lagging.start()
+            address = "{}:{}".format(*await lagging.start())
             try:
                 # What the follower says now, as a new client (one that knows no other node
                 # yet) would hear it. A cursor's describe is asked by hand: the client asks the
@@ -342,6 +318,6 @@ def test_what_was_just_created_is_found_through_a_node_that_has_not_applied_it(
                         await client.cursors("never-created")
                 assert lagging.stale_answers >= 1
             finally:
-                lagging.close()
+                await lagging.stop()
 
         asyncio.run(main())
