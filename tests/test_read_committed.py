@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,6 +208,54 @@ def test_a_cursor_commits_the_position_past_trailing_markers(tmp_path: Path) -> 
         assert shown.stdout.split() == ["kept"]
         [cursor] = await client.cursors("tail")
         assert cursor["positions"] == {"0": 4}  # not 1, after "kept"
+
+    run(tmp_path, body)
+
+
+def test_a_following_cursor_commits_when_idle_and_when_terminated(tmp_path: Path) -> None:
+    """`consume --follow --cursor` that reached the end commits its position within half a
+    second, markers included, though no record comes after (it committed only when it printed a
+    record, so a follower at the end kept a lag for good); SIGTERM commits what it printed,
+    then it exits 143 (it lost the last half second's records before)."""
+
+    async def body(node: Node, client: AsyncClient) -> None:
+        await transactions_enabled(client)
+        await client.create_topic("t")
+        await client.produce("t", [b"kept"], partition=0)  # 0
+        txn = await open_transaction(client, "dropped", b"a1", b"a2")  # 1-2
+        await txn.abort()  # its marker: 3
+        follower = subprocess.Popen(
+            [
+                sys.executable, "-m", "tidelog", "consume", "t", "--follow", "--cursor", "tail",
+                "--isolation-level", "read_committed", "--from", "earliest",
+                "--bootstrap", f"127.0.0.1:{node.address[1]}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+
+            async def at(position: int) -> bool:
+                found = await client.cursors()
+                return any(c["name"] == "tail" and c["positions"] == {"0": position} for c in found)
+
+            await wait_for_async("the idle follower to commit past the marker", lambda: at(4))
+            await client.produce("t", [b"last"], partition=0)  # 4
+            await wait_for_async("the follower to commit past the last record", lambda: at(5))
+            await client.produce("t", [b"final"], partition=0)  # 5
+            # SIGTERM at once: the idle commit may not have come; the one on the way out must.
+            follower.send_signal(signal.SIGTERM)
+            out, err = await asyncio.to_thread(follower.communicate, timeout=30)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+        assert follower.returncode == 128 + signal.SIGTERM, err
+        printed = out.split()
+        assert printed[:2] == ["kept", "last"], out
+        [cursor] = await client.cursors("tail")
+        assert cursor["positions"] == {"0": 4 + len(printed[1:])}, (cursor, out)
 
     run(tmp_path, body)
 

@@ -39,6 +39,7 @@ from tidelog.record.batch import Record
 from tidelog.version import version_line
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7100"
+COMMIT_EVERY_S = 0.5  # how often `consume --cursor` commits while it reads (and after it idles)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -697,6 +698,10 @@ def _text_field(name: str, value: bytes | None) -> dict[str, Any]:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     async def run() -> int:
+        # SIGTERM ends a consume as Ctrl-C does: what it printed is committed first.
+        consuming = asyncio.current_task()
+        if consuming is not None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consuming.cancel)
         async with client_of(args) as client:
             starts = await _consume_starts(client, args)
             positions = {p: int(start) for p, start in starts.items()} if args.cursor else {}
@@ -716,7 +721,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
                     with contextlib.suppress(asyncio.CancelledError, TidelogError):
                         await task
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except asyncio.CancelledError:  # SIGTERM
+        return 128 + signal.SIGTERM
 
 
 async def _consume_starts(client: AsyncClient, args: argparse.Namespace) -> dict[int, int | str]:
@@ -780,8 +788,11 @@ async def _print_records(
     positions: dict[int, int],
 ) -> int:
     """Print the records of `live` partition reads as they come, until every read ended or
-    --max records are printed; with --cursor, commit what was printed every half second and at
-    the end. Returns the exit status: 1 if a partition's read failed."""
+    --max records are printed; with --cursor, commit the position past what was printed (and
+    the markers and aborted batches skipped) at most every COMMIT_EVERY_S, within that time
+    when the reads go idle (a follower at the end), and when it stops, Ctrl-C and SIGTERM
+    included, as a Kafka consumer commits on close. Returns the exit status: 1 if a
+    partition's read failed."""
     committed = dict(positions)
 
     async def commit() -> None:
@@ -794,31 +805,43 @@ async def _print_records(
     failed = 0
     loop = asyncio.get_running_loop()
     last_commit = loop.time()
-    while live:
-        item = await out.get()
-        if item is None:
-            live -= 1
-            continue
-        p, rec = item
-        if isinstance(rec, int):  # the position after a fetch whose records are printed
-            positions[p] = rec
-            continue
-        if isinstance(rec, TidelogError):
-            print(f"error: partition {p}: {rec}", file=sys.stderr)
-            failed = 1
-            continue
-        sys.stdout.write(format_record(rec, p, args.format) + "\n")
-        positions[p] = rec.offset + 1
-        if args.cursor and loop.time() - last_commit > 0.5:
-            sys.stdout.flush()
-            await commit()
-            last_commit = loop.time()
-        if remaining is not None:
-            remaining -= 1
-            if remaining <= 0:
-                break
-    sys.stdout.flush()
-    await commit()
+    try:
+        while live:
+            if out.empty() and args.cursor and positions != committed:
+                try:  # what is read so far is committed before waiting for more
+                    due = last_commit + COMMIT_EVERY_S - loop.time()
+                    item = await asyncio.wait_for(out.get(), max(due, 0.0))
+                except TimeoutError:
+                    sys.stdout.flush()
+                    await commit()
+                    last_commit = loop.time()
+                    continue
+            else:
+                item = await out.get()
+            if item is None:
+                live -= 1
+                continue
+            p, rec = item
+            if isinstance(rec, int):  # the position after a fetch whose records are printed
+                positions[p] = rec
+                continue
+            if isinstance(rec, TidelogError):
+                print(f"error: partition {p}: {rec}", file=sys.stderr)
+                failed = 1
+                continue
+            sys.stdout.write(format_record(rec, p, args.format) + "\n")
+            positions[p] = rec.offset + 1
+            if args.cursor and loop.time() - last_commit > COMMIT_EVERY_S:
+                sys.stdout.flush()
+                await commit()
+                last_commit = loop.time()
+            if remaining is not None:
+                remaining -= 1
+                if remaining <= 0:
+                    break
+    finally:
+        sys.stdout.flush()
+        await commit()
     return failed
 
 
