@@ -16,13 +16,15 @@ import pytest
 from frame_proxy import FrameProxy, Reply
 from helpers import wait_for, wait_for_async, wait_for_value
 from test_node import running_node
-from tidelog.cli.cluster import LocalCluster
+from tidelog.cli.cluster import LocalCluster, free_ports
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 from tidelog.config import InvalidConfig
 from tidelog.errors import InvalidRequest, UnknownCursor, UnknownTopicOrPartition
 from tidelog.node.access import Principal
+from tidelog.node.config import NodeConfig
+from tidelog.node.server import Node
 from tidelog.node.topics import TOPIC_ID_FILE
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -242,11 +244,16 @@ class LaggingNode(FrameProxy):
     topic or cursor was created: one that has not applied the creation yet (found in CI: a Kafka
     test's `wait_for_leaders` right after CreateTopics failed with UnknownTopicOrPartition)."""
 
-    REPLAYED = (ApiKey.METADATA, ApiKey.CURSOR)
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        replayed: tuple[ApiKey, ...] = (ApiKey.METADATA, ApiKey.CURSOR),
+        catches_up_after: int | None = None,
+    ) -> None:
         super().__init__(upstream)
+        self.replayed = replayed
         self.lagging = False
+        self.catches_up_after = catches_up_after  # stale answers, then it is current
         self.answers: dict[str, Frame] = {}  # the last answer to each request, as text
         self.stale_answers = 0
         self._asked: dict[int, str] = {}  # correlation id -> the request, as text
@@ -255,9 +262,10 @@ class LaggingNode(FrameProxy):
         key = f"{frame.api}:{json.dumps(frame.header, sort_keys=True)}"
         if self.lagging and key in self.answers:
             self.stale_answers += 1
+            self.lagging = self.stale_answers != self.catches_up_after
             reply(replace(self.answers[key], correlation_id=frame.correlation_id))
             return False
-        if frame.api in self.REPLAYED:
+        if frame.api in self.replayed:
             self._asked[frame.correlation_id] = key
         return True
 
@@ -321,3 +329,41 @@ def test_what_was_just_created_is_found_through_a_node_that_has_not_applied_it(
                 await lagging.stop()
 
         asyncio.run(main())
+
+
+def test_a_fetch_naming_a_cursor_its_node_has_not_applied_yet_is_tried_again(
+    tmp_path: Path,
+) -> None:
+    """A partition's leader that has not applied a cursor's creation answers a fetch naming it
+    with UnknownCursor (found from outside: `consume --follow --cursor NEW` failed now and
+    then right after creating the cursor). The client asks the metadata leader whether the
+    cursor exists, and if so fetches again; a cursor that exists nowhere is still refused."""
+
+    async def main() -> None:
+        lagging = LaggingNode(("127.0.0.1", 0), (ApiKey.FETCH,), catches_up_after=2)
+        advertised = await lagging.start()  # the node's address as clients know it
+        port = free_ports(1)[0]
+        config = NodeConfig(
+            data_dir=tmp_path / "node", listen=("127.0.0.1", port), peers={1: advertised}, node_id=1
+        )
+        node = Node(config)
+        await node.start()
+        lagging.upstream = node.address
+        try:
+            async with AsyncClient("{}:{}".format(*advertised)) as client:
+                await client.create_topic("t")
+                await client.produce("t", [b"x"], partition=0)
+                with pytest.raises(UnknownCursor):  # what the node says before the creation
+                    await client.fetch("t", 0, 0, cursor="late")
+                await client.create_cursor("late", "t")
+                lagging.lagging = True
+                fetched = await client.fetch("t", 0, 0, cursor="late")
+                assert [r.value for r in fetched.records] == [b"x"]
+                assert lagging.stale_answers == 2
+                with pytest.raises(UnknownCursor):
+                    await client.fetch("t", 0, 0, cursor="never-created")
+        finally:
+            await lagging.stop()
+            await node.stop()
+
+    asyncio.run(main())

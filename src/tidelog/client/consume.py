@@ -21,6 +21,8 @@ from tidelog.errors import (
     NetworkError,
     NotLeader,
     OffsetOutOfRange,
+    TidelogError,
+    UnknownCursor,
     UnknownTopicOrPartition,
     UnsupportedApi,
 )
@@ -35,6 +37,9 @@ log = logging.getLogger("tidelog.client.async_client")
 
 CONSUME_FETCH_BYTES = 1024 * 1024  # per fetch of consume(): Kafka's max.partition.fetch.bytes
 RESETS = ("earliest", "latest", "none")
+# How often a fetch naming a cursor that its node does not know yet (but the metadata leader
+# does) is tried before UnknownCursor is raised.
+CURSOR_LAG_TRIES = 6
 
 
 @dataclass(frozen=True)
@@ -158,14 +163,19 @@ class Reader:
             options.consistent,
             options.isolation_level,
         )
-        router = self._router
-        timeout = options.max_wait_ms / 1000 + router.settings.request_timeout_s
-        if options.node_id is not None:
-            node_id = options.node_id
-            address = router.node_address(node_id) or (await router.nodes())[node_id]
-            header, payload = await router.call(address, ApiKey.FETCH, request, timeout_s=timeout)
-        else:
-            header, payload = await self._at_leader(topic, partition, request, timeout)
+        timeout = options.max_wait_ms / 1000 + self._router.settings.request_timeout_s
+        attempt = 0
+        while True:
+            try:
+                header, payload = await self._fetch_once(request, options, timeout)
+                break
+            except UnknownCursor:
+                # The node asked (a partition's leader) may not have applied the cursor's
+                # creation yet: the metadata leader's word decides (a few tries).
+                attempt += 1
+                if attempt >= CURSOR_LAG_TRIES or not await self._cursor_exists(options.cursor):
+                    raise
+                await asyncio.sleep(self._router.backoff(attempt))
         resp = api.decode(api.FetchResponse, header)
         # Headers and CRCs are checked here, once; records are decoded when first asked for.
         batches = tuple(iter_headers(payload))
@@ -188,6 +198,25 @@ class Reader:
             resp.leader_epoch,
             resp.last_stable_offset,
         )
+
+    async def _fetch_once(
+        self, request: api.FetchRequest, options: FetchOptions, timeout: float
+    ) -> tuple[dict[str, Any], bytes]:
+        if options.node_id is None:
+            return await self._at_leader(request.topic, request.partition, request, timeout)
+        router = self._router
+        node_id = options.node_id
+        address = router.node_address(node_id) or (await router.nodes())[node_id]
+        return await router.call(address, ApiKey.FETCH, request, timeout_s=timeout)
+
+    async def _cursor_exists(self, name: str) -> bool:
+        """Does the metadata leader know the cursor? (False when it cannot be asked.)"""
+        request = api.CursorRequest("describe", name)
+        try:
+            await self._router.metadata_leader_once(ApiKey.CURSOR, request)
+        except TidelogError:
+            return False
+        return True
 
     async def _at_leader(
         self, topic: str, partition: int, request: api.FetchRequest, timeout: float

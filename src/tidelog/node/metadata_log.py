@@ -87,16 +87,17 @@ class MetadataLog:
         if not self.opened:
             raise NotLeader(f"node {self.node_id} is starting", leader_hint=-1)
 
-    def require_current(self, what: str) -> None:
+    def require_current(self, what: str, partition_request: bool = False) -> None:
         """Before "no such thing" is answered from this node's metadata: when it may lack
         committed commands, the answer is retriable (NotLeader) and the client asks another
         node (a node back from a lost disk called an existing topic unknown while it caught
-        up)."""
+        up). A partition request's NotLeader hints no node (the metadata leader need not lead
+        the partition): its client refreshes the metadata instead."""
         behind = self.behind()
         if behind:
             raise NotLeader(
                 f"node {self.node_id} does not know {what} yet: {behind}",
-                leader_hint=self.host.leader_hint,
+                leader_hint=-1 if partition_request else self.host.leader_hint,
             )
 
     def require_leader(self) -> None:

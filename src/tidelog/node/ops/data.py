@@ -90,7 +90,7 @@ class DataOps(ConfiguredOps):
         if host is not None and topic != METADATA_TOPIC:
             return host
         if topic not in self.metadata.topics:
-            self.metadata_log.require_current(f"topic {topic!r}")
+            self.metadata_log.require_current(f"topic {topic!r}", partition_request=True)
         meta = self.metadata.topic(topic)
         if not 0 <= partition < meta.partitions:
             raise UnknownTopicOrPartition(
@@ -274,6 +274,8 @@ class DataOps(ConfiguredOps):
             )
 
     def check_cursor(self, name: str, topic: str, partition: int) -> None:
+        if name not in self.metadata.cursors:
+            self.metadata_log.require_current(f"cursor {name!r}", partition_request=True)
         cursor = self.metadata.cursor(name)
         if not cursor.live:
             host = self.hosts.get(f"{topic}/{partition}")
