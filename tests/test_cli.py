@@ -216,6 +216,8 @@ def test_cli_round_trip(tmp_path: Path) -> None:
         )
         table = tidelog(b, "status", "small").stdout
         assert "LOG_START" in table and "small" in table and "events" not in table
+        missing = tidelog(b, "status", "no-such-topic", check=False)  # not an empty table
+        assert missing.returncode == 1 and "UnknownTopicOrPartition" in missing.stderr
 
 
 def test_serve_from_a_toml_file_and_stop_on_sigterm(tmp_path: Path) -> None:

@@ -177,6 +177,8 @@ def test_transactions_cli_lists_describes_and_aborts_a_hanging_transaction(
         assert described["partitions"] == {"hang": [0, 1]}
         text = run_tidelog("transactions", "list", "--bootstrap", cluster.bootstrap)
         assert "stuck-1" in text.stdout and "hang/0, hang/1" in text.stdout
+        negative = run_tidelog("transactions", "list", "--min-age-ms", "-5", "--bootstrap", "x:1")
+        assert negative.returncode == 2 and "must be 0 or more" in negative.stderr
 
         # status names the transactional id that holds the LSO, the one `abort` takes
         status = run_tidelog("status", "hang", "--bootstrap", cluster.bootstrap)

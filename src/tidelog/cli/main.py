@@ -963,6 +963,8 @@ def cmd_delete_records(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with client_of(args) as client:
+            if args.topic:
+                await client.topic(args.topic, refresh=True)  # UnknownTopicOrPartition, exit 1
 
             async def render() -> tuple[Any, str]:
                 nodes = await client.status([args.topic] if args.topic else None)

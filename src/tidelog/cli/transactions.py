@@ -24,6 +24,17 @@ from tidelog.errors import TidelogError
 STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort")
 
 
+def milliseconds(text: str) -> int:
+    """A duration in ms, 0 or more (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def add_transactions_commands(
     sub: Any, with_bootstrap: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 ) -> None:
@@ -39,7 +50,7 @@ def add_transactions_commands(
     )
     listing.add_argument(
         "--min-age-ms",
-        type=int,
+        type=milliseconds,
         default=-1,
         metavar="MS",
         help="only transactions open at least this long (hanging ones)",
