@@ -218,6 +218,7 @@ def test_cli_round_trip(tmp_path: Path) -> None:
         assert "LOG_START" in table and "small" in table and "events" not in table
         missing = tidelog(b, "status", "no-such-topic", check=False)  # not an empty table
         assert missing.returncode == 1 and "UnknownTopicOrPartition" in missing.stderr
+        assert "__metadata" in tidelog(b, "status", "__metadata").stdout  # the upgrade guide's
 
 
 def test_serve_from_a_toml_file_and_stop_on_sigterm(tmp_path: Path) -> None:

@@ -36,10 +36,12 @@ from tidelog.logs import configure as configure_logs
 from tidelog.node.failstop import EXIT_CODE as FAIL_STOP_EXIT_CODE
 from tidelog.protocol.api import CONSISTENCIES, LINEARIZABLE
 from tidelog.record.batch import Record
+from tidelog.replication.metadata import METADATA_TOPIC
 from tidelog.version import version_line
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7100"
 COMMIT_EVERY_S = 0.5  # how often `consume --cursor` commits while it reads (and after it idles)
+LAST_COMMIT_S = 10.0  # how long its commit on the way out (Ctrl-C, SIGTERM, an error) may take
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -717,6 +719,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
             finally:
                 for task in tasks:
                     task.cancel()
+                # A reader cancelled while the queue is full waits to put its end (None)
+                # there: take what is queued until every reader is done.
+                while not all(task.done() for task in tasks):
+                    while not out.empty():
+                        out.get_nowait()
+                    await asyncio.wait(tasks, timeout=0.05)
                 for task in tasks:
                     with contextlib.suppress(asyncio.CancelledError, TidelogError):
                         await task
@@ -780,6 +788,52 @@ async def _read_partition(
         await out.put(None)
 
 
+class _CursorCommits:
+    """`consume --cursor`'s commits of the position past what was printed (and the markers
+    and aborted batches skipped): at most every COMMIT_EVERY_S, within that time when the reads
+    go idle (a follower at the end), and when it stops, Ctrl-C and SIGTERM included, as a Kafka
+    consumer commits on close."""
+
+    def __init__(self, client: AsyncClient, args: argparse.Namespace, positions: dict[int, int]):
+        self._client = client
+        self._args = args
+        self.positions = positions  # what the consume has printed or skipped
+        self._committed = dict(positions)
+        self._failed = False  # not tried again on the way out: it waited its time
+        self._last = asyncio.get_running_loop().time()
+
+    def idle_wait(self) -> float | None:
+        """How long to wait for more before committing what is read (None: nothing to)."""
+        if not self._args.cursor or self.positions == self._committed:
+            return None
+        return max(self._last + COMMIT_EVERY_S - asyncio.get_running_loop().time(), 0.0)
+
+    async def commit(self, when_due: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        if when_due and loop.time() - self._last <= COMMIT_EVERY_S:
+            return
+        if self._args.cursor and self.positions != self._committed and not self._failed:
+            sys.stdout.flush()  # committed only once printed
+            try:
+                # read_committed: the node checks no position passes the LSO (it never does)
+                await self._client.commit_cursor(
+                    self._args.cursor, self.positions, self._args.isolation_level
+                )
+            except TidelogError:
+                self._failed = True
+                raise
+            self._committed.update(self.positions)
+        self._last = loop.time()
+
+    async def commit_on_the_way_out(self) -> None:
+        """After an error, Ctrl-C or SIGTERM: bounded, and a failure is told but does not
+        replace the cause (nor its exit status)."""
+        try:
+            await asyncio.wait_for(self.commit(), LAST_COMMIT_S)
+        except (TidelogError, TimeoutError) as exc:
+            print(f"warning: cursor {self._args.cursor} not committed: {exc!r}", file=sys.stderr)
+
+
 async def _print_records(
     client: AsyncClient,
     args: argparse.Namespace,
@@ -788,60 +842,48 @@ async def _print_records(
     positions: dict[int, int],
 ) -> int:
     """Print the records of `live` partition reads as they come, until every read ended or
-    --max records are printed; with --cursor, commit the position past what was printed (and
-    the markers and aborted batches skipped) at most every COMMIT_EVERY_S, within that time
-    when the reads go idle (a follower at the end), and when it stops, Ctrl-C and SIGTERM
-    included, as a Kafka consumer commits on close. Returns the exit status: 1 if a
-    partition's read failed."""
-    committed = dict(positions)
-
-    async def commit() -> None:
-        if args.cursor and positions != committed:
-            # read_committed: the node checks no position passes the LSO (it never does here)
-            await client.commit_cursor(args.cursor, positions, args.isolation_level)
-            committed.update(positions)
-
+    --max records are printed, committing with --cursor (_CursorCommits). Returns the exit
+    status: 1 if a partition's read failed."""
+    commits = _CursorCommits(client, args, positions)
     remaining: int | None = args.max_records
     failed = 0
-    loop = asyncio.get_running_loop()
-    last_commit = loop.time()
+    # One get() outlives the waits with a timeout: asyncio.wait_for could take an item and
+    # swallow a cancellation (Ctrl-C, SIGTERM) that came at the same moment.
+    getting: asyncio.Task[tuple[int, Record | TidelogError | int] | None] | None = None
     try:
         while live:
-            if out.empty() and args.cursor and positions != committed:
-                try:  # what is read so far is committed before waiting for more
-                    due = last_commit + COMMIT_EVERY_S - loop.time()
-                    item = await asyncio.wait_for(out.get(), max(due, 0.0))
-                except TimeoutError:
-                    sys.stdout.flush()
-                    await commit()
-                    last_commit = loop.time()
-                    continue
-            else:
-                item = await out.get()
+            if getting is None:
+                getting = asyncio.ensure_future(out.get())
+            await asyncio.wait({getting}, timeout=commits.idle_wait())
+            if not getting.done():  # idle: what is read so far is committed before more comes
+                await commits.commit()
+                continue
+            item, getting = getting.result(), None
             if item is None:
                 live -= 1
                 continue
             p, rec = item
             if isinstance(rec, int):  # the position after a fetch whose records are printed
                 positions[p] = rec
-                continue
-            if isinstance(rec, TidelogError):
+            elif isinstance(rec, TidelogError):
                 print(f"error: partition {p}: {rec}", file=sys.stderr)
                 failed = 1
-                continue
-            sys.stdout.write(format_record(rec, p, args.format) + "\n")
-            positions[p] = rec.offset + 1
-            if args.cursor and loop.time() - last_commit > COMMIT_EVERY_S:
-                sys.stdout.flush()
-                await commit()
-                last_commit = loop.time()
-            if remaining is not None:
-                remaining -= 1
-                if remaining <= 0:
-                    break
-    finally:
+            else:
+                sys.stdout.write(format_record(rec, p, args.format) + "\n")
+                positions[p] = rec.offset + 1
+                await commits.commit(when_due=True)
+                if remaining is not None:
+                    remaining -= 1
+                    if remaining <= 0:
+                        break
+    except BaseException:
+        if getting is not None:
+            getting.cancel()
         sys.stdout.flush()
-        await commit()
+        await commits.commit_on_the_way_out()
+        raise
+    sys.stdout.flush()
+    await commits.commit()
     return failed
 
 
@@ -963,7 +1005,7 @@ def cmd_delete_records(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with client_of(args) as client:
-            if args.topic:
+            if args.topic and args.topic != METADATA_TOPIC:
                 await client.topic(args.topic, refresh=True)  # UnknownTopicOrPartition, exit 1
 
             async def render() -> tuple[Any, str]:

@@ -200,14 +200,14 @@ class Router:
         else:
             header, _ = await self.any_node(ApiKey.METADATA, request)
         resp = api.decode(api.MetadataResponse, header)
+        self._remember_nodes(resp)
         cache = self.metadata
-        cache.nodes = {int(n["node_id"]): (str(n["host"]), int(n["port"])) for n in resp.nodes}
-        cache.metadata_leader = resp.metadata_leader
         if topics is None:  # every topic there is: one deleted since is gone from the cache
             cache.topics.clear()
         entries = list(resp.topics)
         unknown = [t for t in entries if "error" in t]
-        if unknown and topics is not None and not at_metadata_leader:
+        asked_leader = at_metadata_leader or resp.node_id == resp.metadata_leader
+        if unknown and topics is not None and not asked_leader:
             # A node that has not applied a topic's creation yet calls it unknown, as a Kafka
             # broker answers UNKNOWN_TOPIC_OR_PARTITION just after CreateTopics; the metadata
             # leader has applied it. One try: when it cannot answer, the first word stands.
@@ -245,10 +245,21 @@ class Router:
     async def _learn_metadata_leader(self) -> None:
         """A client that does not know which node leads the metadata log asks one (a Metadata
         request for no topics), so that its first admin request or read-your-writes read goes
-        there and not to a follower that may not have applied the latest change."""
-        if self.metadata.metadata_leader < 0:
-            with contextlib.suppress(TidelogError):
-                await self.refresh_metadata([])
+        there and not to a follower that may not have applied the latest change. One try, at
+        the first address: the callers' own loops go through the nodes when it fails."""
+        if self.metadata.metadata_leader >= 0:
+            return
+        request = api.MetadataRequest([])
+        try:
+            header, _ = await self.call(self._addresses()[0], ApiKey.METADATA, request)
+        except TidelogError:
+            return
+        self._remember_nodes(api.decode(api.MetadataResponse, header))
+
+    def _remember_nodes(self, resp: api.MetadataResponse) -> None:
+        cache = self.metadata
+        cache.nodes = {int(n["node_id"]): (str(n["host"]), int(n["port"])) for n in resp.nodes}
+        cache.metadata_leader = resp.metadata_leader
 
     async def topic(self, name: str, refresh: bool = False) -> TopicInfo:
         if refresh or name not in self.metadata.topics:

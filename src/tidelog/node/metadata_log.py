@@ -92,7 +92,7 @@ class MetadataLog:
         committed commands, the answer is retriable (NotLeader) and the client asks another
         node (a node back from a lost disk called an existing topic unknown while it caught
         up). A partition request's NotLeader hints no node (the metadata leader need not lead
-        the partition): its client refreshes the metadata instead."""
+        the partition): its client tries the partition's replicas in turn instead."""
         behind = self.behind()
         if behind:
             raise NotLeader(
