@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from helpers import wait_for
+from helpers import wait_for, wait_for_value
 from tidelog.cli.cluster import LocalCluster
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
@@ -261,6 +261,32 @@ def test_a_follower_behind_a_log_start_inside_a_batch_catches_up(tmp_path: Path)
         ]
         assert mine == [r.value for r in client.consume("m", 0, "earliest")]
         assert mine and mine[0] is not None and mine[0].endswith(b"-2")  # the batch's third
+
+
+def test_delete_records_force_invalidates_a_cursor_where_another_node_leads_metadata(
+    tmp_path: Path,
+) -> None:
+    """delete-records --force at a partition's leader that does not lead the metadata log: the
+    cursor in the way is invalidated through the metadata leader, then the log start moves. It
+    failed every time with NotLeader (the metadata leader's hint, which the client took for the
+    partition's leader) while the node logged the invalidation on each retry (found by a
+    newcomer's tour)."""
+    with LocalCluster(tmp_path, nodes=3) as cluster, Client(cluster.bootstrap) as client:
+        client.create_topic("forced", partitions=3, replication_factor=3)
+        for p in range(3):
+            client.produce("forced", [b"r%d" % i for i in range(5)], partition=p)
+        client.create_cursor("held", "forced", "earliest")
+        metadata_leader = client.describe_cluster(leader_only=True).metadata_leader
+        leaders = wait_for_value(
+            "every partition's leader",
+            lambda: client.topic("forced", refresh=True).leaders,
+            lambda found: all(n >= 0 for n in found),
+        )
+        p = next(p for p, n in enumerate(leaders) if n != metadata_leader)
+        assert client.delete_records("forced", p, 3, force=True) == 3
+        [held] = client.cursors("held")
+        assert "delete-records --force" in held["invalidated"], held
+        assert [r.value for r in client.consume("forced", p, "earliest")] == [b"r3", b"r4"]
 
 
 def test_compaction_keeps_the_latest_per_key_and_drops_tombstones(tmp_path: Path) -> None:

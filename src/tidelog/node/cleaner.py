@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from tidelog.errors import TidelogError
+from tidelog.errors import TidelogError, Timeout
 from tidelog.logs import event
 from tidelog.node.archiver import Archiver
 from tidelog.node.metadata_log import MetadataLog
@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 LWM_MAX_AGE_S = 1.0
 
 CLEANER_TICK_S = 0.1
+# An invalidation asked of the metadata leader by a peer message is asked again this often
+# (a message may be lost) until it is applied here, for at most INVALIDATE_WAIT_S.
+INVALIDATE_RESEND_S = 0.2
+INVALIDATE_WAIT_S = 30.0
 
 
 def wall_ms() -> int:
@@ -262,6 +266,28 @@ class Cleaner:
             if leader >= 0:
                 metadata.send_to_peer(leader, ApiKey.CURSOR, header, None)
             self._invalidating.discard(name)  # retried on the next pass until it is committed
+
+    async def invalidate_now(self, name: str, reason: str) -> None:
+        """Invalidate before going on (delete-records --force, before it moves the log start):
+        proposed here when this node leads the metadata log, else asked of its leader until this
+        node has applied it (a partition's leader need not lead the metadata log: it answered
+        NotLeader with the metadata leader as hint, which its client took for the partition's
+        leader, and the request never got through)."""
+        metadata = self.metadata
+        if metadata.is_leader:
+            await metadata.propose(InvalidateCursor(name, reason, wall_ms()), INVALIDATE_WAIT_S)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + INVALIDATE_WAIT_S
+        header: dict[str, Any] = {"op": "invalidate", "name": name, "reason": reason}
+        while (cursor := metadata.state.cursors.get(name)) is not None and cursor.live:
+            if loop.time() > deadline:
+                raise Timeout(f"cursor {name!r} not invalidated after {INVALIDATE_WAIT_S:.0f}s")
+            if metadata.is_leader:  # it became the leader meanwhile
+                await metadata.propose(InvalidateCursor(name, reason, wall_ms()), 30.0)
+            elif metadata.leader_id >= 0:
+                metadata.send_to_peer(metadata.leader_id, ApiKey.CURSOR, header, None)
+            await asyncio.sleep(INVALIDATE_RESEND_S)
 
     async def _propose_invalidation(self, name: str, reason: str) -> None:
         try:

@@ -45,7 +45,6 @@ from tidelog.record.validation import ValidatedBatches, validate_produced
 from tidelog.replication.metadata import (
     METADATA_TOPIC,
 )
-from tidelog.replication.metadata_commands import InvalidateCursor
 from tidelog.replication.metadata_transactions import verify_transactional_batch
 
 log = logging.getLogger(__name__)
@@ -483,7 +482,7 @@ class DataOps(ConfiguredOps):
                 cursor=cursor.name,
                 reason=reason,
             )
-            await self.propose_metadata(InvalidateCursor(cursor.name, reason, wall_ms()), 30.0)
+            await self.cleaner.invalidate_now(cursor.name, reason)
         host = self.leader(req.topic, req.partition)
         host.replica.advance_log_start(target)
         host.process_ready()
