@@ -75,6 +75,24 @@ def test_cli_round_trip(tmp_path: Path) -> None:
             "retention.ms=-1",
         )
         assert tidelog(b, "topics", "list").stdout.split() == ["events", "small"]
+        # stdin a file or /dev/null, not a pipe (asyncio cannot watch those: a traceback, and a
+        # hang on /dev/null, before)
+        tidelog(b, "topics", "create", "piped")
+        lines = tmp_path / "two.txt"
+        lines.write_text("from-a-file\nand-another\n")
+        for source, produced in ((lines, 2), (Path(os.devnull), 0)):
+            with source.open("rb") as stdin:
+                done = subprocess.run(
+                    [sys.executable, "-m", "tidelog", "produce", "piped", "--print-offsets"],
+                    stdin=stdin,
+                    capture_output=True,
+                    text=True,
+                    env=dict(os.environ, TIDELOG_BOOTSTRAP=b),
+                    timeout=60,
+                )
+            assert done.returncode == 0 and len(done.stdout.splitlines()) == produced, done
+        missing = tidelog(b, "produce", "piped", "--file", str(tmp_path / "none"), check=False)
+        assert missing.returncode == 1 and "cannot read" in missing.stderr, missing.stderr
         described = tidelog(b, "topics", "describe", "small").stdout
         assert "segment.bytes=2048" in described and "partition 0" in described
         dup = tidelog(b, "topics", "create", "events", check=False)

@@ -1,8 +1,9 @@
-"""What several CLI commands parse and run the same way: KEY=VALUE lists, TOPIC/PARTITION, and
-the event loop a command runs on."""
+"""What several CLI commands parse and run the same way: KEY=VALUE lists, TOPIC/PARTITION,
+counts, and the event loop a command runs on."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections.abc import Coroutine
@@ -25,6 +26,21 @@ def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "uvloop") -> T:
         else:
             return uvloop.run(main)
     return asyncio.run(main)
+
+
+def at_least(low: int) -> Any:
+    """An argparse type: a whole number, low or more (argparse names the flag in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, not {value}")
+        return value
+
+    return parse
 
 
 def parse_kv(items: list[str], flag: str = "--config") -> dict[str, str]:

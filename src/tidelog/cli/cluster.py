@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tidelog.cli.args import at_least
 from tidelog.errors import Timeout
 from tidelog.formats import write_version
 from tidelog.storage import versioned_text
@@ -332,7 +333,7 @@ def add_cluster_commands(
     )
     csub = cluster.add_subparsers(dest="cluster_command")
     up = csub.add_parser("up", help="start N nodes on 127.0.0.1; Ctrl-C stops them all")
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--nodes", type=at_least(1), default=3)
     up.add_argument("--data", type=Path, required=True)
     up.add_argument("--base-port", type=int, default=7101)
     up.add_argument("--log-level", default="INFO")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidelog.cli.args import at_least
 from tidelog.cli.clickstream import Clickstream
 from tidelog.cli.cluster import LocalCluster
 from tidelog.cli.progress import Progress
@@ -39,7 +40,7 @@ def add_demo_command(sub: Any) -> None:
     demo = sub.add_parser(
         "demo", help="run the main job (cluster + clickstream + Spark) on this machine and check it"
     )
-    demo.add_argument("--nodes", type=int, default=3)
+    demo.add_argument("--nodes", type=at_least(1), default=3)
     demo.add_argument("--duration", type=float, default=60.0, help="seconds of clickstream")
     demo.add_argument("--rate", type=int, default=400, help="page views per second")
     demo.add_argument("--status-every", type=float, default=5.0, help="seconds between status")

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 from tidelog.cli.access import add_access_commands
 from tidelog.cli.archive import add_archive_commands
-from tidelog.cli.args import parse_kv, run_loop
+from tidelog.cli.args import at_least, parse_kv, run_loop
 from tidelog.cli.cluster import add_cluster_commands
 from tidelog.cli.connect import add_connection_options, add_tls_options, client_of
 from tidelog.cli.demo import add_demo_command
@@ -308,7 +309,7 @@ def add_record_commands(sub: Any) -> None:
     consume.add_argument("topic")
     consume.add_argument("--partition", type=int)
     consume.add_argument("--from", dest="start", default="earliest", help="earliest|latest|OFFSET")
-    consume.add_argument("--max", type=int, dest="max_records")
+    consume.add_argument("--max", type=at_least(1), dest="max_records")
     consume.add_argument("--format", choices=["text", "json"], default="text")
     consume.add_argument("--follow", action="store_true")
     consume.add_argument("--reset", choices=["earliest", "latest", "none"], default="earliest")
@@ -613,7 +614,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 client, acks=args.acks, linger_ms=args.linger_ms, batch_bytes=args.batch_bytes
             )
             futures = []
-            total = args.file.stat().st_size if args.file is not None else None
+            total = _size_of(args.file) if args.file is not None else None
             progress = Progress(f"produce to {args.topic}", total)
             failures = 0
             sep = args.key_separator.encode() if args.key_separator else None
@@ -637,6 +638,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError as exc:
+        raise TidelogError(f"cannot read {path}: {exc.strerror}") from None
+
+
 async def _input_lines(path: Path | None) -> AsyncIterator[bytes]:
     """Lines of the file, or of stdin."""
     if path is not None:
@@ -646,6 +654,13 @@ async def _input_lines(path: Path | None) -> AsyncIterator[bytes]:
                     yield line
         except OSError as exc:
             raise TidelogError(f"cannot read {path}: {exc.strerror}") from None
+        return
+    mode = os.fstat(sys.stdin.fileno()).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty()):
+        # A file (`< records.txt`) or /dev/null: the event loop cannot watch it, and reading
+        # it never waits on a writer.
+        for line in sys.stdin.buffer:
+            yield line
         return
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=64 * 1024 * 1024)

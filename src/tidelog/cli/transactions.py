@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tidelog.cli.args import at_least
 from tidelog.cli.connect import client_of
 from tidelog.cli.tables import table_lines
 from tidelog.client.async_client import AsyncClient
@@ -22,17 +23,6 @@ from tidelog.cluster_status import PartitionRow
 from tidelog.errors import TidelogError
 
 STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort")
-
-
-def milliseconds(text: str) -> int:
-    """A duration in ms, 0 or more (argparse names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
 
 
 def add_transactions_commands(
@@ -50,7 +40,7 @@ def add_transactions_commands(
     )
     listing.add_argument(
         "--min-age-ms",
-        type=milliseconds,
+        type=at_least(0),
         default=-1,
         metavar="MS",
         help="only transactions open at least this long (hanging ones)",

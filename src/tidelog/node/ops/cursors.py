@@ -184,7 +184,12 @@ class CursorOps(MetadataOps):
             if req.partial
             else set(positions) == partitions
         )
-        if not covered or any(o < 0 for o in positions.values()):
+        negative = {p: o for p, o in positions.items() if o < 0}
+        if negative:
+            raise InvalidRequest(
+                f"a cursor's positions are offsets, 0 or more, not {negative} (partition: offset)"
+            )
+        if not covered:
             raise InvalidRequest(
                 f"a cursor on {req.topic!r} needs a position for "
                 + ("some of" if req.partial else "each of")
