@@ -50,7 +50,7 @@ from tidelog.errors import (
     InvalidRequest,
     TidelogError,
 )
-from tidelog.features import TRANSACTIONS_LEVEL
+from tidelog.features import MAX_LEVEL, TRANSACTIONS_LEVEL
 from tidelog.record.batch import (
     ProducerRecord,
     build_batch,
@@ -1388,6 +1388,8 @@ def restore_through_transactions(tmp_path: Path, url: str, client: Client) -> No
         prefix = [v for v, o in offsets.items() if o < to_offset]
         with serve_restored(restored) as address, Client(address) as other:
             other.wait_for_leaders("tx")
+            # the copy is a new cluster at the highest level (it stayed at 1: no transactions)
+            assert other.describe_features().finalized_level == MAX_LEVEL
             hw = other.list_offsets("tx", 0, "latest")
             assert hw == to_offset + 1  # the prefix, and the one marker that ends the cut
             assert other.list_offsets("tx", 0, "latest", isolation_level="read_committed") == hw

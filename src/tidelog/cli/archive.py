@@ -229,6 +229,13 @@ def create_topic_offline(
                             topic, partitions=partitions, replication_factor=1, configs=configs
                         )
                     client.wait_for_leaders(topic)
+                    # A new cluster's first leader finalizes the highest feature level just
+                    # after its election; stopped before that, the copy would stay at level 1
+                    # for good (no transactions), as a node with a metadata log is no new cluster.
+                    while not client.describe_features().recorded:
+                        if time.monotonic() > deadline:
+                            raise ArchiveError("the node restore started finalized no level")
+                        time.sleep(0.1)
                 break
             except (OSError, TidelogError) as exc:
                 # Not listening yet, or not ready (a retriable error): again, until the deadline.
