@@ -5,8 +5,13 @@ broken network would), or answer a request itself (as a node that lags would).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
+from tidelog.cli.cluster import free_ports
+from tidelog.node.config import NodeConfig
+from tidelog.node.server import Node
 from tidelog.protocol.framing import Frame, FrameDecoder, encode_frame
 
 Reply = Callable[[Frame], None]
@@ -64,3 +69,22 @@ class FrameProxy:
             writer.close()
 
         await asyncio.gather(client_to_node(), node_to_client(), return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def node_behind(proxy: FrameProxy, data_dir: Path) -> AsyncIterator[tuple[Node, str]]:
+    """A one-node cluster that advertises the proxy as its address, so that its clients go
+    through the proxy; the node, and that address as host:port."""
+    advertised = await proxy.start()
+    port = free_ports(1)[0]
+    config = NodeConfig(
+        data_dir=data_dir, listen=("127.0.0.1", port), peers={1: advertised}, node_id=1
+    )
+    node = Node(config)
+    await node.start()
+    proxy.upstream = node.address
+    try:
+        yield node, "{}:{}".format(*advertised)
+    finally:
+        await proxy.stop()
+        await node.stop()

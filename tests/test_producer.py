@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from frame_proxy import FrameProxy
+from frame_proxy import FrameProxy, node_behind
 from helpers import retry, values_in
 from test_cluster import leader_of
 from test_node import running_node
-from tidelog.cli.cluster import LocalCluster, free_ports
+from tidelog.cli.cluster import LocalCluster
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.producer import Producer
 from tidelog.client.sync_client import Client
@@ -31,7 +31,6 @@ from tidelog.errors import (
     TidelogError,
     UnknownTopicOrPartition,
 )
-from tidelog.node.config import NodeConfig
 from tidelog.node.server import Node
 from tidelog.protocol.api import ApiKey
 from tidelog.protocol.framing import Frame
@@ -70,22 +69,12 @@ async def through_proxy(
 ) -> AsyncIterator[tuple[Node, LossyProxy, AsyncClient]]:
     """A node that advertises the proxy as its address, so that clients go through it."""
     proxy = LossyProxy()
-    advertised = await proxy.start()
-    port = free_ports(1)[0]
-    config = NodeConfig(
-        data_dir=tmp_path / "node", listen=("127.0.0.1", port), peers={1: advertised}, node_id=1
-    )
-    node = Node(config)
-    await node.start()
-    proxy.upstream = node.address
-    client = AsyncClient("{}:{}".format(*advertised), **client_options)
-    try:
+    async with (
+        node_behind(proxy, tmp_path / "node") as (node, address),
+        AsyncClient(address, **client_options) as client,
+    ):
         await client.create_topic("t", partitions=2)
         yield node, proxy, client
-    finally:
-        await client.close()
-        await proxy.stop()
-        await node.stop()
 
 
 def values(node: Node, group: str) -> list[bytes | None]:

@@ -13,18 +13,16 @@ from typing import Any
 
 import pytest
 
-from frame_proxy import FrameProxy, Reply
+from frame_proxy import FrameProxy, Reply, node_behind
 from helpers import wait_for, wait_for_async, wait_for_value
 from test_node import running_node
-from tidelog.cli.cluster import LocalCluster, free_ports
+from tidelog.cli.cluster import LocalCluster
 from tidelog.client.async_client import AsyncClient
 from tidelog.client.sync_client import Client
 from tidelog.cluster_status import merge_status
 from tidelog.config import InvalidConfig
 from tidelog.errors import InvalidRequest, UnknownCursor, UnknownTopicOrPartition
 from tidelog.node.access import Principal
-from tidelog.node.config import NodeConfig
-from tidelog.node.server import Node
 from tidelog.node.topics import TOPIC_ID_FILE
 from tidelog.protocol import api
 from tidelog.protocol.api import ApiKey
@@ -341,29 +339,20 @@ def test_a_fetch_naming_a_cursor_its_node_has_not_applied_yet_is_tried_again(
 
     async def main() -> None:
         lagging = LaggingNode(("127.0.0.1", 0), (ApiKey.FETCH,), catches_up_after=2)
-        advertised = await lagging.start()  # the node's address as clients know it
-        port = free_ports(1)[0]
-        config = NodeConfig(
-            data_dir=tmp_path / "node", listen=("127.0.0.1", port), peers={1: advertised}, node_id=1
-        )
-        node = Node(config)
-        await node.start()
-        lagging.upstream = node.address
-        try:
-            async with AsyncClient("{}:{}".format(*advertised)) as client:
-                await client.create_topic("t")
-                await client.produce("t", [b"x"], partition=0)
-                with pytest.raises(UnknownCursor):  # what the node says before the creation
-                    await client.fetch("t", 0, 0, cursor="late")
-                await client.create_cursor("late", "t")
-                lagging.lagging = True
-                fetched = await client.fetch("t", 0, 0, cursor="late")
-                assert [r.value for r in fetched.records] == [b"x"]
-                assert lagging.stale_answers == 2
-                with pytest.raises(UnknownCursor):
-                    await client.fetch("t", 0, 0, cursor="never-created")
-        finally:
-            await lagging.stop()
-            await node.stop()
+        async with (
+            node_behind(lagging, tmp_path / "node") as (_, address),
+            AsyncClient(address) as client,
+        ):
+            await client.create_topic("t")
+            await client.produce("t", [b"x"], partition=0)
+            with pytest.raises(UnknownCursor):  # what the node says before the creation
+                await client.fetch("t", 0, 0, cursor="late")
+            await client.create_cursor("late", "t")
+            lagging.lagging = True
+            fetched = await client.fetch("t", 0, 0, cursor="late")
+            assert [r.value for r in fetched.records] == [b"x"]
+            assert lagging.stale_answers == 2
+            with pytest.raises(UnknownCursor):
+                await client.fetch("t", 0, 0, cursor="never-created")
 
     asyncio.run(main())
