@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from tidelog.errors import InvalidRequest, TidelogError
@@ -28,7 +28,7 @@ def run_loop(main: Coroutine[Any, Any, T], event_loop: str = "uvloop") -> T:
     return asyncio.run(main)
 
 
-def at_least(low: int) -> Any:
+def at_least(low: int) -> Callable[[str], int]:
     """An argparse type: a whole number, low or more (argparse names the flag in its error)."""
 
     def parse(text: str) -> int:

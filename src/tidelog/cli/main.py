@@ -642,7 +642,11 @@ def _size_of(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError as exc:
-        raise TidelogError(f"cannot read {path}: {exc.strerror}") from None
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: Path, exc: OSError) -> TidelogError:
+    return TidelogError(f"cannot read {path}: {exc.strerror}")
 
 
 async def _input_lines(path: Path | None) -> AsyncIterator[bytes]:
@@ -653,7 +657,7 @@ async def _input_lines(path: Path | None) -> AsyncIterator[bytes]:
                 for line in f:
                     yield line
         except OSError as exc:
-            raise TidelogError(f"cannot read {path}: {exc.strerror}") from None
+            raise _unreadable(path, exc) from None
         return
     mode = os.fstat(sys.stdin.fileno()).st_mode
     if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty()):

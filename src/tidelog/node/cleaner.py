@@ -258,14 +258,19 @@ class Cleaner:
             reason=reason,
         )
         metadata = self.metadata
-        header: dict[str, Any] = {"op": "invalidate", "name": name, "reason": reason}
         if metadata.is_leader:
             metadata.background.start(self._propose_invalidation(name, reason))
         else:
-            leader = metadata.leader_id
-            if leader >= 0:
-                metadata.send_to_peer(leader, ApiKey.CURSOR, header, None)
+            self._ask_leader_to_invalidate(name, reason)
             self._invalidating.discard(name)  # retried on the next pass until it is committed
+
+    def _ask_leader_to_invalidate(self, name: str, reason: str) -> None:
+        """A peer message to the metadata leader, which proposes it (on_invalidate_message);
+        dropped while no leader is known: the caller asks again."""
+        leader = self.metadata.leader_id
+        if leader >= 0:
+            header: dict[str, Any] = {"op": "invalidate", "name": name, "reason": reason}
+            self.metadata.send_to_peer(leader, ApiKey.CURSOR, header, None)
 
     async def invalidate_now(self, name: str, reason: str) -> None:
         """Invalidate before going on (delete-records --force, before it moves the log start):
@@ -274,19 +279,16 @@ class Cleaner:
         NotLeader with the metadata leader as hint, which its client took for the partition's
         leader, and the request never got through)."""
         metadata = self.metadata
-        if metadata.is_leader:
-            await metadata.propose(InvalidateCursor(name, reason, wall_ms()), INVALIDATE_WAIT_S)
-            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + INVALIDATE_WAIT_S
-        header: dict[str, Any] = {"op": "invalidate", "name": name, "reason": reason}
         while (cursor := metadata.state.cursors.get(name)) is not None and cursor.live:
+            if metadata.is_leader:  # (or it became the leader meanwhile)
+                command = InvalidateCursor(name, reason, wall_ms())
+                await metadata.propose(command, max(deadline - loop.time(), 0.1))
+                return
             if loop.time() > deadline:
                 raise Timeout(f"cursor {name!r} not invalidated after {INVALIDATE_WAIT_S:.0f}s")
-            if metadata.is_leader:  # it became the leader meanwhile
-                await metadata.propose(InvalidateCursor(name, reason, wall_ms()), 30.0)
-            elif metadata.leader_id >= 0:
-                metadata.send_to_peer(metadata.leader_id, ApiKey.CURSOR, header, None)
+            self._ask_leader_to_invalidate(name, reason)
             await asyncio.sleep(INVALIDATE_RESEND_S)
 
     async def _propose_invalidation(self, name: str, reason: str) -> None:
